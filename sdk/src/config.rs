@@ -1,0 +1,419 @@
+//! `quiver.yaml`: read raw, overlaid with `QUIVER_<SECTION>_<KEY>` environment variables,
+//! then validated into a [`Config`].
+//!
+//! Precedence, highest first: command-line flag > environment > file > default. Flags
+//! are applied by the caller on the validated [`Config`] (e.g. `serve --port`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_yaml::{Mapping, Value};
+
+use crate::error::{Error, Result};
+
+/// The name of the project config file in a repository.
+pub const CONFIG_FILE: &str = "quiver.yaml";
+
+/// Sections and their keys, as they may be overridden from the environment. Top-level
+/// keys (`project`, `registry`) are their own section: `QUIVER_PROJECT`.
+const SECTIONS: &[(&str, &[&str])] = &[
+    ("offline_store", &["path"]),
+    ("online_store", &["type", "path", "url"]),
+    ("kafka", &["brokers"]),
+    ("server", &["host", "port", "auth_token"]),
+];
+const TOP_LEVEL: &[&str] = &["project", "registry"];
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    project: Option<String>,
+    registry: Option<String>,
+    #[serde(default)]
+    offline_store: RawOffline,
+    #[serde(default)]
+    online_store: RawOnline,
+    #[serde(default)]
+    kafka: RawKafka,
+    #[serde(default)]
+    server: RawServer,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawOffline {
+    path: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawOnline {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    path: Option<String>,
+    url: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawKafka {
+    brokers: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    host: Option<String>,
+    port: Option<Value>,
+    auth_token: Option<String>,
+}
+
+/// Where the offline Delta tables live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A local folder (absolute; relative paths are taken from the repository).
+    Local(PathBuf),
+    /// An object-store URI such as `s3://bucket/prefix`.
+    Uri(String),
+}
+
+impl StoreLocation {
+    /// The location of `name` under this root.
+    pub fn join(&self, name: &str) -> StoreLocation {
+        match self {
+            StoreLocation::Local(p) => StoreLocation::Local(p.join(name)),
+            StoreLocation::Uri(u) => StoreLocation::Uri(format!("{}/{name}", u.trim_end_matches('/'))),
+        }
+    }
+
+    fn parse(repo: &Path, text: &str) -> StoreLocation {
+        if text.contains("://") {
+            StoreLocation::Uri(text.to_string())
+        } else {
+            StoreLocation::Local(repo.join(text))
+        }
+    }
+}
+
+impl std::fmt::Display for StoreLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreLocation::Local(p) => write!(f, "{}", p.display()),
+            StoreLocation::Uri(u) => f.write_str(u),
+        }
+    }
+}
+
+/// The online store to use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnlineStoreConfig {
+    /// The embedded store in a local file (default).
+    Embedded { path: PathBuf },
+    /// Redis at a `redis://` URL.
+    Redis { url: String },
+}
+
+/// The HTTP server's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// When set, requests need `Authorization: Bearer <token>`.
+    pub auth_token: Option<String>,
+}
+
+/// The validated project configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The repository folder.
+    pub repo: PathBuf,
+    pub project: String,
+    /// Absolute path of the registry file.
+    pub registry_path: PathBuf,
+    pub offline_root: StoreLocation,
+    pub online_store: OnlineStoreConfig,
+    pub kafka_brokers: String,
+    pub server: ServerConfig,
+}
+
+pub const DEFAULT_REGISTRY: &str = "registry.json";
+pub const DEFAULT_OFFLINE_PATH: &str = "data";
+pub const DEFAULT_ONLINE_PATH: &str = "online.db";
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
+pub const DEFAULT_KAFKA_BROKERS: &str = "127.0.0.1:9092";
+pub const DEFAULT_HOST: &str = "127.0.0.1";
+pub const DEFAULT_PORT: u16 = 6566;
+
+impl Config {
+    /// Loads `<repo>/quiver.yaml` with the process environment's overrides.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file is missing or unreadable, [`Error::Config`] naming the
+    /// file (or environment variable) and the setting for a bad value.
+    pub fn load(repo: &Path) -> Result<Config> {
+        Config::load_with_env(repo, std::env::vars())
+    }
+
+    /// As [`Config::load`], with the environment given (for tests).
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn load_with_env(
+        repo: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config> {
+        let file = repo.join(CONFIG_FILE);
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::Config {
+                    file: file.clone(),
+                    message: "not found: not a quiver repository (run `quiver init DIR` or pass --repo DIR)".to_string(),
+                }
+            } else {
+                Error::io(&file, e)
+            }
+        })?;
+        Config::parse(repo, &file, &text, env)
+    }
+
+    /// Parses config text; `file` is only used in error messages.
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn parse(
+        repo: &Path,
+        file: &Path,
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config> {
+        let bad = |message: String| Error::Config {
+            file: file.to_path_buf(),
+            message,
+        };
+        let mut value: Value = if text.trim().is_empty() {
+            Value::Mapping(Mapping::new())
+        } else {
+            serde_yaml::from_str(text).map_err(|e| bad(crate::yaml::yaml_message(&e)))?
+        };
+        if !value.is_mapping() {
+            return Err(bad("expected a mapping of settings".to_string()));
+        }
+        let mut env: Vec<(String, String)> = env.into_iter().collect();
+        env.sort();
+        for (var, val) in &env {
+            overlay(&mut value, var, val)?;
+        }
+        let raw: RawConfig =
+            serde_yaml::from_value(value).map_err(|e| bad(crate::yaml::yaml_message(&e)))?;
+        validate(repo, raw).map_err(bad)
+    }
+
+    /// The Delta table location of a view: its source path if set (relative paths are
+    /// taken from the repository), else `<offline root>/<view>`.
+    pub fn view_table(&self, view: &crate::FeatureView) -> StoreLocation {
+        match &view.source.path {
+            Some(p) => StoreLocation::parse(&self.repo, p),
+            None => self.offline_root.join(&view.name),
+        }
+    }
+}
+
+/// Applies one `QUIVER_...` variable to the raw document, if it names a setting.
+fn overlay(doc: &mut Value, var: &str, val: &str) -> Result<()> {
+    let Some(rest) = var.strip_prefix("QUIVER_") else {
+        return Ok(());
+    };
+    let env_error = |message: String| Error::Config {
+        file: PathBuf::from(format!("environment variable {var}")),
+        message,
+    };
+    let scalar = || -> Value {
+        // `6566` becomes a number, `true` a bool, the rest strings.
+        serde_yaml::from_str::<Value>(val)
+            .ok()
+            .filter(|v| !v.is_mapping() && !v.is_sequence() && !v.is_null())
+            .unwrap_or_else(|| Value::String(val.to_string()))
+    };
+    let map = doc.as_mapping_mut().expect("checked to be a mapping");
+    for key in TOP_LEVEL {
+        if rest.eq_ignore_ascii_case(key) {
+            map.insert(Value::from(*key), scalar());
+            return Ok(());
+        }
+    }
+    for (section, keys) in SECTIONS {
+        let prefix = format!("{}_", section.to_ascii_uppercase());
+        let Some(key) = rest.strip_prefix(&prefix) else {
+            continue;
+        };
+        let key = key.to_ascii_lowercase();
+        if !keys.contains(&key.as_str()) {
+            return Err(env_error(format!(
+                "unknown setting `{section}.{key}` (known: {})",
+                keys.join(", ")
+            )));
+        }
+        let entry = map
+            .entry(Value::from(*section))
+            .or_insert_with(|| Value::Mapping(Mapping::new()));
+        if entry.is_null() {
+            *entry = Value::Mapping(Mapping::new());
+        }
+        let Some(section_map) = entry.as_mapping_mut() else {
+            return Err(env_error(format!("`{section}` in quiver.yaml is not a mapping")));
+        };
+        section_map.insert(Value::from(key), scalar());
+        return Ok(());
+    }
+    // Other QUIVER_ variables (QUIVER_REPO, QUIVER_REQUIRE_GPU, ...) are not settings.
+    Ok(())
+}
+
+fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> {
+    let project = raw
+        .project
+        .ok_or("missing `project` (expected e.g. `project: demo`)")?;
+    if project.is_empty()
+        || !project
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(format!(
+            "project `{project}`: expected letters, digits, `_` or `-` (it is part of every online key)"
+        ));
+    }
+    let registry_path = repo.join(raw.registry.as_deref().unwrap_or(DEFAULT_REGISTRY));
+    let offline_root = StoreLocation::parse(
+        repo,
+        raw.offline_store.path.as_deref().unwrap_or(DEFAULT_OFFLINE_PATH),
+    );
+    let online = raw.online_store;
+    let online_store = match online.kind.as_deref().unwrap_or("embedded") {
+        "embedded" => OnlineStoreConfig::Embedded {
+            path: repo.join(online.path.as_deref().unwrap_or(DEFAULT_ONLINE_PATH)),
+        },
+        "redis" => {
+            let url = online.url.unwrap_or_else(|| DEFAULT_REDIS_URL.to_string());
+            if !["redis://", "rediss://", "unix://", "redis+unix://"]
+                .iter()
+                .any(|s| url.starts_with(s))
+            {
+                return Err(format!(
+                    "online_store.url `{url}`: expected a redis:// or rediss:// URL"
+                ));
+            }
+            OnlineStoreConfig::Redis { url }
+        }
+        other => {
+            return Err(format!(
+                "online_store.type `{other}`: unknown (expected embedded or redis)"
+            ));
+        }
+    };
+    let kafka_brokers = raw
+        .kafka
+        .brokers
+        .unwrap_or_else(|| DEFAULT_KAFKA_BROKERS.to_string());
+    if kafka_brokers.trim().is_empty() {
+        return Err("kafka.brokers: empty (expected host:port[,host:port])".to_string());
+    }
+    let host = raw.server.host.unwrap_or_else(|| DEFAULT_HOST.to_string());
+    if host.trim().is_empty() {
+        return Err("server.host: empty (expected an address such as 127.0.0.1)".to_string());
+    }
+    let port = match raw.server.port {
+        None => DEFAULT_PORT,
+        Some(v) => {
+            let text = match &v {
+                Value::Number(n) => n.to_string(),
+                Value::String(s) => s.clone(),
+                _ => String::new(),
+            };
+            text.parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("server.port `{text}`: expected a port number 1-65535"))?
+        }
+    };
+    Ok(Config {
+        repo: repo.to_path_buf(),
+        project,
+        registry_path,
+        offline_root,
+        online_store,
+        kafka_brokers,
+        server: ServerConfig {
+            host,
+            port,
+            auth_token: raw.server.auth_token.filter(|t| !t.is_empty()),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str, env: &[(&str, &str)]) -> Result<Config> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::parse(Path::new("/repo"), Path::new("/repo/quiver.yaml"), text, env)
+    }
+
+    #[test]
+    fn defaults_fill_a_minimal_file() {
+        let c = parse("project: demo\n", &[]).unwrap();
+        assert_eq!(c.registry_path, PathBuf::from("/repo/registry.json"));
+        assert_eq!(c.offline_root, StoreLocation::Local("/repo/data".into()));
+        assert_eq!(
+            c.online_store,
+            OnlineStoreConfig::Embedded {
+                path: "/repo/online.db".into()
+            }
+        );
+        assert_eq!((c.server.host.as_str(), c.server.port), ("127.0.0.1", 6566));
+        assert_eq!(c.kafka_brokers, "127.0.0.1:9092");
+    }
+
+    #[test]
+    fn environment_beats_file_and_file_beats_default() {
+        let text = "project: demo\nonline_store: {type: embedded, path: x.db}\nserver: {port: 7000}\n";
+        let c = parse(
+            text,
+            &[
+                ("QUIVER_ONLINE_STORE_TYPE", "redis"),
+                ("QUIVER_ONLINE_STORE_URL", "redis://127.0.0.1:7777/1"),
+                ("QUIVER_SERVER_HOST", "0.0.0.0"),
+                ("QUIVER_REPO", "/elsewhere"),
+                ("QUIVER_OFFLINE_STORE_PATH", "s3://bucket/tables"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            c.online_store,
+            OnlineStoreConfig::Redis {
+                url: "redis://127.0.0.1:7777/1".into()
+            }
+        );
+        assert_eq!(c.server.host, "0.0.0.0");
+        assert_eq!(c.server.port, 7000, "file value kept where env is silent");
+        assert_eq!(c.offline_root, StoreLocation::Uri("s3://bucket/tables".into()));
+        let c = parse(text, &[("QUIVER_SERVER_PORT", "7100"), ("QUIVER_PROJECT", "other")]).unwrap();
+        assert_eq!(c.server.port, 7100);
+        assert_eq!(c.project, "other");
+    }
+
+    #[test]
+    fn bad_settings_name_the_setting() {
+        let err = |text: &str, env: &[(&str, &str)]| parse(text, env).unwrap_err().to_string();
+        assert!(err("registry: r.json\n", &[]).contains("missing `project`"));
+        assert!(err("project: demo\nonline_store: {type: memcached}\n", &[])
+            .contains("online_store.type `memcached`"));
+        assert!(err("project: demo\nserver: {port: 99999}\n", &[]).contains("server.port `99999`"));
+        assert!(err("project: demo\nonline_store: {type: redis, url: http://x}\n", &[])
+            .contains("expected a redis:// or rediss:// URL"));
+        let e = err("project: demo\n", &[("QUIVER_SERVER_PROT", "1")]);
+        assert!(e.contains("QUIVER_SERVER_PROT") && e.contains("unknown setting `server.prot`"), "{e}");
+        assert!(err("project: demo\nservr: {}\n", &[]).contains("unknown field `servr`"));
+        assert!(err("project: my demo\n", &[]).contains("project `my demo`"));
+    }
+}

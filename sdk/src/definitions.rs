@@ -1,0 +1,476 @@
+//! The definition types of SPEC §2 — entities, sources, feature views, feature services —
+//! and the Rust builder API that produces them.
+//!
+//! These serde structures are the one shape of a definition: `features.yaml`
+//! ([`crate::yaml`]), the builders here and the Python SDK all produce a
+//! [`Definitions`], and [`Definitions::validate`] checks it the same way whichever way it
+//! was written. The registry stores them as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::types::{DType, KeyType, Ttl};
+
+/// One join key of an entity: a spine column and its type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinKey {
+    pub name: String,
+    pub dtype: KeyType,
+}
+
+/// What features are about (a driver, a customer), identified by one or more join keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entity {
+    pub name: String,
+    pub join_keys: Vec<JoinKey>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// Message format of a stream source. JSON is the one format so far (SPEC §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamFormat {
+    #[default]
+    Json,
+}
+
+/// A Kafka topic that feeds a view; its messages land in the view's batch source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSource {
+    pub topic: String,
+    #[serde(default)]
+    pub format: StreamFormat,
+}
+
+/// The column that holds event time when a source does not name one.
+pub const DEFAULT_TIMESTAMP_FIELD: &str = "event_timestamp";
+
+fn default_timestamp_field() -> String {
+    DEFAULT_TIMESTAMP_FIELD.to_string()
+}
+
+/// Where a view's history lives: a Delta table, its event-time column and optional
+/// created-time column, and an optional stream that lands in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Source {
+    /// Local path or object-store URI of the Delta table; `None` means the default,
+    /// `<offline root>/<view name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default = "default_timestamp_field")]
+    pub timestamp_field: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_timestamp_field: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamSource>,
+}
+
+impl Default for Source {
+    fn default() -> Self {
+        Source {
+            path: None,
+            timestamp_field: default_timestamp_field(),
+            created_timestamp_field: None,
+            stream: None,
+        }
+    }
+}
+
+/// One typed feature of a view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Feature {
+    pub name: String,
+    pub dtype: DType,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+/// A group of features of the same entities, read from one source with one TTL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureView {
+    pub name: String,
+    pub entities: Vec<String>,
+    pub features: Vec<Feature>,
+    /// `Ttl::UNBOUNDED` when absent or 0.
+    #[serde(default)]
+    pub ttl: Ttl,
+    #[serde(default)]
+    pub source: Source,
+    /// Whether materialization and streaming keep this view in the online store.
+    /// Defaults to true, as in Feast.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub online: bool,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+}
+
+impl FeatureView {
+    /// The feature of this name, if any.
+    pub fn feature(&self, name: &str) -> Option<&Feature> {
+        self.features.iter().find(|f| f.name == name)
+    }
+}
+
+/// A `view:feature` reference. Output columns are named `view__feature`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FeatureRef {
+    pub view: String,
+    pub feature: String,
+}
+
+impl FeatureRef {
+    pub fn new(view: impl Into<String>, feature: impl Into<String>) -> Self {
+        FeatureRef {
+            view: view.into(),
+            feature: feature.into(),
+        }
+    }
+
+    /// The output column name, `view__feature`.
+    pub fn column_name(&self) -> String {
+        format!("{}__{}", self.view, self.feature)
+    }
+}
+
+impl fmt::Display for FeatureRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.view, self.feature)
+    }
+}
+
+/// Error of parsing a feature reference: the text, which is not `view:feature`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadFeatureRef(pub String);
+
+impl FromStr for FeatureRef {
+    type Err = BadFeatureRef;
+
+    /// Parses `view:feature`; both parts non-empty, exactly one colon.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            Some((v, f)) if !v.is_empty() && !f.is_empty() && !f.contains(':') => {
+                Ok(FeatureRef::new(v.trim(), f.trim()))
+            }
+            _ => Err(BadFeatureRef(s.to_string())),
+        }
+    }
+}
+
+impl Serialize for FeatureRef {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for FeatureRef {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(|_| {
+            serde::de::Error::custom(format!("bad feature reference `{s}` (expected `view:feature`)"))
+        })
+    }
+}
+
+/// A named list of feature references for one model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureService {
+    pub name: String,
+    pub features: Vec<FeatureRef>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// Everything a feature repository defines.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Definitions {
+    #[serde(default)]
+    pub entities: Vec<Entity>,
+    #[serde(default)]
+    pub feature_views: Vec<FeatureView>,
+    #[serde(default)]
+    pub feature_services: Vec<FeatureService>,
+}
+
+impl Definitions {
+    pub fn entity(&self, name: &str) -> Option<&Entity> {
+        self.entities.iter().find(|e| e.name == name)
+    }
+
+    pub fn feature_view(&self, name: &str) -> Option<&FeatureView> {
+        self.feature_views.iter().find(|v| v.name == name)
+    }
+
+    pub fn feature_service(&self, name: &str) -> Option<&FeatureService> {
+        self.feature_services.iter().find(|s| s.name == name)
+    }
+
+    /// The join keys of a view, in order: its entities' keys, de-duplicated by name.
+    /// Empty when the view or one of its entities is unknown (validation rejects that).
+    pub fn join_keys(&self, view: &FeatureView) -> Vec<JoinKey> {
+        let mut keys: Vec<JoinKey> = Vec::new();
+        for entity in &view.entities {
+            let Some(entity) = self.entity(entity) else {
+                return Vec::new();
+            };
+            for key in &entity.join_keys {
+                if !keys.iter().any(|k| k.name == key.name) {
+                    keys.push(key.clone());
+                }
+            }
+        }
+        keys
+    }
+
+    /// Adds definitions (the builder API's way of collecting them).
+    #[must_use]
+    pub fn with_entity(mut self, entity: Entity) -> Self {
+        self.entities.push(entity);
+        self
+    }
+
+    #[must_use]
+    pub fn with_feature_view(mut self, view: FeatureView) -> Self {
+        self.feature_views.push(view);
+        self
+    }
+
+    #[must_use]
+    pub fn with_feature_service(mut self, service: FeatureService) -> Self {
+        self.feature_services.push(service);
+        self
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Builders. They only assemble values; `Definitions::validate` checks them, exactly as it
+// checks YAML, so the two ways cannot drift apart.
+
+impl Entity {
+    /// An entity with no join keys yet.
+    ///
+    /// ```
+    /// use quiver_sdk::{Entity, KeyType};
+    /// let driver = Entity::new("driver").with_join_key("driver_id", KeyType::Int64);
+    /// assert_eq!(driver.join_keys[0].name, "driver_id");
+    /// ```
+    pub fn new(name: impl Into<String>) -> Self {
+        Entity {
+            name: name.into(),
+            join_keys: Vec::new(),
+            description: String::new(),
+            tags: BTreeMap::new(),
+        }
+    }
+
+    #[must_use]
+    pub fn with_join_key(mut self, name: impl Into<String>, dtype: KeyType) -> Self {
+        self.join_keys.push(JoinKey {
+            name: name.into(),
+            dtype,
+        });
+        self
+    }
+
+    #[must_use]
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+
+    #[must_use]
+    pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.insert(key.into(), value.into());
+        self
+    }
+}
+
+impl Source {
+    /// The default Delta table of the view, with the default event-time column.
+    pub fn new() -> Self {
+        Source::default()
+    }
+
+    #[must_use]
+    pub fn with_path(mut self, path: impl Into<String>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+
+    #[must_use]
+    pub fn with_timestamp_field(mut self, field: impl Into<String>) -> Self {
+        self.timestamp_field = field.into();
+        self
+    }
+
+    #[must_use]
+    pub fn with_created_timestamp_field(mut self, field: impl Into<String>) -> Self {
+        self.created_timestamp_field = Some(field.into());
+        self
+    }
+
+    #[must_use]
+    pub fn with_stream(mut self, topic: impl Into<String>, format: StreamFormat) -> Self {
+        self.stream = Some(StreamSource {
+            topic: topic.into(),
+            format,
+        });
+        self
+    }
+}
+
+impl FeatureView {
+    /// A view with no entities and no features yet, unbounded TTL, online.
+    ///
+    /// ```
+    /// use quiver_sdk::{DType, FeatureView, Ttl};
+    /// let view = FeatureView::new("driver_hourly")
+    ///     .with_entity("driver")
+    ///     .with_feature("conv_rate", DType::Float64)
+    ///     .with_ttl(Ttl::parse("2h").unwrap());
+    /// assert_eq!(view.ttl.secs(), 7200);
+    /// ```
+    pub fn new(name: impl Into<String>) -> Self {
+        FeatureView {
+            name: name.into(),
+            entities: Vec::new(),
+            features: Vec::new(),
+            ttl: Ttl::UNBOUNDED,
+            source: Source::default(),
+            online: true,
+            tags: BTreeMap::new(),
+            description: String::new(),
+        }
+    }
+
+    #[must_use]
+    pub fn with_entity(mut self, entity: impl Into<String>) -> Self {
+        self.entities.push(entity.into());
+        self
+    }
+
+    #[must_use]
+    pub fn with_feature(mut self, name: impl Into<String>, dtype: DType) -> Self {
+        self.features.push(Feature {
+            name: name.into(),
+            dtype,
+            description: String::new(),
+        });
+        self
+    }
+
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Ttl) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    #[must_use]
+    pub fn with_source(mut self, source: Source) -> Self {
+        self.source = source;
+        self
+    }
+
+    #[must_use]
+    pub fn with_online(mut self, online: bool) -> Self {
+        self.online = online;
+        self
+    }
+
+    #[must_use]
+    pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.insert(key.into(), value.into());
+        self
+    }
+
+    #[must_use]
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+}
+
+impl FeatureService {
+    pub fn new(name: impl Into<String>) -> Self {
+        FeatureService {
+            name: name.into(),
+            features: Vec::new(),
+            description: String::new(),
+            tags: BTreeMap::new(),
+        }
+    }
+
+    /// Adds `view:feature`.
+    #[must_use]
+    pub fn with_feature(mut self, view: impl Into<String>, feature: impl Into<String>) -> Self {
+        self.features.push(FeatureRef::new(view, feature));
+        self
+    }
+
+    #[must_use]
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+
+    #[must_use]
+    pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.insert(key.into(), value.into());
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn feature_refs_parse_and_name_columns() {
+        let r: FeatureRef = "driver_hourly:conv_rate".parse().unwrap();
+        assert_eq!(r.view, "driver_hourly");
+        assert_eq!(r.column_name(), "driver_hourly__conv_rate");
+        assert_eq!(r.to_string(), "driver_hourly:conv_rate");
+        for bad in ["conv_rate", ":x", "v:", "a:b:c", ""] {
+            assert!(bad.parse::<FeatureRef>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn composite_join_keys_are_collected_once_in_order() {
+        let defs = Definitions::default()
+            .with_entity(Entity::new("driver").with_join_key("driver_id", KeyType::Int64))
+            .with_entity(
+                Entity::new("trip")
+                    .with_join_key("driver_id", KeyType::Int64)
+                    .with_join_key("trip_id", KeyType::String),
+            );
+        let view = FeatureView::new("v").with_entity("driver").with_entity("trip");
+        let names: Vec<_> = defs.join_keys(&view).into_iter().map(|k| k.name).collect();
+        assert_eq!(names, ["driver_id", "trip_id"]);
+    }
+}

@@ -1,0 +1,150 @@
+//! The sdk's errors. Messages are lowercase, one line, and name the file, definition or
+//! field and what was expected.
+
+use std::path::PathBuf;
+
+/// A definition that fails validation, or a YAML document that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DefinitionError {
+    #[error("{kind} `{name}`: bad name: {reason}")]
+    BadName {
+        kind: &'static str,
+        name: String,
+        reason: &'static str,
+    },
+    #[error("duplicate {kind} `{name}`{scope}")]
+    Duplicate {
+        kind: &'static str,
+        name: String,
+        /// Empty, or ` in feature view `x`` and the like.
+        scope: String,
+    },
+    #[error("entity `{entity}`: no join keys (expected at least one)")]
+    NoJoinKeys { entity: String },
+    #[error("feature view `{view}`: no {what} (expected at least one)")]
+    EmptyView { view: String, what: &'static str },
+    #[error("feature service `{service}`: no features (expected at least one `view:feature`)")]
+    EmptyService { service: String },
+    #[error("feature view `{view}`: unknown entity `{entity}` (known: {known})")]
+    UnknownEntity {
+        view: String,
+        entity: String,
+        known: String,
+    },
+    #[error("feature service `{service}`: unknown feature view `{view}` (known: {known})")]
+    UnknownView {
+        service: String,
+        view: String,
+        known: String,
+    },
+    #[error("feature service `{service}`: unknown feature `{reference}` (feature view `{view}` has: {known})")]
+    UnknownFeature {
+        service: String,
+        reference: String,
+        view: String,
+        known: String,
+    },
+    #[error("feature service `{service}`: bad feature reference `{got}` (expected `view:feature`)")]
+    BadFeatureRef { service: String, got: String },
+    #[error("feature view `{view}`, feature `{feature}`: unknown dtype `{got}` (expected one of {expected})")]
+    BadDtype {
+        view: String,
+        feature: String,
+        got: String,
+        expected: &'static str,
+    },
+    #[error("entity `{entity}`, join key `{key}`: unknown dtype `{got}` (expected int64 or string)")]
+    BadKeyType {
+        entity: String,
+        key: String,
+        got: String,
+    },
+    #[error("feature view `{view}`: bad ttl `{got}`: {reason} (expected e.g. 30s, 15m, 2h, 7d, 1h30m, or 0 for unbounded)")]
+    BadTtl {
+        view: String,
+        got: String,
+        reason: String,
+    },
+    #[error("join key `{key}` is {first_type} in entity `{first_entity}` but {dtype} in entity `{entity}` (a join key has one type everywhere)")]
+    KeyTypeClash {
+        key: String,
+        first_entity: String,
+        first_type: String,
+        entity: String,
+        dtype: String,
+    },
+    #[error("feature view `{view}`: column `{column}` {reason}")]
+    ColumnClash {
+        view: String,
+        column: String,
+        reason: &'static str,
+    },
+    #[error("feature view `{view}`: stream topic is empty (expected a Kafka topic name)")]
+    EmptyTopic { view: String },
+    #[error("{0}")]
+    Yaml(String),
+}
+
+/// Everything that can go wrong in the sdk.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A definition problem, located in a file (or in builder code when `file` is empty).
+    #[error("{}{source}", location(file))]
+    Definition {
+        file: Option<PathBuf>,
+        #[source]
+        source: DefinitionError,
+    },
+    /// A bad `quiver.yaml` setting.
+    #[error("{file}: {message}", file = file.display())]
+    Config { file: PathBuf, message: String },
+    /// A registry file that exists but cannot be used.
+    #[error("registry {file}: {message}", file = file.display())]
+    Registry { file: PathBuf, message: String },
+    /// `apply` refused a breaking change to a view that holds data.
+    #[error("refusing to apply: {0}; pass --force to apply it anyway")]
+    Breaking(String),
+    /// A file that could not be read or written.
+    #[error("{path}: {source}", path = path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn location(file: &Option<PathBuf>) -> String {
+    match file {
+        Some(f) => format!("{}: ", f.display()),
+        None => String::new(),
+    }
+}
+
+impl From<DefinitionError> for Error {
+    fn from(source: DefinitionError) -> Self {
+        Error::Definition { file: None, source }
+    }
+}
+
+impl Error {
+    /// Attaches a file to a definition error that has none.
+    pub fn in_file(self, path: impl Into<PathBuf>) -> Self {
+        match self {
+            Error::Definition { file: None, source } => Error::Definition {
+                file: Some(path.into()),
+                source,
+            },
+            other => other,
+        }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// The sdk's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,45 @@
+//! Quiver's definition layer: the types every other crate speaks.
+//!
+//! - [`definitions`]: entities, sources, feature views and services (SPEC §2), and the
+//!   Rust builder API.
+//! - [`yaml`]: `features.yaml` in, validated [`Definitions`] out.
+//! - [`validate`](Definitions::validate): one validation for every way of writing
+//!   definitions.
+//! - [`registry`]: the versioned registry document, the plan/apply diff and its atomic
+//!   file store.
+//! - [`config`]: `quiver.yaml` with environment overrides.
+//!
+//! Invariant: the sdk never talks to a store or the network. Its only I/O is reading
+//! and writing the repository's own small files (`quiver.yaml`, `features.yaml`, the
+//! registry).
+//!
+//! ```
+//! use quiver_sdk::{DType, Definitions, Entity, FeatureService, FeatureView, KeyType, Ttl};
+//! let defs = Definitions::default()
+//!     .with_entity(Entity::new("driver").with_join_key("driver_id", KeyType::Int64))
+//!     .with_feature_view(
+//!         FeatureView::new("driver_hourly")
+//!             .with_entity("driver")
+//!             .with_ttl(Ttl::parse("2h").unwrap())
+//!             .with_feature("conv_rate", DType::Float64),
+//!     )
+//!     .with_feature_service(FeatureService::new("ranker").with_feature("driver_hourly", "conv_rate"));
+//! defs.validate().unwrap();
+//! ```
+
+pub mod config;
+pub mod definitions;
+pub mod error;
+pub mod registry;
+pub mod types;
+mod validate;
+pub mod yaml;
+
+pub use config::{Config, OnlineStoreConfig, StoreLocation};
+pub use definitions::{
+    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source,
+    StreamFormat, StreamSource,
+};
+pub use error::{DefinitionError, Error, Result};
+pub use registry::{DataProbe, FileRegistry, Plan, RegistryDoc};
+pub use types::{DType, KeyType, ListElement, Ttl};

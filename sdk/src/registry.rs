@@ -1,0 +1,651 @@
+//! The registry: one versioned JSON document holding the applied definitions, the one
+//! source of truth read by every command and by the server.
+//!
+//! [`RegistryDoc::plan`] diffs new definitions against the applied ones, per field;
+//! [`RegistryDoc::breaking_changes`] finds the changes that would break a view that
+//! already holds data; [`apply`] puts it together and writes the next version through
+//! [`FileRegistry`], atomically (temp file, fsync, rename, fsync of the folder).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::definitions::{Definitions, FeatureView};
+use crate::error::{Error, Result};
+
+/// The registry file format this version reads and writes.
+pub const REGISTRY_FORMAT: u32 = 1;
+
+/// The registry document as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegistryDoc {
+    pub format: u32,
+    pub project: String,
+    /// 0 for a registry nothing was applied to; each effective `apply` adds one.
+    pub version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<DateTime<Utc>>,
+    pub definitions: Definitions,
+    /// Per object (`feature_view/driver_hourly`): its own version, bumped whenever the
+    /// object changes, so a feature service's version names one list of features.
+    #[serde(default)]
+    pub objects: BTreeMap<String, ObjectMeta>,
+    #[serde(default)]
+    pub history: Vec<HistoryEntry>,
+}
+
+/// Version and times of one object in the registry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    pub version: u64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One effective `apply`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    pub version: u64,
+    pub applied_at: DateTime<Utc>,
+    #[serde(default)]
+    pub forced: bool,
+    /// One line per changed object, as `plan` prints them.
+    pub changes: Vec<String>,
+}
+
+/// The three kinds of registry object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    Entity,
+    FeatureView,
+    FeatureService,
+}
+
+impl ObjectKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ObjectKind::Entity => "entity",
+            ObjectKind::FeatureView => "feature_view",
+            ObjectKind::FeatureService => "feature_service",
+        }
+    }
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One changed field of an object: its path (`ttl`, `features[trips].dtype`) and the old
+/// and new JSON values (`None` when the field was absent).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldChange {
+    pub path: String,
+    pub old: Option<Value>,
+    pub new: Option<Value>,
+}
+
+/// What happened to an object.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChangeOp {
+    Added,
+    Removed,
+    Changed(Vec<FieldChange>),
+}
+
+/// A change to one object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub kind: ObjectKind,
+    pub name: String,
+    pub op: ChangeOp,
+}
+
+impl Change {
+    fn key(&self) -> String {
+        format!("{}/{}", self.kind, self.name)
+    }
+
+    /// `+ feature_view driver_hourly`, `~ entity driver (join_keys[driver_id].dtype)`.
+    pub fn summary(&self) -> String {
+        match &self.op {
+            ChangeOp::Added => format!("+ {} {}", self.kind, self.name),
+            ChangeOp::Removed => format!("- {} {}", self.kind, self.name),
+            ChangeOp::Changed(fields) => {
+                let paths: Vec<&str> = fields.iter().map(|f| f.path.as_str()).collect();
+                format!("~ {} {} ({})", self.kind, self.name, paths.join(", "))
+            }
+        }
+    }
+}
+
+/// The difference between the applied definitions and new ones.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Plan {
+    pub changes: Vec<Change>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// Counts of (added, changed, removed) objects.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let mut c = (0, 0, 0);
+        for ch in &self.changes {
+            match ch.op {
+                ChangeOp::Added => c.0 += 1,
+                ChangeOp::Changed(_) => c.1 += 1,
+                ChangeOp::Removed => c.2 += 1,
+            }
+        }
+        c
+    }
+}
+
+fn show(v: &Option<Value>) -> String {
+    match v {
+        None => "(absent)".to_string(),
+        Some(v) => v.to_string(),
+    }
+}
+
+impl fmt::Display for Plan {
+    /// One line per object, then one indented line per changed field.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for change in &self.changes {
+            match &change.op {
+                ChangeOp::Added => writeln!(f, "+ {} {}", change.kind, change.name)?,
+                ChangeOp::Removed => writeln!(f, "- {} {}", change.kind, change.name)?,
+                ChangeOp::Changed(fields) => {
+                    writeln!(f, "~ {} {}", change.kind, change.name)?;
+                    for field in fields {
+                        match (&field.old, &field.new) {
+                            (None, Some(new)) => writeln!(f, "    {}: added {}", field.path, new)?,
+                            (Some(old), None) => {
+                                writeln!(f, "    {}: removed (was {})", field.path, old)?
+                            }
+                            _ => writeln!(
+                                f,
+                                "    {}: {} -> {}",
+                                field.path,
+                                show(&field.old),
+                                show(&field.new)
+                            )?,
+                        }
+                    }
+                }
+            }
+        }
+        let (a, c, r) = self.counts();
+        write!(f, "{a} to add, {c} to change, {r} to remove")
+    }
+}
+
+/// Answers whether a feature view already holds data, so that `apply` can refuse
+/// changes that would break it. The offline store implements it.
+pub trait DataProbe {
+    /// # Errors
+    /// When the store cannot be read; `apply` then stops rather than guess.
+    fn holds_data(&self, view: &FeatureView) -> Result<bool>;
+}
+
+/// A change that would break a view holding data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Breaking {
+    pub view: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Breaking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "feature view `{}` holds data and {}", self.view, self.reason)
+    }
+}
+
+fn objects_of(defs: &Definitions) -> Vec<(ObjectKind, String, Value)> {
+    fn json<T: Serialize>(t: &T) -> Value {
+        serde_json::to_value(t).expect("definitions serialise to JSON")
+    }
+    let mut out = Vec::new();
+    for e in &defs.entities {
+        out.push((ObjectKind::Entity, e.name.clone(), json(e)));
+    }
+    for v in &defs.feature_views {
+        out.push((ObjectKind::FeatureView, v.name.clone(), json(v)));
+    }
+    for s in &defs.feature_services {
+        out.push((ObjectKind::FeatureService, s.name.clone(), json(s)));
+    }
+    out
+}
+
+/// An array whose elements are all objects with a string `name` (features, join keys)
+/// is diffed by name; any other array as a whole.
+fn named_items(items: &[Value]) -> Option<Vec<(&str, &Value)>> {
+    items
+        .iter()
+        .map(|v| v.get("name").and_then(Value::as_str).map(|n| (n, v)))
+        .collect()
+}
+
+fn diff_values(path: &str, old: &Value, new: &Value, out: &mut Vec<FieldChange>) {
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for key in keys {
+                let p = join(key);
+                match (a.get(key), b.get(key)) {
+                    (Some(x), Some(y)) => diff_values(&p, x, y, out),
+                    (x, y) => out.push(FieldChange {
+                        path: p,
+                        old: x.cloned(),
+                        new: y.cloned(),
+                    }),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a != b => {
+            match (named_items(a), named_items(b)) {
+                (Some(na), Some(nb)) => {
+                    let before = out.len();
+                    for (name, x) in &na {
+                        let p = format!("{path}[{name}]");
+                        match nb.iter().find(|(n, _)| n == name) {
+                            Some((_, y)) => diff_values(&p, x, y, out),
+                            None => out.push(FieldChange {
+                                path: p,
+                                old: Some((*x).clone()),
+                                new: None,
+                            }),
+                        }
+                    }
+                    for (name, y) in &nb {
+                        if !na.iter().any(|(n, _)| n == name) {
+                            out.push(FieldChange {
+                                path: format!("{path}[{name}]"),
+                                old: None,
+                                new: Some((*y).clone()),
+                            });
+                        }
+                    }
+                    if out.len() == before {
+                        // Same items, another order: the order is the change.
+                        let names = |items: &[(&str, &Value)]| {
+                            Value::from(items.iter().map(|(n, _)| *n).collect::<Vec<_>>())
+                        };
+                        out.push(FieldChange {
+                            path: format!("{path} (order)"),
+                            old: Some(names(&na)),
+                            new: Some(names(&nb)),
+                        });
+                    }
+                }
+                _ => out.push(FieldChange {
+                    path: path.to_string(),
+                    old: Some(old.clone()),
+                    new: Some(new.clone()),
+                }),
+            }
+        }
+        _ if old != new => out.push(FieldChange {
+            path: path.to_string(),
+            old: Some(old.clone()),
+            new: Some(new.clone()),
+        }),
+        _ => {}
+    }
+}
+
+/// The per-field difference from `old` to `new`: added objects, changed objects with
+/// each changed field, removed objects, in kind order then name order.
+pub fn diff(old: &Definitions, new: &Definitions) -> Plan {
+    let before = objects_of(old);
+    let after = objects_of(new);
+    let mut changes = Vec::new();
+    for (kind, name, new_value) in &after {
+        match before.iter().find(|(k, n, _)| k == kind && n == name) {
+            None => changes.push(Change {
+                kind: *kind,
+                name: name.clone(),
+                op: ChangeOp::Added,
+            }),
+            Some((_, _, old_value)) => {
+                let mut fields = Vec::new();
+                diff_values("", old_value, new_value, &mut fields);
+                if !fields.is_empty() {
+                    changes.push(Change {
+                        kind: *kind,
+                        name: name.clone(),
+                        op: ChangeOp::Changed(fields),
+                    });
+                }
+            }
+        }
+    }
+    for (kind, name, _) in &before {
+        if !after.iter().any(|(k, n, _)| k == kind && n == name) {
+            changes.push(Change {
+                kind: *kind,
+                name: name.clone(),
+                op: ChangeOp::Removed,
+            });
+        }
+    }
+    changes.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
+    Plan { changes }
+}
+
+impl RegistryDoc {
+    /// A registry nothing has been applied to yet.
+    pub fn empty(project: impl Into<String>) -> Self {
+        RegistryDoc {
+            format: REGISTRY_FORMAT,
+            project: project.into(),
+            version: 0,
+            updated_at: None,
+            definitions: Definitions::default(),
+            objects: BTreeMap::new(),
+            history: Vec::new(),
+        }
+    }
+
+    /// What applying `new` would change.
+    pub fn plan(&self, new: &Definitions) -> Plan {
+        diff(&self.definitions, new)
+    }
+
+    /// The changes in `new` that would break a view that holds data: a removed view, a
+    /// changed key (entity list or join key type), a removed feature, a changed feature
+    /// type, a changed timestamp column or table path. Adding features breaks nothing.
+    ///
+    /// # Errors
+    /// When the probe cannot tell whether a view holds data.
+    pub fn breaking_changes(
+        &self,
+        new: &Definitions,
+        probe: &dyn DataProbe,
+    ) -> Result<Vec<Breaking>> {
+        let old = &self.definitions;
+        let mut out = Vec::new();
+        for view in &old.feature_views {
+            let next = new.feature_view(&view.name);
+            if next == Some(view) && old.join_keys(view) == new.join_keys(view) {
+                continue;
+            }
+            if !probe.holds_data(view)? {
+                continue;
+            }
+            let mut add = |reason: String| {
+                out.push(Breaking {
+                    view: view.name.clone(),
+                    reason,
+                })
+            };
+            let Some(next) = next else {
+                add("would be removed".to_string());
+                continue;
+            };
+            let keys = |d: &Definitions, v: &FeatureView| {
+                d.join_keys(v)
+                    .iter()
+                    .map(|k| format!("{}:{}", k.name, k.dtype))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let (old_keys, new_keys) = (keys(old, view), keys(new, next));
+            if old_keys != new_keys {
+                add(format!(
+                    "its join keys would change from [{old_keys}] to [{new_keys}]"
+                ));
+            }
+            for feature in &view.features {
+                match next.feature(&feature.name) {
+                    None => add(format!("feature `{}` would be removed", feature.name)),
+                    Some(f) if f.dtype != feature.dtype => add(format!(
+                        "feature `{}` would change type from {} to {}",
+                        feature.name, feature.dtype, f.dtype
+                    )),
+                    Some(_) => {}
+                }
+            }
+            let (a, b) = (&view.source, &next.source);
+            if a.timestamp_field != b.timestamp_field {
+                add(format!(
+                    "its timestamp field would change from `{}` to `{}`",
+                    a.timestamp_field, b.timestamp_field
+                ));
+            }
+            if a.created_timestamp_field != b.created_timestamp_field {
+                add(format!(
+                    "its created timestamp field would change from {:?} to {:?}",
+                    a.created_timestamp_field, b.created_timestamp_field
+                ));
+            }
+            if a.path != b.path {
+                add(format!(
+                    "its table path would change from {:?} to {:?}",
+                    a.path, b.path
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The next version of this document with `new` applied as `plan` describes.
+    pub fn applied(&self, new: &Definitions, plan: &Plan, now: DateTime<Utc>, forced: bool) -> Self {
+        let mut next = self.clone();
+        next.version += 1;
+        next.updated_at = Some(now);
+        next.definitions = new.clone();
+        for change in &plan.changes {
+            let key = change.key();
+            match change.op {
+                ChangeOp::Added => {
+                    // A re-added object keeps counting from its last version.
+                    let version = self.objects.get(&key).map_or(1, |m| m.version + 1);
+                    next.objects.insert(
+                        key,
+                        ObjectMeta {
+                            version,
+                            created_at: now,
+                            updated_at: now,
+                        },
+                    );
+                }
+                ChangeOp::Changed(_) => {
+                    let meta = next.objects.entry(key).or_insert(ObjectMeta {
+                        version: 0,
+                        created_at: now,
+                        updated_at: now,
+                    });
+                    meta.version += 1;
+                    meta.updated_at = now;
+                }
+                // Removed objects keep their meta so a re-added one continues the count;
+                // `definitions` alone says what exists.
+                ChangeOp::Removed => {}
+            }
+        }
+        next.history.push(HistoryEntry {
+            version: next.version,
+            applied_at: now,
+            forced,
+            changes: plan.changes.iter().map(Change::summary).collect(),
+        });
+        next
+    }
+}
+
+/// The registry document in a local JSON file.
+#[derive(Debug, Clone)]
+pub struct FileRegistry {
+    path: PathBuf,
+}
+
+impl FileRegistry {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        FileRegistry { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The stored document, or `None` when the file does not exist yet.
+    ///
+    /// # Errors
+    /// [`Error::Registry`] for a file that does not parse or was written by a newer
+    /// format; [`Error::Io`] when it cannot be read.
+    pub fn load(&self) -> Result<Option<RegistryDoc>> {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(&self.path, e)),
+        };
+        let bad = |message: String| Error::Registry {
+            file: self.path.clone(),
+            message,
+        };
+        let value: Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let format = value.get("format").and_then(Value::as_u64).unwrap_or(0);
+        if format != u64::from(REGISTRY_FORMAT) {
+            return Err(bad(format!(
+                "format {format} is not the format this quiver reads ({REGISTRY_FORMAT})"
+            )));
+        }
+        let doc = serde_json::from_value(value).map_err(|e| bad(format!("unreadable: {e}")))?;
+        Ok(Some(doc))
+    }
+
+    /// The stored document, or an empty one for `project`; refuses a registry that
+    /// belongs to another project.
+    ///
+    /// # Errors
+    /// As [`FileRegistry::load`], and [`Error::Registry`] on a project mismatch.
+    pub fn load_or_empty(&self, project: &str) -> Result<RegistryDoc> {
+        match self.load()? {
+            Some(doc) if doc.project != project => Err(Error::Registry {
+                file: self.path.clone(),
+                message: format!(
+                    "holds project `{}`, but quiver.yaml names project `{project}`",
+                    doc.project
+                ),
+            }),
+            Some(doc) => Ok(doc),
+            None => Ok(RegistryDoc::empty(project)),
+        }
+    }
+
+    /// Writes the document atomically: a temp file in the same folder, fsync, rename
+    /// over the old file, fsync of the folder. A reader sees the old or the new
+    /// document, never a part of one.
+    ///
+    /// # Errors
+    /// [`Error::Io`]; the old file is then untouched and the temp file removed.
+    pub fn save(&self, doc: &RegistryDoc) -> Result<()> {
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let file_name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "registry.json".to_string());
+        let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
+        let mut text = serde_json::to_string_pretty(doc).expect("registry serialises");
+        text.push('\n');
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.path)?;
+            // Make the rename itself durable.
+            std::fs::File::open(&dir)?.sync_all()
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::io(&self.path, e)
+        })
+    }
+}
+
+/// What [`apply`] did.
+#[derive(Debug, Clone)]
+pub struct ApplyOutcome {
+    pub plan: Plan,
+    /// The registry version after the apply.
+    pub version: u64,
+    /// False when nothing changed and nothing was written.
+    pub written: bool,
+    /// Breaking changes that `force` let through.
+    pub forced: Vec<Breaking>,
+}
+
+/// Applies `new` to the registry: a no-op when nothing changed; otherwise refuses
+/// breaking changes to views that hold data (unless `force`), then writes version + 1.
+///
+/// # Errors
+/// [`Error::Breaking`] naming the first breaking change (the registry is unchanged), or
+/// the errors of loading and saving the registry.
+pub fn apply(
+    registry: &FileRegistry,
+    project: &str,
+    new: &Definitions,
+    probe: &dyn DataProbe,
+    force: bool,
+    now: DateTime<Utc>,
+) -> Result<ApplyOutcome> {
+    let doc = registry.load_or_empty(project)?;
+    let plan = doc.plan(new);
+    if plan.is_empty() {
+        return Ok(ApplyOutcome {
+            plan,
+            version: doc.version,
+            written: false,
+            forced: Vec::new(),
+        });
+    }
+    let breaking = doc.breaking_changes(new, probe)?;
+    if let Some(first) = breaking.first() {
+        if !force {
+            let more = match breaking.len() {
+                1 => String::new(),
+                n => format!(" (and {} more)", n - 1),
+            };
+            return Err(Error::Breaking(format!("{first}{more}")));
+        }
+    }
+    let next = doc.applied(new, &plan, now, force && !breaking.is_empty());
+    registry.save(&next)?;
+    Ok(ApplyOutcome {
+        plan,
+        version: next.version,
+        written: true,
+        forced: breaking,
+    })
+}
+
+/// RFC 3339 with seconds, as the CLI prints registry times.
+pub fn format_time(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}

@@ -1,0 +1,237 @@
+//! Validation of a whole [`Definitions`]: names, duplicates, cross references, key types
+//! and column clashes. The first problem found is reported, as one line.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::definitions::Definitions;
+use crate::error::DefinitionError;
+
+/// Names become column names (`view__feature`), Delta table folders and Redis key parts,
+/// so they are plain identifiers.
+fn check_name(kind: &'static str, name: &str) -> Result<(), DefinitionError> {
+    let bad = |reason| DefinitionError::BadName {
+        kind,
+        name: name.to_string(),
+        reason,
+    };
+    let mut chars = name.chars();
+    match chars.next() {
+        None => return Err(bad("empty (expected a name)")),
+        Some(c) if !(c.is_ascii_alphabetic() || c == '_') => {
+            return Err(bad("must start with a letter or `_`"));
+        }
+        _ => {}
+    }
+    if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(bad("only letters, digits and `_` are allowed"));
+    }
+    Ok(())
+}
+
+fn known<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let list: Vec<&str> = names.collect();
+    if list.is_empty() {
+        "none".to_string()
+    } else {
+        list.join(", ")
+    }
+}
+
+fn no_duplicates<'a>(
+    kind: &'static str,
+    scope: &str,
+    names: impl Iterator<Item = &'a str>,
+) -> Result<(), DefinitionError> {
+    let mut seen = BTreeSet::new();
+    for name in names {
+        if !seen.insert(name) {
+            return Err(DefinitionError::Duplicate {
+                kind,
+                name: name.to_string(),
+                scope: scope.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Definitions {
+    /// Checks the definitions as a whole.
+    ///
+    /// # Errors
+    /// The first [`DefinitionError`] found: a bad or duplicate name, an entity without
+    /// join keys, a view naming an unknown entity, a join key with two types, a column
+    /// that is both a key and a feature, a service naming a missing view or feature.
+    ///
+    /// ```
+    /// use quiver_sdk::{Definitions, FeatureService};
+    /// let defs = Definitions::default()
+    ///     .with_feature_service(FeatureService::new("ranker").with_feature("nope", "x"));
+    /// let err = defs.validate().unwrap_err().to_string();
+    /// assert!(err.contains("unknown feature view `nope`"), "{err}");
+    /// ```
+    pub fn validate(&self) -> Result<(), DefinitionError> {
+        // Entities and the one type of each join key.
+        no_duplicates("entity", "", self.entities.iter().map(|e| e.name.as_str()))?;
+        let mut key_types: BTreeMap<&str, (&str, crate::KeyType)> = BTreeMap::new();
+        for entity in &self.entities {
+            check_name("entity", &entity.name)?;
+            if entity.join_keys.is_empty() {
+                return Err(DefinitionError::NoJoinKeys {
+                    entity: entity.name.clone(),
+                });
+            }
+            let scope = format!(" in entity `{}`", entity.name);
+            no_duplicates(
+                "join key",
+                &scope,
+                entity.join_keys.iter().map(|k| k.name.as_str()),
+            )?;
+            for key in &entity.join_keys {
+                check_name("join key", &key.name)?;
+                match key_types.get(key.name.as_str()) {
+                    Some((first, t)) if *t != key.dtype => {
+                        return Err(DefinitionError::KeyTypeClash {
+                            key: key.name.clone(),
+                            first_entity: first.to_string(),
+                            first_type: t.to_string(),
+                            entity: entity.name.clone(),
+                            dtype: key.dtype.to_string(),
+                        });
+                    }
+                    Some(_) => {}
+                    None => {
+                        key_types.insert(&key.name, (&entity.name, key.dtype));
+                    }
+                }
+            }
+        }
+
+        // Feature views.
+        no_duplicates(
+            "feature view",
+            "",
+            self.feature_views.iter().map(|v| v.name.as_str()),
+        )?;
+        for view in &self.feature_views {
+            check_name("feature view", &view.name)?;
+            if view.name.contains("__") {
+                return Err(DefinitionError::BadName {
+                    kind: "feature view",
+                    name: view.name.clone(),
+                    reason: "`__` separates view and feature in column names",
+                });
+            }
+            if view.entities.is_empty() {
+                return Err(DefinitionError::EmptyView {
+                    view: view.name.clone(),
+                    what: "entities",
+                });
+            }
+            if view.features.is_empty() {
+                return Err(DefinitionError::EmptyView {
+                    view: view.name.clone(),
+                    what: "features",
+                });
+            }
+            let scope = format!(" in feature view `{}`", view.name);
+            no_duplicates("entity", &scope, view.entities.iter().map(|e| e.as_str()))?;
+            for entity in &view.entities {
+                if self.entity(entity).is_none() {
+                    return Err(DefinitionError::UnknownEntity {
+                        view: view.name.clone(),
+                        entity: entity.clone(),
+                        known: known(self.entities.iter().map(|e| e.name.as_str())),
+                    });
+                }
+            }
+            no_duplicates(
+                "feature",
+                &scope,
+                view.features.iter().map(|f| f.name.as_str()),
+            )?;
+            for feature in &view.features {
+                check_name("feature", &feature.name)?;
+            }
+            self.check_columns(view)?;
+            if let Some(stream) = &view.source.stream {
+                if stream.topic.trim().is_empty() {
+                    return Err(DefinitionError::EmptyTopic {
+                        view: view.name.clone(),
+                    });
+                }
+            }
+        }
+
+        // Feature services.
+        no_duplicates(
+            "feature service",
+            "",
+            self.feature_services.iter().map(|s| s.name.as_str()),
+        )?;
+        for service in &self.feature_services {
+            check_name("feature service", &service.name)?;
+            if service.features.is_empty() {
+                return Err(DefinitionError::EmptyService {
+                    service: service.name.clone(),
+                });
+            }
+            let refs: Vec<String> = service.features.iter().map(|r| r.to_string()).collect();
+            let scope = format!(" in feature service `{}`", service.name);
+            no_duplicates("feature reference", &scope, refs.iter().map(|r| r.as_str()))?;
+            for (reference, text) in service.features.iter().zip(&refs) {
+                let Some(view) = self.feature_view(&reference.view) else {
+                    return Err(DefinitionError::UnknownView {
+                        service: service.name.clone(),
+                        view: reference.view.clone(),
+                        known: known(self.feature_views.iter().map(|v| v.name.as_str())),
+                    });
+                };
+                if view.feature(&reference.feature).is_none() {
+                    return Err(DefinitionError::UnknownFeature {
+                        service: service.name.clone(),
+                        reference: text.clone(),
+                        view: view.name.clone(),
+                        known: known(view.features.iter().map(|f| f.name.as_str())),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The columns of a view's table — join keys, timestamps, features — are distinct.
+    fn check_columns(&self, view: &crate::FeatureView) -> Result<(), DefinitionError> {
+        let clash = |column: &str, reason| DefinitionError::ColumnClash {
+            view: view.name.clone(),
+            column: column.to_string(),
+            reason,
+        };
+        let keys = self.join_keys(view);
+        let is_key = |c: &str| keys.iter().any(|k| k.name == c);
+        let ts = view.source.timestamp_field.as_str();
+        check_name("timestamp field", ts)?;
+        if is_key(ts) {
+            return Err(clash(ts, "is both a join key and the timestamp field"));
+        }
+        if let Some(created) = view.source.created_timestamp_field.as_deref() {
+            check_name("created timestamp field", created)?;
+            if created == ts {
+                return Err(clash(created, "is both the timestamp and the created timestamp field"));
+            }
+            if is_key(created) {
+                return Err(clash(created, "is both a join key and the created timestamp field"));
+            }
+        }
+        for feature in &view.features {
+            let name = feature.name.as_str();
+            if is_key(name) {
+                return Err(clash(name, "is both a join key and a feature"));
+            }
+            if name == ts || Some(name) == view.source.created_timestamp_field.as_deref() {
+                return Err(clash(name, "is both a timestamp field and a feature"));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,221 @@
+//! `features.yaml`: parsed raw (names and types as text), converted into
+//! [`Definitions`] with errors that name the definition, then validated.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::definitions::{
+    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source,
+};
+use crate::error::{DefinitionError, Error, Result};
+use crate::types::{DTYPE_NAMES, DType, KeyType, Ttl};
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawDefinitions {
+    #[serde(default)]
+    entities: Option<Vec<RawEntity>>,
+    #[serde(default)]
+    feature_views: Option<Vec<RawView>>,
+    #[serde(default)]
+    feature_services: Option<Vec<RawService>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEntity {
+    name: String,
+    #[serde(default)]
+    join_keys: Vec<RawJoinKey>,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJoinKey {
+    name: String,
+    dtype: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawView {
+    name: String,
+    #[serde(default)]
+    entities: Vec<String>,
+    #[serde(default)]
+    features: Vec<RawFeature>,
+    #[serde(default)]
+    ttl: Option<serde_yaml::Value>,
+    #[serde(default)]
+    source: Option<Source>,
+    #[serde(default)]
+    online: Option<bool>,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFeature {
+    name: String,
+    dtype: String,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawService {
+    name: String,
+    #[serde(default)]
+    features: Vec<String>,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
+}
+
+/// Parses and validates the text of a `features.yaml`.
+///
+/// # Errors
+/// [`Error::Definition`] with the YAML position for syntax and shape errors, or the
+/// definition and field for bad types, TTLs and references.
+///
+/// ```
+/// let defs = quiver_sdk::yaml::parse_definitions(r#"
+/// entities: [{name: driver, join_keys: [{name: driver_id, dtype: int64}]}]
+/// feature_views:
+///   - {name: stats, entities: [driver], ttl: 2h, features: [{name: trips, dtype: int64}]}
+/// "#).unwrap();
+/// assert_eq!(defs.feature_views[0].ttl.secs(), 7200);
+/// ```
+pub fn parse_definitions(text: &str) -> Result<Definitions> {
+    let raw: RawDefinitions = if is_blank(text) {
+        RawDefinitions::default()
+    } else {
+        serde_yaml::from_str(text).map_err(|e| DefinitionError::Yaml(yaml_message(&e)))?
+    };
+    let defs = convert(raw)?;
+    defs.validate()?;
+    Ok(defs)
+}
+
+/// Reads, parses and validates a `features.yaml`; errors name the file.
+///
+/// # Errors
+/// As [`parse_definitions`], plus [`Error::Io`] when the file cannot be read.
+pub fn load_definitions(path: &Path) -> Result<Definitions> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    parse_definitions(&text).map_err(|e| e.in_file(path))
+}
+
+/// True for a document of only comments and blank lines (an `init` skeleton).
+fn is_blank(text: &str) -> bool {
+    text.lines()
+        .map(str::trim)
+        .all(|l| l.is_empty() || l.starts_with('#') || l == "---")
+}
+
+/// serde_yaml's message, one line, with its position.
+pub(crate) fn yaml_message(e: &serde_yaml::Error) -> String {
+    e.to_string().replace('\n', " ")
+}
+
+fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
+    let mut defs = Definitions::default();
+    for e in raw.entities.unwrap_or_default() {
+        let mut join_keys = Vec::new();
+        for k in e.join_keys {
+            let dtype: KeyType = k.dtype.parse().map_err(|_| DefinitionError::BadKeyType {
+                entity: e.name.clone(),
+                key: k.name.clone(),
+                got: k.dtype.clone(),
+            })?;
+            join_keys.push(JoinKey {
+                name: k.name,
+                dtype,
+            });
+        }
+        defs.entities.push(Entity {
+            name: e.name,
+            join_keys,
+            description: e.description,
+            tags: e.tags,
+        });
+    }
+    for v in raw.feature_views.unwrap_or_default() {
+        let mut features = Vec::new();
+        for f in v.features {
+            let dtype: DType = f.dtype.parse().map_err(|_| DefinitionError::BadDtype {
+                view: v.name.clone(),
+                feature: f.name.clone(),
+                got: f.dtype.clone(),
+                expected: DTYPE_NAMES,
+            })?;
+            features.push(Feature {
+                name: f.name,
+                dtype,
+                description: f.description,
+            });
+        }
+        let ttl = parse_ttl(&v.name, v.ttl.as_ref())?;
+        defs.feature_views.push(FeatureView {
+            name: v.name,
+            entities: v.entities,
+            features,
+            ttl,
+            source: v.source.unwrap_or_default(),
+            online: v.online.unwrap_or(true),
+            tags: v.tags,
+            description: v.description,
+        });
+    }
+    for s in raw.feature_services.unwrap_or_default() {
+        let mut features = Vec::new();
+        for text in s.features {
+            let r: FeatureRef = text.parse().map_err(|_| DefinitionError::BadFeatureRef {
+                service: s.name.clone(),
+                got: text.clone(),
+            })?;
+            features.push(r);
+        }
+        defs.feature_services.push(FeatureService {
+            name: s.name,
+            features,
+            description: s.description,
+            tags: s.tags,
+        });
+    }
+    Ok(defs)
+}
+
+fn parse_ttl(view: &str, value: Option<&serde_yaml::Value>) -> Result<Ttl, DefinitionError> {
+    let bad = |got: String, reason: &str| DefinitionError::BadTtl {
+        view: view.to_string(),
+        got,
+        reason: reason.to_string(),
+    };
+    match value {
+        None | Some(serde_yaml::Value::Null) => Ok(Ttl::UNBOUNDED),
+        Some(serde_yaml::Value::Number(n)) => match n.as_u64() {
+            Some(secs) => Ok(Ttl::from_secs(secs)),
+            None => Err(bad(n.to_string(), "expected whole, non-negative seconds")),
+        },
+        Some(serde_yaml::Value::String(s)) => Ttl::parse(s).map_err(|e| bad(e.text, e.reason)),
+        Some(other) => Err(bad(
+            serde_yaml::to_string(other)
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            "expected a duration",
+        )),
+    }
+}

@@ -1,0 +1,224 @@
+//! The registry: per-field diff, apply, refusal of breaking changes, --force, no-op.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+
+use chrono::{TimeZone, Utc};
+use quiver_sdk::registry::{ChangeOp, FileRegistry, apply, diff};
+use quiver_sdk::yaml::parse_definitions;
+use quiver_sdk::{DataProbe, Definitions, Error, FeatureView, Result};
+
+const BASE: &str = r#"
+entities:
+  - {name: driver, join_keys: [{name: driver_id, dtype: int64}]}
+feature_views:
+  - name: stats
+    entities: [driver]
+    ttl: 2h
+    features: [{name: conv_rate, dtype: float64}, {name: trips, dtype: int64}]
+  - name: empty_view
+    entities: [driver]
+    features: [{name: x, dtype: int64}]
+feature_services:
+  - {name: ranker, features: ["stats:conv_rate"]}
+"#;
+
+fn defs(text: &str) -> Definitions {
+    parse_definitions(text).unwrap()
+}
+
+fn changed(from: &str, to: &str) -> Definitions {
+    assert!(BASE.contains(from), "fixture lacks {from:?}");
+    defs(&BASE.replacen(from, to, 1))
+}
+
+/// Views listed here hold data; records which views were asked about.
+struct Holding {
+    views: BTreeSet<&'static str>,
+    asked: RefCell<Vec<String>>,
+}
+
+impl Holding {
+    fn new(views: &[&'static str]) -> Self {
+        Holding {
+            views: views.iter().copied().collect(),
+            asked: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl DataProbe for Holding {
+    fn holds_data(&self, view: &FeatureView) -> Result<bool> {
+        self.asked.borrow_mut().push(view.name.clone());
+        Ok(self.views.contains(view.name.as_str()))
+    }
+}
+
+fn t(hour: u32) -> chrono::DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 30, hour, 0, 0).unwrap()
+}
+
+#[test]
+fn diff_reports_each_changed_field() {
+    let old = defs(BASE);
+    let new = changed("ttl: 2h", "ttl: 3h")
+        .clone();
+    let new = {
+        let mut n = new;
+        n.feature_views[0].features[1].dtype = quiver_sdk::DType::Float64;
+        n.feature_views[0]
+            .features
+            .push(quiver_sdk::Feature { name: "temp".into(), dtype: quiver_sdk::DType::Float32, description: String::new() });
+        n.feature_services.clear();
+        n.entities[0].description = "drives".into();
+        n
+    };
+    let plan = diff(&old, &new);
+    assert_eq!(plan.counts(), (0, 2, 1));
+    let view = plan.changes.iter().find(|c| c.name == "stats").unwrap();
+    let ChangeOp::Changed(fields) = &view.op else {
+        panic!("stats should be changed: {view:?}")
+    };
+    let paths: Vec<&str> = fields.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, ["features[trips].dtype", "features[temp]", "ttl"]);
+    assert_eq!(fields[0].old, Some(serde_json::json!("int64")));
+    assert_eq!(fields[0].new, Some(serde_json::json!("float64")));
+    assert_eq!(fields[1].old, None);
+    let text = plan.to_string();
+    assert!(text.contains("~ feature_view stats"), "{text}");
+    assert!(text.contains("    ttl: \"2h\" -> \"3h\""), "{text}");
+    assert!(text.contains("- feature_service ranker"), "{text}");
+    assert!(text.contains("    description: added \"drives\""), "{text}");
+    assert!(text.ends_with("0 to add, 2 to change, 1 to remove"), "{text}");
+    // Reordering features is a change too (it reorders columns).
+    let mut reordered = old.clone();
+    reordered.feature_views[0].features.reverse();
+    let plan = diff(&old, &reordered);
+    assert_eq!(plan.changes.len(), 1, "{plan}");
+    assert!(plan.to_string().contains("features (order)"), "{plan}");
+}
+
+#[test]
+fn apply_writes_versions_and_is_a_no_op_when_nothing_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = FileRegistry::new(dir.path().join("registry.json"));
+    let probe = Holding::new(&[]);
+    let first = apply(&reg, "demo", &defs(BASE), &probe, false, t(1)).unwrap();
+    assert!(first.written);
+    assert_eq!(first.version, 1);
+    assert_eq!(first.plan.counts(), (4, 0, 0));
+    let doc = reg.load().unwrap().unwrap();
+    assert_eq!(doc.version, 1);
+    assert_eq!(doc.definitions, defs(BASE));
+    assert_eq!(doc.objects["feature_service/ranker"].version, 1);
+
+    let bytes = std::fs::read(reg.path()).unwrap();
+    let again = apply(&reg, "demo", &defs(BASE), &probe, false, t(2)).unwrap();
+    assert!(!again.written);
+    assert_eq!(again.version, 1);
+    assert_eq!(std::fs::read(reg.path()).unwrap(), bytes, "a no-op must not rewrite");
+
+    let svc2 = changed("[\"stats:conv_rate\"]", "[\"stats:conv_rate\", \"stats:trips\"]");
+    let second = apply(&reg, "demo", &svc2, &probe, false, t(3)).unwrap();
+    assert_eq!(second.version, 2);
+    let doc = reg.load().unwrap().unwrap();
+    assert_eq!(doc.objects["feature_service/ranker"].version, 2, "service versions bump");
+    assert_eq!(doc.objects["feature_view/stats"].version, 1, "untouched objects keep theirs");
+    assert_eq!(doc.history.len(), 2);
+    assert_eq!(doc.history[1].changes, ["~ feature_service ranker (features)"]);
+    assert_eq!(doc.updated_at, Some(t(3)));
+    // No temp files are left behind.
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["registry.json"]);
+}
+
+#[test]
+fn breaking_changes_to_views_with_data_are_refused_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = FileRegistry::new(dir.path().join("registry.json"));
+    apply(&reg, "demo", &defs(BASE), &Holding::new(&[]), false, t(1)).unwrap();
+    let holding = Holding::new(&["stats"]);
+    let before = std::fs::read(reg.path()).unwrap();
+
+    let cases = [
+        (
+            changed("{name: trips, dtype: int64}", "{name: trips, dtype: float64}"),
+            "feature view `stats` holds data and feature `trips` would change type from int64 to float64",
+        ),
+        (
+            changed(", {name: trips, dtype: int64}", ""),
+            "feature view `stats` holds data and feature `trips` would be removed",
+        ),
+        (
+            changed("dtype: int64}]}", "dtype: string}]}"),
+            "feature view `stats` holds data and its join keys would change from [driver_id:int64] to [driver_id:string]",
+        ),
+    ];
+    for (new, expected) in &cases {
+        let err = apply(&reg, "demo", new, &holding, false, t(2)).unwrap_err();
+        assert!(matches!(err, Error::Breaking(_)), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains(expected), "{msg}");
+        assert!(msg.contains("--force"), "{msg}");
+        assert_eq!(std::fs::read(reg.path()).unwrap(), before, "refused apply wrote");
+    }
+
+    // The same change to a view with no data is fine.
+    let new = changed("{name: x, dtype: int64}", "{name: x, dtype: string}");
+    assert_eq!(apply(&reg, "demo", &new, &holding, false, t(2)).unwrap().version, 2);
+    // Adding a feature to a view with data breaks nothing.
+    let mut added = new.clone();
+    added.feature_views[0].features.push(quiver_sdk::Feature {
+        name: "temp".into(),
+        dtype: quiver_sdk::DType::Float64,
+        description: String::new(),
+    });
+    assert_eq!(apply(&reg, "demo", &added, &holding, false, t(3)).unwrap().version, 3);
+
+    // --force lets a breaking change through and records that it did.
+    let mut forced = added.clone();
+    forced.feature_views[0].features.retain(|f| f.name != "trips");
+    let outcome = apply(&reg, "demo", &forced, &holding, true, t(4)).unwrap();
+    assert_eq!(outcome.version, 4);
+    assert_eq!(outcome.forced.len(), 1);
+    let doc = reg.load().unwrap().unwrap();
+    assert!(doc.history.last().unwrap().forced);
+    assert!(doc.definitions.feature_view("stats").unwrap().feature("trips").is_none());
+}
+
+#[test]
+fn removing_a_view_with_data_is_breaking() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = FileRegistry::new(dir.path().join("registry.json"));
+    apply(&reg, "demo", &defs(BASE), &Holding::new(&[]), false, t(1)).unwrap();
+    let mut new = defs(BASE);
+    new.feature_services.clear();
+    new.feature_views.retain(|v| v.name != "stats");
+    let err = apply(&reg, "demo", &new, &Holding::new(&["stats"]), false, t(2)).unwrap_err();
+    assert!(err.to_string().contains("feature view `stats` holds data and would be removed"), "{err}");
+}
+
+#[test]
+fn unchanged_views_are_not_probed() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = FileRegistry::new(dir.path().join("registry.json"));
+    apply(&reg, "demo", &defs(BASE), &Holding::new(&[]), false, t(1)).unwrap();
+    let probe = Holding::new(&["stats", "empty_view"]);
+    let new = changed("[\"stats:conv_rate\"]", "[\"stats:trips\"]");
+    apply(&reg, "demo", &new, &probe, false, t(2)).unwrap();
+    assert!(probe.asked.borrow().is_empty(), "{:?}", probe.asked.borrow());
+}
+
+#[test]
+fn a_registry_of_another_project_or_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = FileRegistry::new(dir.path().join("registry.json"));
+    apply(&reg, "demo", &defs(BASE), &Holding::new(&[]), false, t(1)).unwrap();
+    let err = apply(&reg, "other", &defs(BASE), &Holding::new(&[]), false, t(2)).unwrap_err();
+    assert!(err.to_string().contains("holds project `demo`, but quiver.yaml names project `other`"), "{err}");
+    std::fs::write(reg.path(), "{\"format\": 9}").unwrap();
+    let err = reg.load().unwrap_err().to_string();
+    assert!(err.contains("format 9"), "{err}");
+    std::fs::write(reg.path(), "not json").unwrap();
+    assert!(reg.load().unwrap_err().to_string().contains("not valid JSON"));
+}
