@@ -1,1 +1,21 @@
-//! placeholder
+//! Quiver: a feature store. This facade wires the crates together — the definition layer
+//! (`quiver-sdk`), the offline store (`quiver-offline`), the online store
+//! (`quiver-online`), streaming (`quiver-streaming`) and the GPU join
+//! (`quiver-gpu-join`) — and holds what needs more than one of them: opening a
+//! repository, `init`, and the demo repository. The `quiver` binary is a thin CLI over
+//! this library.
+//!
+//! Nothing depends on this crate; it depends on all of them.
+
+pub mod demo;
+pub mod error;
+pub mod init;
+pub mod repo;
+
+pub use error::{Error, Result};
+pub use quiver_gpu_join as gpu_join;
+pub use quiver_offline as offline;
+pub use quiver_online as online;
+pub use quiver_sdk as sdk;
+pub use quiver_streaming as streaming;
+pub use repo::Repo;

@@ -1,1 +1,547 @@
-fn main() {}
+//! The `quiver` command line: argument parsing, printing, exit codes. The work is done
+//! by the `quiver` library and the crates behind it.
+//!
+//! Exit codes: 0 success; 1 an error (bad input, a refused change, a store failure),
+//! printed as one line; 2 a usage error or a command that is not available yet.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use quiver::Repo;
+use quiver::sdk::registry::{ObjectMeta, format_time};
+use quiver::sdk::{Definitions, RegistryDoc};
+
+/// Quiver: a feature store. Define features once, build point-in-time correct training
+/// sets from Delta Lake, serve the same values online, stream fresh events into both.
+#[derive(Debug, Parser)]
+#[command(name = "quiver", version, propagate_version = true, max_term_width = 100)]
+struct Cli {
+    /// The feature repository (the folder holding quiver.yaml).
+    #[arg(long, global = true, env = "QUIVER_REPO", default_value = ".")]
+    repo: PathBuf,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Engine {
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ExportFormat {
+    Parquet,
+    Arrow,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum PushTarget {
+    Online,
+    Offline,
+    OnlineAndOffline,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a new feature repository in DIR.
+    Init {
+        dir: PathBuf,
+        /// Add demo definitions (drivers and customers) and sample Parquet data.
+        #[arg(long)]
+        demo: bool,
+    },
+    /// Show what `apply` would change in the registry, per field.
+    Plan,
+    /// Record features.yaml in the registry as its next version.
+    Apply {
+        /// Apply even changes that break views already holding data.
+        #[arg(long)]
+        force: bool,
+    },
+    /// List what the registry holds.
+    List,
+    /// Show one entity, feature view or feature service of the registry.
+    Describe {
+        /// Its name (`kind/name`, e.g. `feature_view/driver_hourly`, when names clash).
+        name: String,
+    },
+    /// Append a Parquet, CSV or JSON-lines file to a view's Delta table.
+    Ingest { view: String, file: PathBuf },
+    /// Point-in-time join of a spine with features, to Parquet.
+    Historical {
+        /// The entity dataframe: join keys, event_timestamp, any labels (Parquet or CSV).
+        #[arg(long)]
+        spine: PathBuf,
+        /// Features as view:feature, comma separated.
+        #[arg(long, value_delimiter = ',', required_unless_present = "service", conflicts_with = "service")]
+        features: Vec<String>,
+        /// A feature service instead of --features.
+        #[arg(long)]
+        service: Option<String>,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, value_enum, default_value = "auto")]
+        engine: Engine,
+        /// Only rows created by the spine time are candidates (guards against backfill leakage).
+        #[arg(long)]
+        created_cutoff: bool,
+    },
+    /// Export a sharded, reproducible training set with a manifest.json.
+    Export {
+        #[arg(long)]
+        service: String,
+        #[arg(long)]
+        spine: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, value_enum, default_value = "parquet")]
+        format: ExportFormat,
+        #[arg(long)]
+        shard_rows: Option<u64>,
+    },
+    /// Load the latest values between START and END from the offline into the online store.
+    Materialize {
+        start: String,
+        end: String,
+        views: Vec<String>,
+    },
+    /// Load what arrived since the last materialization, up to END.
+    MaterializeIncremental { end: String },
+    /// Look up online features for one entity.
+    Online {
+        #[arg(long, value_delimiter = ',', required = true)]
+        features: Vec<String>,
+        /// A join key value, KEY=VALUE; repeat for composite keys.
+        #[arg(long = "entity", required = true)]
+        entities: Vec<String>,
+    },
+    /// Run the HTTP feature server.
+    Serve {
+        #[arg(long)]
+        host: Option<String>,
+        #[arg(long)]
+        port: Option<u16>,
+    },
+    /// Consume the views' Kafka topics into both stores.
+    Stream { views: Vec<String> },
+    /// Write rows through the streaming write path.
+    Push {
+        view: String,
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "online-and-offline")]
+        to: PushTarget,
+    },
+    /// Compare the online store with the offline store; non-zero exit over the threshold.
+    Verify {
+        #[arg(long, required_unless_present = "sample", conflicts_with = "sample")]
+        since: Option<String>,
+        #[arg(long, requires = "since")]
+        until: Option<String>,
+        #[arg(long)]
+        sample: Option<u64>,
+        #[arg(long, default_value_t = 0.0)]
+        max_mismatch: f64,
+    },
+    /// Check config, registry, stores, Kafka and the GPU.
+    Doctor {
+        /// Also compile the CUDA kernels to PTX and report it.
+        #[arg(long)]
+        compile_kernels: bool,
+    },
+}
+
+/// A verb whose implementation arrives with a later issue: it says so and exits 2.
+#[derive(Debug)]
+struct NotAvailable {
+    verb: &'static str,
+    comes_with: &'static str,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("QUIVER_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            if let Some(na) = err.downcast_ref::<NotAvailable>() {
+                eprintln!(
+                    "error: `quiver {}` is not available yet: it comes with {}",
+                    na.verb, na.comes_with
+                );
+                return ExitCode::from(2);
+            }
+            // One line: the whole chain, outermost first.
+            eprintln!("error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+impl std::fmt::Display for NotAvailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`quiver {}` is not available yet", self.verb)
+    }
+}
+
+impl std::error::Error for NotAvailable {}
+
+fn later(verb: &'static str, comes_with: &'static str) -> anyhow::Result<()> {
+    Err(NotAvailable { verb, comes_with }.into())
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let repo_dir = cli.repo;
+    match cli.command {
+        Command::Init { dir, demo } => cmd_init(&dir, demo),
+        Command::Plan => cmd_plan(&repo_dir),
+        Command::Apply { force } => cmd_apply(&repo_dir, force),
+        Command::List => cmd_list(&repo_dir),
+        Command::Describe { name } => cmd_describe(&repo_dir, &name),
+        Command::Ingest { view, file } => cmd_ingest(&repo_dir, &view, &file),
+        Command::Historical {
+            spine,
+            features,
+            service,
+            out,
+            engine,
+            created_cutoff,
+        } => cmd_historical(
+            &repo_dir,
+            &spine,
+            &features,
+            service.as_deref(),
+            &out,
+            engine,
+            created_cutoff,
+        ),
+        Command::Export { .. } => later("export", "the training-data export (issue #8)"),
+        Command::Materialize { .. } => later("materialize", "the online store (issue #4)"),
+        Command::MaterializeIncremental { .. } => {
+            later("materialize-incremental", "the online store (issue #4)")
+        }
+        Command::Online { .. } => later("online", "the online store (issue #4)"),
+        Command::Serve { .. } => later("serve", "the feature server (issue #4)"),
+        Command::Stream { .. } => later("stream", "streaming ingestion (issue #5)"),
+        Command::Push { .. } => later("push", "streaming ingestion (issue #5)"),
+        Command::Verify { .. } => later("verify", "consistency verification (issue #9)"),
+        Command::Doctor { .. } => later("doctor", "consistency verification (issue #9)"),
+    }
+}
+
+fn cmd_init(dir: &Path, demo: bool) -> anyhow::Result<()> {
+    let files = quiver::init::init(dir, demo, chrono::Utc::now())?;
+    println!(
+        "created {}repository `{}` in {} ({} files)",
+        if demo { "demo " } else { "" },
+        quiver::init::project_name(dir),
+        dir.display(),
+        files.len()
+    );
+    if demo {
+        println!(
+            "next: cd {} && quiver apply && quiver list",
+            dir.display()
+        );
+    } else {
+        println!("next: define features in {}/features.yaml, then `quiver apply`", dir.display());
+    }
+    Ok(())
+}
+
+fn cmd_plan(dir: &Path) -> anyhow::Result<()> {
+    let repo = Repo::open(dir)?;
+    let applied = repo.applied()?;
+    let plan = applied.plan(&repo.definitions()?);
+    if plan.is_empty() {
+        println!("no changes: registry is at version {}", applied.version);
+    } else {
+        println!("{plan}");
+        println!("run `quiver apply` to record this as version {}", applied.version + 1);
+    }
+    Ok(())
+}
+
+fn cmd_apply(dir: &Path, force: bool) -> anyhow::Result<()> {
+    let repo = Repo::open(dir)?;
+    let rt = runtime()?;
+    let applied = repo.apply(force, chrono::Utc::now(), rt.handle().clone())?;
+    for table in &applied.created_tables {
+        println!("created delta table {table}");
+    }
+    let outcome = applied.outcome;
+    if !outcome.written {
+        println!("no changes: registry stays at version {}", outcome.version);
+        return Ok(());
+    }
+    println!("{}", outcome.plan);
+    for b in &outcome.forced {
+        eprintln!("warning: forced: {b}");
+    }
+    println!(
+        "applied: registry {} is at version {}",
+        repo.config.registry_path.display(),
+        outcome.version
+    );
+    Ok(())
+}
+
+/// A spinner with the current phase and row count on a terminal; nothing otherwise.
+fn progress_bar() -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+            .expect("valid template"),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+fn applied_view<'a>(
+    defs: &'a Definitions,
+    name: &str,
+) -> anyhow::Result<&'a quiver::sdk::FeatureView> {
+    defs.feature_view(name).ok_or_else(|| {
+        let known: Vec<&str> = defs.feature_views.iter().map(|v| v.name.as_str()).collect();
+        anyhow::anyhow!(
+            "unknown feature view `{name}` in the registry (known: {}); is it applied?",
+            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+        )
+    })
+}
+
+fn cmd_ingest(dir: &Path, view: &str, file: &Path) -> anyhow::Result<()> {
+    let repo = Repo::open(dir)?;
+    let doc = repo.applied()?;
+    let view = applied_view(&doc.definitions, view)?;
+    let rt = runtime()?;
+    let bar = progress_bar();
+    let progress = |phase: &str, rows: u64| bar.set_message(format!("{phase} {rows} rows"));
+    let report = rt.block_on(quiver::offline::ingest::ingest(
+        &repo.config.view_table(view),
+        &doc.definitions,
+        view,
+        file,
+        &progress,
+    ))?;
+    bar.finish_and_clear();
+    println!(
+        "ingested {} rows into {} (table version {}) in {:.2} s",
+        report.rows, view.name, report.version, report.seconds
+    );
+    Ok(())
+}
+
+fn cmd_historical(
+    dir: &Path,
+    spine_path: &Path,
+    features: &[String],
+    service: Option<&str>,
+    out: &Path,
+    engine: Engine,
+    created_cutoff: bool,
+) -> anyhow::Result<()> {
+    use quiver::offline::historical::{self, HistoricalOptions};
+    let start = std::time::Instant::now();
+    let kernel = match engine {
+        Engine::Gpu => return later("historical --engine gpu", "the GPU join (issue #6)"),
+        Engine::Auto => {
+            eprintln!("engine: cpu (the GPU engine is not built yet)");
+            quiver::gpu_join::CpuKernel::new()
+        }
+        Engine::Cpu => quiver::gpu_join::CpuKernel::new(),
+    };
+    let repo = Repo::open(dir)?;
+    let doc = repo.applied()?;
+    let defs = &doc.definitions;
+    let refs: Vec<quiver::sdk::FeatureRef> = match service {
+        Some(name) => {
+            let svc = defs.feature_service(name).ok_or_else(|| {
+                let known: Vec<&str> =
+                    defs.feature_services.iter().map(|s| s.name.as_str()).collect();
+                anyhow::anyhow!(
+                    "unknown feature service `{name}` (known: {})",
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                )
+            })?;
+            svc.features.clone()
+        }
+        None => features
+            .iter()
+            .map(|f| {
+                f.parse().map_err(|_| {
+                    anyhow::anyhow!("--features: bad feature reference `{f}` (expected view:feature)")
+                })
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let requests = historical::resolve(defs, &refs)?;
+    let key_types: Vec<(String, arrow::datatypes::DataType)> = requests
+        .iter()
+        .flat_map(|r| defs.join_keys(r.view))
+        .map(|k| (k.name.clone(), quiver::offline::schema::key_type(k.dtype)))
+        .collect();
+    let spine = historical::read_spine(spine_path, &key_types)?;
+    let rt = runtime()?;
+    let bar = progress_bar();
+    let progress = |phase: &str, rows: u64| bar.set_message(format!("{phase}: {rows} rows"));
+    let joined = rt.block_on(historical::historical(
+        &repo.config,
+        defs,
+        spine_path,
+        &spine,
+        &requests,
+        HistoricalOptions { created_cutoff },
+        &kernel,
+        &progress,
+    ))?;
+    bar.set_message("writing");
+    historical::write_parquet(out, &joined)?;
+    bar.finish_and_clear();
+    println!(
+        "historical: {} rows x {} features -> {} in {:.2} s",
+        joined.num_rows(),
+        refs.len(),
+        out.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn cmd_list(dir: &Path) -> anyhow::Result<()> {
+    let repo = Repo::open(dir)?;
+    let doc = repo.applied()?;
+    if doc.version == 0 {
+        println!("registry is empty: nothing applied yet (run `quiver apply`)");
+        return Ok(());
+    }
+    print!("{}", render_list(&doc));
+    Ok(())
+}
+
+fn meta<'a>(doc: &'a RegistryDoc, kind: &str, name: &str) -> Option<&'a ObjectMeta> {
+    doc.objects.get(&format!("{kind}/{name}"))
+}
+
+fn render_list(doc: &RegistryDoc) -> String {
+    let defs: &Definitions = &doc.definitions;
+    let mut out = format!(
+        "project {} · registry version {}{}\n",
+        doc.project,
+        doc.version,
+        doc.updated_at
+            .map(|t| format!(" · applied {}", format_time(&t)))
+            .unwrap_or_default()
+    );
+    out.push_str(&format!("\nentities ({})\n", defs.entities.len()));
+    for e in &defs.entities {
+        let keys: Vec<String> = e
+            .join_keys
+            .iter()
+            .map(|k| format!("{}:{}", k.name, k.dtype))
+            .collect();
+        out.push_str(&format!("  {:<24} keys {}\n", e.name, keys.join(", ")));
+    }
+    out.push_str(&format!("\nfeature views ({})\n", defs.feature_views.len()));
+    for v in &defs.feature_views {
+        out.push_str(&format!(
+            "  {:<24} v{:<3} entities {:<20} ttl {:<6} {:>2} features{}\n",
+            v.name,
+            meta(doc, "feature_view", &v.name).map_or(0, |m| m.version),
+            v.entities.join(","),
+            v.ttl.to_string(),
+            v.features.len(),
+            if v.online { "  online" } else { "" }
+        ));
+    }
+    out.push_str(&format!("\nfeature services ({})\n", defs.feature_services.len()));
+    for s in &defs.feature_services {
+        out.push_str(&format!(
+            "  {:<24} v{:<3} {} features\n",
+            s.name,
+            meta(doc, "feature_service", &s.name).map_or(0, |m| m.version),
+            s.features.len()
+        ));
+    }
+    out
+}
+
+fn cmd_describe(dir: &Path, name: &str) -> anyhow::Result<()> {
+    let repo = Repo::open(dir)?;
+    let doc = repo.applied()?;
+    let defs = &doc.definitions;
+    let (kind_filter, name) = match name.split_once('/') {
+        Some((k, n)) => (Some(k), n),
+        None => (None, name),
+    };
+    let wanted = |kind: &str| kind_filter.is_none_or(|k| k == kind);
+    let mut found: Vec<(&str, serde_json::Value)> = Vec::new();
+    if let Some(e) = defs.entity(name).filter(|_| wanted("entity")) {
+        found.push(("entity", serde_json::to_value(e)?));
+    }
+    if let Some(v) = defs.feature_view(name).filter(|_| wanted("feature_view")) {
+        let mut value = serde_json::to_value(v)?;
+        let keys: Vec<String> = defs
+            .join_keys(v)
+            .iter()
+            .map(|k| format!("{}:{}", k.name, k.dtype))
+            .collect();
+        value["join_keys"] = keys.into();
+        value["table"] = repo.config.view_table(v).to_string().into();
+        found.push(("feature_view", value));
+    }
+    if let Some(s) = defs.feature_service(name).filter(|_| wanted("feature_service")) {
+        let mut value = serde_json::to_value(s)?;
+        value["output_columns"] = s
+            .features
+            .iter()
+            .map(|r| r.column_name())
+            .collect::<Vec<_>>()
+            .into();
+        found.push(("feature_service", value));
+    }
+    if found.is_empty() {
+        let mut all: Vec<&str> = defs.entities.iter().map(|e| e.name.as_str()).collect();
+        all.extend(defs.feature_views.iter().map(|v| v.name.as_str()));
+        all.extend(defs.feature_services.iter().map(|s| s.name.as_str()));
+        anyhow::bail!(
+            "`{name}` is not in the registry (version {}; known: {})",
+            doc.version,
+            if all.is_empty() { "none".to_string() } else { all.join(", ") }
+        );
+    }
+    for (i, (kind, mut value)) in found.into_iter().enumerate() {
+        if i > 0 {
+            println!("---");
+        }
+        if let Some(m) = meta(&doc, kind, name) {
+            value["version"] = m.version.into();
+            value["created_at"] = format_time(&m.created_at).into();
+            value["updated_at"] = format_time(&m.updated_at).into();
+        }
+        println!("kind: {kind}");
+        print!("{}", serde_yaml::to_string(&value)?);
+    }
+    Ok(())
+}

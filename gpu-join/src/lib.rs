@@ -1,4 +1,17 @@
-//! The GPU point-in-time join: CUDA kernels (through cudarc) for the as-of search and
-//! the gather, with the identical CPU algorithm as reference and fallback (SPEC §8).
+//! The point-in-time (as-of) kernel: for each spine row, the winning feature row of its
+//! entity (SPEC §3), as row indices with "no match" marked.
 //!
-//! Nothing is implemented here yet; `historical --engine gpu` refuses until it is.
+//! The kernel works on dense entity ids and microsecond times, so that every engine —
+//! the CPU kernel here, and the CUDA kernels through cudarc — sees the same plain arrays
+//! and must return the same indices. [`AsOfKernel`] is the extension point;
+//! [`CpuKernel`] is the reference and the fallback. Key encoding, scans and the gather
+//! of feature columns live in the offline store, which calls a kernel.
+//!
+//! Invariant: every engine returns exactly the [`CpuKernel`]'s indices for the same
+//! input.
+
+mod cpu;
+mod kernel;
+
+pub use cpu::CpuKernel;
+pub use kernel::{AsOfInput, AsOfKernel, KernelError, NO_ENTITY, NO_ROW};

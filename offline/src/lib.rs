@@ -1,6 +1,25 @@
 //! The offline store: one Delta Lake table per feature view, ingestion with schema
 //! checks, DataFusion scans and the CPU point-in-time join (SPEC §3).
 //!
-//! Nothing is implemented here yet; the offline store arrives with its own issue, and
-//! until then the CLI verbs that need it (`ingest`, `historical`, `export`) refuse with a
-//! "not available yet" error instead of pretending.
+//! - [`delta`]: locating, opening and creating the views' tables; [`DeltaProbe`] tells
+//!   `apply` which views hold data.
+//! - [`schema`]: a view's table schema (keys, times, features, the ingestion-order
+//!   column).
+//! - [`input`]: reading Parquet/CSV/JSON lines and conforming columns to a view.
+//! - [`ingest`]: one file, one Delta commit, all or nothing.
+//! - [`keys`]: dense entity ids for the as-of kernel.
+//! - [`historical`]: scans, the kernel (`quiver-gpu-join`'s [`AsOfKernel`] trait),
+//!   the gather, Parquet output.
+//!
+//! [`AsOfKernel`]: quiver_gpu_join::AsOfKernel
+
+pub mod delta;
+pub mod error;
+pub mod historical;
+pub mod ingest;
+pub mod input;
+pub mod keys;
+pub mod schema;
+
+pub use delta::DeltaProbe;
+pub use error::{Error, Result};

@@ -104,6 +104,10 @@ pub enum Error {
     /// `apply` refused a breaking change to a view that holds data.
     #[error("refusing to apply: {0}; pass --force to apply it anyway")]
     Breaking(String),
+    /// A store that an sdk operation consulted (through a trait such as
+    /// [`crate::DataProbe`]) failed.
+    #[error("{0}")]
+    Store(String),
     /// A file that could not be read or written.
     #[error("{path}: {source}", path = path.display())]
     Io {

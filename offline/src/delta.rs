@@ -1,0 +1,127 @@
+//! Opening the views' Delta tables, local or at an object-store URI.
+
+use deltalake::{DeltaTable, DeltaTableError};
+use quiver_sdk::config::{Config, StoreLocation};
+use quiver_sdk::{DataProbe, FeatureView};
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// The URL deltalake opens for a location; local folders become absolute `file://` URLs.
+///
+/// # Errors
+/// [`Error::Location`] for a path or URI that is not a valid URL.
+pub fn table_url(location: &StoreLocation) -> Result<Url> {
+    let bad = |message: String| Error::Location {
+        table: location.to_string(),
+        message,
+    };
+    match location {
+        StoreLocation::Local(path) => {
+            let abs = std::path::absolute(path).map_err(|e| bad(e.to_string()))?;
+            Url::from_directory_path(&abs).map_err(|()| bad("not an absolute path".to_string()))
+        }
+        StoreLocation::Uri(uri) => Url::parse(uri).map_err(|e| bad(e.to_string())),
+    }
+}
+
+/// The table at `location`, loaded at its latest version, or `None` when no Delta table
+/// is there yet.
+///
+/// # Errors
+/// [`Error::Delta`] when a table is there but cannot be read.
+pub async fn open_table(location: &StoreLocation) -> Result<Option<DeltaTable>> {
+    if let StoreLocation::Local(path) = location {
+        if !path.join("_delta_log").is_dir() {
+            return Ok(None);
+        }
+    }
+    let url = table_url(location)?;
+    match deltalake::open_table(url).await {
+        Ok(table) => Ok(Some(table)),
+        Err(DeltaTableError::NotATable(_)) => Ok(None),
+        Err(source) => Err(Error::Delta {
+            table: location.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Whether the table at `location` exists and holds at least one data file.
+///
+/// # Errors
+/// As [`open_table`].
+pub async fn holds_data(location: &StoreLocation) -> Result<bool> {
+    let Some(table) = open_table(location).await? else {
+        return Ok(false);
+    };
+    let snapshot = table.snapshot().map_err(|source| Error::Delta {
+        table: location.to_string(),
+        source,
+    })?;
+    Ok(snapshot.log_data().num_files() > 0)
+}
+
+/// Tells `apply` which views hold data, by looking at their Delta tables.
+#[derive(Debug)]
+pub struct DeltaProbe<'a> {
+    config: &'a Config,
+    runtime: tokio::runtime::Handle,
+}
+
+impl<'a> DeltaProbe<'a> {
+    /// A probe that runs its reads on `runtime`; call it from outside that runtime.
+    pub fn new(config: &'a Config, runtime: tokio::runtime::Handle) -> Self {
+        DeltaProbe { config, runtime }
+    }
+}
+
+impl DataProbe for DeltaProbe<'_> {
+    fn holds_data(&self, view: &FeatureView) -> quiver_sdk::Result<bool> {
+        let location = self.config.view_table(view);
+        self.runtime
+            .block_on(holds_data(&location))
+            .map_err(|e| {
+                quiver_sdk::Error::Store(format!(
+                    "cannot tell whether feature view `{}` holds data: {e}",
+                    view.name
+                ))
+            })
+    }
+}
+
+/// Creates the table at `location` with `schema` if no table is there yet. Returns
+/// whether it created one.
+///
+/// # Errors
+/// [`Error::Delta`] when the table cannot be created.
+pub async fn ensure_table(
+    location: &StoreLocation,
+    schema: &arrow::datatypes::SchemaRef,
+    name: &str,
+) -> Result<bool> {
+    use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
+    if open_table(location).await?.is_some() {
+        return Ok(false);
+    }
+    if let StoreLocation::Local(path) = location {
+        std::fs::create_dir_all(path).map_err(|e| Error::Location {
+            table: location.to_string(),
+            message: e.to_string(),
+        })?;
+    }
+    let delta_schema: deltalake::kernel::StructType = schema
+        .as_ref()
+        .try_into_kernel()
+        .map_err(|e: arrow::error::ArrowError| Error::delta(location, e.into()))?;
+    let url = table_url(location)?;
+    DeltaTable::try_from_url(url)
+        .await
+        .map_err(|e| Error::delta(location, e))?
+        .create()
+        .with_table_name(name)
+        .with_columns(delta_schema.fields().cloned())
+        .await
+        .map_err(|e| Error::delta(location, e))?;
+    Ok(true)
+}

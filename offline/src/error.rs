@@ -1,0 +1,54 @@
+//! The offline store's errors; each names the table, file, row or field it is about.
+
+use std::path::{Path, PathBuf};
+
+/// Everything that can go wrong in the offline store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("delta table {table}: {source}")]
+    Delta {
+        table: String,
+        #[source]
+        source: deltalake::DeltaTableError,
+    },
+    #[error("delta table {table}: bad location: {message}")]
+    Location { table: String, message: String },
+    /// Bad user input: a file that cannot be read or does not fit the view.
+    #[error("{file}: {message}", file = file.display())]
+    Input { file: PathBuf, message: String },
+    /// A request that does not fit the registry (unknown view or feature, a spine
+    /// without a needed key).
+    #[error("{0}")]
+    Request(String),
+    #[error("query of {table}: {source}")]
+    Query {
+        table: String,
+        #[source]
+        source: datafusion::error::DataFusionError,
+    },
+    #[error("{0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    #[error("writing {file}: {message}", file = file.display())]
+    Output { file: PathBuf, message: String },
+    #[error(transparent)]
+    Kernel(#[from] quiver_gpu_join::KernelError),
+}
+
+impl Error {
+    pub(crate) fn input(file: &Path, message: impl Into<String>) -> Self {
+        Error::Input {
+            file: file.to_path_buf(),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn delta(table: impl std::fmt::Display, source: deltalake::DeltaTableError) -> Self {
+        Error::Delta {
+            table: table.to_string(),
+            source,
+        }
+    }
+}
+
+/// The offline store's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

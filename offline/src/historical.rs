@@ -1,0 +1,467 @@
+//! Historical retrieval: the point-in-time join of a spine with feature views (SPEC §3).
+//!
+//! Per requested view: a DataFusion scan of its Delta table, projected to the columns
+//! needed and pruned to `[min spine time - ttl, max spine time]`; entity ids for the
+//! spine's keys and the scanned rows ([`crate::keys`]); the as-of kernel (any
+//! [`AsOfKernel`]) returning one winning row index per spine row; and one gather per
+//! feature column at the end. The output is the spine, unchanged and in order, followed
+//! by one `view__feature` column per requested feature.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_null_array};
+use arrow::compute::{concat_batches, interleave};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, TimestampMicrosecondType};
+use datafusion::prelude::{Expr, SessionConfig, SessionContext, ident, lit};
+use datafusion::scalar::ScalarValue;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use quiver_gpu_join::{AsOfInput, AsOfKernel, NO_ROW};
+use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView};
+
+use crate::delta::open_table;
+use crate::error::{Error, Result};
+use crate::ingest::Progress;
+use crate::input::{parse_instant, widen};
+use crate::keys::EntityIndex;
+use crate::schema::{SEQ_COLUMN, arrow_type, key_type, timestamp_type};
+
+/// The spine column holding each row's point in time.
+pub const SPINE_TIMESTAMP: &str = "event_timestamp";
+
+/// The requested features, grouped by view in order of first mention.
+#[derive(Debug, Clone)]
+pub struct ViewRequest<'a> {
+    pub view: &'a FeatureView,
+    pub features: Vec<&'a str>,
+}
+
+/// Checks feature references against the registry and groups them by view.
+///
+/// # Errors
+/// [`Error::Request`] naming an unknown view or feature, or a duplicate.
+pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<ViewRequest<'a>>> {
+    let mut out: Vec<ViewRequest<'a>> = Vec::new();
+    if refs.is_empty() {
+        return Err(Error::Request("no features requested".to_string()));
+    }
+    for r in refs {
+        let Some(view) = defs.feature_view(&r.view) else {
+            let known: Vec<&str> = defs.feature_views.iter().map(|v| v.name.as_str()).collect();
+            return Err(Error::Request(format!(
+                "unknown feature view `{}` in `{r}` (known: {})",
+                r.view,
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            )));
+        };
+        let Some(feature) = view.feature(&r.feature) else {
+            let known: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
+            return Err(Error::Request(format!(
+                "unknown feature `{r}` (feature view `{}` has: {})",
+                view.name,
+                known.join(", ")
+            )));
+        };
+        let entry = match out.iter_mut().position(|v| v.view.name == view.name) {
+            Some(i) => &mut out[i],
+            None => {
+                out.push(ViewRequest { view, features: Vec::new() });
+                out.last_mut().expect("just pushed")
+            }
+        };
+        if entry.features.contains(&feature.name.as_str()) {
+            return Err(Error::Request(format!("feature `{r}` requested twice")));
+        }
+        entry.features.push(&feature.name);
+    }
+    Ok(out)
+}
+
+/// Reads a spine (Parquet, or CSV with a header) into one batch. In CSV, the
+/// `key_types` columns get their key types and `event_timestamp` is read as text (then
+/// parsed as RFC 3339 by the join); other CSV columns are inferred.
+///
+/// # Errors
+/// [`Error::Input`] naming the file.
+pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<RecordBatch> {
+    let fail = |e: &dyn std::fmt::Display| Error::input(path, e.to_string());
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    let batches: Vec<RecordBatch> = match ext.as_str() {
+        "parquet" | "pq" => {
+            let file = File::open(path).map_err(|e| fail(&e))?;
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| fail(&e))?
+                .with_batch_size(64 * 1024)
+                .build()
+                .map_err(|e| fail(&e))?
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| fail(&e))?
+        }
+        "csv" => {
+            let file = File::open(path).map_err(|e| fail(&e))?;
+            let (inferred, _) = arrow::csv::reader::Format::default()
+                .with_header(true)
+                .infer_schema(File::open(path).map_err(|e| fail(&e))?, Some(10_000))
+                .map_err(|e| fail(&e))?;
+            let fields: Vec<Field> = inferred
+                .fields()
+                .iter()
+                .map(|f| {
+                    let dtype = if f.name() == SPINE_TIMESTAMP {
+                        DataType::Utf8
+                    } else if let Some((_, t)) = key_types.iter().find(|(n, _)| n == f.name()) {
+                        t.clone()
+                    } else {
+                        f.data_type().clone()
+                    };
+                    Field::new(f.name(), dtype, true)
+                })
+                .collect();
+            arrow::csv::ReaderBuilder::new(Arc::new(Schema::new(fields)))
+                .with_header(true)
+                .with_batch_size(64 * 1024)
+                .build(file)
+                .map_err(|e| fail(&e))?
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| fail(&e))?
+        }
+        _ => {
+            return Err(Error::input(
+                path,
+                format!("unknown spine file type `.{ext}` (expected .parquet or .csv)"),
+            ));
+        }
+    };
+    let schema = match batches.first() {
+        Some(b) => b.schema(),
+        None => return Err(Error::input(path, "the spine has no rows")),
+    };
+    Ok(concat_batches(&schema, &batches)?)
+}
+
+/// The spine's points in time, as UTC microseconds.
+fn spine_times(path: &Path, spine: &RecordBatch) -> Result<Vec<i64>> {
+    let Some(column) = spine.column_by_name(SPINE_TIMESTAMP) else {
+        return Err(Error::input(
+            path,
+            format!("missing column `{SPINE_TIMESTAMP}` (the point in time of each spine row)"),
+        ));
+    };
+    let at_row = |i: usize, m: String| Error::input(path, format!("row {}: column `{SPINE_TIMESTAMP}`: {m}", i + 1));
+    let ts: ArrayRef = match column.data_type() {
+        DataType::Timestamp(_, None) => {
+            return Err(Error::input(
+                path,
+                format!("column `{SPINE_TIMESTAMP}` has timestamps without a time zone; quiver never guesses a zone (write them zoned, e.g. tz_localize('UTC') in pandas)"),
+            ));
+        }
+        DataType::Timestamp(..) => arrow::compute::cast(column, &timestamp_type())?,
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+            let text = arrow::compute::cast(column, &DataType::Utf8)?;
+            let text = text.as_string::<i32>();
+            let mut values = Vec::with_capacity(text.len());
+            for i in 0..text.len() {
+                if text.is_null(i) {
+                    return Err(at_row(i, "is empty".to_string()));
+                }
+                values.push(parse_instant(text.value(i)).map_err(|m| at_row(i, m))?);
+            }
+            return Ok(values);
+        }
+        other => {
+            return Err(Error::input(
+                path,
+                format!("column `{SPINE_TIMESTAMP}` has type {other} (expected zoned timestamps)"),
+            ));
+        }
+    };
+    let ts = ts.as_primitive::<TimestampMicrosecondType>();
+    if let Some(i) = (0..ts.len()).find(|&i| ts.is_null(i)) {
+        return Err(at_row(i, "is empty".to_string()));
+    }
+    Ok(ts.values().to_vec())
+}
+
+/// Options of a historical retrieval.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HistoricalOptions {
+    /// Only rows created by the spine time are candidates (SPEC §3.5).
+    pub created_cutoff: bool,
+}
+
+/// The point-in-time join of `spine` (read from `spine_path`, named in errors) with
+/// the requested views, as one batch: the spine's columns, then `view__feature`
+/// columns in request order.
+///
+/// # Errors
+/// A spine without a needed key or time, an unreadable table, or a kernel failure.
+pub async fn historical(
+    config: &Config,
+    defs: &Definitions,
+    spine_path: &Path,
+    spine: &RecordBatch,
+    requests: &[ViewRequest<'_>],
+    options: HistoricalOptions,
+    kernel: &dyn AsOfKernel,
+    progress: Progress<'_>,
+) -> Result<RecordBatch> {
+    let times = spine_times(spine_path, spine)?;
+    let (min_t, max_t) = match (times.iter().min(), times.iter().max()) {
+        (Some(&lo), Some(&hi)) => (lo, hi),
+        _ => (0, 0),
+    };
+    let mut fields: Vec<Field> = spine.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut columns: Vec<ArrayRef> = spine.columns().to_vec();
+    for request in requests {
+        let view = request.view;
+        if options.created_cutoff && view.source.created_timestamp_field.is_none() {
+            return Err(Error::Request(format!(
+                "--created-cutoff needs a created timestamp, and feature view `{}` has no created_timestamp_field",
+                view.name
+            )));
+        }
+        // The spine's keys for this view, in the key types.
+        let mut spine_keys = Vec::new();
+        for key in defs.join_keys(view) {
+            let Some(column) = spine.column_by_name(&key.name) else {
+                return Err(Error::input(
+                    spine_path,
+                    format!("missing join key column `{}` needed by feature view `{}`", key.name, view.name),
+                ));
+            };
+            let conformed = widen(column, &key_type(key.dtype)).map_err(|m| {
+                Error::input(spine_path, format!("join key column `{}`: {m}", key.name))
+            })?;
+            spine_keys.push(conformed);
+        }
+        let index = EntityIndex::build(&spine_keys)?;
+        let ttl_us = view.ttl.as_duration().map(|d| d.as_micros() as i64);
+        let lo = ttl_us.map(|ttl| min_t.saturating_sub(ttl));
+        let location = config.view_table(view);
+        let scan = scan_view(&location.to_string(), &location, defs, view, &request.features, lo, max_t).await?;
+        progress(&format!("scanned {}", view.name), scan.rows as u64);
+
+        // Kernel input: entity ids and times of every scanned row.
+        let mut feature_entity = Vec::with_capacity(scan.rows);
+        let mut feature_ts = Vec::with_capacity(scan.rows);
+        let mut feature_created = view.source.created_timestamp_field.as_ref().map(|_| Vec::with_capacity(scan.rows));
+        let mut feature_seq = Vec::with_capacity(scan.rows);
+        let n_keys = spine_keys.len();
+        for batch in &scan.batches {
+            let keys: Vec<ArrayRef> = defs
+                .join_keys(view)
+                .iter()
+                .enumerate()
+                .map(|(i, k)| widen(batch.column(i), &key_type(k.dtype)).map_err(Error::Request))
+                .collect::<Result<_>>()?;
+            index.lookup(&keys, &mut feature_entity)?;
+            let as_micros = |i: usize| -> Result<ArrayRef> {
+                Ok(arrow::compute::cast(batch.column(i), &timestamp_type())?)
+            };
+            let ts = as_micros(n_keys)?;
+            feature_ts.extend_from_slice(ts.as_primitive::<TimestampMicrosecondType>().values());
+            let mut next = n_keys + 1;
+            if let Some(created) = feature_created.as_mut() {
+                let c = as_micros(next)?;
+                created.extend_from_slice(c.as_primitive::<TimestampMicrosecondType>().values());
+                next += 1;
+            }
+            let seq = batch.column(next).as_primitive::<Int64Type>();
+            feature_seq.extend_from_slice(seq.values());
+        }
+        let input = AsOfInput {
+            spine_entity: &index.spine_ids,
+            spine_ts: &times,
+            feature_entity: &feature_entity,
+            feature_ts: &feature_ts,
+            feature_created: feature_created.as_deref(),
+            feature_seq: &feature_seq,
+            n_entities: index.n_entities,
+            ttl_us,
+            created_cutoff: options.created_cutoff,
+        };
+        let winners = kernel.join(&input)?;
+        drop((feature_entity, feature_ts, feature_created, feature_seq));
+        progress(&format!("joined {}", view.name), winners.len() as u64);
+
+        // Gather each feature column once.
+        let mut starts = Vec::with_capacity(scan.batches.len());
+        let mut total = 0usize;
+        for b in &scan.batches {
+            starts.push(total);
+            total += b.num_rows();
+        }
+        let null_source = scan.batches.len();
+        let picks: Vec<(usize, usize)> = winners
+            .iter()
+            .map(|&w| {
+                if w == NO_ROW {
+                    (null_source, 0)
+                } else {
+                    let w = w as usize;
+                    let b = starts.partition_point(|&s| s <= w) - 1;
+                    (b, w - starts[b])
+                }
+            })
+            .collect();
+        for (k, feature) in request.features.iter().enumerate() {
+            let dtype = arrow_type(view.feature(feature).expect("resolved").dtype);
+            let column = match scan.feature_columns[k] {
+                None => new_null_array(&dtype, spine.num_rows()),
+                Some(i) => {
+                    let source_type = scan.batches[0].column(i).data_type().clone();
+                    let null_row = new_null_array(&source_type, 1);
+                    let mut arrays: Vec<&dyn Array> = scan.batches.iter().map(|b| b.column(i).as_ref()).collect();
+                    arrays.push(null_row.as_ref());
+                    let gathered = interleave(&arrays, &picks)?;
+                    widen(&gathered, &dtype).map_err(Error::Request)?
+                }
+            };
+            fields.push(Field::new(format!("{}__{}", view.name, feature), dtype, true));
+            columns.push(column);
+        }
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+}
+
+/// The scanned rows of one view: keys, event time, created time (if any), seq, then
+/// the requested features that the table has.
+struct Scan {
+    batches: Vec<RecordBatch>,
+    rows: usize,
+    /// For each requested feature, its column in `batches`, or `None` when the table
+    /// has no such column yet (a feature added after the data was written).
+    feature_columns: Vec<Option<usize>>,
+}
+
+fn ts_literal(v: i64) -> Expr {
+    lit(ScalarValue::TimestampMicrosecond(Some(v), Some("UTC".into())))
+}
+
+async fn scan_view(
+    name: &str,
+    location: &quiver_sdk::StoreLocation,
+    defs: &Definitions,
+    view: &FeatureView,
+    features: &[&str],
+    lo: Option<i64>,
+    hi: i64,
+) -> Result<Scan> {
+    let Some(table) = open_table(location).await? else {
+        return Ok(Scan {
+            batches: Vec::new(),
+            rows: 0,
+            feature_columns: vec![None; features.len()],
+        });
+    };
+    let query = |source| Error::Query {
+        table: name.to_string(),
+        source,
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut config = SessionConfig::new().with_target_partitions(threads);
+    config
+        .options_mut()
+        .execution
+        .parquet
+        .schema_force_view_types = false;
+    let ctx = SessionContext::new_with_config(config);
+    table
+        .update_datafusion_session(&ctx.state())
+        .map_err(|e| Error::delta(name, e))?;
+    let provider = table.table_provider().await.map_err(query)?;
+    let df = ctx.read_table(provider).map_err(query)?;
+    let available: Vec<String> = df.schema().fields().iter().map(|f| f.name().clone()).collect();
+
+    let mut select: Vec<String> = defs.join_keys(view).into_iter().map(|k| k.name).collect();
+    let ts = view.source.timestamp_field.clone();
+    select.push(ts.clone());
+    if let Some(created) = &view.source.created_timestamp_field {
+        select.push(created.clone());
+    }
+    select.push(SEQ_COLUMN.to_string());
+    for column in &select {
+        if !available.contains(column) {
+            return Err(Error::Request(format!(
+                "delta table {name} has no column `{column}` (it holds: {})",
+                available.join(", ")
+            )));
+        }
+    }
+    let mut feature_columns = Vec::new();
+    for f in features {
+        if available.iter().any(|a| a == f) {
+            feature_columns.push(Some(select.len()));
+            select.push(f.to_string());
+        } else {
+            feature_columns.push(None);
+        }
+    }
+    let mut filter = ident(&ts).lt_eq(ts_literal(hi));
+    if let Some(lo) = lo {
+        filter = filter.and(ident(&ts).gt_eq(ts_literal(lo)));
+    }
+    let df = df
+        .filter(filter)
+        .map_err(query)?
+        .select(select.iter().map(ident).collect::<Vec<_>>())
+        .map_err(query)?;
+    let batches: Vec<RecordBatch> = df
+        .collect()
+        .await
+        .map_err(query)?
+        .into_iter()
+        .filter(|b| b.num_rows() > 0)
+        .collect();
+    let rows = batches.iter().map(RecordBatch::num_rows).sum();
+    Ok(Scan {
+        batches,
+        rows,
+        feature_columns,
+    })
+}
+
+/// Writes a batch to Parquet atomically (a temp file renamed into place), so a failed
+/// write leaves no partial file.
+///
+/// # Errors
+/// [`Error::Output`] naming the file.
+pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
+    let fail = |m: String| Error::Output {
+        file: path.to_path_buf(),
+        message: m,
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| fail(e.to_string()))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let write = || -> std::result::Result<(), String> {
+        let file = File::create(&tmp).map_err(|e| e.to_string())?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build();
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(|e| e.to_string())?;
+        let step = 128 * 1024;
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let len = step.min(batch.num_rows() - offset);
+            writer.write(&batch.slice(offset, len)).map_err(|e| e.to_string())?;
+            offset += len;
+        }
+        writer.close().map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, path).map_err(|e| e.to_string())
+    };
+    write().map_err(|m| {
+        let _ = std::fs::remove_file(&tmp);
+        fail(m)
+    })
+}

@@ -1,0 +1,283 @@
+//! Reading user files (Parquet, CSV, JSON lines) and conforming their columns to a
+//! view's schema: safe widening only, UTC timestamps only, no missing keys or times.
+//!
+//! Every error names the file, and the column and first bad row where there is one
+//! (rows count from 1, excluding a CSV header).
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, TimestampMicrosecondArray, new_null_array};
+use arrow::compute::{CastOptions, cast_with_options};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::util::display::FormatOptions;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use crate::error::{Error, Result};
+use crate::schema::{Role, timestamp_type};
+
+/// The file formats `ingest` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputFormat {
+    Parquet,
+    Csv,
+    JsonLines,
+}
+
+impl InputFormat {
+    /// By extension: `.parquet`/`.pq`, `.csv`, `.jsonl`/`.ndjson`/`.json`.
+    ///
+    /// # Errors
+    /// [`Error::Input`] for any other extension.
+    pub fn from_path(path: &Path) -> Result<InputFormat> {
+        let ext = path
+            .extension()
+            .map(|e| e.to_string_lossy().to_ascii_lowercase())
+            .unwrap_or_default();
+        match ext.as_str() {
+            "parquet" | "pq" => Ok(InputFormat::Parquet),
+            "csv" => Ok(InputFormat::Csv),
+            "jsonl" | "ndjson" | "json" => Ok(InputFormat::JsonLines),
+            _ => Err(Error::input(
+                path,
+                format!("unknown file type `.{ext}` (expected .parquet, .csv or .jsonl)"),
+            )),
+        }
+    }
+}
+
+/// A column a reader should produce: the name, the type wanted, and its role.
+pub type Wanted = (Field, Role);
+
+/// Reads a whole file into batches. Text formats are parsed with the wanted types
+/// (timestamps as text, checked later); other columns of a CSV are read as text.
+///
+/// # Errors
+/// [`Error::Input`] naming the file for unreadable or malformed input.
+pub fn read_file(path: &Path, wanted: &[Wanted]) -> Result<Vec<RecordBatch>> {
+    let format = InputFormat::from_path(path)?;
+    let file = File::open(path).map_err(|e| Error::input(path, e.to_string()))?;
+    let fail = |e: &dyn std::fmt::Display| Error::input(path, e.to_string());
+    match format {
+        InputFormat::Parquet => {
+            let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| fail(&e))?
+                .with_batch_size(64 * 1024)
+                .build()
+                .map_err(|e| fail(&e))?;
+            reader.collect::<std::result::Result<Vec<_>, _>>().map_err(|e| fail(&e))
+        }
+        InputFormat::Csv => {
+            let mut header = String::new();
+            BufReader::new(File::open(path).map_err(|e| fail(&e))?)
+                .read_line(&mut header)
+                .map_err(|e| fail(&e))?;
+            let names: Vec<&str> = header.trim_end_matches(['\r', '\n']).split(',').collect();
+            let mut fields = Vec::new();
+            for name in names {
+                let name = name.trim().trim_matches('"');
+                let dtype = match wanted.iter().find(|(f, _)| f.name() == name) {
+                    Some((f, _)) if is_time(f.data_type()) => DataType::Utf8,
+                    Some((f, _)) if f.data_type().is_nested() => {
+                        return Err(Error::input(
+                            path,
+                            format!("column `{name}`: list features cannot be read from CSV (use Parquet or JSON lines)"),
+                        ));
+                    }
+                    Some((f, _)) => f.data_type().clone(),
+                    None => DataType::Utf8,
+                };
+                fields.push(Field::new(name, dtype, true));
+            }
+            let reader = arrow::csv::ReaderBuilder::new(Arc::new(Schema::new(fields)))
+                .with_header(true)
+                .with_batch_size(64 * 1024)
+                .build(file)
+                .map_err(|e| fail(&e))?;
+            reader.collect::<std::result::Result<Vec<_>, _>>().map_err(|e| fail(&e))
+        }
+        InputFormat::JsonLines => {
+            let fields: Vec<Field> = wanted
+                .iter()
+                .map(|(f, _)| {
+                    let dtype = if is_time(f.data_type()) { DataType::Utf8 } else { f.data_type().clone() };
+                    Field::new(f.name(), dtype, true)
+                })
+                .collect();
+            let reader = arrow::json::ReaderBuilder::new(Arc::new(Schema::new(fields)))
+                .with_batch_size(64 * 1024)
+                .build(BufReader::new(file))
+                .map_err(|e| fail(&e))?;
+            reader.collect::<std::result::Result<Vec<_>, _>>().map_err(|e| fail(&e))
+        }
+    }
+}
+
+fn is_time(t: &DataType) -> bool {
+    matches!(t, DataType::Timestamp(..))
+}
+
+/// Conforms one input batch to the wanted columns, in their order. `row0` is the
+/// number of rows before this batch in the file (for messages).
+///
+/// # Errors
+/// [`Error::Input`]: a missing column, a type that cannot be widened safely, a naive
+/// timestamp, or a null key or time, naming the column and the first bad row.
+pub fn conform(
+    path: &Path,
+    batch: &RecordBatch,
+    wanted: &[Wanted],
+    row0: usize,
+) -> Result<Vec<ArrayRef>> {
+    let mut out = Vec::with_capacity(wanted.len());
+    for (field, role) in wanted {
+        let name = field.name();
+        let Some(array) = batch.column_by_name(name) else {
+            let names: Vec<&str> = wanted.iter().map(|(f, _)| f.name().as_str()).collect();
+            return Err(Error::input(
+                path,
+                format!("missing column `{name}` (expected columns: {})", names.join(", ")),
+            ));
+        };
+        let converted = if is_time(field.data_type()) {
+            to_utc_micros(array).map_err(|(row, msg)| match row {
+                Some(r) => Error::input(path, format!("row {}: column `{name}`: {msg}", row0 + r + 1)),
+                None => Error::input(path, format!("column `{name}`: {msg}")),
+            })?
+        } else {
+            widen(array, field.data_type()).map_err(|msg| {
+                Error::input(path, format!("column `{name}`: {msg}"))
+            })?
+        };
+        if *role != Role::Feature && converted.null_count() > 0 {
+            let row = (0..converted.len()).find(|&i| converted.is_null(i)).unwrap_or(0);
+            return Err(Error::input(
+                path,
+                format!(
+                    "row {}: column `{name}` is empty (join keys and timestamps must be set)",
+                    row0 + row + 1
+                ),
+            ));
+        }
+        out.push(converted);
+    }
+    Ok(out)
+}
+
+/// Safe widening to `target`: smaller ints to int64 (and int32), ints and float32 to
+/// float64, any string or binary layout to the plain one, lists element-wise, and
+/// all-null columns. Everything else is refused.
+pub(crate) fn widen(array: &ArrayRef, target: &DataType) -> std::result::Result<ArrayRef, String> {
+    let source = array.data_type();
+    if source == target {
+        return Ok(array.clone());
+    }
+    if *source == DataType::Null {
+        return Ok(new_null_array(target, array.len()));
+    }
+    if !can_widen(source, target) {
+        return Err(format!(
+            "type {source} cannot be stored as {} without loss",
+            display_type(target)
+        ));
+    }
+    let options = CastOptions {
+        safe: false,
+        format_options: FormatOptions::default(),
+    };
+    cast_with_options(array, target, &options).map_err(|e| e.to_string())
+}
+
+fn display_type(t: &DataType) -> String {
+    match t {
+        DataType::Utf8 => "string".into(),
+        DataType::Binary => "bytes".into(),
+        other => other.to_string().to_lowercase(),
+    }
+}
+
+fn can_widen(source: &DataType, target: &DataType) -> bool {
+    use DataType::*;
+    let int32_ok = |t: &DataType| matches!(t, Int8 | Int16 | Int32 | UInt8 | UInt16);
+    let int64_ok = |t: &DataType| int32_ok(t) || matches!(t, Int64 | UInt32);
+    match target {
+        Int32 => int32_ok(source),
+        Int64 => int64_ok(source),
+        Float32 => matches!(source, Float16 | Int8 | Int16 | UInt8 | UInt16),
+        Float64 => matches!(source, Float16 | Float32) || int64_ok(source),
+        Utf8 => match source {
+            LargeUtf8 | Utf8View => true,
+            Dictionary(_, v) => matches!(v.as_ref(), Utf8 | LargeUtf8 | Utf8View),
+            _ => false,
+        },
+        Binary => matches!(source, LargeBinary | BinaryView | FixedSizeBinary(_)),
+        List(t) => match source {
+            List(s) | LargeList(s) | FixedSizeList(s, _) => {
+                s.data_type() == t.data_type() || can_widen(s.data_type(), t.data_type())
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Converts a timestamp column to UTC microseconds. Zoned timestamps of any unit are
+/// instants and convert exactly (nanoseconds only when whole microseconds); text must
+/// be RFC 3339 with an offset. Naive timestamps are refused, never shifted.
+/// Errors carry the 0-based row when one is at fault.
+fn to_utc_micros(array: &ArrayRef) -> std::result::Result<ArrayRef, (Option<usize>, String)> {
+    let naive = "has timestamps without a time zone; quiver stores UTC instants and never guesses a zone (write them zoned, e.g. `2024-01-01T00:00:00Z`, or tz_localize('UTC') in pandas)";
+    match array.data_type() {
+        DataType::Timestamp(_, None) => Err((None, naive.to_string())),
+        DataType::Timestamp(unit, Some(_)) => {
+            if *unit == TimeUnit::Nanosecond {
+                let ns = array.as_primitive::<arrow::datatypes::TimestampNanosecondType>();
+                if let Some(row) = (0..ns.len()).find(|&i| ns.is_valid(i) && ns.value(i) % 1000 != 0) {
+                    return Err((Some(row), "has sub-microsecond precision (quiver keeps microseconds)".to_string()));
+                }
+            }
+            let options = CastOptions {
+                safe: false,
+                format_options: FormatOptions::default(),
+            };
+            cast_with_options(array, &timestamp_type(), &options).map_err(|e| (None, e.to_string()))
+        }
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+            let text = cast_with_options(array, &DataType::Utf8, &CastOptions::default())
+                .map_err(|e| (None, e.to_string()))?;
+            let text = text.as_string::<i32>();
+            let mut values = Vec::with_capacity(text.len());
+            for i in 0..text.len() {
+                if text.is_null(i) || text.value(i).trim().is_empty() {
+                    values.push(None);
+                    continue;
+                }
+                values.push(Some(parse_instant(text.value(i)).map_err(|m| (Some(i), m))?));
+            }
+            Ok(Arc::new(TimestampMicrosecondArray::from(values).with_timezone("UTC")))
+        }
+        other => Err((None, format!("type {other} is not a timestamp (expected zoned timestamps or RFC 3339 text)"))),
+    }
+}
+
+/// Parses RFC 3339 (`T` or a space between date and time) to UTC microseconds.
+pub(crate) fn parse_instant(text: &str) -> std::result::Result<i64, String> {
+    let s = text.trim();
+    match chrono::DateTime::parse_from_rfc3339(s)
+        .or_else(|_| chrono::DateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f%:z"))
+    {
+        Ok(t) => Ok(t.timestamp_micros()),
+        Err(_) => {
+            let naive = chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f")
+                .or_else(|_| chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f"))
+                .is_ok();
+            if naive {
+                Err(format!("`{s}` has no time zone; quiver stores UTC instants and never guesses a zone (write e.g. `{s}Z`)"))
+            } else {
+                Err(format!("`{s}` is not an RFC 3339 timestamp (expected e.g. 2024-01-01T00:00:00Z)"))
+            }
+        }
+    }
+}

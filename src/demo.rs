@@ -1,0 +1,263 @@
+//! The demo repository of `init --demo`: ride-hailing drivers and customers, three
+//! feature views (one with a composite key, one with an embedding), one feature service,
+//! and seeded sample data ending at a given time, written as Parquet.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BooleanArray, Float32Array, Float32Builder, Float64Array, Int32Array, Int64Array,
+    ListBuilder, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::error::{Error, Result};
+
+/// The demo's `features.yaml`.
+pub const FEATURES_YAML: &str = r#"# Demo feature repository: ride-hailing drivers and customers.
+# Edit, then run `quiver plan` to see the change and `quiver apply` to record it.
+entities:
+  - name: driver
+    description: A driver on the platform.
+    join_keys: [{name: driver_id, dtype: int64}]
+  - name: customer
+    description: A rider.
+    join_keys: [{name: customer_id, dtype: string}]
+
+feature_views:
+  - name: driver_hourly
+    description: Hourly driver quality statistics.
+    entities: [driver]
+    ttl: 2h
+    online: true
+    tags: {team: marketplace}
+    source:
+      timestamp_field: event_timestamp
+      created_timestamp_field: created_timestamp
+    features:
+      - {name: conv_rate, dtype: float64}
+      - {name: acc_rate, dtype: float64}
+      - {name: avg_daily_trips, dtype: int64}
+
+  - name: customer_profile
+    description: Slowly changing customer attributes, snapshotted daily.
+    entities: [customer]
+    ttl: 0                                  # unbounded: the latest snapshot always counts
+    online: true
+    source: {timestamp_field: event_timestamp, created_timestamp_field: created_timestamp}
+    features:
+      - {name: age, dtype: int32}
+      - {name: city, dtype: string}
+      - {name: lifetime_value, dtype: float64}
+      - {name: embedding, dtype: list<float32>}
+
+  - name: driver_customer
+    description: What one driver and one customer have done together (a composite key).
+    entities: [driver, customer]
+    ttl: 30d
+    online: true
+    source: {timestamp_field: event_timestamp, created_timestamp_field: created_timestamp}
+    features:
+      - {name: rides_together, dtype: int64}
+      - {name: avg_rating, dtype: float32}
+
+feature_services:
+  - name: ranker_v1
+    description: Features of the ride-ranking model.
+    features:
+      - driver_hourly:conv_rate
+      - driver_hourly:acc_rate
+      - driver_hourly:avg_daily_trips
+      - customer_profile:lifetime_value
+      - customer_profile:embedding
+      - driver_customer:rides_together
+"#;
+
+/// Where `init --demo` puts the sample data, relative to the repository.
+pub const SAMPLE_DIR: &str = "sample_data";
+
+const DRIVERS: std::ops::RangeInclusive<i64> = 1001..=1010;
+const CUSTOMERS: usize = 20;
+const CITIES: [&str; 5] = ["Lisbon", "Porto", "Braga", "Coimbra", "Faro"];
+
+fn customer_id(i: usize) -> String {
+    format!("C{:03}", i + 1)
+}
+
+fn micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+fn timestamps(values: Vec<i64>) -> ArrayRef {
+    Arc::new(TimestampMicrosecondArray::from(values).with_timezone("UTC"))
+}
+
+/// Writes the demo's sample Parquet files under `dir`, with data for the 72 hours (and
+/// for slower views, days) before `now` rounded down to the hour. Returns the files.
+/// The same `now` gives the same files.
+///
+/// # Errors
+/// When a file cannot be written.
+pub fn write_sample_data(dir: &Path, now: DateTime<Utc>) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let anchor = now
+        .duration_trunc(TimeDelta::hours(1))
+        .expect("an hour divides any timestamp");
+    let mut rng = StdRng::seed_from_u64(42);
+    let batches = [
+        ("driver_hourly", driver_hourly(&mut rng, anchor)?),
+        ("customer_profile", customer_profile(&mut rng, anchor)?),
+        ("driver_customer", driver_customer(&mut rng, anchor)?),
+        ("spine", spine(&mut rng, anchor)?),
+    ];
+    let mut files = Vec::new();
+    for (name, batch) in batches {
+        let path = dir.join(format!("{name}.parquet"));
+        write_parquet(&path, &batch)?;
+        files.push(path);
+    }
+    Ok(files)
+}
+
+fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
+    let parquet_err = |source| Error::Parquet {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::create(path).map_err(|e| Error::io(path, e))?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .build();
+    let mut writer =
+        ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(parquet_err)?;
+    writer.write(batch).map_err(parquet_err)?;
+    writer.close().map_err(parquet_err)?;
+    Ok(())
+}
+
+/// Hourly rows per driver; about 2% null conversion rates, and about 3% of hours get a
+/// late correction: a second row for the same event time, created an hour later.
+fn driver_hourly(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBatch> {
+    let (mut ids, mut events, mut created) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut conv, mut acc, mut trips) = (Vec::new(), Vec::new(), Vec::new());
+    for hour in (0..72).rev() {
+        let event = anchor - TimeDelta::hours(hour);
+        for driver in DRIVERS {
+            let c = rng.random_range(0.2..0.95_f64);
+            let versions = if rng.random_bool(0.03) { 2 } else { 1 };
+            for v in 0..versions {
+                ids.push(driver);
+                events.push(micros(event));
+                let lag = TimeDelta::seconds(rng.random_range(1..300)) + TimeDelta::hours(v);
+                created.push(micros(event + lag));
+                conv.push((!rng.random_bool(0.02)).then_some(c + 0.01 * v as f64));
+                acc.push(Some(rng.random_range(0.5..1.0_f64)));
+                trips.push(rng.random_range(5..40_i64));
+            }
+        }
+    }
+    Ok(RecordBatch::try_from_iter([
+        ("driver_id", Arc::new(Int64Array::from(ids)) as ArrayRef),
+        ("event_timestamp", timestamps(events)),
+        ("created_timestamp", timestamps(created)),
+        ("conv_rate", Arc::new(Float64Array::from(conv))),
+        ("acc_rate", Arc::new(Float64Array::from(acc))),
+        ("avg_daily_trips", Arc::new(Int64Array::from(trips))),
+    ])?)
+}
+
+/// A daily snapshot per customer for a week, with a 4-dimensional embedding.
+fn customer_profile(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBatch> {
+    let (mut ids, mut events, mut created) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut age, mut city, mut ltv) = (Vec::new(), Vec::new(), Vec::new());
+    let mut embedding = ListBuilder::new(Float32Builder::new());
+    let ages: Vec<i32> = (0..CUSTOMERS).map(|_| rng.random_range(18..80)).collect();
+    let homes: Vec<&str> = (0..CUSTOMERS)
+        .map(|_| CITIES[rng.random_range(0..CITIES.len())])
+        .collect();
+    let mut value: Vec<f64> = (0..CUSTOMERS).map(|_| rng.random_range(10.0..500.0)).collect();
+    for day in (0..7).rev() {
+        let event = anchor - TimeDelta::days(day);
+        for c in 0..CUSTOMERS {
+            value[c] += rng.random_range(0.0..40.0);
+            ids.push(customer_id(c));
+            events.push(micros(event));
+            created.push(micros(event + TimeDelta::minutes(5)));
+            age.push(ages[c]);
+            city.push(homes[c]);
+            ltv.push((value[c] * 100.0).round() / 100.0);
+            for _ in 0..4 {
+                embedding.values().append_value(rng.random_range(-1.0..1.0_f32));
+            }
+            embedding.append(true);
+        }
+    }
+    Ok(RecordBatch::try_from_iter([
+        ("customer_id", Arc::new(StringArray::from(ids)) as ArrayRef),
+        ("event_timestamp", timestamps(events)),
+        ("created_timestamp", timestamps(created)),
+        ("age", Arc::new(Int32Array::from(age))),
+        ("city", Arc::new(StringArray::from(city))),
+        ("lifetime_value", Arc::new(Float64Array::from(ltv))),
+        ("embedding", Arc::new(embedding.finish())),
+    ])?)
+}
+
+/// Rides of driver/customer pairs over 20 days, with the running count per pair.
+fn driver_customer(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBatch> {
+    let mut rides: Vec<(i64, String, i64)> = (0..200)
+        .map(|_| {
+            let driver = rng.random_range(DRIVERS);
+            let customer = customer_id(rng.random_range(0..CUSTOMERS));
+            let at = anchor - TimeDelta::seconds(rng.random_range(0..20 * 86_400));
+            (driver, customer, micros(at))
+        })
+        .collect();
+    rides.sort_by_key(|r| r.2);
+    let mut counts = std::collections::HashMap::new();
+    let (mut drivers, mut customers, mut events, mut created) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut together, mut rating) = (Vec::new(), Vec::new());
+    for (driver, customer, at) in rides {
+        let n = counts.entry((driver, customer.clone())).or_insert(0_i64);
+        *n += 1;
+        drivers.push(driver);
+        customers.push(customer);
+        events.push(at);
+        created.push(at + 60_000_000);
+        together.push(*n);
+        rating.push(rng.random_range(3.5..5.0_f32));
+    }
+    Ok(RecordBatch::try_from_iter([
+        ("driver_id", Arc::new(Int64Array::from(drivers)) as ArrayRef),
+        ("customer_id", Arc::new(StringArray::from(customers))),
+        ("event_timestamp", timestamps(events)),
+        ("created_timestamp", timestamps(created)),
+        ("rides_together", Arc::new(Int64Array::from(together))),
+        ("avg_rating", Arc::new(Float32Array::from(rating))),
+    ])?)
+}
+
+/// The entity dataframe of a training set: 500 ride requests with a label.
+fn spine(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBatch> {
+    let (mut drivers, mut customers, mut events, mut labels) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..500 {
+        drivers.push(rng.random_range(DRIVERS));
+        customers.push(customer_id(rng.random_range(0..CUSTOMERS)));
+        events.push(micros(anchor - TimeDelta::seconds(rng.random_range(0..72 * 3600))));
+        labels.push(rng.random_bool(0.3));
+    }
+    Ok(RecordBatch::try_from_iter([
+        ("driver_id", Arc::new(Int64Array::from(drivers)) as ArrayRef),
+        ("customer_id", Arc::new(StringArray::from(customers))),
+        ("event_timestamp", timestamps(events)),
+        ("accepted", Arc::new(BooleanArray::from(labels))),
+    ])?)
+}

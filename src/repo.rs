@@ -1,0 +1,111 @@
+//! A feature repository on disk: `quiver.yaml`, `features.yaml` and the registry they
+//! point to.
+
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use quiver_offline::DeltaProbe;
+use quiver_sdk::registry::{self, ApplyOutcome};
+use quiver_sdk::{Config, Definitions, FileRegistry, Plan, RegistryDoc};
+
+use crate::error::Result;
+
+/// What [`Repo::apply`] did.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    pub outcome: ApplyOutcome,
+    /// Delta tables created for views that had none.
+    pub created_tables: Vec<String>,
+}
+
+/// The definitions file of a repository.
+pub const DEFINITIONS_FILE: &str = "features.yaml";
+
+/// An opened repository: its validated config and where its definitions are.
+#[derive(Debug, Clone)]
+pub struct Repo {
+    pub config: Config,
+    pub definitions_path: PathBuf,
+}
+
+impl Repo {
+    /// Opens the repository in `dir`, with the process environment's overrides.
+    ///
+    /// # Errors
+    /// When `quiver.yaml` is missing or invalid.
+    pub fn open(dir: &Path) -> Result<Repo> {
+        let config = Config::load(dir)?;
+        Ok(Repo {
+            definitions_path: dir.join(DEFINITIONS_FILE),
+            config,
+        })
+    }
+
+    /// The definitions in `features.yaml`, validated.
+    ///
+    /// # Errors
+    /// A one-line error naming the file and the definition at fault.
+    pub fn definitions(&self) -> Result<Definitions> {
+        Ok(quiver_sdk::yaml::load_definitions(&self.definitions_path)?)
+    }
+
+    pub fn registry(&self) -> FileRegistry {
+        FileRegistry::new(&self.config.registry_path)
+    }
+
+    /// What the registry holds (an empty document before the first apply).
+    ///
+    /// # Errors
+    /// When the registry exists but cannot be read or belongs to another project.
+    pub fn applied(&self) -> Result<RegistryDoc> {
+        Ok(self.registry().load_or_empty(&self.config.project)?)
+    }
+
+    /// The diff from the registry to `features.yaml`.
+    ///
+    /// # Errors
+    /// As [`Repo::definitions`] and [`Repo::applied`].
+    pub fn plan(&self) -> Result<Plan> {
+        let defs = self.definitions()?;
+        Ok(self.applied()?.plan(&defs))
+    }
+
+    /// Applies `features.yaml`: refuses breaking changes to views whose Delta tables hold
+    /// data unless `force`, writes the next registry version (or nothing when nothing
+    /// changed), then creates the Delta tables that are missing. `runtime` runs the
+    /// Delta work; call from outside it.
+    ///
+    /// # Errors
+    /// Invalid definitions, a refused breaking change, or an unreadable registry or
+    /// table; the registry is unchanged in each of these cases. Creating a table is
+    /// idempotent, so an apply that failed there is completed by running it again.
+    pub fn apply(
+        &self,
+        force: bool,
+        now: DateTime<Utc>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Applied> {
+        let defs = self.definitions()?;
+        let probe = DeltaProbe::new(&self.config, runtime.clone());
+        let outcome = registry::apply(
+            &self.registry(),
+            &self.config.project,
+            &defs,
+            &probe,
+            force,
+            now,
+        )?;
+        let mut created_tables = Vec::new();
+        for view in &defs.feature_views {
+            let location = self.config.view_table(view);
+            let schema = quiver_offline::schema::table_schema(&defs, view);
+            if runtime.block_on(quiver_offline::delta::ensure_table(&location, &schema, &view.name))? {
+                created_tables.push(location.to_string());
+            }
+        }
+        Ok(Applied {
+            outcome,
+            created_tables,
+        })
+    }
+}

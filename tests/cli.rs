@@ -1,0 +1,317 @@
+//! The `quiver` binary end to end on temporary repositories: init --demo, plan, apply,
+//! list, describe, refused definitions, --force against a real Delta table with data.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use arrow::datatypes::{DataType, TimeUnit};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use quiver::sdk::{DType, ListElement};
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn quiver_in(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver"));
+    cmd.current_dir(dir).args(args);
+    // The test process's own QUIVER_ settings must not leak into the repo under test.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("QUIVER_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let Output { status, stdout, stderr } = cmd.output().expect("quiver runs");
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout: String::from_utf8(stdout).unwrap(),
+        stderr: String::from_utf8(stderr).unwrap(),
+    }
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let run = quiver_in(dir, args, &[]);
+    assert_eq!(run.code, 0, "quiver {args:?} failed: {}{}", run.stdout, run.stderr);
+    run.stdout
+}
+
+/// Runs a command that must fail with `code` and a one-line error containing `parts`.
+fn fails(dir: &Path, args: &[&str], code: i32, parts: &[&str]) -> String {
+    let run = quiver_in(dir, args, &[]);
+    assert_eq!(run.code, code, "quiver {args:?}: {}{}", run.stdout, run.stderr);
+    let err = run.stderr.trim_end();
+    assert_eq!(err.lines().count(), 1, "one line expected: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    for p in parts {
+        assert!(err.contains(p), "error {err:?} lacks {p:?}");
+    }
+    err.to_string()
+}
+
+fn demo_repo() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = ok(tmp.path(), &["init", "demo", "--demo"]);
+    assert!(out.contains("created demo repository `demo`"), "{out}");
+    let repo = tmp.path().join("demo");
+    (tmp, repo)
+}
+
+fn parquet_schema(path: &Path) -> (Vec<(String, DataType)>, usize) {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap();
+    let rows = builder.metadata().file_metadata().num_rows() as usize;
+    let fields = builder
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| (f.name().clone(), f.data_type().clone()))
+        .collect();
+    (fields, rows)
+}
+
+/// The Arrow type a feature of `dtype` is stored as (written here independently of the
+/// code under test).
+fn arrow_type(dtype: DType) -> DataType {
+    let utc = || DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+    match dtype {
+        DType::Int32 => DataType::Int32,
+        DType::Int64 => DataType::Int64,
+        DType::Float32 => DataType::Float32,
+        DType::Float64 => DataType::Float64,
+        DType::Bool => DataType::Boolean,
+        DType::String => DataType::Utf8,
+        DType::Bytes => DataType::Binary,
+        DType::Timestamp => utc(),
+        DType::List(e) => {
+            let inner = match e {
+                ListElement::Int64 => DataType::Int64,
+                ListElement::Float32 => DataType::Float32,
+                ListElement::Float64 => DataType::Float64,
+                ListElement::String => DataType::Utf8,
+            };
+            DataType::new_list(inner, true)
+        }
+    }
+}
+
+#[test]
+fn demo_sample_data_matches_the_demo_definitions() {
+    let (_tmp, repo) = demo_repo();
+    for name in ["quiver.yaml", "features.yaml", ".gitignore"] {
+        assert!(repo.join(name).is_file(), "{name} missing");
+    }
+    let defs = quiver::sdk::yaml::load_definitions(&repo.join("features.yaml")).unwrap();
+    assert_eq!(defs.entities.len(), 2);
+    assert_eq!(defs.feature_views.len(), 3);
+    assert_eq!(defs.feature_services.len(), 1);
+    let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+    for view in &defs.feature_views {
+        let (fields, rows) = parquet_schema(&repo.join(format!("sample_data/{}.parquet", view.name)));
+        assert!(rows > 100, "{}: only {rows} rows", view.name);
+        let mut expected: Vec<(String, DataType)> = defs
+            .join_keys(view)
+            .iter()
+            .map(|k| (k.name.clone(), arrow_type(k.dtype.dtype())))
+            .collect();
+        expected.push((view.source.timestamp_field.clone(), utc.clone()));
+        expected.push((view.source.created_timestamp_field.clone().unwrap(), utc.clone()));
+        expected.extend(view.features.iter().map(|f| (f.name.clone(), arrow_type(f.dtype))));
+        assert_eq!(fields, expected, "{}", view.name);
+    }
+    // The spine has every join key the service needs, an event time and a label.
+    let (fields, rows) = parquet_schema(&repo.join("sample_data/spine.parquet"));
+    let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["driver_id", "customer_id", "event_timestamp", "accepted"]);
+    assert_eq!(rows, 500);
+}
+
+#[test]
+fn init_plan_apply_list_describe() {
+    let (_tmp, repo) = demo_repo();
+    let plan = ok(&repo, &["plan"]);
+    for line in [
+        "+ entity customer",
+        "+ entity driver",
+        "+ feature_view customer_profile",
+        "+ feature_view driver_customer",
+        "+ feature_view driver_hourly",
+        "+ feature_service ranker_v1",
+        "6 to add, 0 to change, 0 to remove",
+        "as version 1",
+    ] {
+        assert!(plan.contains(line), "plan lacks {line:?}:\n{plan}");
+    }
+    assert!(!repo.join("registry.json").exists(), "plan must not write");
+
+    let applied = ok(&repo, &["apply"]);
+    assert!(applied.contains("is at version 1"), "{applied}");
+    let registry: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo.join("registry.json")).unwrap()).unwrap();
+    assert_eq!(registry["version"], 1);
+    assert_eq!(registry["project"], "demo");
+    assert_eq!(registry["definitions"]["feature_views"].as_array().unwrap().len(), 3);
+
+    let before = std::fs::read(repo.join("registry.json")).unwrap();
+    let again = ok(&repo, &["apply"]);
+    assert!(again.contains("no changes: registry stays at version 1"), "{again}");
+    assert_eq!(std::fs::read(repo.join("registry.json")).unwrap(), before);
+    assert!(ok(&repo, &["plan"]).contains("no changes: registry is at version 1"));
+
+    let list = ok(&repo, &["list"]);
+    for part in ["registry version 1", "driver_id:int64", "customer_id:string", "driver_hourly", "ttl 2h", "ranker_v1", "6 features"] {
+        assert!(list.contains(part), "list lacks {part:?}:\n{list}");
+    }
+
+    let described = ok(&repo, &["describe", "driver_customer"]);
+    let value: serde_yaml::Value = serde_yaml::from_str(described.trim_start_matches("kind: feature_view\n")).unwrap();
+    assert_eq!(value["ttl"], "30d");
+    assert_eq!(value["version"], 1);
+    let keys: Vec<&str> = value["join_keys"].as_sequence().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(keys, ["driver_id:int64", "customer_id:string"]);
+    assert!(value["table"].as_str().unwrap().ends_with("data/driver_customer"));
+
+    let svc = ok(&repo, &["describe", "ranker_v1"]);
+    assert!(svc.contains("kind: feature_service"), "{svc}");
+    assert!(svc.contains("driver_hourly__conv_rate"), "{svc}");
+
+    fails(&repo, &["describe", "nope"], 1, &["`nope` is not in the registry", "driver_hourly"]);
+
+    // A later edit shows up per field, and applies as version 2.
+    let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
+    std::fs::write(repo.join("features.yaml"), yaml.replacen("ttl: 2h", "ttl: 3h", 1)).unwrap();
+    let plan = ok(&repo, &["plan"]);
+    assert!(plan.contains("~ feature_view driver_hourly\n    ttl: \"2h\" -> \"3h\""), "{plan}");
+    assert!(ok(&repo, &["apply"]).contains("is at version 2"));
+}
+
+#[test]
+fn a_service_naming_an_unknown_view_is_refused_and_the_registry_is_unchanged() {
+    let (_tmp, repo) = demo_repo();
+    ok(&repo, &["apply"]);
+    let before = std::fs::read(repo.join("registry.json")).unwrap();
+    let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
+    let broken = yaml.replacen("- driver_hourly:acc_rate", "- driver_weekly:acc_rate", 1);
+    assert_ne!(broken, yaml);
+    std::fs::write(repo.join("features.yaml"), broken).unwrap();
+    for verb in ["apply", "plan"] {
+        fails(
+            &repo,
+            &[verb],
+            1,
+            &["features.yaml", "feature service `ranker_v1`", "unknown feature view `driver_weekly`"],
+        );
+    }
+    assert_eq!(std::fs::read(repo.join("registry.json")).unwrap(), before);
+}
+
+#[test]
+fn bad_definitions_name_the_file_and_field() {
+    let (_tmp, repo) = demo_repo();
+    let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
+    std::fs::write(
+        repo.join("features.yaml"),
+        yaml.replacen("{name: avg_rating, dtype: float32}", "{name: avg_rating, dtype: real}", 1),
+    )
+    .unwrap();
+    fails(
+        &repo,
+        &["apply"],
+        1,
+        &["features.yaml", "feature view `driver_customer`, feature `avg_rating`", "unknown dtype `real`"],
+    );
+    assert!(!repo.join("registry.json").exists());
+}
+
+#[test]
+fn breaking_changes_to_a_view_with_data_need_force() {
+    let (_tmp, repo) = demo_repo();
+    ok(&repo, &["apply"]);
+    ok(&repo, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]);
+    let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
+    std::fs::write(
+        repo.join("features.yaml"),
+        yaml.replacen("{name: avg_daily_trips, dtype: int64}", "{name: avg_daily_trips, dtype: float64}", 1)
+            // The same kind of change to a view without data goes through.
+            .replacen("{name: rides_together, dtype: int64}", "{name: rides_together, dtype: int32}", 1),
+    )
+    .unwrap();
+    let before = std::fs::read(repo.join("registry.json")).unwrap();
+    fails(
+        &repo,
+        &["apply"],
+        1,
+        &["feature view `driver_hourly` holds data", "`avg_daily_trips` would change type from int64 to float64", "--force"],
+    );
+    assert_eq!(std::fs::read(repo.join("registry.json")).unwrap(), before);
+    let forced = quiver_in(&repo, &["apply", "--force"], &[]);
+    assert_eq!(forced.code, 0, "{}", forced.stderr);
+    assert!(forced.stdout.contains("is at version 2"), "{}", forced.stdout);
+    assert!(forced.stderr.contains("warning: forced: feature view `driver_hourly` holds data"), "{}", forced.stderr);
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let (_tmp, repo) = demo_repo();
+    let run = quiver_in(&repo, &["apply"], &[("QUIVER_REGISTRY", "state/reg.json")]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(repo.join("state/reg.json").is_file());
+    assert!(!repo.join("registry.json").exists());
+    let run = quiver_in(&repo, &["list"], &[("QUIVER_SERVER_PROT", "1")]);
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("QUIVER_SERVER_PROT") && run.stderr.contains("unknown setting"), "{}", run.stderr);
+}
+
+#[test]
+fn init_refuses_an_existing_repository_and_makes_a_valid_skeleton() {
+    let tmp = tempfile::tempdir().unwrap();
+    ok(tmp.path(), &["init", "plain"]);
+    let repo = tmp.path().join("plain");
+    assert!(ok(&repo, &["plan"]).contains("no changes: registry is at version 0"));
+    assert!(ok(&repo, &["list"]).contains("registry is empty"));
+    fails(tmp.path(), &["init", "plain"], 1, &["already holds a repository"]);
+    // No temp folders are left next to it.
+    let names: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["plain"]);
+}
+
+#[test]
+fn commands_outside_a_repository_say_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    fails(tmp.path(), &["list"], 1, &["quiver.yaml", "not a quiver repository"]);
+}
+
+#[test]
+fn every_verb_is_in_help_and_later_ones_refuse_with_exit_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let help = ok(tmp.path(), &["--help"]);
+    for verb in [
+        "init", "plan", "apply", "list", "describe", "ingest", "historical", "export",
+        "materialize", "materialize-incremental", "online", "serve", "stream", "push",
+        "verify", "doctor",
+    ] {
+        assert!(help.lines().any(|l| l.trim_start().starts_with(&format!("{verb} "))), "help lacks {verb}:\n{help}");
+    }
+    let later: BTreeMap<&str, Vec<&str>> = BTreeMap::from([
+        ("export", vec!["export", "--service", "x", "--spine", "s", "--out", "o"]),
+        ("materialize", vec!["materialize", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"]),
+        ("online", vec!["online", "--features", "v:f", "--entity", "driver_id=1"]),
+        ("historical --engine gpu", vec!["historical", "--spine", "s.parquet", "--service", "x", "--out", "o.parquet", "--engine", "gpu"]),
+        ("serve", vec!["serve"]),
+        ("stream", vec!["stream"]),
+        ("push", vec!["push", "v", "f.parquet"]),
+        ("verify", vec!["verify", "--sample", "10"]),
+        ("doctor", vec!["doctor"]),
+    ]);
+    for (verb, args) in later {
+        fails(tmp.path(), &args, 2, &[&format!("`quiver {verb}` is not available yet")]);
+    }
+}
