@@ -366,12 +366,13 @@ fn cmd_historical(
     let start = std::time::Instant::now();
     let kernel = match engine {
         Engine::Gpu => return later("historical --engine gpu", "the GPU join (issue #6)"),
-        Engine::Auto => {
-            eprintln!("engine: cpu (the GPU engine is not built yet)");
-            quiver::gpu_join::CpuKernel::new()
-        }
-        Engine::Cpu => quiver::gpu_join::CpuKernel::new(),
+        Engine::Auto => (
+            quiver::gpu_join::CpuKernel::new(),
+            "engine cpu (auto: the GPU engine is not built yet)",
+        ),
+        Engine::Cpu => (quiver::gpu_join::CpuKernel::new(), "engine cpu"),
     };
+    let (kernel, engine_note) = kernel;
     let repo = Repo::open(dir)?;
     let doc = repo.applied()?;
     let defs = &doc.definitions;
@@ -420,7 +421,7 @@ fn cmd_historical(
     historical::write_parquet(out, &joined)?;
     bar.finish_and_clear();
     println!(
-        "historical: {} rows x {} features -> {} in {:.2} s",
+        "historical: {} rows x {} features -> {} in {:.2} s ({engine_note})",
         joined.num_rows(),
         refs.len(),
         out.display(),

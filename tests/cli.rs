@@ -315,3 +315,209 @@ fn every_verb_is_in_help_and_later_ones_refuse_with_exit_2() {
         fails(tmp.path(), &args, 2, &[&format!("`quiver {verb}` is not available yet")]);
     }
 }
+
+fn read_parquet(path: &Path) -> arrow::array::RecordBatch {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
+    arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
+}
+
+fn delta_commits(table: &Path) -> usize {
+    std::fs::read_dir(table.join("_delta_log"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "json"))
+        .count()
+}
+
+#[test]
+fn ingest_then_historical_on_the_demo() {
+    use arrow::array::{Array, AsArray};
+    let (_tmp, repo) = demo_repo();
+    let applied = ok(&repo, &["apply"]);
+    assert!(applied.contains("created delta table"), "{applied}");
+    for view in ["driver_hourly", "customer_profile", "driver_customer"] {
+        let out = ok(&repo, &["ingest", view, &format!("sample_data/{view}.parquet")]);
+        assert!(out.contains(&format!("rows into {view} (table version 1)")), "{out}");
+    }
+    let out = ok(&repo, &["historical", "--spine", "sample_data/spine.parquet", "--service", "ranker_v1", "--out", "train.parquet"]);
+    assert!(out.contains("historical: 500 rows x 6 features"), "{out}");
+    let spine = read_parquet(&repo.join("sample_data/spine.parquet"));
+    let joined = read_parquet(&repo.join("train.parquet"));
+    assert_eq!(joined.num_rows(), 500);
+    let names: Vec<&str> = joined.schema_ref().fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>();
+    assert_eq!(
+        names,
+        [
+            "driver_id", "customer_id", "event_timestamp", "accepted",
+            "driver_hourly__conv_rate", "driver_hourly__acc_rate", "driver_hourly__avg_daily_trips",
+            "customer_profile__lifetime_value", "customer_profile__embedding", "driver_customer__rides_together",
+        ]
+    );
+    for i in 0..4 {
+        assert_eq!(joined.column(i).as_ref(), spine.column(i).as_ref(), "spine column {i} changed");
+    }
+    // Hourly data with a 2h TTL covers nearly every spine row; the profile (unbounded
+    // TTL, daily snapshots) covers those after its first snapshot.
+    let acc = joined.column(5).as_primitive::<arrow::datatypes::Float64Type>();
+    assert!(acc.null_count() < 25, "{} nulls", acc.null_count());
+    assert!(joined.column(8).as_list::<i32>().null_count() < 500);
+
+    // --features picks columns in the order given; a second run overwrites atomically.
+    ok(&repo, &["historical", "--spine", "sample_data/spine.parquet", "--features", "customer_profile:city,driver_hourly:conv_rate", "--out", "train.parquet", "--engine", "cpu"]);
+    let joined = read_parquet(&repo.join("train.parquet"));
+    let names: Vec<&str> = joined.schema_ref().fields().iter().skip(4).map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["customer_profile__city", "driver_hourly__conv_rate"]);
+}
+
+const GOLDEN_FEATURES: &str = r#"
+entities:
+  - {name: user, join_keys: [{name: user_id, dtype: int64}]}
+feature_views:
+  - name: score
+    entities: [user]
+    ttl: 1h
+    source: {created_timestamp_field: created_timestamp}
+    features: [{name: score, dtype: float64}]
+"#;
+
+fn golden_repo() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    ok(tmp.path(), &["init", "golden"]);
+    let repo = tmp.path().join("golden");
+    std::fs::write(repo.join("features.yaml"), GOLDEN_FEATURES).unwrap();
+    ok(&repo, &["apply"]);
+    std::fs::write(
+        repo.join("scores.csv"),
+        "user_id,event_timestamp,created_timestamp,score\n\
+         1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1.0\n\
+         1,2024-01-01T10:00:00Z,2024-01-01T10:05:00Z,2.0\n\
+         1,2024-01-01T11:00:00Z,2024-01-01T11:30:00Z,3.0\n\
+         2,2024-01-01T09:00:00+01:00,2024-01-01T09:00:00+01:00,\n",
+    )
+    .unwrap();
+    std::fs::write(
+        repo.join("spine.csv"),
+        "user_id,event_timestamp,label\n\
+         1,2024-01-01T09:59:59Z,a\n\
+         1,2024-01-01T10:00:00Z,b\n\
+         1,2024-01-01T11:00:00Z,c\n\
+         1,2024-01-01T12:00:00Z,d\n\
+         1,2024-01-01T12:00:01Z,e\n\
+         2,2024-01-01T09:30:00Z,f\n\
+         3,2024-01-01T10:00:00Z,g\n",
+    )
+    .unwrap();
+    (tmp, repo)
+}
+
+fn scores(repo: &Path, extra: &[&str]) -> Vec<Option<f64>> {
+    use arrow::array::{Array, AsArray};
+    let mut args = vec!["historical", "--spine", "spine.csv", "--features", "score:score", "--out", "out.parquet"];
+    args.extend_from_slice(extra);
+    ok(repo, &args);
+    let out = read_parquet(&repo.join("out.parquet"));
+    let labels: Vec<&str> = (0..out.num_rows()).map(|i| out.column(2).as_string::<i32>().value(i)).collect();
+    assert_eq!(labels, ["a", "b", "c", "d", "e", "f", "g"], "spine order and columns kept");
+    let s = out.column(3).as_primitive::<arrow::datatypes::Float64Type>();
+    (0..s.len()).map(|i| s.is_valid(i).then(|| s.value(i))).collect()
+}
+
+#[test]
+fn golden_point_in_time_cases() {
+    let (_tmp, repo) = golden_repo();
+    ok(&repo, &["ingest", "score", "scores.csv"]);
+    // a: before any row; b: tie on event time -> later created; c: exactly at the event;
+    // d: exactly t - ttl (inclusive); e: 1 s outside the TTL; f: user 2's only row is at
+    // 09:00+01:00 = 08:00Z, 90 minutes before, outside the TTL; g: an unknown user.
+    assert_eq!(scores(&repo, &[]), [None, Some(2.0), Some(3.0), Some(3.0), None, None, None]);
+    // The cutoff drops rows created after the spine time: b sees only the 10:00 row
+    // created at 10:00; c cannot see the 11:00 row (created 11:30) and falls back to 2.0.
+    assert_eq!(scores(&repo, &["--created-cutoff"]), [None, Some(1.0), Some(2.0), Some(3.0), None, None, None]);
+    // A full tie on (event, created) goes to the row ingested last.
+    std::fs::write(repo.join("more.csv"), "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T11:00:00Z,2024-01-01T11:30:00Z,4.0\n").unwrap();
+    ok(&repo, &["ingest", "score", "more.csv"]);
+    assert_eq!(scores(&repo, &[]), [None, Some(2.0), Some(4.0), Some(4.0), None, None, None]);
+}
+
+#[test]
+fn a_null_winner_gives_null_not_an_older_value() {
+    let (_tmp, repo) = golden_repo();
+    std::fs::write(
+        repo.join("nulls.csv"),
+        "user_id,event_timestamp,created_timestamp,score\n\
+         2,2024-01-01T09:00:00Z,2024-01-01T09:00:00Z,5.0\n\
+         2,2024-01-01T09:20:00Z,2024-01-01T09:20:00Z,\n",
+    )
+    .unwrap();
+    ok(&repo, &["ingest", "score", "nulls.csv"]);
+    assert_eq!(scores(&repo, &[])[5], None, "row f: the 09:20 row wins and is null");
+}
+
+#[test]
+fn bad_ingest_input_is_refused_and_leaves_the_table_unchanged() {
+    let (_tmp, repo) = golden_repo();
+    ok(&repo, &["ingest", "score", "scores.csv"]);
+    let table = repo.join("data/score");
+    let commits = delta_commits(&table);
+    let cases: [(&str, &str, &[&str]); 6] = [
+        ("naive.csv", "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1\n1,2024-01-01 10:00:00,2024-01-01T10:00:00Z,1\n",
+         &["naive.csv", "row 2", "column `event_timestamp`", "has no time zone"]),
+        ("nokey.csv", "user_id,event_timestamp,created_timestamp,score\n,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1\n",
+         &["nokey.csv", "row 1", "column `user_id` is empty"]),
+        ("nocreated.csv", "user_id,event_timestamp,score\n1,2024-01-01T10:00:00Z,1\n",
+         &["nocreated.csv", "missing column `created_timestamp`"]),
+        ("badnum.csv", "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,high\n",
+         &["badnum.csv", "high"]),
+        ("garbage.jsonl", "{\"user_id\": 1, \"event_timestamp\": \"yesterday\", \"created_timestamp\": \"2024-01-01T10:00:00Z\", \"score\": 1.0}\n",
+         &["garbage.jsonl", "row 1", "`yesterday` is not an RFC 3339 timestamp"]),
+        ("data.txt", "x\n", &["data.txt", "unknown file type `.txt`"]),
+    ];
+    for (name, text, parts) in cases {
+        std::fs::write(repo.join(name), text).unwrap();
+        fails(&repo, &["ingest", "score", name], 1, parts);
+        assert_eq!(delta_commits(&table), commits, "{name} changed the table");
+    }
+    // Naive timestamps in Parquet, and a feature type that would lose data.
+    use std::sync::Arc;
+    use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+    let write = |name: &str, cols: Vec<(&str, ArrayRef)>| {
+        let batch = RecordBatch::try_from_iter(cols).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(File::create(repo.join(name)).unwrap(), batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    };
+    let ts = |tz: Option<&str>| {
+        let a = TimestampMicrosecondArray::from(vec![1_704_103_200_000_000]);
+        Arc::new(match tz { Some(z) => a.with_timezone(z), None => a }) as ArrayRef
+    };
+    write("naive.parquet", vec![("user_id", Arc::new(Int64Array::from(vec![1])) as ArrayRef), ("event_timestamp", ts(None)), ("created_timestamp", ts(Some("UTC"))), ("score", Arc::new(Float64Array::from(vec![1.0])))]);
+    fails(&repo, &["ingest", "score", "naive.parquet"], 1, &["naive.parquet", "column `event_timestamp` has timestamps without a time zone"]);
+    write("text.parquet", vec![("user_id", Arc::new(Int64Array::from(vec![1])) as ArrayRef), ("event_timestamp", ts(Some("UTC"))), ("created_timestamp", ts(Some("UTC"))), ("score", Arc::new(StringArray::from(vec!["1.0"])))]);
+    fails(&repo, &["ingest", "score", "text.parquet"], 1, &["text.parquet", "column `score`", "cannot be stored as float64"]);
+    assert_eq!(delta_commits(&table), commits);
+    fails(&repo, &["ingest", "nope", "scores.csv"], 1, &["unknown feature view `nope`", "known: score"]);
+}
+
+#[test]
+fn bad_historical_requests_are_refused_and_write_nothing() {
+    let (_tmp, repo) = golden_repo();
+    ok(&repo, &["ingest", "score", "scores.csv"]);
+    std::fs::write(repo.join("nokeys.csv"), "uid,event_timestamp\n1,2024-01-01T10:00:00Z\n").unwrap();
+    std::fs::write(repo.join("naive.csv"), "user_id,event_timestamp\n1,2024-01-01T10:00:00\n").unwrap();
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["--spine", "nokeys.csv", "--features", "score:score"], &["nokeys.csv", "missing join key column `user_id` needed by feature view `score`"]),
+        (&["--spine", "naive.csv", "--features", "score:score"], &["naive.csv", "row 1", "has no time zone"]),
+        (&["--spine", "spine.csv", "--features", "score:rank"], &["unknown feature `score:rank`", "has: score"]),
+        (&["--spine", "spine.csv", "--features", "scores:score"], &["unknown feature view `scores`"]),
+        (&["--spine", "spine.csv", "--service", "ranker"], &["unknown feature service `ranker`"]),
+    ];
+    for (args, parts) in cases {
+        let mut all = vec!["historical", "--out", "out.parquet"];
+        all.extend_from_slice(args);
+        fails(&repo, &all, 1, parts);
+        assert!(!repo.join("out.parquet").exists(), "{args:?} wrote output");
+    }
+}

@@ -37,6 +37,8 @@ pub const SPINE_TIMESTAMP: &str = "event_timestamp";
 pub struct ViewRequest<'a> {
     pub view: &'a FeatureView,
     pub features: Vec<&'a str>,
+    /// For each feature, its position in the request (output columns keep that order).
+    pub positions: Vec<usize>,
 }
 
 /// Checks feature references against the registry and groups them by view.
@@ -48,7 +50,7 @@ pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<Vie
     if refs.is_empty() {
         return Err(Error::Request("no features requested".to_string()));
     }
-    for r in refs {
+    for (position, r) in refs.iter().enumerate() {
         let Some(view) = defs.feature_view(&r.view) else {
             let known: Vec<&str> = defs.feature_views.iter().map(|v| v.name.as_str()).collect();
             return Err(Error::Request(format!(
@@ -68,7 +70,11 @@ pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<Vie
         let entry = match out.iter_mut().position(|v| v.view.name == view.name) {
             Some(i) => &mut out[i],
             None => {
-                out.push(ViewRequest { view, features: Vec::new() });
+                out.push(ViewRequest {
+                    view,
+                    features: Vec::new(),
+                    positions: Vec::new(),
+                });
                 out.last_mut().expect("just pushed")
             }
         };
@@ -76,6 +82,7 @@ pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<Vie
             return Err(Error::Request(format!("feature `{r}` requested twice")));
         }
         entry.features.push(&feature.name);
+        entry.positions.push(position);
     }
     Ok(out)
 }
@@ -196,8 +203,8 @@ pub struct HistoricalOptions {
 }
 
 /// The point-in-time join of `spine` (read from `spine_path`, named in errors) with
-/// the requested views, as one batch: the spine's columns, then `view__feature`
-/// columns in request order.
+/// the requested views, as one batch: the spine's columns, then one `view__feature`
+/// column per requested feature, in request order.
 ///
 /// # Errors
 /// A spine without a needed key or time, an unreadable table, or a kernel failure.
@@ -216,8 +223,8 @@ pub async fn historical(
         (Some(&lo), Some(&hi)) => (lo, hi),
         _ => (0, 0),
     };
-    let mut fields: Vec<Field> = spine.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
-    let mut columns: Vec<ArrayRef> = spine.columns().to_vec();
+    let n_features: usize = requests.iter().map(|r| r.features.len()).sum();
+    let mut joined: Vec<Option<(Field, ArrayRef)>> = vec![None; n_features];
     for request in requests {
         let view = request.view;
         if options.created_cutoff && view.source.created_timestamp_field.is_none() {
@@ -323,9 +330,15 @@ pub async fn historical(
                     widen(&gathered, &dtype).map_err(Error::Request)?
                 }
             };
-            fields.push(Field::new(format!("{}__{}", view.name, feature), dtype, true));
-            columns.push(column);
+            let field = Field::new(format!("{}__{}", view.name, feature), dtype, true);
+            joined[request.positions[k]] = Some((field, column));
         }
+    }
+    let mut fields: Vec<Field> = spine.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut columns: Vec<ArrayRef> = spine.columns().to_vec();
+    for (field, column) in joined.into_iter().flatten() {
+        fields.push(field);
+        columns.push(column);
     }
     Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
 }

@@ -144,7 +144,7 @@ pub fn conform(
         let converted = if is_time(field.data_type()) {
             to_utc_micros(array).map_err(|(row, msg)| match row {
                 Some(r) => Error::input(path, format!("row {}: column `{name}`: {msg}", row0 + r + 1)),
-                None => Error::input(path, format!("column `{name}`: {msg}")),
+                None => Error::input(path, format!("column `{name}` {msg}")),
             })?
         } else {
             widen(array, field.data_type()).map_err(|msg| {
@@ -242,11 +242,12 @@ fn to_utc_micros(array: &ArrayRef) -> std::result::Result<ArrayRef, (Option<usiz
                 safe: false,
                 format_options: FormatOptions::default(),
             };
-            cast_with_options(array, &timestamp_type(), &options).map_err(|e| (None, e.to_string()))
+            cast_with_options(array, &timestamp_type(), &options)
+                .map_err(|e| (None, format!("cannot be converted to UTC microseconds: {e}")))
         }
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
             let text = cast_with_options(array, &DataType::Utf8, &CastOptions::default())
-                .map_err(|e| (None, e.to_string()))?;
+                .map_err(|e| (None, format!("cannot be read as text: {e}")))?;
             let text = text.as_string::<i32>();
             let mut values = Vec::with_capacity(text.len());
             for i in 0..text.len() {
@@ -258,7 +259,7 @@ fn to_utc_micros(array: &ArrayRef) -> std::result::Result<ArrayRef, (Option<usiz
             }
             Ok(Arc::new(TimestampMicrosecondArray::from(values).with_timezone("UTC")))
         }
-        other => Err((None, format!("type {other} is not a timestamp (expected zoned timestamps or RFC 3339 text)"))),
+        other => Err((None, format!("has type {other}, not a timestamp (expected zoned timestamps or RFC 3339 text)"))),
     }
 }
 
