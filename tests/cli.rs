@@ -443,6 +443,18 @@ fn golden_point_in_time_cases() {
 }
 
 #[test]
+fn a_spine_before_all_data_gets_nulls() {
+    use arrow::array::Array;
+    let (_tmp, repo) = golden_repo();
+    ok(&repo, &["ingest", "score", "scores.csv"]);
+    std::fs::write(repo.join("early.csv"), "user_id,event_timestamp\n1,2023-01-01T00:00:00Z\n2,2023-06-01T00:00:00Z\n").unwrap();
+    ok(&repo, &["historical", "--spine", "early.csv", "--features", "score:score", "--out", "early.parquet"]);
+    let out = read_parquet(&repo.join("early.parquet"));
+    assert_eq!(out.num_rows(), 2);
+    assert_eq!(out.column(2).null_count(), 2);
+}
+
+#[test]
 fn a_null_winner_gives_null_not_an_older_value() {
     let (_tmp, repo) = golden_repo();
     std::fs::write(

@@ -254,34 +254,40 @@ pub async fn historical(
         let scan = scan_view(&location.to_string(), &location, defs, view, &request.features, lo, max_t).await?;
         progress(&format!("scanned {}", view.name), scan.rows as u64);
 
-        // Kernel input: entity ids and times of every scanned row.
-        let mut feature_entity = Vec::with_capacity(scan.rows);
-        let mut feature_ts = Vec::with_capacity(scan.rows);
-        let mut feature_created = view.source.created_timestamp_field.as_ref().map(|_| Vec::with_capacity(scan.rows));
-        let mut feature_seq = Vec::with_capacity(scan.rows);
-        let n_keys = spine_keys.len();
-        for batch in &scan.batches {
-            let keys: Vec<ArrayRef> = defs
-                .join_keys(view)
+        // Kernel input: entity ids and times of every scanned row, filled in parallel.
+        let has_created = view.source.created_timestamp_field.is_some();
+        let columns = KernelColumns::fill(&scan, &index, defs, view, has_created)?;
+        let (feature_entity, feature_ts, feature_created, feature_seq) = (
+            columns.entity,
+            columns.ts,
+            has_created.then_some(columns.created),
+            columns.seq,
+        );
+        // Keep only the feature columns of the scan while the kernel runs (the key and
+        // time arrays are dropped here).
+        let Scan {
+            batches,
+            rows,
+            feature_columns,
+        } = scan;
+        let present: Vec<usize> = feature_columns.iter().flatten().copied().collect();
+        let mut next = 0;
+        let scan = Scan {
+            batches: batches
+                .into_iter()
+                .map(|b| b.project(&present))
+                .collect::<std::result::Result<_, _>>()?,
+            rows,
+            feature_columns: feature_columns
                 .iter()
-                .enumerate()
-                .map(|(i, k)| widen(batch.column(i), &key_type(k.dtype)).map_err(Error::Request))
-                .collect::<Result<_>>()?;
-            index.lookup(&keys, &mut feature_entity)?;
-            let as_micros = |i: usize| -> Result<ArrayRef> {
-                Ok(arrow::compute::cast(batch.column(i), &timestamp_type())?)
-            };
-            let ts = as_micros(n_keys)?;
-            feature_ts.extend_from_slice(ts.as_primitive::<TimestampMicrosecondType>().values());
-            let mut next = n_keys + 1;
-            if let Some(created) = feature_created.as_mut() {
-                let c = as_micros(next)?;
-                created.extend_from_slice(c.as_primitive::<TimestampMicrosecondType>().values());
-                next += 1;
-            }
-            let seq = batch.column(next).as_primitive::<Int64Type>();
-            feature_seq.extend_from_slice(seq.values());
-        }
+                .map(|c| {
+                    c.map(|_| {
+                        next += 1;
+                        next - 1
+                    })
+                })
+                .collect(),
+        };
         let input = AsOfInput {
             spine_entity: &index.spine_ids,
             spine_ts: &times,
@@ -320,6 +326,8 @@ pub async fn historical(
         for (k, feature) in request.features.iter().enumerate() {
             let dtype = arrow_type(view.feature(feature).expect("resolved").dtype);
             let column = match scan.feature_columns[k] {
+                // No such column yet, or no rows in range: all null.
+                _ if scan.batches.is_empty() => new_null_array(&dtype, spine.num_rows()),
                 None => new_null_array(&dtype, spine.num_rows()),
                 Some(i) => {
                     let source_type = scan.batches[0].column(i).data_type().clone();
@@ -341,6 +349,98 @@ pub async fn historical(
         columns.push(column);
     }
     Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+}
+
+/// The kernel's per-row arrays for one view's scanned rows.
+struct KernelColumns {
+    entity: Vec<u32>,
+    ts: Vec<i64>,
+    created: Vec<i64>,
+    seq: Vec<i64>,
+}
+
+impl KernelColumns {
+    /// Flattens the scan into entity ids, times and seqs, splitting the batches over
+    /// the cores (the hash lookups dominate).
+    fn fill(
+        scan: &Scan,
+        index: &EntityIndex,
+        defs: &Definitions,
+        view: &FeatureView,
+        has_created: bool,
+    ) -> Result<KernelColumns> {
+        let n = scan.rows;
+        let mut out = KernelColumns {
+            entity: vec![0; n],
+            ts: vec![0; n],
+            created: if has_created { vec![0; n] } else { Vec::new() },
+            seq: vec![0; n],
+        };
+        let keys = defs.join_keys(view);
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        let per_thread = n.div_ceil(threads).max(1);
+        // Batch ranges of about `per_thread` rows each.
+        let mut ranges = Vec::new();
+        let (mut first, mut rows) = (0, 0);
+        for (b, batch) in scan.batches.iter().enumerate() {
+            rows += batch.num_rows();
+            if rows >= per_thread || b + 1 == scan.batches.len() {
+                ranges.push((first, b + 1, rows));
+                first = b + 1;
+                rows = 0;
+            }
+        }
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let mut entity: &mut [u32] = &mut out.entity;
+            let mut ts: &mut [i64] = &mut out.ts;
+            let mut created: &mut [i64] = &mut out.created;
+            let mut seq: &mut [i64] = &mut out.seq;
+            let mut handles = Vec::new();
+            for &(b0, b1, len) in &ranges {
+                let (e, rest) = std::mem::take(&mut entity).split_at_mut(len);
+                entity = rest;
+                let (t, rest) = std::mem::take(&mut ts).split_at_mut(len);
+                ts = rest;
+                let (c, rest) = if has_created {
+                    std::mem::take(&mut created).split_at_mut(len)
+                } else {
+                    (&mut [][..], &mut [][..])
+                };
+                created = rest;
+                let (q, rest) = std::mem::take(&mut seq).split_at_mut(len);
+                seq = rest;
+                let (batches, keys) = (&scan.batches[b0..b1], &keys);
+                handles.push(s.spawn(move || -> Result<()> {
+                    let mut at = 0;
+                    for batch in batches {
+                        let m = batch.num_rows();
+                        let key_arrays: Vec<ArrayRef> = keys
+                            .iter()
+                            .enumerate()
+                            .map(|(i, k)| widen(batch.column(i), &key_type(k.dtype)).map_err(Error::Request))
+                            .collect::<Result<_>>()?;
+                        index.lookup(&key_arrays, &mut e[at..at + m])?;
+                        let micros = |i: usize| -> Result<ArrayRef> {
+                            Ok(arrow::compute::cast(batch.column(i), &timestamp_type())?)
+                        };
+                        let mut next = keys.len();
+                        t[at..at + m].copy_from_slice(micros(next)?.as_primitive::<TimestampMicrosecondType>().values());
+                        next += 1;
+                        if has_created {
+                            c[at..at + m].copy_from_slice(micros(next)?.as_primitive::<TimestampMicrosecondType>().values());
+                            next += 1;
+                        }
+                        q[at..at + m].copy_from_slice(batch.column(next).as_primitive::<Int64Type>().values());
+                        at += m;
+                    }
+                    Ok(())
+                }));
+            }
+            handles.into_iter().map(|h| h.join().expect("no panic in the flatten")).collect()
+        });
+        results.into_iter().collect::<Result<()>>()?;
+        Ok(out)
+    }
 }
 
 /// The scanned rows of one view: keys, event time, created time (if any), seq, then
@@ -378,7 +478,9 @@ async fn scan_view(
         source,
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut config = SessionConfig::new().with_target_partitions(threads);
+    let mut config = SessionConfig::new()
+        .with_target_partitions(threads)
+        .with_batch_size(64 * 1024);
     config
         .options_mut()
         .execution

@@ -93,43 +93,37 @@ impl EntityIndex {
         })
     }
 
-    /// The entity id of each feature row ([`NO_ENTITY`] for keys not in the spine),
-    /// appended to `out`. `keys` must have the spine keys' types.
+    /// Writes the entity id of each feature row into `out` ([`NO_ENTITY`] for keys not
+    /// in the spine). `keys` must have the spine keys' types and `out` their length.
     ///
     /// # Errors
     /// When Arrow cannot encode the key types.
-    pub fn lookup(&self, keys: &[ArrayRef], out: &mut Vec<u32>) -> Result<()> {
+    pub fn lookup(&self, keys: &[ArrayRef], out: &mut [u32]) -> Result<()> {
         let n = keys.first().map_or(0, |a| a.len());
-        out.reserve(n);
+        assert_eq!(out.len(), n, "one id per feature row");
         match &self.kind {
             Kind::Int(map) => {
                 let values = keys[0].as_primitive::<Int64Type>();
+                let find = |v: &i64| map.get(v).copied().unwrap_or(NO_ENTITY);
                 if values.null_count() == 0 {
-                    out.extend(
-                        values
-                            .values()
-                            .iter()
-                            .map(|v| map.get(v).copied().unwrap_or(NO_ENTITY)),
-                    );
+                    for (slot, v) in out.iter_mut().zip(values.values().iter()) {
+                        *slot = find(v);
+                    }
                 } else {
-                    out.extend((0..n).map(|i| {
-                        if values.is_null(i) {
-                            NO_ENTITY
-                        } else {
-                            map.get(&values.value(i)).copied().unwrap_or(NO_ENTITY)
-                        }
-                    }));
+                    for (i, slot) in out.iter_mut().enumerate() {
+                        *slot = if values.is_null(i) { NO_ENTITY } else { find(&values.value(i)) };
+                    }
                 }
             }
             Kind::Rows { converter, map } => {
                 let rows = converter.convert_columns(keys)?;
-                out.extend((0..n).map(|i| {
-                    if keys.iter().any(|k| k.is_null(i)) {
+                for (i, slot) in out.iter_mut().enumerate() {
+                    *slot = if keys.iter().any(|k| k.is_null(i)) {
                         NO_ENTITY
                     } else {
                         map.get(rows.row(i).as_ref()).copied().unwrap_or(NO_ENTITY)
-                    }
-                }));
+                    };
+                }
             }
         }
         Ok(())
