@@ -172,3 +172,26 @@ fn bad_input_is_refused() {
     let err = CpuKernel::new().join(&input).unwrap_err().to_string();
     assert!(err.contains("entity id out of range"), "{err}");
 }
+
+#[test]
+fn large_inputs_split_over_threads_match_the_oracle() {
+    // Enough rows for several scatter chunks (of 65,536 rows) per thread count.
+    let mut rng = StdRng::seed_from_u64(99);
+    let case = random_case(&mut rng, 300, 200_000, 500);
+    let input = AsOfInput {
+        spine_entity: &case.spine_entity,
+        spine_ts: &case.spine_ts,
+        feature_entity: &case.feature_entity,
+        feature_ts: &case.feature_ts,
+        feature_created: Some(&case.feature_created),
+        feature_seq: &case.feature_seq,
+        n_entities: case.n_entities,
+        ttl_us: Some(100),
+        created_cutoff: false,
+    };
+    let expected = oracle(&input);
+    assert!(expected.iter().filter(|&&w| w != NO_ROW).count() > 200);
+    for threads in [1, 2, 4, 7] {
+        assert_eq!(CpuKernel::new().with_threads(threads).join(&input).unwrap(), expected, "threads {threads}");
+    }
+}

@@ -251,8 +251,11 @@ pub async fn historical(
         let ttl_us = view.ttl.as_duration().map(|d| d.as_micros() as i64);
         let lo = ttl_us.map(|ttl| min_t.saturating_sub(ttl));
         let location = config.view_table(view);
+        let phase = std::time::Instant::now();
         let scan = scan_view(&location.to_string(), &location, defs, view, &request.features, lo, max_t).await?;
         progress(&format!("scanned {}", view.name), scan.rows as u64);
+        tracing::debug!(view = %view.name, rows = scan.rows, secs = phase.elapsed().as_secs_f64(), "scanned");
+        let phase = std::time::Instant::now();
 
         // Kernel input: entity ids and times of every scanned row, filled in parallel.
         let has_created = view.source.created_timestamp_field.is_some();
@@ -299,7 +302,11 @@ pub async fn historical(
             ttl_us,
             created_cutoff: options.created_cutoff,
         };
+        tracing::debug!(view = %view.name, secs = phase.elapsed().as_secs_f64(), "kernel input built");
+        let phase = std::time::Instant::now();
         let winners = kernel.join(&input)?;
+        tracing::debug!(view = %view.name, engine = kernel.name(), secs = phase.elapsed().as_secs_f64(), "kernel");
+        let phase = std::time::Instant::now();
         drop((feature_entity, feature_ts, feature_created, feature_seq));
         progress(&format!("joined {}", view.name), winners.len() as u64);
 
@@ -341,6 +348,7 @@ pub async fn historical(
             let field = Field::new(format!("{}__{}", view.name, feature), dtype, true);
             joined[request.positions[k]] = Some((field, column));
         }
+        tracing::debug!(view = %view.name, secs = phase.elapsed().as_secs_f64(), "gathered");
     }
     let mut fields: Vec<Field> = spine.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
     let mut columns: Vec<ArrayRef> = spine.columns().to_vec();

@@ -7,7 +7,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, UInt32Array};
+use arrow::compute::{concat_batches, take_record_batch};
+use arrow::datatypes::{DataType, Int64Type, SchemaRef, TimestampMicrosecondType};
+use arrow::row::{RowConverter, SortField};
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use quiver_sdk::config::StoreLocation;
@@ -74,9 +77,12 @@ pub async fn ingest(
         progress("checked", row0 as u64);
     }
     drop(batches);
+    let has_created = view.source.created_timestamp_field.is_some();
+    let sorted = sort_for_reads(&schema, conformed, defs.join_keys(view).len(), has_created)?;
+    progress("sorted", rows as u64);
 
     let table = table
-        .write(conformed)
+        .write(sorted)
         .with_save_mode(SaveMode::Append)
         // A view that gained features since its table was created gains the columns.
         .with_schema_mode(SchemaMode::Merge)
@@ -88,4 +94,55 @@ pub async fn ingest(
         version: table.version().unwrap_or(0),
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Rows of one ingest sorted by (join keys, event time, created time, seq), written in
+/// batches of a million rows. Reads find each entity's rows together and already in
+/// as-of order, so the join's per-entity sort is only a check.
+fn sort_for_reads(
+    schema: &SchemaRef,
+    batches: Vec<RecordBatch>,
+    n_keys: usize,
+    has_created: bool,
+) -> Result<Vec<RecordBatch>> {
+    let all = concat_batches(schema, &batches)?;
+    drop(batches);
+    let n = all.num_rows();
+    // The table layout is [keys.., event time, created time?, features.., seq].
+    let seq_col = schema.fields().len() - 1;
+    let mut sort_cols: Vec<usize> = (0..=n_keys).collect();
+    if has_created {
+        sort_cols.push(n_keys + 1);
+    }
+    sort_cols.push(seq_col);
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    let single_int = n_keys == 1 && *schema.field(0).data_type() == DataType::Int64;
+    if single_int {
+        let key = all.column(0).as_primitive::<Int64Type>().values();
+        let micros = |i: usize| all.column(i).as_primitive::<TimestampMicrosecondType>().values().clone();
+        let ts = micros(1);
+        let created = has_created.then(|| micros(2));
+        let seq = all.column(seq_col).as_primitive::<Int64Type>().values();
+        let mut tuples: Vec<(i64, i64, i64, i64, u32)> = (0..n)
+            .map(|i| (key[i], ts[i], created.as_ref().map_or(0, |c| c[i]), seq[i], i as u32))
+            .collect();
+        tuples.sort_unstable();
+        for (slot, t) in order.iter_mut().zip(&tuples) {
+            *slot = t.4;
+        }
+    } else {
+        let columns: Vec<ArrayRef> = sort_cols.iter().map(|&i| all.column(i).clone()).collect();
+        let converter = RowConverter::new(
+            columns.iter().map(|c| SortField::new(c.data_type().clone())).collect(),
+        )?;
+        let encoded = converter.convert_columns(&columns)?;
+        order.sort_unstable_by(|&a, &b| encoded.row(a as usize).cmp(&encoded.row(b as usize)));
+    }
+    let sorted = take_record_batch(&all, &UInt32Array::from(order))?;
+    drop(all);
+    let step = 1 << 20;
+    Ok((0..n)
+        .step_by(step)
+        .map(|at| sorted.slice(at, step.min(n - at)))
+        .collect())
 }
