@@ -368,7 +368,7 @@ fn cmd_historical(
         Engine::Gpu => return later("historical --engine gpu", "the GPU join (issue #6)"),
         Engine::Auto => (
             quiver::gpu_join::CpuKernel::new(),
-            "engine cpu (auto: the GPU engine is not built yet)",
+            "engine cpu; auto chose it: the GPU engine is not built yet",
         ),
         Engine::Cpu => (quiver::gpu_join::CpuKernel::new(), "engine cpu"),
     };

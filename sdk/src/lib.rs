@@ -29,6 +29,7 @@
 
 pub mod config;
 pub mod definitions;
+pub mod encoding;
 pub mod error;
 pub mod registry;
 pub mod types;

@@ -1,0 +1,420 @@
+//! The online encoding shared by every online store and by streaming: entity keys as
+//! store keys, and a view's latest row packed into bytes.
+//!
+//! A packed row starts with its ordering header — event time then created time, each as
+//! 8 big-endian bytes with the sign bit flipped — so that comparing the first 16 bytes
+//! as unsigned bytes orders rows exactly as SPEC §4's guarded write does ("newer
+//! (event_ts, created_ts) wins, equal replaces"). A Redis script and the embedded store
+//! can both apply the guard without decoding anything else. Then come a format byte,
+//! the view's schema fingerprint (so a row written under another schema is recognised),
+//! and the values.
+
+use std::fmt;
+
+use crate::definitions::FeatureView;
+use crate::types::{DType, ListElement};
+
+/// Length of the ordering header at the start of every packed row.
+pub const ORDER_HEADER_LEN: usize = 16;
+const FORMAT: u8 = 1;
+
+/// One join-key value.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KeyValue {
+    Int(i64),
+    Str(String),
+}
+
+/// The entity part of a store key: each key value as `i<decimal>` or
+/// `s<byte length>:<text>`, joined by `|`. Length prefixes keep it unambiguous whatever
+/// the strings hold.
+///
+/// ```
+/// use quiver_sdk::encoding::{KeyValue, entity_key};
+/// assert_eq!(entity_key(&[KeyValue::Int(1001), KeyValue::Str("a|b".into())]), "i1001|s3:a|b");
+/// ```
+pub fn entity_key(values: &[KeyValue]) -> String {
+    let mut out = String::new();
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push('|');
+        }
+        match v {
+            KeyValue::Int(n) => {
+                out.push('i');
+                out.push_str(&n.to_string());
+            }
+            KeyValue::Str(s) => {
+                out.push('s');
+                out.push_str(&s.len().to_string());
+                out.push(':');
+                out.push_str(s);
+            }
+        }
+    }
+    out
+}
+
+/// The store key of one entity's row of one view: `quiver:<project>:<view>:<entity>`.
+pub fn store_key(project: &str, view: &str, values: &[KeyValue]) -> String {
+    format!("quiver:{project}:{view}:{}", entity_key(values))
+}
+
+/// One feature value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Int32(i32),
+    Int64(i64),
+    Float32(f32),
+    Float64(f64),
+    Bool(bool),
+    String(String),
+    Bytes(Vec<u8>),
+    /// UTC microseconds.
+    Timestamp(i64),
+    ListInt64(Vec<i64>),
+    ListFloat32(Vec<f32>),
+    ListFloat64(Vec<f64>),
+    ListString(Vec<String>),
+}
+
+impl Value {
+    /// Whether this value may stand in a feature of `dtype` (null fits any).
+    pub fn fits(&self, dtype: DType) -> bool {
+        matches!(
+            (self, dtype),
+            (Value::Null, _)
+                | (Value::Int32(_), DType::Int32)
+                | (Value::Int64(_), DType::Int64)
+                | (Value::Float32(_), DType::Float32)
+                | (Value::Float64(_), DType::Float64)
+                | (Value::Bool(_), DType::Bool)
+                | (Value::String(_), DType::String)
+                | (Value::Bytes(_), DType::Bytes)
+                | (Value::Timestamp(_), DType::Timestamp)
+                | (Value::ListInt64(_), DType::List(ListElement::Int64))
+                | (Value::ListFloat32(_), DType::List(ListElement::Float32))
+                | (Value::ListFloat64(_), DType::List(ListElement::Float64))
+                | (Value::ListString(_), DType::List(ListElement::String))
+        )
+    }
+}
+
+/// A view's row for one entity, as the online store holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnlineRow {
+    /// Event time, UTC microseconds.
+    pub event_ts: i64,
+    /// Created time, UTC microseconds (`i64::MIN` when the view has none).
+    pub created_ts: i64,
+    /// The view's schema fingerprint when written.
+    pub fingerprint: u64,
+    /// One value per feature of the view, in the view's order.
+    pub values: Vec<Value>,
+}
+
+/// Why bytes are not a packed row.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("packed online row: {0}")]
+pub struct DecodeError(pub String);
+
+/// A fingerprint of a view's feature names and types (FNV-1a, stable across builds).
+pub fn fingerprint(view: &FeatureView) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    };
+    eat(view.name.as_bytes());
+    for f in &view.features {
+        eat(f.name.as_bytes());
+        eat(f.dtype.as_str().as_bytes());
+    }
+    h
+}
+
+fn order_bytes(v: i64) -> [u8; 8] {
+    ((v as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+fn from_order_bytes(b: [u8; 8]) -> i64 {
+    (u64::from_be_bytes(b) ^ (1 << 63)) as i64
+}
+
+impl OnlineRow {
+    /// Packs the row.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(32 + self.values.len() * 9);
+        out.extend_from_slice(&order_bytes(self.event_ts));
+        out.extend_from_slice(&order_bytes(self.created_ts));
+        out.push(FORMAT);
+        out.extend_from_slice(&self.fingerprint.to_le_bytes());
+        out.extend_from_slice(&(self.values.len() as u32).to_le_bytes());
+        let len = |out: &mut Vec<u8>, n: usize| out.extend_from_slice(&(n as u32).to_le_bytes());
+        for v in &self.values {
+            match v {
+                Value::Null => out.push(0),
+                Value::Int32(x) => {
+                    out.push(1);
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+                Value::Int64(x) => {
+                    out.push(2);
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+                Value::Float32(x) => {
+                    out.push(3);
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+                Value::Float64(x) => {
+                    out.push(4);
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+                Value::Bool(x) => {
+                    out.push(5);
+                    out.push(u8::from(*x));
+                }
+                Value::String(s) => {
+                    out.push(6);
+                    len(&mut out, s.len());
+                    out.extend_from_slice(s.as_bytes());
+                }
+                Value::Bytes(b) => {
+                    out.push(7);
+                    len(&mut out, b.len());
+                    out.extend_from_slice(b);
+                }
+                Value::Timestamp(x) => {
+                    out.push(8);
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+                Value::ListInt64(xs) => {
+                    out.push(9);
+                    len(&mut out, xs.len());
+                    xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+                }
+                Value::ListFloat32(xs) => {
+                    out.push(10);
+                    len(&mut out, xs.len());
+                    xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+                }
+                Value::ListFloat64(xs) => {
+                    out.push(11);
+                    len(&mut out, xs.len());
+                    xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+                }
+                Value::ListString(xs) => {
+                    out.push(12);
+                    len(&mut out, xs.len());
+                    for s in xs {
+                        len(&mut out, s.len());
+                        out.extend_from_slice(s.as_bytes());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Unpacks a row.
+    ///
+    /// # Errors
+    /// [`DecodeError`] for truncated bytes, an unknown format or value tag, or bad UTF-8.
+    pub fn decode(bytes: &[u8]) -> Result<OnlineRow, DecodeError> {
+        let mut r = Reader { bytes, at: 0 };
+        let event_ts = from_order_bytes(r.array()?);
+        let created_ts = from_order_bytes(r.array()?);
+        let format = r.take(1)?[0];
+        if format != FORMAT {
+            return Err(DecodeError(format!("unknown format {format}")));
+        }
+        let fingerprint = u64::from_le_bytes(r.array()?);
+        let n = r.len()?;
+        let mut values = Vec::with_capacity(n.min(4096));
+        for _ in 0..n {
+            let tag = r.take(1)?[0];
+            values.push(match tag {
+                0 => Value::Null,
+                1 => Value::Int32(i32::from_le_bytes(r.array()?)),
+                2 => Value::Int64(i64::from_le_bytes(r.array()?)),
+                3 => Value::Float32(f32::from_le_bytes(r.array()?)),
+                4 => Value::Float64(f64::from_le_bytes(r.array()?)),
+                5 => Value::Bool(r.take(1)?[0] != 0),
+                6 => Value::String(r.string()?),
+                7 => {
+                    let n = r.len()?;
+                    Value::Bytes(r.take(n)?.to_vec())
+                }
+                8 => Value::Timestamp(i64::from_le_bytes(r.array()?)),
+                9 => Value::ListInt64(r.list(|r| Ok(i64::from_le_bytes(r.array()?)))?),
+                10 => Value::ListFloat32(r.list(|r| Ok(f32::from_le_bytes(r.array()?)))?),
+                11 => Value::ListFloat64(r.list(|r| Ok(f64::from_le_bytes(r.array()?)))?),
+                12 => Value::ListString(r.list(Reader::string)?),
+                other => return Err(DecodeError(format!("unknown value tag {other}"))),
+            });
+        }
+        if r.at != bytes.len() {
+            return Err(DecodeError(format!("{} trailing bytes", bytes.len() - r.at)));
+        }
+        Ok(OnlineRow {
+            event_ts,
+            created_ts,
+            fingerprint,
+            values,
+        })
+    }
+}
+
+/// The guarded write's rule on two packed rows: `incoming` replaces `stored` unless
+/// `stored` has a greater (event_ts, created_ts). Rows shorter than the header never win.
+pub fn replaces(stored: &[u8], incoming: &[u8]) -> bool {
+    match (stored.get(..ORDER_HEADER_LEN), incoming.get(..ORDER_HEADER_LEN)) {
+        (Some(s), Some(i)) => i >= s,
+        (None, Some(_)) => true,
+        (_, None) => false,
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            return Err(DecodeError(format!("truncated at byte {}", self.at)));
+        };
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        Ok(self.take(N)?.try_into().expect("took N bytes"))
+    }
+
+    fn len(&mut self) -> Result<usize, DecodeError> {
+        Ok(u32::from_le_bytes(self.array()?) as usize)
+    }
+
+    fn string(&mut self) -> Result<String, DecodeError> {
+        let n = self.len()?;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| DecodeError("bad UTF-8".into()))
+    }
+
+    fn list<T>(&mut self, item: impl Fn(&mut Self) -> Result<T, DecodeError>) -> Result<Vec<T>, DecodeError> {
+        let n = self.len()?;
+        let mut out = Vec::with_capacity(n.min(1 << 16));
+        for _ in 0..n {
+            out.push(item(self)?);
+        }
+        Ok(out)
+    }
+}
+
+impl fmt::Display for KeyValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyValue::Int(n) => write!(f, "{n}"),
+            KeyValue::Str(s) => f.write_str(s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(event_ts: i64, created_ts: i64) -> OnlineRow {
+        OnlineRow {
+            event_ts,
+            created_ts,
+            fingerprint: 42,
+            values: vec![
+                Value::Null,
+                Value::Int32(-7),
+                Value::Int64(i64::MIN),
+                Value::Float32(1.5),
+                Value::Float64(-0.25),
+                Value::Bool(true),
+                Value::String("héllo".into()),
+                Value::Bytes(vec![0, 255]),
+                Value::Timestamp(1_700_000_000_000_000),
+                Value::ListInt64(vec![1, -2]),
+                Value::ListFloat32(vec![0.5, f32::MAX]),
+                Value::ListFloat64(vec![]),
+                Value::ListString(vec!["a".into(), "".into()]),
+            ],
+        }
+    }
+
+    #[test]
+    fn rows_round_trip() {
+        let r = row(1_700_000_000_000_000, i64::MIN);
+        assert_eq!(OnlineRow::decode(&r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn the_header_orders_like_event_then_created_time() {
+        let times = [i64::MIN, -5_000_000, -1, 0, 1, 1_700_000_000_000_000, i64::MAX];
+        for &(e1, c1) in &[(0, 0), (-1, 5), (1_700_000_000_000_000, i64::MIN)] {
+            for &e2 in &times {
+                for &c2 in &times {
+                    let (a, b) = (row(e1, c1).encode(), row(e2, c2).encode());
+                    assert_eq!(replaces(&a, &b), (e2, c2) >= (e1, c1), "({e1},{c1}) vs ({e2},{c2})");
+                }
+            }
+        }
+        assert!(!replaces(&row(0, 0).encode(), &[1, 2, 3]));
+    }
+
+    #[test]
+    fn damaged_rows_are_refused() {
+        let bytes = row(1, 2).encode();
+        for cut in [0, 10, 17, 25, bytes.len() - 1] {
+            assert!(OnlineRow::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut extra = bytes.clone();
+        extra.push(0);
+        assert!(OnlineRow::decode(&extra).unwrap_err().0.contains("trailing"));
+        let mut bad_tag = row(1, 2);
+        bad_tag.values = vec![Value::Null];
+        let mut b = bad_tag.encode();
+        *b.last_mut().unwrap() = 99;
+        assert!(OnlineRow::decode(&b).unwrap_err().0.contains("unknown value tag 99"));
+    }
+
+    #[test]
+    fn fingerprints_change_with_the_schema_and_values_check_types() {
+        let v = FeatureView::new("v").with_feature("a", DType::Int64);
+        let same = FeatureView::new("v").with_feature("a", DType::Int64).with_ttl(crate::Ttl::from_secs(9));
+        assert_eq!(fingerprint(&v), fingerprint(&same), "ttl is not part of the row schema");
+        for other in [
+            FeatureView::new("v").with_feature("a", DType::Float64),
+            FeatureView::new("v").with_feature("b", DType::Int64),
+            FeatureView::new("w").with_feature("a", DType::Int64),
+            FeatureView::new("v").with_feature("a", DType::Int64).with_feature("b", DType::Int64),
+        ] {
+            assert_ne!(fingerprint(&v), fingerprint(&other), "{other:?}");
+        }
+        assert!(Value::Int64(1).fits(DType::Int64));
+        assert!(Value::Null.fits(DType::List(ListElement::String)));
+        assert!(!Value::Int64(1).fits(DType::Float64));
+        assert!(Value::ListFloat32(vec![]).fits(DType::List(ListElement::Float32)));
+    }
+
+    #[test]
+    fn entity_keys_are_unambiguous() {
+        let a = entity_key(&[KeyValue::Str("a|s1:b".into())]);
+        let b = entity_key(&[KeyValue::Str("a".into()), KeyValue::Str("b".into())]);
+        assert_ne!(a, b);
+        assert_eq!(store_key("demo", "v", &[KeyValue::Int(-3)]), "quiver:demo:v:i-3");
+    }
+}
