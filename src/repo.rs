@@ -10,6 +10,29 @@ use quiver_sdk::{Config, Definitions, FileRegistry, Plan, RegistryDoc};
 
 use crate::error::Result;
 
+impl Repo {
+    /// Two views writing one Delta table would corrupt each other's reads.
+    fn check_tables_distinct(&self, defs: &Definitions) -> Result<()> {
+        let mut seen: Vec<(String, &str)> = Vec::new();
+        for view in &defs.feature_views {
+            let location = self.config.view_table(view).to_string();
+            if let Some((_, other)) = seen.iter().find(|(l, _)| *l == location) {
+                return Err(quiver_sdk::Error::Definition {
+                    file: Some(self.definitions_path.clone()),
+                    source: quiver_sdk::DefinitionError::SharedTable {
+                        first: other.to_string(),
+                        second: view.name.clone(),
+                        table: location,
+                    },
+                }
+                .into());
+            }
+            seen.push((location, &view.name));
+        }
+        Ok(())
+    }
+}
+
 /// What [`Repo::apply`] did.
 #[derive(Debug, Clone)]
 pub struct Applied {
@@ -86,22 +109,36 @@ impl Repo {
         runtime: tokio::runtime::Handle,
     ) -> Result<Applied> {
         let defs = self.definitions()?;
+        self.check_tables_distinct(&defs)?;
         let probe = DeltaProbe::new(&self.config, runtime.clone());
-        let outcome = registry::apply(
+        let mut created_tables = Vec::new();
+        // Missing tables are created after every check passed and before the registry
+        // is written, so a failure leaves the registry as it was.
+        let mut ensure_tables = || -> quiver_sdk::Result<()> {
+            for view in &defs.feature_views {
+                let location = self.config.view_table(view);
+                let schema = quiver_offline::schema::table_schema(&defs, view);
+                let created = runtime
+                    .block_on(quiver_offline::delta::ensure_table(&location, &schema, &view.name))
+                    .map_err(|e| quiver_sdk::Error::Store(e.to_string()))?;
+                if created {
+                    created_tables.push(location.to_string());
+                }
+            }
+            Ok(())
+        };
+        let outcome = registry::apply_with(
             &self.registry(),
             &self.config.project,
             &defs,
             &probe,
             force,
             now,
+            &mut ensure_tables,
         )?;
-        let mut created_tables = Vec::new();
-        for view in &defs.feature_views {
-            let location = self.config.view_table(view);
-            let schema = quiver_offline::schema::table_schema(&defs, view);
-            if runtime.block_on(quiver_offline::delta::ensure_table(&location, &schema, &view.name))? {
-                created_tables.push(location.to_string());
-            }
+        if !outcome.written {
+            // Nothing changed; still make sure every view has its table.
+            ensure_tables()?;
         }
         Ok(Applied {
             outcome,

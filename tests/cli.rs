@@ -256,6 +256,24 @@ fn breaking_changes_to_a_view_with_data_need_force() {
 }
 
 #[test]
+fn two_views_on_one_table_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    ok(tmp.path(), &["init", "r"]);
+    let repo = tmp.path().join("r");
+    std::fs::write(
+        repo.join("features.yaml"),
+        "entities: [{name: u, join_keys: [{name: id, dtype: int64}]}]\n\
+         feature_views:\n\
+         \x20 - {name: a, entities: [u], source: {path: data/shared}, features: [{name: x, dtype: int64}]}\n\
+         \x20 - {name: shared, entities: [u], features: [{name: y, dtype: int64}]}\n",
+    )
+    .unwrap();
+    fails(&repo, &["apply"], 1, &["feature views `a` and `shared` use the same table", "data/shared"]);
+    assert!(!repo.join("registry.json").exists());
+    assert!(!repo.join("data").exists(), "no table is created by a refused apply");
+}
+
+#[test]
 fn environment_overrides_the_file() {
     let (_tmp, repo) = demo_repo();
     let run = quiver_in(&repo, &["apply"], &[("QUIVER_REGISTRY", "state/reg.json")]);
@@ -474,7 +492,9 @@ fn bad_ingest_input_is_refused_and_leaves_the_table_unchanged() {
     ok(&repo, &["ingest", "score", "scores.csv"]);
     let table = repo.join("data/score");
     let commits = delta_commits(&table);
-    let cases: [(&str, &str, &[&str]); 6] = [
+    let cases: [(&str, &str, &[&str]); 7] = [
+        ("nofeature.jsonl", "{\"user_id\": 1, \"event_timestamp\": \"2024-01-01T10:00:00Z\", \"created_timestamp\": \"2024-01-01T10:00:00Z\", \"scor\": 1.0}\n",
+         &["nofeature.jsonl", "missing column `score`"]),
         ("naive.csv", "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1\n1,2024-01-01 10:00:00,2024-01-01T10:00:00Z,1\n",
          &["naive.csv", "row 2", "column `event_timestamp`", "has no time zone"]),
         ("nokey.csv", "user_id,event_timestamp,created_timestamp,score\n,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1\n",
@@ -509,7 +529,13 @@ fn bad_ingest_input_is_refused_and_leaves_the_table_unchanged() {
     fails(&repo, &["ingest", "score", "naive.parquet"], 1, &["naive.parquet", "column `event_timestamp` has timestamps without a time zone"]);
     write("text.parquet", vec![("user_id", Arc::new(Int64Array::from(vec![1])) as ArrayRef), ("event_timestamp", ts(Some("UTC"))), ("created_timestamp", ts(Some("UTC"))), ("score", Arc::new(StringArray::from(vec!["1.0"])))]);
     fails(&repo, &["ingest", "score", "text.parquet"], 1, &["text.parquet", "column `score`", "cannot be stored as float64"]);
+    write("bigint.parquet", vec![("user_id", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef), ("event_timestamp", Arc::new(TimestampMicrosecondArray::from(vec![1, 2]).with_timezone("UTC")) as ArrayRef), ("created_timestamp", Arc::new(TimestampMicrosecondArray::from(vec![1, 2]).with_timezone("UTC")) as ArrayRef), ("score", Arc::new(Int64Array::from(vec![3, (1 << 53) + 1])))]);
+    fails(&repo, &["ingest", "score", "bigint.parquet"], 1, &["bigint.parquet", "column `score`", "row 2", "does not fit a float64 exactly"]);
     assert_eq!(delta_commits(&table), commits);
+    // A failed ingest into a view whose table is missing creates no table either.
+    std::fs::remove_dir_all(&table).unwrap();
+    fails(&repo, &["ingest", "score", "naive.csv"], 1, &["has no time zone"]);
+    assert!(!table.exists(), "a failed ingest created the table");
     fails(&repo, &["ingest", "nope", "scores.csv"], 1, &["unknown feature view `nope`", "known: score"]);
 }
 

@@ -25,7 +25,7 @@ use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView};
 use crate::delta::open_table;
 use crate::error::{Error, Result};
 use crate::ingest::Progress;
-use crate::input::{parse_instant, widen};
+use crate::input::{to_utc_micros, widen};
 use crate::keys::EntityIndex;
 use crate::schema::{SEQ_COLUMN, arrow_type, key_type, timestamp_type};
 
@@ -114,7 +114,7 @@ pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<Recor
             let file = File::open(path).map_err(|e| fail(&e))?;
             let (inferred, _) = arrow::csv::reader::Format::default()
                 .with_header(true)
-                .infer_schema(File::open(path).map_err(|e| fail(&e))?, Some(10_000))
+                .infer_schema(File::open(path).map_err(|e| fail(&e))?, None)
                 .map_err(|e| fail(&e))?;
             let fields: Vec<Field> = inferred
                 .fields()
@@ -152,7 +152,8 @@ pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<Recor
     Ok(concat_batches(&schema, &batches)?)
 }
 
-/// The spine's points in time, as UTC microseconds.
+/// The spine's points in time, as UTC microseconds (exact: zone-less or sub-microsecond
+/// times are refused, as at ingest).
 fn spine_times(path: &Path, spine: &RecordBatch) -> Result<Vec<i64>> {
     let Some(column) = spine.column_by_name(SPINE_TIMESTAMP) else {
         return Err(Error::input(
@@ -160,37 +161,13 @@ fn spine_times(path: &Path, spine: &RecordBatch) -> Result<Vec<i64>> {
             format!("missing column `{SPINE_TIMESTAMP}` (the point in time of each spine row)"),
         ));
     };
-    let at_row = |i: usize, m: String| Error::input(path, format!("row {}: column `{SPINE_TIMESTAMP}`: {m}", i + 1));
-    let ts: ArrayRef = match column.data_type() {
-        DataType::Timestamp(_, None) => {
-            return Err(Error::input(
-                path,
-                format!("column `{SPINE_TIMESTAMP}` has timestamps without a time zone; quiver never guesses a zone (write them zoned, e.g. tz_localize('UTC') in pandas)"),
-            ));
-        }
-        DataType::Timestamp(..) => arrow::compute::cast(column, &timestamp_type())?,
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
-            let text = arrow::compute::cast(column, &DataType::Utf8)?;
-            let text = text.as_string::<i32>();
-            let mut values = Vec::with_capacity(text.len());
-            for i in 0..text.len() {
-                if text.is_null(i) {
-                    return Err(at_row(i, "is empty".to_string()));
-                }
-                values.push(parse_instant(text.value(i)).map_err(|m| at_row(i, m))?);
-            }
-            return Ok(values);
-        }
-        other => {
-            return Err(Error::input(
-                path,
-                format!("column `{SPINE_TIMESTAMP}` has type {other} (expected zoned timestamps)"),
-            ));
-        }
-    };
+    let ts = to_utc_micros(column).map_err(|(row, msg)| match row {
+        Some(r) => Error::input(path, format!("row {}: column `{SPINE_TIMESTAMP}`: {msg}", r + 1)),
+        None => Error::input(path, format!("column `{SPINE_TIMESTAMP}` {msg}")),
+    })?;
     let ts = ts.as_primitive::<TimestampMicrosecondType>();
     if let Some(i) = (0..ts.len()).find(|&i| ts.is_null(i)) {
-        return Err(at_row(i, "is empty".to_string()));
+        return Err(Error::input(path, format!("row {}: column `{SPINE_TIMESTAMP}` is empty", i + 1)));
     }
     Ok(ts.values().to_vec())
 }
@@ -248,7 +225,11 @@ pub async fn historical(
             spine_keys.push(conformed);
         }
         let index = EntityIndex::build(&spine_keys)?;
-        let ttl_us = view.ttl.as_duration().map(|d| d.as_micros() as i64);
+        // A TTL beyond what microseconds in an i64 can hold (292,000 years) is unbounded.
+        let ttl_us = view
+            .ttl
+            .as_duration()
+            .and_then(|d| i64::try_from(d.as_micros()).ok());
         let lo = ttl_us.map(|ttl| min_t.saturating_sub(ttl));
         let location = config.view_table(view);
         let phase = std::time::Instant::now();

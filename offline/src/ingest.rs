@@ -9,8 +9,9 @@ use std::time::Instant;
 
 use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, UInt32Array};
 use arrow::compute::{concat_batches, take_record_batch};
-use arrow::datatypes::{DataType, Int64Type, SchemaRef, TimestampMicrosecondType};
+use arrow::datatypes::{DataType, Int64Type, Schema, TimestampMicrosecondType};
 use arrow::row::{RowConverter, SortField};
+use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use quiver_sdk::config::StoreLocation;
@@ -55,94 +56,120 @@ pub async fn ingest(
         return Err(Error::input(file, "no rows to ingest"));
     }
 
+    // Check every row and sort, all before touching the table.
     let schema = table_schema(defs, view);
-    ensure_table(location, &schema, &view.name).await?;
-    let table = open_table(location)
-        .await?
-        .ok_or_else(|| Error::Request(format!("delta table {location} vanished while ingesting")))?;
-    let next_version = table.version().map_or(0, |v| v + 1);
-    // Ingestion order: later ingests (higher versions) and later rows win ties.
-    let seq_base = (next_version as i64) << 32;
-
     let mut conformed = Vec::with_capacity(batches.len());
     let mut row0 = 0usize;
     for batch in &batches {
-        let mut columns = conform(file, batch, &wanted, row0)?;
-        let seq: Int64Array = (0..batch.num_rows())
-            .map(|i| seq_base + (row0 + i) as i64)
-            .collect();
-        columns.push(Arc::new(seq) as ArrayRef);
-        conformed.push(RecordBatch::try_new(schema.clone(), columns)?);
+        conformed.push(conform(file, batch, &wanted, row0)?);
         row0 += batch.num_rows();
         progress("checked", row0 as u64);
     }
     drop(batches);
     let has_created = view.source.created_timestamp_field.is_some();
-    let sorted = sort_for_reads(&schema, conformed, defs.join_keys(view).len(), has_created)?;
+    let (sorted, order) = sort_for_reads(&wanted, conformed, defs.join_keys(view).len(), has_created)?;
     progress("sorted", rows as u64);
 
+    ensure_table(location, &schema, &view.name).await?;
+    let table = open_table(location)
+        .await?
+        .ok_or_else(|| Error::Request(format!("delta table {location} vanished while ingesting")))?;
+    let next_version = table.version().map_or(0, |v| v + 1);
+    // Ingestion order: later ingests (higher versions) and later rows win ties. The
+    // commit below must land as exactly `next_version` for that to hold, so it does not
+    // retry past a concurrent writer; re-running the ingest is then safe.
+    let seq_base = (next_version as i64) << 32;
+    let mut batches_out = Vec::with_capacity(sorted.len());
+    let mut at = 0usize;
+    for columns in sorted {
+        let m = columns.first().map_or(0, |c| c.len());
+        let seq: Int64Array = order[at..at + m].iter().map(|&i| seq_base + i64::from(i)).collect();
+        let mut columns = columns;
+        columns.push(Arc::new(seq) as ArrayRef);
+        batches_out.push(RecordBatch::try_new(schema.clone(), columns)?);
+        at += m;
+    }
+
     let table = table
-        .write(sorted)
+        .write(batches_out)
         .with_save_mode(SaveMode::Append)
+        .with_commit_properties(CommitProperties::default().with_max_retries(0))
         // A view that gained features since its table was created gains the columns.
         .with_schema_mode(SchemaMode::Merge)
         .await
         .map_err(|e| Error::delta(location, e))?;
+    let version = table.version().unwrap_or(0);
+    if version != next_version {
+        // Cannot happen without retries; kept as a guard on the seq invariant.
+        return Err(Error::Request(format!(
+            "delta table {location}: committed version {version}, expected {next_version}"
+        )));
+    }
     progress("written", rows as u64);
     Ok(IngestReport {
         rows,
-        version: table.version().unwrap_or(0),
+        version,
         seconds: start.elapsed().as_secs_f64(),
     })
 }
 
-/// Rows of one ingest sorted by (join keys, event time, created time, seq), written in
-/// batches of a million rows. Reads find each entity's rows together and already in
+/// Rows of one ingest sorted by (join keys, event time, created time, row in the file),
+/// as column sets of a million rows each, plus the original row number of every sorted
+/// row (the ingestion order). Reads then find each entity's rows together and already in
 /// as-of order, so the join's per-entity sort is only a check.
 fn sort_for_reads(
-    schema: &SchemaRef,
-    batches: Vec<RecordBatch>,
+    wanted: &[Wanted],
+    batches: Vec<Vec<ArrayRef>>,
     n_keys: usize,
     has_created: bool,
-) -> Result<Vec<RecordBatch>> {
-    let all = concat_batches(schema, &batches)?;
+) -> Result<(Vec<Vec<ArrayRef>>, Vec<u32>)> {
+    let schema = Arc::new(Schema::new(wanted.iter().map(|(f, _)| f.clone()).collect::<Vec<_>>()));
+    let batches: Vec<RecordBatch> = batches
+        .into_iter()
+        .map(|columns| RecordBatch::try_new(schema.clone(), columns))
+        .collect::<std::result::Result<_, _>>()?;
+    let all = concat_batches(&schema, &batches)?;
     drop(batches);
     let n = all.num_rows();
-    // The table layout is [keys.., event time, created time?, features.., seq].
-    let seq_col = schema.fields().len() - 1;
-    let mut sort_cols: Vec<usize> = (0..=n_keys).collect();
-    if has_created {
-        sort_cols.push(n_keys + 1);
+    if n > u32::MAX as usize {
+        return Err(Error::Request(format!("{n} rows in one ingest: split the file (at most {} rows)", u32::MAX)));
     }
-    sort_cols.push(seq_col);
+    // The layout is [keys.., event time, created time?, features..].
     let mut order: Vec<u32> = (0..n as u32).collect();
     let single_int = n_keys == 1 && *schema.field(0).data_type() == DataType::Int64;
+    let micros = |i: usize| all.column(i).as_primitive::<TimestampMicrosecondType>().values().clone();
+    let ts = micros(n_keys);
+    let created = has_created.then(|| micros(n_keys + 1));
     if single_int {
         let key = all.column(0).as_primitive::<Int64Type>().values();
-        let micros = |i: usize| all.column(i).as_primitive::<TimestampMicrosecondType>().values().clone();
-        let ts = micros(1);
-        let created = has_created.then(|| micros(2));
-        let seq = all.column(seq_col).as_primitive::<Int64Type>().values();
-        let mut tuples: Vec<(i64, i64, i64, i64, u32)> = (0..n)
-            .map(|i| (key[i], ts[i], created.as_ref().map_or(0, |c| c[i]), seq[i], i as u32))
+        let mut tuples: Vec<(i64, i64, i64, u32)> = (0..n)
+            .map(|i| (key[i], ts[i], created.as_ref().map_or(0, |c| c[i]), i as u32))
             .collect();
         tuples.sort_unstable();
         for (slot, t) in order.iter_mut().zip(&tuples) {
-            *slot = t.4;
+            *slot = t.3;
         }
     } else {
-        let columns: Vec<ArrayRef> = sort_cols.iter().map(|&i| all.column(i).clone()).collect();
+        let columns: Vec<ArrayRef> = (0..n_keys).map(|i| all.column(i).clone()).collect();
         let converter = RowConverter::new(
             columns.iter().map(|c| SortField::new(c.data_type().clone())).collect(),
         )?;
-        let encoded = converter.convert_columns(&columns)?;
-        order.sort_unstable_by(|&a, &b| encoded.row(a as usize).cmp(&encoded.row(b as usize)));
+        let keys = converter.convert_columns(&columns)?;
+        order.sort_unstable_by(|&a, &b| {
+            let (a, b) = (a as usize, b as usize);
+            keys.row(a)
+                .cmp(&keys.row(b))
+                .then(ts[a].cmp(&ts[b]))
+                .then_with(|| created.as_ref().map_or(std::cmp::Ordering::Equal, |c| c[a].cmp(&c[b])))
+                .then(a.cmp(&b))
+        });
     }
-    let sorted = take_record_batch(&all, &UInt32Array::from(order))?;
+    let sorted = take_record_batch(&all, &UInt32Array::from(order.clone()))?;
     drop(all);
     let step = 1 << 20;
-    Ok((0..n)
+    let parts = (0..n)
         .step_by(step)
-        .map(|at| sorted.slice(at, step.min(n - at)))
-        .collect())
+        .map(|at| sorted.slice(at, step.min(n - at)).columns().to_vec())
+        .collect();
+    Ok((parts, order))
 }

@@ -74,6 +74,7 @@ pub fn read_file(path: &Path, wanted: &[Wanted]) -> Result<Vec<RecordBatch>> {
             BufReader::new(File::open(path).map_err(|e| fail(&e))?)
                 .read_line(&mut header)
                 .map_err(|e| fail(&e))?;
+            let header = header.trim_start_matches('\u{feff}');
             let names: Vec<&str> = header.trim_end_matches(['\r', '\n']).split(',').collect();
             let mut fields = Vec::new();
             for name in names {
@@ -99,6 +100,23 @@ pub fn read_file(path: &Path, wanted: &[Wanted]) -> Result<Vec<RecordBatch>> {
             reader.collect::<std::result::Result<Vec<_>, _>>().map_err(|e| fail(&e))
         }
         InputFormat::JsonLines => {
+            // The reader fills absent fields with nulls, so look at the keys the objects
+            // actually have first: a column missing from the file is an error, as in
+            // CSV and Parquet.
+            let (present, _) = arrow::json::reader::infer_json_schema(
+                BufReader::new(File::open(path).map_err(|e| fail(&e))?),
+                Some(1000),
+            )
+            .map_err(|e| fail(&e))?;
+            for (f, _) in wanted {
+                if present.field_with_name(f.name()).is_err() {
+                    let names: Vec<&str> = wanted.iter().map(|(f, _)| f.name().as_str()).collect();
+                    return Err(Error::input(
+                        path,
+                        format!("missing column `{}` (expected columns: {})", f.name(), names.join(", ")),
+                    ));
+                }
+            }
             let fields: Vec<Field> = wanted
                 .iter()
                 .map(|(f, _)| {
@@ -151,6 +169,16 @@ pub fn conform(
                 Error::input(path, format!("column `{name}`: {msg}"))
             })?
         };
+        if *role == Role::Key {
+            if let Some(strings) = converted.as_string_opt::<i32>() {
+                if let Some(row) = (0..strings.len()).find(|&i| strings.is_valid(i) && strings.value(i).is_empty()) {
+                    return Err(Error::input(
+                        path,
+                        format!("row {}: column `{name}` is an empty string (join keys must be set)", row0 + row + 1),
+                    ));
+                }
+            }
+        }
         if *role != Role::Feature && converted.null_count() > 0 {
             let row = (0..converted.len()).find(|&i| converted.is_null(i)).unwrap_or(0);
             return Err(Error::input(
@@ -182,6 +210,17 @@ pub(crate) fn widen(array: &ArrayRef, target: &DataType) -> std::result::Result<
             "type {source} cannot be stored as {} without loss",
             display_type(target)
         ));
+    }
+    // 64-bit integers become floats exactly only up to 2^53.
+    if *target == DataType::Float64 && matches!(source, DataType::Int64) {
+        let ints = array.as_primitive::<arrow::datatypes::Int64Type>();
+        if let Some(i) = (0..ints.len()).find(|&i| ints.is_valid(i) && ints.value(i).unsigned_abs() > 1 << 53) {
+            return Err(format!(
+                "row {}: {} does not fit a float64 exactly",
+                i + 1,
+                ints.value(i)
+            ));
+        }
     }
     let options = CastOptions {
         safe: false,
@@ -227,7 +266,7 @@ fn can_widen(source: &DataType, target: &DataType) -> bool {
 /// instants and convert exactly (nanoseconds only when whole microseconds); text must
 /// be RFC 3339 with an offset. Naive timestamps are refused, never shifted.
 /// Errors carry the 0-based row when one is at fault.
-fn to_utc_micros(array: &ArrayRef) -> std::result::Result<ArrayRef, (Option<usize>, String)> {
+pub(crate) fn to_utc_micros(array: &ArrayRef) -> std::result::Result<ArrayRef, (Option<usize>, String)> {
     let naive = "has timestamps without a time zone; quiver stores UTC instants and never guesses a zone (write them zoned, e.g. `2024-01-01T00:00:00Z`, or tz_localize('UTC') in pandas)";
     match array.data_type() {
         DataType::Timestamp(_, None) => Err((None, naive.to_string())),
@@ -264,7 +303,7 @@ fn to_utc_micros(array: &ArrayRef) -> std::result::Result<ArrayRef, (Option<usiz
 }
 
 /// Parses RFC 3339 (`T` or a space between date and time) to UTC microseconds.
-pub(crate) fn parse_instant(text: &str) -> std::result::Result<i64, String> {
+fn parse_instant(text: &str) -> std::result::Result<i64, String> {
     let s = text.trim();
     match chrono::DateTime::parse_from_rfc3339(s)
         .or_else(|_| chrono::DateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f%:z"))

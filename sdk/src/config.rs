@@ -227,13 +227,9 @@ fn overlay(doc: &mut Value, var: &str, val: &str) -> Result<()> {
         file: PathBuf::from(format!("environment variable {var}")),
         message,
     };
-    let scalar = || -> Value {
-        // `6566` becomes a number, `true` a bool, the rest strings.
-        serde_yaml::from_str::<Value>(val)
-            .ok()
-            .filter(|v| !v.is_mapping() && !v.is_sequence() && !v.is_null())
-            .unwrap_or_else(|| Value::String(val.to_string()))
-    };
+    // Always text: `QUIVER_PROJECT=2024` is the project `2024`, not a number; settings
+    // that are numbers (the port) accept text.
+    let scalar = || Value::String(val.to_string());
     let map = doc.as_mapping_mut().expect("checked to be a mapping");
     for key in TOP_LEVEL {
         if rest.eq_ignore_ascii_case(key) {
@@ -397,9 +393,10 @@ mod tests {
         assert_eq!(c.server.host, "0.0.0.0");
         assert_eq!(c.server.port, 7000, "file value kept where env is silent");
         assert_eq!(c.offline_root, StoreLocation::Uri("s3://bucket/tables".into()));
-        let c = parse(text, &[("QUIVER_SERVER_PORT", "7100"), ("QUIVER_PROJECT", "other")]).unwrap();
+        let c = parse(text, &[("QUIVER_SERVER_PORT", "7100"), ("QUIVER_PROJECT", "2024"), ("QUIVER_SERVER_AUTH_TOKEN", "123456")]).unwrap();
         assert_eq!(c.server.port, 7100);
-        assert_eq!(c.project, "other");
+        assert_eq!(c.project, "2024");
+        assert_eq!(c.server.auth_token.as_deref(), Some("123456"));
     }
 
     #[test]

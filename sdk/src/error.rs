@@ -81,6 +81,12 @@ pub enum DefinitionError {
     },
     #[error("feature view `{view}`: stream topic is empty (expected a Kafka topic name)")]
     EmptyTopic { view: String },
+    #[error("feature views `{first}` and `{second}` use the same table {table} (each view needs its own)")]
+    SharedTable {
+        first: String,
+        second: String,
+        table: String,
+    },
     #[error("{0}")]
     Yaml(String),
 }

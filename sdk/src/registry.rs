@@ -615,6 +615,24 @@ pub fn apply(
     force: bool,
     now: DateTime<Utc>,
 ) -> Result<ApplyOutcome> {
+    apply_with(registry, project, new, probe, force, now, &mut || Ok(()))
+}
+
+/// As [`apply`], calling `before_write` after every check has passed and before the
+/// registry is written (not at all for a no-op), so that the stores can be prepared
+/// first: if it fails, the registry is left as it was.
+///
+/// # Errors
+/// As [`apply`], and whatever `before_write` returns.
+pub fn apply_with(
+    registry: &FileRegistry,
+    project: &str,
+    new: &Definitions,
+    probe: &dyn DataProbe,
+    force: bool,
+    now: DateTime<Utc>,
+    before_write: &mut dyn FnMut() -> Result<()>,
+) -> Result<ApplyOutcome> {
     let doc = registry.load_or_empty(project)?;
     let plan = doc.plan(new);
     if plan.is_empty() {
@@ -636,6 +654,7 @@ pub fn apply(
         }
     }
     let next = doc.applied(new, &plan, now, force && !breaking.is_empty());
+    before_write()?;
     registry.save(&next)?;
     Ok(ApplyOutcome {
         plan,

@@ -25,6 +25,9 @@ fn check_name(kind: &'static str, name: &str) -> Result<(), DefinitionError> {
     if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return Err(bad("only letters, digits and `_` are allowed"));
     }
+    if name.to_ascii_lowercase().starts_with("_quiver") {
+        return Err(bad("names starting with `_quiver` are reserved for quiver's own columns"));
+    }
     Ok(())
 }
 

@@ -279,6 +279,14 @@ fn bad_names_are_refused() {
 }
 
 #[test]
+fn quiver_column_names_are_reserved() {
+    assert_has(
+        error_after("{name: trips, dtype: int64}", "{name: _quiver_seq, dtype: int64}"),
+        &["feature `_quiver_seq`: bad name", "reserved"],
+    );
+}
+
+#[test]
 fn yaml_shape_errors_carry_the_position() {
     assert_has(
         error_after("    ttl: 2h", "    ttll: 2h"),
