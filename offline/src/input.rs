@@ -321,3 +321,38 @@ fn parse_instant(text: &str) -> std::result::Result<i64, String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::StringArray;
+
+    #[test]
+    fn empty_string_keys_are_refused_and_features_may_be_empty() {
+        let wanted: Vec<Wanted> = vec![
+            (Field::new("k", DataType::Utf8, false), Role::Key),
+            (Field::new("f", DataType::Utf8, true), Role::Feature),
+        ];
+        let batch = |k: &str, f: &str| {
+            RecordBatch::try_from_iter([
+                ("k", Arc::new(StringArray::from(vec!["a", k])) as ArrayRef),
+                ("f", Arc::new(StringArray::from(vec!["x", f])) as ArrayRef),
+            ])
+            .unwrap()
+        };
+        let err = conform(Path::new("in.parquet"), &batch("", "y"), &wanted, 10).unwrap_err().to_string();
+        assert_eq!(err, "in.parquet: row 12: column `k` is an empty string (join keys must be set)");
+        assert!(conform(Path::new("in.parquet"), &batch("b", ""), &wanted, 0).is_ok());
+    }
+
+    #[test]
+    fn widening_is_lossless_or_refused() {
+        let ints: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![1, -2]));
+        assert_eq!(widen(&ints, &DataType::Int64).unwrap().data_type(), &DataType::Int64);
+        let floats: ArrayRef = Arc::new(arrow::array::Float64Array::from(vec![1.5]));
+        assert!(widen(&floats, &DataType::Float32).unwrap_err().contains("without loss"));
+        assert!(widen(&floats, &DataType::Int64).is_err());
+        let big: ArrayRef = Arc::new(arrow::array::UInt64Array::from(vec![u64::MAX]));
+        assert!(widen(&big, &DataType::Int64).is_err());
+    }
+}
