@@ -404,6 +404,7 @@ fn cmd_historical(
         .map(|k| (k.name.clone(), quiver::offline::schema::key_type(k.dtype)))
         .collect();
     let spine = historical::read_spine(spine_path, &key_types)?;
+    tracing::debug!(secs = start.elapsed().as_secs_f64(), rows = spine.num_rows(), "spine read");
     let rt = runtime()?;
     let bar = progress_bar();
     let progress = |phase: &str, rows: u64| bar.set_message(format!("{phase}: {rows} rows"));
@@ -418,7 +419,9 @@ fn cmd_historical(
         &progress,
     ))?;
     bar.set_message("writing");
+    let write_start = std::time::Instant::now();
     historical::write_parquet(out, &joined)?;
+    tracing::debug!(secs = write_start.elapsed().as_secs_f64(), "written");
     bar.finish_and_clear();
     println!(
         "historical: {} rows x {} features -> {} in {:.2} s ({engine_note})",
