@@ -81,10 +81,10 @@ pub fn read_file(path: &Path, wanted: &[Wanted]) -> Result<Vec<RecordBatch>> {
                 let name = name.trim().trim_matches('"');
                 let dtype = match wanted.iter().find(|(f, _)| f.name() == name) {
                     Some((f, _)) if is_time(f.data_type()) => DataType::Utf8,
-                    Some((f, _)) if f.data_type().is_nested() => {
+                    Some((f, _)) if f.data_type().is_nested() || *f.data_type() == DataType::Binary => {
                         return Err(Error::input(
                             path,
-                            format!("column `{name}`: list features cannot be read from CSV (use Parquet or JSON lines)"),
+                            format!("column `{name}`: list and bytes features cannot be read from CSV (use Parquet or JSON lines)"),
                         ));
                     }
                     Some((f, _)) => f.data_type().clone(),
