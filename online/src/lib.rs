@@ -1,5 +1,21 @@
-//! The online store: the `OnlineStore` trait, the Redis and embedded stores,
-//! materialization from the offline store, and the HTTP feature server (SPEC §4, §6).
+//! The online store: each entity's latest feature row per view (SPEC §4), behind the
+//! [`OnlineStore`] trait, with two implementations that behave identically — Redis
+//! ([`RedisStore`]) and an embedded single-file store ([`EmbeddedStore`]) — proven by one
+//! shared test suite run against both.
 //!
-//! Nothing is implemented here yet; until it is, the CLI verbs that need it
-//! (`materialize`, `online`, `serve`) refuse with a "not available yet" error.
+//! Stores hold packed rows ([`quiver_sdk::encoding`]) under store keys, and apply the
+//! guarded write: a row replaces the stored one unless the stored one has a greater
+//! (event_ts, created_ts). Materialization, streaming and `/push` all write through it,
+//! so replays are idempotent.
+//!
+//! Still to come here: materialization, the HTTP server.
+
+mod embedded;
+mod error;
+mod redis_store;
+mod store;
+
+pub use embedded::EmbeddedStore;
+pub use error::{Error, Result};
+pub use redis_store::RedisStore;
+pub use store::{OnlineStore, WriteRow, open_store};

@@ -1,0 +1,15 @@
+//! The online store's errors.
+
+/// Everything that can go wrong in the online store.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The store cannot be reached or answered with an error (HTTP 503 material).
+    #[error("online store {store}: {message}")]
+    Unavailable { store: String, message: String },
+    /// The store's file or data is unusable.
+    #[error("online store {store}: {message}")]
+    Corrupt { store: String, message: String },
+}
+
+/// The online store's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,170 @@
+//! The Redis online store: one string key per (project, view, entity) holding the packed
+//! row; reads with one MGET, guarded writes with a server-side Lua script, pipelined.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::error::{Error, Result};
+use crate::store::{OnlineStore, WriteRow};
+
+/// The guarded write, for any number of keys. ARGV holds (row, expire-at ms or 0) per
+/// key. A row replaces the stored one unless the stored header (first 16 bytes: event
+/// time then created time, order-preserving) is greater; equal replaces. The bytes are
+/// compared with `string.byte`, so the server's locale plays no part.
+const GUARDED_WRITE: &str = r#"
+local written = 0
+for i, key in ipairs(KEYS) do
+  local new = ARGV[2 * i - 1]
+  local cur = redis.call('GET', key)
+  local take = true
+  if cur and #cur >= 16 then
+    for j = 1, 16 do
+      local a, b = string.byte(cur, j), string.byte(new, j)
+      if a ~= b then
+        take = (b ~= nil) and (b > a)
+        break
+      end
+    end
+  end
+  if take then
+    local expire_at = tonumber(ARGV[2 * i])
+    if expire_at > 0 then
+      redis.call('SET', key, new, 'PXAT', expire_at)
+    else
+      redis.call('SET', key, new)
+    end
+    written = written + 1
+  end
+end
+return written
+"#;
+
+/// Keys per script call; several calls go out in one pipeline.
+const KEYS_PER_CALL: usize = 500;
+/// Script calls per pipeline (one round trip).
+const CALLS_PER_PIPELINE: usize = 20;
+
+/// Redis through a multiplexed connection manager (reconnects on its own).
+#[derive(Clone)]
+pub struct RedisStore {
+    url: String,
+    conn: ConnectionManager,
+    script: redis::Script,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").field("url", &self.url).finish()
+    }
+}
+
+impl RedisStore {
+    /// Connects, with a 2 s connection timeout and a 2 s response timeout, so a Redis
+    /// that is down makes calls fail fast instead of hanging.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when Redis cannot be reached.
+    pub async fn connect(url: &str) -> Result<RedisStore> {
+        let unavailable = |e: redis::RedisError| Error::Unavailable {
+            store: redact(url),
+            message: e.to_string(),
+        };
+        let client = redis::Client::open(url).map_err(unavailable)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(1);
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(unavailable)?;
+        Ok(RedisStore {
+            url: url.to_string(),
+            conn,
+            script: redis::Script::new(GUARDED_WRITE),
+        })
+    }
+
+    fn unavailable(&self, e: redis::RedisError) -> Error {
+        Error::Unavailable {
+            store: redact(&self.url),
+            message: e.to_string(),
+        }
+    }
+
+    async fn write_pipeline(&self, rows: &[WriteRow]) -> redis::RedisResult<usize> {
+        let mut pipe = redis::pipe();
+        for chunk in rows.chunks(KEYS_PER_CALL) {
+            let cmd = pipe.cmd("EVALSHA").arg(self.script.get_hash()).arg(chunk.len());
+            for r in chunk {
+                cmd.arg(&r.key);
+            }
+            for r in chunk {
+                cmd.arg(&r.row[..]).arg(r.expire_at_ms.unwrap_or(0));
+            }
+        }
+        let mut conn = self.conn.clone();
+        let counts: Vec<usize> = pipe.query_async(&mut conn).await?;
+        Ok(counts.iter().sum())
+    }
+}
+
+/// The URL without a password, for messages.
+fn redact(url: &str) -> String {
+    match url.find('@') {
+        Some(at) => match url.find("://") {
+            Some(scheme) => format!("{}***{}", &url[..scheme + 3], &url[at..]),
+            None => "redis (credentials hidden)".to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+#[async_trait::async_trait]
+impl OnlineStore for RedisStore {
+    fn name(&self) -> String {
+        redact(&self.url)
+    }
+
+    async fn write(&self, rows: &[WriteRow]) -> Result<usize> {
+        let mut written = 0;
+        for batch in rows.chunks(KEYS_PER_CALL * CALLS_PER_PIPELINE) {
+            written += match self.write_pipeline(batch).await {
+                Ok(n) => n,
+                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    // A restarted or flushed Redis forgot the script: load it, retry once.
+                    let mut conn = self.conn.clone();
+                    self.script
+                        .prepare_invoke()
+                        .load_async(&mut conn)
+                        .await
+                        .map_err(|e| self.unavailable(e))?;
+                    self.write_pipeline(batch).await.map_err(|e| self.unavailable(e))?
+                }
+                Err(e) => return Err(self.unavailable(e)),
+            };
+        }
+        Ok(written)
+    }
+
+    async fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.clone();
+        redis::cmd("MGET")
+            .arg(keys)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.unavailable(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_stay_out_of_messages() {
+        assert_eq!(super::redact("redis://:hunter2@127.0.0.1:6379/0"), "redis://***@127.0.0.1:6379/0");
+        assert_eq!(super::redact("redis://127.0.0.1:6379/0"), "redis://127.0.0.1:6379/0");
+    }
+}

@@ -1,0 +1,53 @@
+//! The store contract.
+
+use std::sync::Arc;
+
+use quiver_sdk::OnlineStoreConfig;
+
+use crate::error::Result;
+
+/// One guarded write: a store key, its packed row, and when the key expires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteRow {
+    pub key: String,
+    /// A packed row ([`quiver_sdk::encoding::OnlineRow::encode`]); its first 16 bytes
+    /// order it against the stored row.
+    pub row: Vec<u8>,
+    /// Expiry, milliseconds since the epoch; `None` keeps the key.
+    pub expire_at_ms: Option<i64>,
+}
+
+/// An online store.
+///
+/// Both operations take many keys at once: a Redis implementation sends them in one
+/// round trip (a pipeline), so a request of N entities x V views costs one.
+#[async_trait::async_trait]
+pub trait OnlineStore: Send + Sync + std::fmt::Debug {
+    /// A short description for messages (`redis://127.0.0.1:6379/0`, `embedded online.db`).
+    fn name(&self) -> String;
+
+    /// Guarded writes: each row replaces its key's row unless the stored row has a
+    /// greater (event_ts, created_ts); an equal one is replaced. Returns how many rows
+    /// were written (the rest were older than what is stored).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the store cannot be reached.
+    async fn write(&self, rows: &[WriteRow]) -> Result<usize>;
+
+    /// The packed rows of `keys`, in order; `None` for a key never written or expired.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the store cannot be reached.
+    async fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>>;
+}
+
+/// Opens the store the config names.
+///
+/// # Errors
+/// When the embedded file cannot be opened or Redis cannot be reached.
+pub async fn open_store(config: &OnlineStoreConfig) -> Result<Arc<dyn OnlineStore>> {
+    Ok(match config {
+        OnlineStoreConfig::Embedded { path } => Arc::new(crate::EmbeddedStore::open(path)?),
+        OnlineStoreConfig::Redis { url } => Arc::new(crate::RedisStore::connect(url).await?),
+    })
+}

@@ -1,0 +1,209 @@
+//! One suite, every online store: the embedded store always, Redis when the test script
+//! started one (`QUIVER_TEST_REDIS_URL`). With `QUIVER_REQUIRE_REDIS=1` (set by
+//! `./run test`) a missing Redis fails the suite instead of skipping it.
+
+use std::sync::Arc;
+
+use quiver_online::{EmbeddedStore, OnlineStore, RedisStore, WriteRow};
+use quiver_sdk::encoding::{KeyValue, OnlineRow, Value, store_key};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+fn packed(event_ts: i64, created_ts: i64, v: i64) -> Vec<u8> {
+    OnlineRow {
+        event_ts,
+        created_ts,
+        fingerprint: 7,
+        values: vec![Value::Int64(v), Value::String(format!("v{v}"))],
+    }
+    .encode()
+}
+
+fn value_of(bytes: &Option<Vec<u8>>) -> Option<i64> {
+    bytes.as_ref().map(|b| match OnlineRow::decode(b).unwrap().values[0] {
+        Value::Int64(v) => v,
+        ref other => panic!("{other:?}"),
+    })
+}
+
+fn row(key: &str, event_ts: i64, created_ts: i64, v: i64) -> WriteRow {
+    WriteRow {
+        key: key.to_string(),
+        row: packed(event_ts, created_ts, v),
+        expire_at_ms: None,
+    }
+}
+
+/// A prefix no other test run shares, so runs against one Redis do not collide.
+fn prefix(store: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("test{}{store}", nanos)
+}
+
+async fn round_trip_and_missing(store: &dyn OnlineStore, p: &str) {
+    let k = |i: i64| store_key(p, "v", &[KeyValue::Int(i)]);
+    assert_eq!(store.read(&[k(1)]).await.unwrap(), vec![None]);
+    assert_eq!(store.write(&[row(&k(1), 10, 0, 100), row(&k(3), 10, 0, 300)]).await.unwrap(), 2);
+    let got = store.read(&[k(3), k(2), k(1)]).await.unwrap();
+    assert_eq!(got.iter().map(value_of).collect::<Vec<_>>(), [Some(300), None, Some(100)]);
+    assert_eq!(got[0].as_deref(), Some(packed(10, 0, 300).as_slice()), "bytes come back as written");
+    assert!(store.read(&[]).await.unwrap().is_empty());
+}
+
+async fn guarded_write_rules(store: &dyn OnlineStore, p: &str) {
+    let k = store_key(p, "v", &[KeyValue::Str("e".into())]);
+    assert_eq!(store.write(&[row(&k, 100, 5, 1)]).await.unwrap(), 1);
+    // Older event time: ignored.
+    assert_eq!(store.write(&[row(&k, 99, 50, 2)]).await.unwrap(), 0);
+    // Same event time, older created time: ignored.
+    assert_eq!(store.write(&[row(&k, 100, 4, 3)]).await.unwrap(), 0);
+    assert_eq!(value_of(&store.read(&[k.clone()]).await.unwrap()[0]), Some(1));
+    // Equal (event, created): replaces.
+    assert_eq!(store.write(&[row(&k, 100, 5, 4)]).await.unwrap(), 1);
+    assert_eq!(value_of(&store.read(&[k.clone()]).await.unwrap()[0]), Some(4));
+    // Same event time, newer created time: replaces; newer event time: replaces.
+    assert_eq!(store.write(&[row(&k, 100, 6, 5)]).await.unwrap(), 1);
+    assert_eq!(store.write(&[row(&k, 101, -1, 6)]).await.unwrap(), 1);
+    assert_eq!(value_of(&store.read(&[k.clone()]).await.unwrap()[0]), Some(6));
+    // Negative (pre-1970) times order correctly too.
+    let k2 = store_key(p, "v", &[KeyValue::Int(-1)]);
+    store.write(&[row(&k2, -5, 0, 1)]).await.unwrap();
+    assert_eq!(store.write(&[row(&k2, -6, 0, 2)]).await.unwrap(), 0);
+    assert_eq!(store.write(&[row(&k2, 0, 0, 3)]).await.unwrap(), 1);
+    // Within one batch, later rows of the same key are checked against earlier ones.
+    let k3 = store_key(p, "batch", &[KeyValue::Int(3)]);
+    let n = store.write(&[row(&k3, 5, 0, 1), row(&k3, 4, 0, 2), row(&k3, 6, 0, 3)]).await.unwrap();
+    assert_eq!(n, 2);
+    assert_eq!(value_of(&store.read(&[k3]).await.unwrap()[0]), Some(3));
+}
+
+/// Random versions, written in random order in random batches: the newest wins.
+async fn out_of_order_writes(store: &dyn OnlineStore, p: &str) {
+    let mut rng = StdRng::seed_from_u64(5);
+    let keys: Vec<String> = (0..50).map(|i| store_key(p, "w", &[KeyValue::Int(i)])).collect();
+    let mut rows = Vec::new();
+    let mut best = vec![(i64::MIN, i64::MIN, 0i64); keys.len()];
+    for (i, k) in keys.iter().enumerate() {
+        for _ in 0..20 {
+            let (e, c) = (rng.random_range(0..10), rng.random_range(0..3));
+            let v = rng.random_range(0..1_000_000);
+            rows.push((i, row(k, e, c, v)));
+        }
+    }
+    rows.shuffle(&mut rng);
+    // The expected winner: the greatest (event, created); among equals the last written
+    // (rows are written in this order below).
+    for (i, r) in &rows {
+        let decoded = OnlineRow::decode(&r.row).unwrap();
+        let Value::Int64(v) = decoded.values[0] else { unreachable!() };
+        let cand = (decoded.event_ts, decoded.created_ts, v);
+        if (cand.0, cand.1) >= (best[*i].0, best[*i].1) {
+            best[*i] = cand;
+        }
+    }
+    let mut at = 0;
+    while at < rows.len() {
+        let n = rng.random_range(1..200).min(rows.len() - at);
+        let batch: Vec<WriteRow> = rows[at..at + n].iter().map(|(_, r)| r.clone()).collect();
+        store.write(&batch).await.unwrap();
+        at += n;
+    }
+    let got = store.read(&keys).await.unwrap();
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(value_of(g), Some(best[i].2), "key {i}");
+    }
+}
+
+/// Several writers at once on the same keys: nobody regresses a value.
+async fn concurrent_writers(store: Arc<dyn OnlineStore>, p: &str) {
+    let keys: Vec<String> = (0..20).map(|i| store_key(p, "c", &[KeyValue::Int(i)])).collect();
+    let mut tasks = Vec::new();
+    for w in 0..4u64 {
+        let (store, keys) = (store.clone(), keys.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(w);
+            for _ in 0..30 {
+                let batch: Vec<WriteRow> = keys
+                    .iter()
+                    .map(|k| {
+                        let e = rng.random_range(0..1000);
+                        row(k, e, 0, e * 10 + w as i64)
+                    })
+                    .collect();
+                store.write(&batch).await.unwrap();
+            }
+        }));
+    }
+    // Meanwhile the newest row of every key is written once; no writer may undo it.
+    let top: Vec<WriteRow> = keys.iter().map(|k| row(k, 5000, 0, -1)).collect();
+    store.write(&top).await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let got = store.read(&keys).await.unwrap();
+    assert!(got.iter().all(|g| value_of(g) == Some(-1)), "a newer row was overwritten");
+}
+
+async fn expiry(store: &dyn OnlineStore, p: &str) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let (gone, kept) = (store_key(p, "x", &[KeyValue::Int(1)]), store_key(p, "x", &[KeyValue::Int(2)]));
+    let rows = [
+        WriteRow { key: gone.clone(), row: packed(1, 0, 1), expire_at_ms: Some(now - 1000) },
+        WriteRow { key: kept.clone(), row: packed(1, 0, 2), expire_at_ms: Some(now + 600_000) },
+    ];
+    store.write(&rows).await.unwrap();
+    let got = store.read(&[gone.clone(), kept]).await.unwrap();
+    assert_eq!(got.iter().map(value_of).collect::<Vec<_>>(), [None, Some(2)]);
+    // An expired row does not guard: an older row may take its place.
+    assert_eq!(store.write(&[row(&gone, 0, 0, 9)]).await.unwrap(), 1);
+    assert_eq!(value_of(&store.read(&[gone]).await.unwrap()[0]), Some(9));
+}
+
+async fn large_batches(store: &dyn OnlineStore, p: &str) {
+    let keys: Vec<String> = (0..25_000).map(|i| store_key(p, "big", &[KeyValue::Int(i)])).collect();
+    let rows: Vec<WriteRow> = keys.iter().enumerate().map(|(i, k)| row(k, 1, 0, i as i64)).collect();
+    assert_eq!(store.write(&rows).await.unwrap(), keys.len());
+    let got = store.read(&keys).await.unwrap();
+    assert!(got.iter().enumerate().all(|(i, g)| value_of(g) == Some(i as i64)));
+}
+
+async fn suite(store: Arc<dyn OnlineStore>, name: &str) {
+    let p = prefix(name);
+    round_trip_and_missing(store.as_ref(), &p).await;
+    guarded_write_rules(store.as_ref(), &p).await;
+    out_of_order_writes(store.as_ref(), &p).await;
+    concurrent_writers(store.clone(), &p).await;
+    expiry(store.as_ref(), &p).await;
+    large_batches(store.as_ref(), &p).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_passes_the_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(&dir.path().join("online.db")).unwrap();
+    suite(Arc::new(store), "embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_passes_the_suite() {
+    let Ok(url) = std::env::var("QUIVER_TEST_REDIS_URL") else {
+        assert!(
+            std::env::var("QUIVER_REQUIRE_REDIS").is_err(),
+            "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_URL is not"
+        );
+        eprintln!("SKIPPED redis_store_passes_the_suite: no Redis (set QUIVER_TEST_REDIS_URL, or use ./run test)");
+        return;
+    };
+    let store = RedisStore::connect(&url).await.unwrap();
+    suite(Arc::new(store), "redis").await;
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_fails_fast_with_a_clear_error() {
+    // Port 1 on loopback: nothing listens there.
+    let started = std::time::Instant::now();
+    let err = RedisStore::connect("redis://127.0.0.1:1/0").await.unwrap_err().to_string();
+    assert!(err.starts_with("online store redis://127.0.0.1:1/0: "), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "took {:?}", started.elapsed());
+}
