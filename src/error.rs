@@ -8,6 +8,8 @@ pub enum Error {
     Sdk(#[from] quiver_sdk::Error),
     #[error(transparent)]
     Offline(#[from] quiver_offline::Error),
+    #[error(transparent)]
+    Online(#[from] quiver_online::Error),
     #[error("{path}: {message}", path = path.display())]
     Init { path: PathBuf, message: String },
     #[error("{path}: {source}", path = path.display())]

@@ -10,6 +10,7 @@
 pub mod demo;
 pub mod error;
 pub mod init;
+pub mod materialize;
 pub mod repo;
 
 pub use error::{Error, Result};

@@ -233,11 +233,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             created_cutoff,
         ),
         Command::Export { .. } => later("export", "the training-data export (issue #8)"),
-        Command::Materialize { .. } => later("materialize", "the online store (issue #4)"),
+        Command::Materialize { start, end, views } => cmd_materialize(&repo_dir, &start, &end, &views),
         Command::MaterializeIncremental { .. } => {
             later("materialize-incremental", "the online store (issue #4)")
         }
-        Command::Online { .. } => later("online", "the online store (issue #4)"),
+        Command::Online { features, entities } => cmd_online(&repo_dir, &features, &entities),
         Command::Serve { .. } => later("serve", "the feature server (issue #4)"),
         Command::Stream { .. } => later("stream", "streaming ingestion (issue #5)"),
         Command::Push { .. } => later("push", "streaming ingestion (issue #5)"),
@@ -430,6 +430,141 @@ fn cmd_historical(
         out.display(),
         start.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// A time argument: RFC 3339 with a zone, or `now`; UTC microseconds.
+fn parse_time(what: &str, text: &str) -> anyhow::Result<i64> {
+    if text == "now" {
+        return Ok(chrono::Utc::now().timestamp_micros());
+    }
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_micros())
+        .map_err(|_| anyhow::anyhow!("{what} `{text}`: expected an RFC 3339 time with a zone (e.g. 2024-01-01T00:00:00Z) or `now`"))
+}
+
+fn cmd_materialize(dir: &Path, start: &str, end: &str, names: &[String]) -> anyhow::Result<()> {
+    let began = std::time::Instant::now();
+    let (start, end) = (parse_time("START", start)?, parse_time("END", end)?);
+    if start > end {
+        anyhow::bail!("START is after END");
+    }
+    let repo = Repo::open(dir)?;
+    let doc = repo.applied()?;
+    let defs = &doc.definitions;
+    let views: Vec<&quiver::sdk::FeatureView> = if names.is_empty() {
+        defs.feature_views.iter().filter(|v| v.online).collect()
+    } else {
+        names
+            .iter()
+            .map(|n| {
+                let v = applied_view(defs, n)?;
+                if !v.online {
+                    anyhow::bail!("feature view `{n}` is not online (it has `online: false`)");
+                }
+                Ok(v)
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    let rt = runtime()?;
+    let bar = progress_bar();
+    let progress = |phase: &str, rows: u64| bar.set_message(format!("{phase}: {rows} rows"));
+    let reports = rt.block_on(async {
+        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        quiver::materialize::materialize(&repo.config, defs, &views, start, end, store.as_ref(), &progress).await
+    })?;
+    bar.finish_and_clear();
+    let mut total = 0;
+    for r in &reports {
+        println!("{}: {} entities, {} written", r.view, r.entities, r.written);
+        total += r.entities;
+    }
+    let secs = began.elapsed().as_secs_f64();
+    println!(
+        "materialized {total} rows from {} views in {secs:.2} s ({:.0} rows/s)",
+        reports.len(),
+        total as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}
+
+fn show_value(v: &quiver::sdk::encoding::Value) -> String {
+    use quiver::sdk::encoding::Value;
+    match v {
+        Value::Null => "null".into(),
+        Value::Int32(x) => x.to_string(),
+        Value::Int64(x) => x.to_string(),
+        Value::Float32(x) => format!("{x:?}"),
+        Value::Float64(x) => format!("{x:?}"),
+        Value::Bool(x) => x.to_string(),
+        Value::String(x) => format!("{x:?}"),
+        Value::Bytes(x) => format!("<{} bytes>", x.len()),
+        Value::Timestamp(x) => micros_text(*x),
+        Value::ListInt64(x) => format!("{x:?}"),
+        Value::ListFloat32(x) => format!("{x:?}"),
+        Value::ListFloat64(x) => format!("{x:?}"),
+        Value::ListString(x) => format!("{x:?}"),
+    }
+}
+
+fn micros_text(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+        .unwrap_or_else(|| us.to_string())
+}
+
+fn cmd_online(dir: &Path, features: &[String], entities: &[String]) -> anyhow::Result<()> {
+    use quiver::sdk::encoding::KeyValue;
+    let repo = Repo::open(dir)?;
+    let doc = repo.applied()?;
+    let defs = &doc.definitions;
+    let refs: Vec<quiver::sdk::FeatureRef> = features
+        .iter()
+        .map(|f| f.parse().map_err(|_| anyhow::anyhow!("--features: bad feature reference `{f}` (expected view:feature)")))
+        .collect::<anyhow::Result<_>>()?;
+    let mut columns = Vec::new();
+    for e in entities {
+        let Some((name, text)) = e.split_once('=') else {
+            anyhow::bail!("--entity `{e}`: expected KEY=VALUE");
+        };
+        let key_type = defs
+            .feature_views
+            .iter()
+            .flat_map(|v| defs.join_keys(v))
+            .find(|k| k.name == name)
+            .map(|k| k.dtype)
+            .ok_or_else(|| anyhow::anyhow!("--entity `{e}`: `{name}` is not a join key of any feature view"))?;
+        let value = match key_type {
+            quiver::sdk::KeyType::Int64 => KeyValue::Int(
+                text.parse().map_err(|_| anyhow::anyhow!("--entity `{e}`: `{name}` is int64, `{text}` is not an integer"))?,
+            ),
+            quiver::sdk::KeyType::String => KeyValue::Str(text.to_string()),
+        };
+        columns.push((name.to_string(), vec![value]));
+    }
+    let rt = runtime()?;
+    let result = rt.block_on(async {
+        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        quiver::online::lookup::get_online_features(
+            store.as_ref(),
+            &repo.config.project,
+            defs,
+            &refs,
+            &columns,
+            chrono::Utc::now().timestamp_micros(),
+            true,
+        )
+        .await
+    })?;
+    for column in result.iter().skip(columns.len()) {
+        println!(
+            "{:<36} {:<24} {:<16} {}",
+            column.name,
+            show_value(&column.values[0]),
+            column.statuses[0].as_str(),
+            column.event_ts[0].map(micros_text).unwrap_or_default()
+        );
+    }
     Ok(())
 }
 

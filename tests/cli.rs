@@ -320,8 +320,7 @@ fn every_verb_is_in_help_and_later_ones_refuse_with_exit_2() {
     }
     let later: BTreeMap<&str, Vec<&str>> = BTreeMap::from([
         ("export", vec!["export", "--service", "x", "--spine", "s", "--out", "o"]),
-        ("materialize", vec!["materialize", "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"]),
-        ("online", vec!["online", "--features", "v:f", "--entity", "driver_id=1"]),
+
         ("historical --engine gpu", vec!["historical", "--spine", "s.parquet", "--service", "x", "--out", "o.parquet", "--engine", "gpu"]),
         ("serve", vec!["serve"]),
         ("stream", vec!["stream"]),
@@ -558,4 +557,31 @@ fn bad_historical_requests_are_refused_and_write_nothing() {
         fails(&repo, &all, 1, parts);
         assert!(!repo.join("out.parquet").exists(), "{args:?} wrote output");
     }
+}
+
+#[test]
+fn materialize_then_online_lookup_from_the_shell() {
+    let (_tmp, repo) = demo_repo();
+    ok(&repo, &["apply"]);
+    for view in ["driver_hourly", "customer_profile", "driver_customer"] {
+        ok(&repo, &["ingest", view, &format!("sample_data/{view}.parquet")]);
+    }
+    let out = ok(&repo, &["materialize", "2000-01-01T00:00:00Z", "now", "driver_hourly", "customer_profile"]);
+    assert!(out.contains("driver_hourly: 10 entities, 10 written"), "{out}");
+    assert!(out.contains("customer_profile: 20 entities, 20 written"), "{out}");
+    let out = ok(&repo, &["online", "--features", "driver_hourly:avg_daily_trips,customer_profile:city,driver_customer:avg_rating", "--entity", "driver_id=1001", "--entity", "customer_id=C001"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(lines[0].starts_with("driver_hourly__avg_daily_trips") && lines[0].contains("PRESENT"), "{out}");
+    assert!(lines[1].starts_with("customer_profile__city") && lines[1].contains("PRESENT"), "{out}");
+    // driver_customer was not materialized.
+    assert!(lines[2].starts_with("driver_customer__avg_rating") && lines[2].contains("null") && lines[2].contains("NOT_FOUND"), "{out}");
+
+    fails(&repo, &["materialize", "yesterday", "now"], 1, &["START `yesterday`", "RFC 3339"]);
+    fails(&repo, &["materialize", "2024-01-02T00:00:00Z", "2024-01-01T00:00:00Z"], 1, &["START is after END"]);
+    fails(&repo, &["materialize", "2024-01-01T00:00:00Z", "now", "nope"], 1, &["unknown feature view `nope`"]);
+    fails(&repo, &["online", "--features", "driver_hourly:speed", "--entity", "driver_id=1001"], 1, &["unknown feature `driver_hourly:speed`"]);
+    fails(&repo, &["online", "--features", "driver_hourly:acc_rate", "--entity", "driver_id=abc"], 1, &["`driver_id` is int64, `abc` is not an integer"]);
+    fails(&repo, &["online", "--features", "driver_customer:avg_rating", "--entity", "driver_id=1001"], 1, &["missing join key `customer_id` for feature view `driver_customer`"]);
+    fails(&repo, &["online", "--features", "driver_hourly:acc_rate", "--entity", "rider=1"], 1, &["`rider` is not a join key"]);
 }

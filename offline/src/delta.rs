@@ -115,8 +115,9 @@ pub async fn ensure_table(
         .try_into_kernel()
         .map_err(|e: arrow::error::ArrowError| Error::delta(location, e.into()))?;
     let url = table_url(location)?;
-    DeltaTable::try_from_url(url)
-        .await
+    // Build without loading: there is no log yet, and loading would only log an error.
+    deltalake::DeltaTableBuilder::from_url(url)
+        .and_then(|b| b.build())
         .map_err(|e| Error::delta(location, e))?
         .create()
         .with_table_name(name)

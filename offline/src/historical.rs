@@ -569,3 +569,79 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
         fail(m)
     })
 }
+
+/// The latest row of every entity of a view among rows with event time in
+/// `[start, end]` (microseconds): the SPEC §3 winner — greatest event time, then created
+/// time, then ingestion order. One batch with the view's columns (keys, event time,
+/// created time if any, then every feature; a feature the table lacks is all null), or
+/// `None` when the range holds no rows. This is what materialization loads online.
+///
+/// # Errors
+/// An unreadable table.
+pub async fn latest_per_entity(
+    config: &Config,
+    defs: &Definitions,
+    view: &FeatureView,
+    start: i64,
+    end: i64,
+) -> Result<Option<RecordBatch>> {
+    let location = config.view_table(view);
+    let features: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
+    let mut scan = scan_view(&location.to_string(), &location, defs, view, &features, Some(start), end).await?;
+    if scan.batches.is_empty() {
+        return Ok(None);
+    }
+    let schema = scan.batches[0].schema();
+    let all = concat_batches(&schema, &std::mem::take(&mut scan.batches))?;
+    let keys = defs.join_keys(view);
+    let key_arrays: Vec<ArrayRef> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| widen(all.column(i), &key_type(k.dtype)).map_err(Error::Request))
+        .collect::<Result<_>>()?;
+    let index = EntityIndex::build(&key_arrays)?;
+    let micros = |i: usize| -> Result<Vec<i64>> {
+        let a = arrow::compute::cast(all.column(i), &timestamp_type())?;
+        Ok(a.as_primitive::<TimestampMicrosecondType>().values().to_vec())
+    };
+    let n_keys = keys.len();
+    let ts = micros(n_keys)?;
+    let has_created = view.source.created_timestamp_field.is_some();
+    let created = if has_created { Some(micros(n_keys + 1)?) } else { None };
+    let seq_col = n_keys + 1 + usize::from(has_created);
+    let seq = all.column(seq_col).as_primitive::<Int64Type>().values().to_vec();
+    let order = |r: usize| (ts[r], created.as_ref().map_or(0, |c| c[r]), seq[r]);
+    let mut best: Vec<Option<usize>> = vec![None; index.n_entities as usize];
+    for (r, &e) in index.spine_ids.iter().enumerate() {
+        if e == quiver_gpu_join::NO_ENTITY {
+            continue;
+        }
+        let slot = &mut best[e as usize];
+        if slot.is_none_or(|b| order(r) >= order(b)) {
+            *slot = Some(r);
+        }
+    }
+    let winners = arrow::array::UInt32Array::from(best.into_iter().flatten().map(|r| r as u32).collect::<Vec<_>>());
+    // The view's columns: keys and times as scanned, features by name (null if absent).
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        fields.push(Field::new(&key.name, key_type(key.dtype), false));
+        columns.push(arrow::compute::take(&key_arrays[i], &winners, None)?);
+    }
+    for i in n_keys..seq_col {
+        fields.push(Field::new(schema.field(i).name(), timestamp_type(), false));
+        let micros = arrow::compute::cast(all.column(i), &timestamp_type())?;
+        columns.push(arrow::compute::take(&micros, &winners, None)?);
+    }
+    for (k, feature) in view.features.iter().enumerate() {
+        let dtype = arrow_type(feature.dtype);
+        let column = match scan.feature_columns[k] {
+            Some(i) => widen(&arrow::compute::take(all.column(i), &winners, None)?, &dtype).map_err(Error::Request)?,
+            None => new_null_array(&dtype, winners.len()),
+        };
+        fields.push(Field::new(&feature.name, dtype, true));
+        columns.push(column);
+    }
+    Ok(Some(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?))
+}

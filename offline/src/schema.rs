@@ -79,3 +79,37 @@ pub fn table_schema(defs: &Definitions, view: &FeatureView) -> SchemaRef {
     fields.push(Field::new(SEQ_COLUMN, DataType::Int64, false));
     Arc::new(Schema::new(fields))
 }
+
+/// The value at `row` of a column holding a feature of `dtype`, as the online encoding's
+/// [`Value`](quiver_sdk::encoding::Value). The column must have `dtype`'s Arrow type
+/// ([`arrow_type`]); anything else reads as null.
+pub fn value_at(array: &dyn arrow::array::Array, row: usize, dtype: DType) -> quiver_sdk::encoding::Value {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
+    use quiver_sdk::encoding::Value;
+    if array.is_null(row) {
+        return Value::Null;
+    }
+    let list = |row: usize| array.as_list_opt::<i32>().map(|l| l.value(row));
+    match dtype {
+        DType::Int32 => array.as_primitive_opt::<Int32Type>().map_or(Value::Null, |a| Value::Int32(a.value(row))),
+        DType::Int64 => array.as_primitive_opt::<Int64Type>().map_or(Value::Null, |a| Value::Int64(a.value(row))),
+        DType::Float32 => array.as_primitive_opt::<Float32Type>().map_or(Value::Null, |a| Value::Float32(a.value(row))),
+        DType::Float64 => array.as_primitive_opt::<Float64Type>().map_or(Value::Null, |a| Value::Float64(a.value(row))),
+        DType::Bool => array.as_boolean_opt().map_or(Value::Null, |a| Value::Bool(a.value(row))),
+        DType::String => array.as_string_opt::<i32>().map_or(Value::Null, |a| Value::String(a.value(row).to_string())),
+        DType::Bytes => array.as_binary_opt::<i32>().map_or(Value::Null, |a| Value::Bytes(a.value(row).to_vec())),
+        DType::Timestamp => array
+            .as_primitive_opt::<TimestampMicrosecondType>()
+            .map_or(Value::Null, |a| Value::Timestamp(a.value(row))),
+        DType::List(e) => {
+            let Some(items) = list(row) else { return Value::Null };
+            match e {
+                ListElement::Int64 => Value::ListInt64(items.as_primitive::<Int64Type>().iter().map(|v| v.unwrap_or_default()).collect()),
+                ListElement::Float32 => Value::ListFloat32(items.as_primitive::<Float32Type>().iter().map(|v| v.unwrap_or(f32::NAN)).collect()),
+                ListElement::Float64 => Value::ListFloat64(items.as_primitive::<Float64Type>().iter().map(|v| v.unwrap_or(f64::NAN)).collect()),
+                ListElement::String => Value::ListString(items.as_string::<i32>().iter().map(|v| v.unwrap_or_default().to_string()).collect()),
+            }
+        }
+    }
+}

@@ -6,6 +6,9 @@ pub enum Error {
     /// The store cannot be reached or answered with an error (HTTP 503 material).
     #[error("online store {store}: {message}")]
     Unavailable { store: String, message: String },
+    /// A request that does not fit the registry (HTTP 400 material).
+    #[error("{0}")]
+    Request(String),
     /// The store's file or data is unusable.
     #[error("online store {store}: {message}")]
     Corrupt { store: String, message: String },

@@ -8,10 +8,12 @@
 //! (event_ts, created_ts). Materialization, streaming and `/push` all write through it,
 //! so replays are idempotent.
 //!
-//! Still to come here: materialization, the HTTP server.
+//! [`lookup`] answers online requests with SPEC §4 statuses. Still to come here: the HTTP
+//! server.
 
 mod embedded;
 mod error;
+pub mod lookup;
 mod redis_store;
 mod store;
 
