@@ -234,9 +234,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         ),
         Command::Export { .. } => later("export", "the training-data export (issue #8)"),
         Command::Materialize { start, end, views } => cmd_materialize(&repo_dir, &start, &end, &views),
-        Command::MaterializeIncremental { .. } => {
-            later("materialize-incremental", "the online store (issue #4)")
-        }
+        Command::MaterializeIncremental { end } => cmd_materialize_incremental(&repo_dir, &end),
         Command::Online { features, entities } => cmd_online(&repo_dir, &features, &entities),
         Command::Serve { .. } => later("serve", "the feature server (issue #4)"),
         Command::Stream { .. } => later("stream", "streaming ingestion (issue #5)"),
@@ -485,6 +483,30 @@ fn cmd_materialize(dir: &Path, start: &str, end: &str, names: &[String]) -> anyh
         reports.len(),
         total as f64 / secs.max(1e-9)
     );
+    Ok(())
+}
+
+fn cmd_materialize_incremental(dir: &Path, end: &str) -> anyhow::Result<()> {
+    let began = std::time::Instant::now();
+    let end = parse_time("END", end)?;
+    let repo = Repo::open(dir)?;
+    let doc = repo.applied()?;
+    let defs = &doc.definitions;
+    let views: Vec<&quiver::sdk::FeatureView> = defs.feature_views.iter().filter(|v| v.online).collect();
+    let rt = runtime()?;
+    let bar = progress_bar();
+    let progress = |phase: &str, rows: u64| bar.set_message(format!("{phase}: {rows} rows"));
+    let reports = rt.block_on(async {
+        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        quiver::materialize::materialize_incremental(&repo.config, defs, &views, end, store.as_ref(), &progress).await
+    })?;
+    bar.finish_and_clear();
+    let mut total = 0;
+    for r in &reports {
+        println!("{}: {} entities, {} written", r.view, r.entities, r.written);
+        total += r.entities;
+    }
+    println!("materialized {total} new rows from {} views in {:.2} s", reports.len(), began.elapsed().as_secs_f64());
     Ok(())
 }
 

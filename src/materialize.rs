@@ -5,13 +5,17 @@ use std::time::Instant;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
-use quiver_offline::historical::latest_per_entity;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use quiver_offline::historical::{Window, latest_per_entity};
+use serde::{Deserialize, Serialize};
 use quiver_offline::schema::value_at;
 use quiver_online::{OnlineStore, WriteRow};
 use quiver_sdk::encoding::{KeyValue, OnlineRow, fingerprint, store_key};
 use quiver_sdk::{Config, Definitions, FeatureView, KeyType};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// How long a key outlives its TTL in the online store, so that reads in that window
 /// say OUTSIDE_MAX_AGE (after it they say NOT_FOUND).
@@ -74,12 +78,36 @@ pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch:
         .collect()
 }
 
+/// Loads one view's latest rows in `window` into the store.
+async fn load_view(
+    config: &Config,
+    defs: &Definitions,
+    view: &FeatureView,
+    window: Window,
+    store: &dyn OnlineStore,
+    progress: &(dyn Fn(&str, u64) + Sync),
+) -> Result<(ViewReport, Option<u64>)> {
+    let began = Instant::now();
+    let latest = latest_per_entity(config, defs, view, window).await?;
+    let Some(batch) = latest.batch else {
+        return Ok((ViewReport { view: view.name.clone(), entities: 0, written: 0 }, latest.version));
+    };
+    let rows = online_rows(&config.project, defs, view, &batch);
+    let mut written = 0;
+    for (i, chunk) in rows.chunks(WRITE_BATCH).enumerate() {
+        written += store.write(chunk).await?;
+        progress(&format!("materializing {}", view.name), ((i + 1) * WRITE_BATCH).min(rows.len()) as u64);
+    }
+    tracing::debug!(view = %view.name, entities = rows.len(), written, secs = began.elapsed().as_secs_f64(), "materialized");
+    Ok((ViewReport { view: view.name.clone(), entities: rows.len(), written }, latest.version))
+}
+
 /// Loads, for each view, the latest row per entity with event time in `[start, end]`
 /// (UTC microseconds) into the online store.
 ///
 /// # Errors
 /// An unreadable table or an unavailable store; rows written before the failure stay
-/// (a rerun is idempotent: the guarded write ignores nothing newer and replaces equals).
+/// (a rerun is idempotent: the guarded write replaces equal rows and keeps newer ones).
 pub async fn materialize(
     config: &Config,
     defs: &Definitions,
@@ -91,19 +119,95 @@ pub async fn materialize(
 ) -> Result<Vec<ViewReport>> {
     let mut reports = Vec::new();
     for view in views {
-        let began = Instant::now();
-        let Some(batch) = latest_per_entity(config, defs, view, start, end).await? else {
-            reports.push(ViewReport { view: view.name.clone(), entities: 0, written: 0 });
-            continue;
-        };
-        let rows = online_rows(&config.project, defs, view, &batch);
-        let mut written = 0;
-        for (i, chunk) in rows.chunks(WRITE_BATCH).enumerate() {
-            written += store.write(chunk).await?;
-            progress(&format!("materializing {}", view.name), ((i + 1) * WRITE_BATCH).min(rows.len()) as u64);
-        }
-        tracing::debug!(view = %view.name, entities = rows.len(), written, secs = began.elapsed().as_secs_f64(), "materialized");
-        reports.push(ViewReport { view: view.name.clone(), entities: rows.len(), written });
+        let (report, _) = load_view(config, defs, view, Window::Range { start, end }, store, progress).await?;
+        reports.push(report);
     }
+    Ok(reports)
+}
+
+/// Where incremental materialization records its progress: per online store, per view,
+/// the Delta table version read and the END reached.
+pub const STATE_FILE: &str = ".quiver/materialized.json";
+
+/// Progress of one view in one store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewProgress {
+    pub version: u64,
+    /// UTC microseconds.
+    pub end: i64,
+}
+
+/// The state file's content: store name -> view -> progress.
+pub type State = BTreeMap<String, BTreeMap<String, ViewProgress>>;
+
+fn load_state(path: &Path) -> Result<State> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| Error::Init {
+            path: path.to_path_buf(),
+            message: format!("unreadable materialization state: {e} (delete it to start over)"),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::new()),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+fn save_state(path: &Path, state: &State) -> Result<()> {
+    let dir = path.parent().expect("the state file is in a folder");
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+    let text = serde_json::to_string_pretty(state).expect("state serialises");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}
+
+/// Loads what arrived since the last incremental run, up to `end`: per view, rows
+/// ingested after the Delta version the last run read (whatever their event time, so
+/// late rows are picked up) and rows with event time after the last run's end. A view
+/// never materialized incrementally into this store gets everything up to `end`.
+///
+/// The progress is written (atomically) only after every view is loaded, so a crash
+/// leaves it unchanged and a rerun loads the same rows again, harmlessly.
+///
+/// # Errors
+/// As [`materialize`], and an unreadable state file.
+pub async fn materialize_incremental(
+    config: &Config,
+    defs: &Definitions,
+    views: &[&FeatureView],
+    end: i64,
+    store: &dyn OnlineStore,
+    progress: &(dyn Fn(&str, u64) + Sync),
+) -> Result<Vec<ViewReport>> {
+    let path = config.repo.join(STATE_FILE);
+    let mut state = load_state(&path)?;
+    let mut updates = Vec::new();
+    let mut reports = Vec::new();
+    let done = state.get(&store.name()).cloned().unwrap_or_default();
+    for view in views {
+        let before = done.get(&view.name).copied();
+        let window = match before {
+            Some(p) => Window::Since { version: p.version, prev_end: p.end, end },
+            None => Window::Range { start: i64::MIN, end },
+        };
+        let (report, version) = load_view(config, defs, view, window, store, progress).await?;
+        if let Some(version) = version {
+            let end = before.map_or(end, |p| p.end.max(end));
+            updates.push((view.name.clone(), ViewProgress { version, end }));
+        }
+        reports.push(report);
+    }
+    let entry = state.entry(store.name()).or_default();
+    for (view, p) in updates {
+        entry.insert(view, p);
+    }
+    save_state(&path, &state)?;
     Ok(reports)
 }

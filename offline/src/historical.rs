@@ -233,7 +233,7 @@ pub async fn historical(
         let lo = ttl_us.map(|ttl| min_t.saturating_sub(ttl));
         let location = config.view_table(view);
         let phase = std::time::Instant::now();
-        let scan = scan_view(&location.to_string(), &location, defs, view, &request.features, lo, max_t).await?;
+        let scan = scan_view(&location.to_string(), &location, defs, view, &request.features, lo, max_t, None).await?;
         progress(&format!("scanned {}", view.name), scan.rows as u64);
         tracing::debug!(view = %view.name, rows = scan.rows, secs = phase.elapsed().as_secs_f64(), "scanned");
         let phase = std::time::Instant::now();
@@ -253,6 +253,7 @@ pub async fn historical(
             batches,
             rows,
             feature_columns,
+            ..
         } = scan;
         let present: Vec<usize> = feature_columns.iter().flatten().copied().collect();
         let mut next = 0;
@@ -262,6 +263,7 @@ pub async fn historical(
                 .map(|b| b.project(&present))
                 .collect::<std::result::Result<_, _>>()?,
             rows,
+            version: None,
             feature_columns: feature_columns
                 .iter()
                 .map(|c| {
@@ -437,6 +439,8 @@ impl KernelColumns {
 struct Scan {
     batches: Vec<RecordBatch>,
     rows: usize,
+    /// The table version read (`None`: no table).
+    version: Option<u64>,
     /// For each requested feature, its column in `batches`, or `None` when the table
     /// has no such column yet (a feature added after the data was written).
     feature_columns: Vec<Option<usize>>,
@@ -454,11 +458,13 @@ async fn scan_view(
     features: &[&str],
     lo: Option<i64>,
     hi: i64,
+    extra: Option<Expr>,
 ) -> Result<Scan> {
     let Some(table) = open_table(location).await? else {
         return Ok(Scan {
             batches: Vec::new(),
             rows: 0,
+            version: None,
             feature_columns: vec![None; features.len()],
         });
     };
@@ -511,6 +517,10 @@ async fn scan_view(
     if let Some(lo) = lo {
         filter = filter.and(ident(&ts).gt_eq(ts_literal(lo)));
     }
+    if let Some(extra) = extra {
+        filter = filter.and(extra);
+    }
+    let version = table.version();
     let df = df
         .filter(filter)
         .map_err(query)?
@@ -527,6 +537,7 @@ async fn scan_view(
     Ok(Scan {
         batches,
         rows,
+        version,
         feature_columns,
     })
 }
@@ -570,11 +581,31 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
     })
 }
 
-/// The latest row of every entity of a view among rows with event time in
-/// `[start, end]` (microseconds): the SPEC §3 winner — greatest event time, then created
-/// time, then ingestion order. One batch with the view's columns (keys, event time,
-/// created time if any, then every feature; a feature the table lacks is all null), or
-/// `None` when the range holds no rows. This is what materialization loads online.
+/// Which rows [`latest_per_entity`] considers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// Rows with event time in `[start, end]` (UTC microseconds).
+    Range { start: i64, end: i64 },
+    /// Rows with event time `<= end` that were not considered by an earlier window
+    /// which read table version `version` up to `prev_end`: rows ingested after that
+    /// version (whatever their event time: late data), or with event time after
+    /// `prev_end`.
+    Since { version: u64, prev_end: i64, end: i64 },
+}
+
+/// The latest rows of a view, and the table version they were read from (`None`
+/// when there is no table).
+#[derive(Debug, Clone)]
+pub struct Latest {
+    pub batch: Option<RecordBatch>,
+    pub version: Option<u64>,
+}
+
+/// The latest row of every entity of a view among the rows of `window`: the SPEC §3
+/// winner — greatest event time, then created time, then ingestion order. One batch
+/// with the view's columns (keys, event time, created time if any, then every feature;
+/// a feature the table lacks is all null), or none when the window holds no rows. This
+/// is what materialization loads online.
 ///
 /// # Errors
 /// An unreadable table.
@@ -582,14 +613,23 @@ pub async fn latest_per_entity(
     config: &Config,
     defs: &Definitions,
     view: &FeatureView,
-    start: i64,
-    end: i64,
-) -> Result<Option<RecordBatch>> {
+    window: Window,
+) -> Result<Latest> {
     let location = config.view_table(view);
     let features: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
-    let mut scan = scan_view(&location.to_string(), &location, defs, view, &features, Some(start), end).await?;
+    let (lo, hi, extra) = match window {
+        Window::Range { start, end } => (Some(start), end, None),
+        Window::Since { version, prev_end, end } => {
+            let first_new = i64::try_from(version + 1).unwrap_or(i64::MAX >> 32) << 32;
+            let ts = ident(&view.source.timestamp_field);
+            let extra = ident(SEQ_COLUMN).gt_eq(lit(first_new)).or(ts.gt(ts_literal(prev_end)));
+            (None, end, Some(extra))
+        }
+    };
+    let mut scan = scan_view(&location.to_string(), &location, defs, view, &features, lo, hi, extra).await?;
+    let version = scan.version;
     if scan.batches.is_empty() {
-        return Ok(None);
+        return Ok(Latest { batch: None, version });
     }
     let schema = scan.batches[0].schema();
     let all = concat_batches(&schema, &std::mem::take(&mut scan.batches))?;
@@ -643,5 +683,8 @@ pub async fn latest_per_entity(
         fields.push(Field::new(&feature.name, dtype, true));
         columns.push(column);
     }
-    Ok(Some(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?))
+    Ok(Latest {
+        batch: Some(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?),
+        version,
+    })
 }
