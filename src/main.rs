@@ -236,7 +236,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Materialize { start, end, views } => cmd_materialize(&repo_dir, &start, &end, &views),
         Command::MaterializeIncremental { end } => cmd_materialize_incremental(&repo_dir, &end),
         Command::Online { features, entities } => cmd_online(&repo_dir, &features, &entities),
-        Command::Serve { .. } => later("serve", "the feature server (issue #4)"),
+        Command::Serve { host, port } => cmd_serve(&repo_dir, host, port),
         Command::Stream { .. } => later("stream", "streaming ingestion (issue #5)"),
         Command::Push { .. } => later("push", "streaming ingestion (issue #5)"),
         Command::Verify { .. } => later("verify", "consistency verification (issue #9)"),
@@ -508,6 +508,37 @@ fn cmd_materialize_incremental(dir: &Path, end: &str) -> anyhow::Result<()> {
     }
     println!("materialized {total} new rows from {} views in {:.2} s", reports.len(), began.elapsed().as_secs_f64());
     Ok(())
+}
+
+fn cmd_serve(dir: &Path, host: Option<String>, port: Option<u16>) -> anyhow::Result<()> {
+    use quiver::online::server::{Metrics, RegistryCache, ServerState, serve, system_clock};
+    let repo = Repo::open(dir)?;
+    // Precedence: flag > environment > file > default (the config holds the last three).
+    let host = host.unwrap_or_else(|| repo.config.server.host.clone());
+    let port = port.unwrap_or(repo.config.server.port);
+    let addr: std::net::SocketAddr = format!("{host}:{port}")
+        .parse()
+        .or_else(|_| {
+            use std::net::ToSocketAddrs;
+            format!("{host}:{port}").to_socket_addrs().map_err(anyhow::Error::from)?.next().ok_or_else(|| anyhow::anyhow!("no address"))
+        })
+        .map_err(|e| anyhow::anyhow!("server address `{host}:{port}`: {e}"))?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let state = std::sync::Arc::new(ServerState {
+            store,
+            registry: RegistryCache::new(repo.config.registry_path.clone(), &repo.config.project)?,
+            project: repo.config.project.clone(),
+            auth_token: repo.config.server.auth_token.clone(),
+            metrics: Metrics::default(),
+            clock: system_clock(),
+        });
+        println!("serving project `{}` on http://{addr} (Ctrl-C to stop)", repo.config.project);
+        serve(state, addr).await.with_context(|| format!("serving on {addr}"))?;
+        println!("stopped");
+        anyhow::Ok(())
+    })
 }
 
 fn show_value(v: &quiver::sdk::encoding::Value) -> String {

@@ -8,13 +8,14 @@
 //! (event_ts, created_ts). Materialization, streaming and `/push` all write through it,
 //! so replays are idempotent.
 //!
-//! [`lookup`] answers online requests with SPEC §4 statuses. Still to come here: the HTTP
-//! server.
+//! [`lookup`] answers online requests with SPEC §4 statuses; [`server`] serves them over
+//! HTTP in Feast's wire shape (only this crate knows HTTP and JSON shapes).
 
 mod embedded;
 mod error;
 pub mod lookup;
 mod redis_store;
+pub mod server;
 mod store;
 
 pub use embedded::EmbeddedStore;

@@ -1,0 +1,404 @@
+//! The HTTP feature server (SPEC §6), in Feast's wire shape so Feast clients work.
+//!
+//! `router(state)` builds the axum `Router`; `serve` binds it with graceful shutdown.
+//! Routes: `POST /get-online-features`, `GET /health`, `GET /metrics` (Prometheus
+//! text), `GET /registry`. Errors are JSON `{"error": "..."}` with 400 (bad request,
+//! unknown feature), 404 (unknown feature service), 413 (too large), 503 (store
+//! unavailable or slow); store calls time out, and nothing panics on bad input. The
+//! registry is re-read when its file changes, without a restart.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use quiver_sdk::encoding::{KeyValue, Value};
+use quiver_sdk::{Definitions, FeatureRef, FileRegistry};
+use serde_json::{Value as Json_, json};
+
+use crate::error::Error;
+use crate::lookup::{Status, get_online_features};
+use crate::store::OnlineStore;
+
+/// Largest request body accepted (413 beyond).
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// Most entity rows in one request (413 beyond).
+pub const MAX_ENTITY_ROWS: usize = 10_000;
+/// How long a store call may take before the request fails with 503.
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The definitions the server answers from, re-read when the registry file changes.
+#[derive(Debug)]
+pub struct RegistryCache {
+    registry: FileRegistry,
+    project: String,
+    cached: RwLock<(Option<SystemTime>, Arc<Definitions>)>,
+}
+
+impl RegistryCache {
+    /// # Errors
+    /// When the registry cannot be read.
+    pub fn new(path: PathBuf, project: &str) -> quiver_sdk::Result<RegistryCache> {
+        let cache = RegistryCache {
+            registry: FileRegistry::new(path),
+            project: project.to_string(),
+            cached: RwLock::new((None, Arc::new(Definitions::default()))),
+        };
+        cache.current()?;
+        Ok(cache)
+    }
+
+    /// The current definitions: re-read when the file's modification time changed.
+    ///
+    /// # Errors
+    /// When a changed registry cannot be read (the server keeps the old definitions).
+    pub fn current(&self) -> quiver_sdk::Result<Arc<Definitions>> {
+        let mtime = std::fs::metadata(self.registry.path()).and_then(|m| m.modified()).ok();
+        {
+            let cached = self.cached.read().expect("registry lock");
+            if cached.0.is_some() && cached.0 == mtime {
+                return Ok(cached.1.clone());
+            }
+        }
+        let doc = self.registry.load_or_empty(&self.project)?;
+        let defs = Arc::new(doc.definitions);
+        *self.cached.write().expect("registry lock") = (mtime, defs.clone());
+        Ok(defs)
+    }
+}
+
+/// Request counts and latencies, as Prometheus text.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// (route, status) -> count.
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// Latency histogram buckets (seconds) of /get-online-features.
+    buckets: [AtomicU64; 10],
+    latency_sum_us: AtomicU64,
+    latency_count: AtomicU64,
+    store_errors: AtomicU64,
+}
+
+const BUCKETS: [f64; 10] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0];
+
+impl Metrics {
+    fn record(&self, route: &str, status: u16, elapsed: Duration) {
+        *self
+            .requests
+            .lock()
+            .expect("metrics lock")
+            .entry((route.to_string(), status))
+            .or_default() += 1;
+        if route == "/get-online-features" {
+            let secs = elapsed.as_secs_f64();
+            for (i, b) in BUCKETS.iter().enumerate() {
+                if secs <= *b {
+                    self.buckets[i].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            self.latency_sum_us.fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+            self.latency_count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::from("# TYPE quiver_requests_total counter\n");
+        for ((route, status), n) in self.requests.lock().expect("metrics lock").iter() {
+            out.push_str(&format!("quiver_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}\n"));
+        }
+        out.push_str("# TYPE quiver_request_seconds histogram\n");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            out.push_str(&format!(
+                "quiver_request_seconds_bucket{{route=\"/get-online-features\",le=\"{b}\"}} {}\n",
+                self.buckets[i].load(Ordering::Relaxed)
+            ));
+        }
+        let count = self.latency_count.load(Ordering::Relaxed);
+        out.push_str(&format!("quiver_request_seconds_bucket{{route=\"/get-online-features\",le=\"+Inf\"}} {count}\n"));
+        out.push_str(&format!(
+            "quiver_request_seconds_sum{{route=\"/get-online-features\"}} {}\n",
+            self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6
+        ));
+        out.push_str(&format!("quiver_request_seconds_count{{route=\"/get-online-features\"}} {count}\n"));
+        out.push_str("# TYPE quiver_store_errors_total counter\n");
+        out.push_str(&format!("quiver_store_errors_total {}\n", self.store_errors.load(Ordering::Relaxed)));
+        out
+    }
+}
+
+/// What every handler shares.
+pub struct ServerState {
+    pub store: Arc<dyn OnlineStore>,
+    pub registry: RegistryCache,
+    pub project: String,
+    /// When set, requests need `Authorization: Bearer <token>`.
+    pub auth_token: Option<String>,
+    pub metrics: Metrics,
+    /// The time lookups are answered at, UTC microseconds (injectable for tests).
+    pub clock: Box<dyn Fn() -> i64 + Send + Sync>,
+}
+
+impl std::fmt::Debug for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerState").field("store", &self.store.name()).field("project", &self.project).finish()
+    }
+}
+
+/// The system clock in UTC microseconds.
+pub fn system_clock() -> Box<dyn Fn() -> i64 + Send + Sync> {
+    Box::new(|| {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64)
+    })
+}
+
+/// An error answer: a status and a one-line message, as `{"error": "..."}`.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+/// The router, without binding a socket (tests call it directly).
+pub fn router(state: Arc<ServerState>) -> Router {
+    Router::new()
+        .route("/get-online-features", post(get_features))
+        .route("/health", get(|| async { Json(json!({ "status": "ok" })) }))
+        .route("/metrics", get(metrics))
+        .route("/registry", get(registry))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Bearer-token check and metrics around every route.
+async fn guard(State(state): State<Arc<ServerState>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = request.uri().path().to_string();
+    let response = match &state.auth_token {
+        Some(token) if !authorized(request.headers(), token) => {
+            ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response()
+        }
+        _ => next.run(request).await,
+    };
+    state.metrics.record(&route, response.status().as_u16(), started.elapsed());
+    response
+}
+
+fn authorized(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| given == token)
+}
+
+async fn metrics(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+}
+
+async fn registry(State(state): State<Arc<ServerState>>) -> Result<Json<Json_>, ApiError> {
+    let defs = state
+        .registry
+        .current()
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(Json(serde_json::to_value(defs.as_ref()).expect("definitions serialise")))
+}
+
+fn json_value(v: &Value) -> Json_ {
+    let float = |x: f64| serde_json::Number::from_f64(x).map_or(Json_::Null, Json_::Number);
+    match v {
+        Value::Null => Json_::Null,
+        Value::Int32(x) => json!(x),
+        Value::Int64(x) => json!(x),
+        // serde_json writes finite floats with a decimal point (50.0), as Feast expects.
+        Value::Float32(x) => float(f64::from(*x)),
+        Value::Float64(x) => float(*x),
+        Value::Bool(x) => json!(x),
+        Value::String(x) => json!(x),
+        Value::Bytes(x) => json!(x),
+        Value::Timestamp(x) => json!(rfc3339(*x)),
+        Value::ListInt64(x) => json!(x),
+        Value::ListFloat32(x) => Json_::Array(x.iter().map(|v| float(f64::from(*v))).collect()),
+        Value::ListFloat64(x) => Json_::Array(x.iter().map(|v| float(*v)).collect()),
+        Value::ListString(x) => json!(x),
+    }
+}
+
+fn rfc3339(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+        .unwrap_or_default()
+}
+
+/// The entity map of a request, in the order the client wrote it (the answer echoes
+/// the join keys in that order, as Feast does).
+#[derive(Debug, Default)]
+struct OrderedEntities(Vec<(String, Json_)>);
+
+impl<'de> serde::Deserialize<'de> for OrderedEntities {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = OrderedEntities;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of join key to values")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<OrderedEntities, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, Json_>()? {
+                    out.push(entry);
+                }
+                Ok(OrderedEntities(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// A `/get-online-features` request. Fields it does not know are ignored, never
+/// rejected (Feast clients send `include_feature_view_version_metadata` and more).
+#[derive(Debug, serde::Deserialize)]
+struct FeaturesRequest {
+    #[serde(default)]
+    entities: Option<OrderedEntities>,
+    #[serde(default)]
+    features: Option<Json_>,
+    #[serde(default)]
+    feature_service: Option<Json_>,
+    #[serde(default)]
+    full_feature_names: Option<Json_>,
+}
+
+async fn get_features(
+    State(state): State<Arc<ServerState>>,
+    body: axum::body::Bytes,
+) -> Result<Json<Json_>, ApiError> {
+    let request: FeaturesRequest =
+        serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid request: {e}")))?;
+    let defs = state
+        .registry
+        .current()
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    // Features: a list of `view:feature`, or a feature service. Unknown fields are ignored.
+    let refs: Vec<FeatureRef> = match (&request.features, &request.feature_service) {
+        (Some(features), _) if !features.is_null() => {
+            let list = features.as_array().ok_or_else(|| bad("`features` must be a list of \"view:feature\""))?;
+            list.iter()
+                .map(|f| {
+                    f.as_str()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| bad(format!("bad feature reference {f} (expected \"view:feature\")")))
+                })
+                .collect::<Result<_, _>>()?
+        }
+        (_, Some(service)) if !service.is_null() => {
+            let name = service.as_str().ok_or_else(|| bad("`feature_service` must be a name"))?;
+            defs.feature_service(name)
+                .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("unknown feature service `{name}`")))?
+                .features
+                .clone()
+        }
+        _ => return Err(bad("the request needs `features` or `feature_service`")),
+    };
+    let full_names = request.full_feature_names.as_ref().and_then(Json_::as_bool).unwrap_or(false);
+    let entities = request
+        .entities
+        .ok_or_else(|| bad("the request needs `entities`: {join_key: [values]}"))?;
+    let mut columns = Vec::new();
+    for (name, values) in &entities.0 {
+        let values = values.as_array().ok_or_else(|| bad(format!("entity `{name}` must be a list of values")))?;
+        if values.len() > MAX_ENTITY_ROWS {
+            return Err(ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("{} entity rows; at most {MAX_ENTITY_ROWS} per request", values.len()),
+            ));
+        }
+        let keys = values
+            .iter()
+            .map(|v| match v {
+                Json_::Number(n) => n.as_i64().map(KeyValue::Int),
+                Json_::String(s) => Some(KeyValue::Str(s.clone())),
+                _ => None,
+            }
+            .ok_or_else(|| bad(format!("entity `{name}`: {v} is not an integer or a string"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        columns.push((name.clone(), keys));
+    }
+    let now = (state.clock)();
+    let looked_up = tokio::time::timeout(
+        STORE_TIMEOUT,
+        get_online_features(state.store.as_ref(), &state.project, &defs, &refs, &columns, now, full_names),
+    )
+    .await;
+    let result = match looked_up {
+        Err(_) => {
+            state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store timed out".into()));
+        }
+        Ok(Err(Error::Request(m))) => return Err(bad(m)),
+        Ok(Err(e)) => {
+            state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "online store failed");
+            return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store unavailable".into()));
+        }
+        Ok(Ok(r)) => r,
+    };
+    let names: Vec<&str> = result.iter().map(|c| c.name.as_str()).collect();
+    let results: Vec<Json_> = result
+        .iter()
+        .map(|c| {
+            json!({
+                "values": c.values.iter().map(json_value).collect::<Vec<_>>(),
+                "statuses": c.statuses.iter().map(Status::as_str).collect::<Vec<_>>(),
+                "event_timestamps": c.event_ts.iter().map(|t| rfc3339(t.unwrap_or(0))).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "metadata": { "feature_names": names }, "results": results })))
+}
+
+/// Serves `router` on `addr` until SIGINT or SIGTERM, then finishes open requests.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn serve(state: Arc<ServerState>, addr: std::net::SocketAddr) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async {
+            let ctrl_c = tokio::signal::ctrl_c();
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("SIGTERM handler");
+            tokio::select! {
+                _ = ctrl_c => {},
+                _ = term.recv() => {},
+            }
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamps_print_as_rfc3339() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(1_704_067_200_000_000), "2024-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(1_709_210_096_123_456), "2024-02-29T12:34:56.123456Z");
+        assert_eq!(super::rfc3339(-1), "1969-12-31T23:59:59.999999Z");
+    }
+}

@@ -1,0 +1,223 @@
+//! The HTTP server, called through its router without a socket: Feast's wire shape,
+//! statuses, every bad request kind, auth, limits, metrics, registry reloads, and 503
+//! from a failing store.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use quiver_online::server::{Metrics, RegistryCache, ServerState, router};
+use quiver_online::{EmbeddedStore, OnlineStore, WriteRow};
+use quiver_sdk::encoding::{KeyValue, OnlineRow, Value, fingerprint, store_key};
+use quiver_sdk::registry::{FileRegistry, RegistryDoc};
+use quiver_sdk::yaml::parse_definitions;
+use serde_json::{Value as Json, json};
+use tower::ServiceExt;
+
+const DEFS: &str = r#"
+entities:
+  - {name: driver, join_keys: [{name: driver_id, dtype: int64}]}
+  - {name: customer, join_keys: [{name: customer_id, dtype: string}]}
+feature_views:
+  - {name: stats, entities: [driver], ttl: 2h, features: [{name: rate, dtype: float64}, {name: trips, dtype: int64}, {name: emb, dtype: list<float32>}]}
+  - {name: pair, entities: [driver, customer], features: [{name: n, dtype: int32}]}
+feature_services:
+  - {name: ranker, features: ["stats:rate", "pair:n"]}
+"#;
+
+const NOW: i64 = 1_704_103_200_000_000; // 2024-01-01T10:00:00Z
+const HOUR: i64 = 3_600_000_000;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    registry_path: std::path::PathBuf,
+    state: Arc<ServerState>,
+}
+
+async fn fixture(store: Option<Arc<dyn OnlineStore>>, token: Option<&str>) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let registry_path = dir.path().join("registry.json");
+    let defs = parse_definitions(DEFS).unwrap();
+    let doc = RegistryDoc::empty("p");
+    let plan = doc.plan(&defs);
+    FileRegistry::new(&registry_path).save(&doc.applied(&defs, &plan, chrono::Utc::now(), false)).unwrap();
+    let store: Arc<dyn OnlineStore> = match store {
+        Some(s) => s,
+        None => Arc::new(EmbeddedStore::open(&dir.path().join("online.db")).unwrap()),
+    };
+    let stats = defs.feature_view("stats").unwrap();
+    let pair = defs.feature_view("pair").unwrap();
+    let row = |view, ts, values| OnlineRow { event_ts: ts, created_ts: i64::MIN, fingerprint: fingerprint(view), values }.encode();
+    let rows = vec![
+        // Fresh: PRESENT (a whole float stays a float on the wire).
+        WriteRow { key: store_key("p", "stats", &[KeyValue::Int(1)]), row: row(stats, NOW - HOUR, vec![Value::Float64(50.0), Value::Int64(7), Value::ListFloat32(vec![0.5, 1.0])]), expire_at_ms: None },
+        // Three hours old with a 2h TTL: OUTSIDE_MAX_AGE.
+        WriteRow { key: store_key("p", "stats", &[KeyValue::Int(2)]), row: row(stats, NOW - 3 * HOUR, vec![Value::Float64(0.25), Value::Int64(1), Value::Null]), expire_at_ms: None },
+        // Fresh, with a null rate: NULL_VALUE.
+        WriteRow { key: store_key("p", "stats", &[KeyValue::Int(3)]), row: row(stats, NOW, vec![Value::Null, Value::Int64(2), Value::Null]), expire_at_ms: None },
+        WriteRow { key: store_key("p", "pair", &[KeyValue::Int(1), KeyValue::Str("c1".into())]), row: row(pair, NOW, vec![Value::Int32(4)]), expire_at_ms: None },
+    ];
+    if store.name().starts_with("embedded") {
+        store.write(&rows).await.unwrap();
+    }
+    let state = Arc::new(ServerState {
+        store,
+        registry: RegistryCache::new(registry_path.clone(), "p").unwrap(),
+        project: "p".into(),
+        auth_token: token.map(str::to_string),
+        metrics: Metrics::default(),
+        clock: Box::new(|| NOW),
+    });
+    Fixture { _dir: dir, registry_path, state }
+}
+
+async fn call(state: &Arc<ServerState>, method: &str, path: &str, body: Option<String>, token: Option<&str>) -> (StatusCode, String) {
+    let mut req = Request::builder().method(method).uri(path).header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req.body(body.map_or_else(Body::empty, Body::from)).unwrap();
+    let resp = router(state.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// Posts a request; `body` is JSON text, so that the order of its keys is the client's
+/// (a `json!` map would sort them).
+async fn features(state: &Arc<ServerState>, body: impl ToString) -> (StatusCode, Json) {
+    let (status, text) = call(state, "POST", "/get-online-features", Some(body.to_string()), None).await;
+    (status, serde_json::from_str(&text).unwrap_or(Json::String(text)))
+}
+
+#[tokio::test]
+async fn feast_shaped_answers_with_statuses() {
+    let f = fixture(None, None).await;
+    let (status, body) = features(
+        &f.state,
+        json!({
+            "entities": {"driver_id": [1, 2, 3, 4]},
+            "features": ["stats:rate", "stats:trips", "stats:emb"],
+            "full_feature_names": true,
+            "include_feature_view_version_metadata": false,
+            "some_future_field": {"ignored": true}
+        }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["metadata"]["feature_names"], json!(["driver_id", "stats__rate", "stats__trips", "stats__emb"]));
+    let r = &body["results"];
+    assert_eq!(r[0]["values"], json!([1, 2, 3, 4]));
+    assert_eq!(r[0]["statuses"], json!(["PRESENT", "PRESENT", "PRESENT", "PRESENT"]));
+    assert_eq!(r[1]["statuses"], json!(["PRESENT", "OUTSIDE_MAX_AGE", "NULL_VALUE", "NOT_FOUND"]));
+    assert_eq!(r[1]["values"], json!([50.0, null, null, null]));
+    assert_eq!(r[1]["event_timestamps"][0], "2024-01-01T09:00:00Z");
+    assert_eq!(r[2]["values"], json!([7, null, 2, null]));
+    assert_eq!(r[3]["values"][0], json!([0.5, 1.0]));
+    // Floats stay floats in the JSON text itself: 50.0, never 50.
+    let text = call(&f.state, "POST", "/get-online-features", Some(json!({"entities": {"driver_id": [1]}, "features": ["stats:rate"]}).to_string()), None).await.1;
+    assert!(text.contains("[50.0]"), "{text}");
+    assert!(text.contains("\"feature_names\":[\"driver_id\",\"rate\"]"), "short names by default: {text}");
+}
+
+#[tokio::test]
+async fn services_and_composite_keys() {
+    let f = fixture(None, None).await;
+    let (status, body) = features(&f.state, r#"{"entities": {"driver_id": [1, 1], "customer_id": ["c1", "c2"]}, "feature_service": "ranker"}"#).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["metadata"]["feature_names"], json!(["driver_id", "customer_id", "rate", "n"]));
+    assert_eq!(body["results"][3]["values"], json!([4, null]));
+    assert_eq!(body["results"][3]["statuses"], json!(["PRESENT", "NOT_FOUND"]));
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_errors() {
+    let f = fixture(None, None).await;
+    let cases = [
+        (json!({"entities": {"driver_id": [1]}, "features": ["stats:speed"]}), StatusCode::BAD_REQUEST, "unknown feature `stats:speed`"),
+        (json!({"entities": {"driver_id": [1]}, "features": ["nope:x"]}), StatusCode::BAD_REQUEST, "unknown feature view `nope`"),
+        (json!({"entities": {"driver_id": [1]}, "features": ["rate"]}), StatusCode::BAD_REQUEST, "bad feature reference"),
+        (json!({"entities": {"driver_id": [1]}, "feature_service": "nope"}), StatusCode::NOT_FOUND, "unknown feature service `nope`"),
+        (json!({"entities": {"driver_id": [1]}}), StatusCode::BAD_REQUEST, "needs `features` or `feature_service`"),
+        (json!({"features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "needs `entities`"),
+        (json!({"entities": {"customer_id": ["c1"]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "missing join key `driver_id`"),
+        (json!({"entities": {"driver_id": ["one"]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "join key `driver_id` is int64"),
+        (json!({"entities": {"driver_id": [1.5]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "is not an integer or a string"),
+        (json!({"entities": {"customer_id": ["c1"], "driver_id": [1, 2]}, "features": ["pair:n"]}), StatusCode::BAD_REQUEST, "has 2 values, the first has 1"),
+        (json!({"entities": {"driver_id": (0..10_001).collect::<Vec<_>>()}, "features": ["stats:rate"]}), StatusCode::PAYLOAD_TOO_LARGE, "at most 10000"),
+    ];
+    for (body, code, part) in cases {
+        let (status, answer) = features(&f.state, body.clone()).await;
+        assert_eq!(status, code, "{body}: {answer}");
+        let message = answer["error"].as_str().unwrap_or_else(|| panic!("no error field: {answer}"));
+        assert!(message.contains(part), "{message:?} lacks {part:?}");
+    }
+    let (status, text) = call(&f.state, "POST", "/get-online-features", Some("{not json".into()), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(text.contains("request body is not a valid request"), "{text}");
+    let huge = format!("{{\"entities\": {{\"driver_id\": [1]}}, \"features\": [\"stats:rate\"], \"pad\": \"{}\"}}", "x".repeat(2 << 20));
+    assert_eq!(call(&f.state, "POST", "/get-online-features", Some(huge), None).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn health_registry_metrics_and_auth() {
+    let f = fixture(None, Some("s3cret")).await;
+    assert_eq!(call(&f.state, "GET", "/health", None, None).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(call(&f.state, "GET", "/health", None, Some("wrong")).await.0, StatusCode::UNAUTHORIZED);
+    let (status, body) = call(&f.state, "GET", "/health", None, Some("s3cret")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "{\"status\":\"ok\"}"));
+    let (status, body) = call(&f.state, "GET", "/registry", None, Some("s3cret")).await;
+    assert_eq!(status, StatusCode::OK);
+    let defs: Json = serde_json::from_str(&body).unwrap();
+    assert_eq!(defs["feature_views"][0]["name"], "stats");
+    let (_, text) = call(&f.state, "GET", "/metrics", None, Some("s3cret")).await;
+    assert!(text.contains("quiver_requests_total{route=\"/health\",status=\"401\"} 2"), "{text}");
+    assert!(text.contains("quiver_requests_total{route=\"/registry\",status=\"200\"} 1"), "{text}");
+}
+
+#[tokio::test]
+async fn the_registry_is_reloaded_when_apply_changes_it() {
+    let f = fixture(None, None).await;
+    let body = json!({"entities": {"driver_id": [1]}, "features": ["stats:rate"]});
+    assert_eq!(features(&f.state, body.clone()).await.0, StatusCode::OK);
+    // A new registry version without the view: the next request sees it, no restart.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let registry = FileRegistry::new(&f.registry_path);
+    let doc = registry.load().unwrap().unwrap();
+    let mut defs = doc.definitions.clone();
+    defs.feature_services.clear();
+    defs.feature_views.retain(|v| v.name != "stats");
+    let plan = doc.plan(&defs);
+    registry.save(&doc.applied(&defs, &plan, chrono::Utc::now(), true)).unwrap();
+    let (status, answer) = features(&f.state, body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("unknown feature view `stats`"));
+}
+
+/// A store that is down.
+#[derive(Debug)]
+struct Down;
+
+#[async_trait::async_trait]
+impl OnlineStore for Down {
+    fn name(&self) -> String {
+        "down".into()
+    }
+    async fn write(&self, _: &[WriteRow]) -> quiver_online::Result<usize> {
+        Err(quiver_online::Error::Unavailable { store: "down".into(), message: "connection refused".into() })
+    }
+    async fn read(&self, _: &[String]) -> quiver_online::Result<Vec<Option<Vec<u8>>>> {
+        Err(quiver_online::Error::Unavailable { store: "down".into(), message: "connection refused".into() })
+    }
+}
+
+#[tokio::test]
+async fn an_unavailable_store_gives_503_and_is_counted() {
+    let f = fixture(Some(Arc::new(Down)), None).await;
+    let (status, answer) = features(&f.state, json!({"entities": {"driver_id": [1]}, "features": ["stats:rate"]})).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer["error"], "online store unavailable");
+    let (_, text) = call(&f.state, "GET", "/metrics", None, None).await;
+    assert!(text.contains("quiver_store_errors_total 1"), "{text}");
+}
