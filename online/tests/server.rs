@@ -221,3 +221,73 @@ async fn an_unavailable_store_gives_503_and_is_counted() {
     let (_, text) = call(&f.state, "GET", "/metrics", None, None).await;
     assert!(text.contains("quiver_store_errors_total 1"), "{text}");
 }
+
+/// Starts a throwaway redis-server on `port`; returns its pid file.
+fn start_redis(port: u16, dir: &std::path::Path) -> std::path::PathBuf {
+    let pid = dir.join(format!("redis-{port}.pid"));
+    let status = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "yes"])
+        .arg("--pidfile")
+        .arg(&pid)
+        .status()
+        .expect("redis-server runs");
+    assert!(status.success());
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(started.elapsed().as_secs() < 10, "redis did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    pid
+}
+
+fn stop_redis(pid: &std::path::Path) {
+    let pid = std::fs::read_to_string(pid).unwrap();
+    std::process::Command::new("kill").arg(pid.trim()).status().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_gives_503_quickly_and_serving_recovers_when_it_returns() {
+    if std::process::Command::new("redis-server").arg("--version").output().is_err() {
+        assert!(std::env::var("QUIVER_REQUIRE_REDIS").is_err(), "QUIVER_REQUIRE_REDIS is set but redis-server is missing");
+        eprintln!("SKIPPED redis_down_gives_503...: no redis-server binary (use ./run test)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let pid = start_redis(port, dir.path());
+    let store = quiver_online::RedisStore::connect(&format!("redis://127.0.0.1:{port}/0")).await.unwrap();
+    let f = fixture(Some(Arc::new(store.clone())), None).await;
+    let key = store_key("p", "stats", &[KeyValue::Int(1)]);
+    let stats = parse_definitions(DEFS).unwrap();
+    let row = OnlineRow { event_ts: NOW, created_ts: i64::MIN, fingerprint: fingerprint(stats.feature_view("stats").unwrap()), values: vec![Value::Float64(2.5), Value::Int64(1), Value::Null] };
+    let write = [WriteRow { key, row: row.encode(), expire_at_ms: None }];
+    store.write(&write).await.unwrap();
+    let body = r#"{"entities": {"driver_id": [1]}, "features": ["stats:rate"]}"#;
+    assert_eq!(features(&f.state, body).await.1["results"][1]["values"], json!([2.5]));
+
+    stop_redis(&pid);
+    let started = std::time::Instant::now();
+    let (status, answer) = features(&f.state, body).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "503 took {:?}", started.elapsed());
+
+    // Redis returns (empty: no persistence); the server reconnects by itself.
+    let pid = start_redis(port, dir.path());
+    store.write(&write).await.ok();
+    let mut recovered = false;
+    for _ in 0..50 {
+        let (status, answer) = features(&f.state, body).await;
+        if status == StatusCode::OK {
+            store.write(&write).await.unwrap();
+            let (_, answer) = features(&f.state, body).await;
+            assert_eq!(answer["results"][1]["values"], json!([2.5]));
+            recovered = true;
+            break;
+        }
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    stop_redis(&pid);
+    assert!(recovered, "serving did not recover after Redis came back");
+}
