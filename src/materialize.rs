@@ -12,14 +12,10 @@ use quiver_offline::historical::{Window, latest_per_entity};
 use serde::{Deserialize, Serialize};
 use quiver_offline::schema::value_at;
 use quiver_online::{OnlineStore, WriteRow};
-use quiver_sdk::encoding::{KeyValue, OnlineRow, fingerprint, store_key};
+use quiver_sdk::encoding::{KeyValue, OnlineRow, expire_at_ms, fingerprint, store_key};
 use quiver_sdk::{Config, Definitions, FeatureView, KeyType};
 
 use crate::error::{Error, Result};
-
-/// How long a key outlives its TTL in the online store, so that reads in that window
-/// say OUTSIDE_MAX_AGE (after it they say NOT_FOUND).
-pub const KEY_GRACE_MS: i64 = 24 * 3600 * 1000;
 
 /// Rows per store write (each one pipelined round trip or one embedded transaction).
 const WRITE_BATCH: usize = 10_000;
@@ -46,7 +42,6 @@ pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch:
         .map(|_| batch.column(n_keys + 1).as_primitive::<TimestampMicrosecondType>());
     let first_feature = n_keys + 1 + usize::from(created.is_some());
     let print = fingerprint(view);
-    let ttl_ms = view.ttl.as_duration().map(|d| d.as_millis() as i64);
     (0..batch.num_rows())
         .map(|r| {
             let key_values: Vec<KeyValue> = keys
@@ -72,7 +67,7 @@ pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch:
             WriteRow {
                 key: store_key(project, &view.name, &key_values),
                 row: row.encode(),
-                expire_at_ms: ttl_ms.map(|ttl| event_ts.div_euclid(1000).saturating_add(ttl).saturating_add(KEY_GRACE_MS)),
+                expire_at_ms: expire_at_ms(view, event_ts),
             }
         })
         .collect()

@@ -178,6 +178,7 @@ fn bad(message: impl Into<String>) -> ApiError {
 pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()
         .route("/get-online-features", post(get_features))
+        .route("/push", post(push))
         .route("/health", get(|| async { Json(json!({ "status": "ok" })) }))
         .route("/metrics", get(metrics))
         .route("/registry", get(registry))
@@ -371,6 +372,131 @@ async fn get_features(
         })
         .collect();
     Ok(Json(json!({ "metadata": { "feature_names": names }, "results": results })))
+}
+
+/// A `/push` request: rows of one view, column-major.
+#[derive(Debug, serde::Deserialize)]
+struct PushRequest {
+    #[serde(default)]
+    feature_view: Option<String>,
+    #[serde(default)]
+    push_source_name: Option<String>,
+    df: BTreeMap<String, Vec<Json_>>,
+    #[serde(default)]
+    to: Option<String>,
+}
+
+/// A JSON value as a feature value of `dtype`; `None` when it does not fit.
+fn from_json(v: &Json_, dtype: quiver_sdk::DType) -> Option<Value> {
+    use quiver_sdk::{DType, ListElement};
+    if v.is_null() {
+        return Some(Value::Null);
+    }
+    Some(match dtype {
+        DType::Int32 => Value::Int32(i32::try_from(v.as_i64()?).ok()?),
+        DType::Int64 => Value::Int64(v.as_i64()?),
+        DType::Float32 => Value::Float32(v.as_f64()? as f32),
+        DType::Float64 => Value::Float64(v.as_f64()?),
+        DType::Bool => Value::Bool(v.as_bool()?),
+        DType::String => Value::String(v.as_str()?.to_string()),
+        DType::Bytes => Value::Bytes(v.as_array()?.iter().map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok())).collect::<Option<_>>()?),
+        DType::Timestamp => Value::Timestamp(parse_time(v)?),
+        DType::List(ListElement::Int64) => Value::ListInt64(v.as_array()?.iter().map(Json_::as_i64).collect::<Option<_>>()?),
+        DType::List(ListElement::Float32) => Value::ListFloat32(v.as_array()?.iter().map(|x| x.as_f64().map(|f| f as f32)).collect::<Option<_>>()?),
+        DType::List(ListElement::Float64) => Value::ListFloat64(v.as_array()?.iter().map(Json_::as_f64).collect::<Option<_>>()?),
+        DType::List(ListElement::String) => Value::ListString(v.as_array()?.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<_>>()?),
+    })
+}
+
+/// An RFC 3339 time with a zone, as UTC microseconds.
+fn parse_time(v: &Json_) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(v.as_str()?).ok().map(|t| t.timestamp_micros())
+}
+
+/// `POST /push`: rows written through the guarded online write. Writing offline comes
+/// with streaming; until then `to` other than `online` is refused with 501.
+async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Json<Json_>, ApiError> {
+    use quiver_sdk::encoding::{OnlineRow, expire_at_ms, fingerprint, store_key};
+    let request: PushRequest =
+        serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
+    match request.to.as_deref().unwrap_or("online") {
+        "online" => {}
+        "offline" | "online_and_offline" => {
+            return Err(ApiError(
+                StatusCode::NOT_IMPLEMENTED,
+                "pushing to the offline store comes with streaming; use \"to\": \"online\"".into(),
+            ));
+        }
+        other => return Err(bad(format!("`to` is `{other}` (expected online, offline or online_and_offline)"))),
+    }
+    let defs = state
+        .registry
+        .current()
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let name = request
+        .feature_view
+        .or(request.push_source_name)
+        .ok_or_else(|| bad("the push needs `feature_view` (or `push_source_name`)"))?;
+    let view = defs.feature_view(&name).ok_or_else(|| bad(format!("unknown feature view `{name}`")))?;
+    let n = request.df.values().next().map_or(0, Vec::len);
+    if n > MAX_ENTITY_ROWS {
+        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, format!("{n} rows; at most {MAX_ENTITY_ROWS} per push")));
+    }
+    if let Some((c, v)) = request.df.iter().find(|(_, v)| v.len() != n) {
+        return Err(bad(format!("df column `{c}` has {} values, another has {n}", v.len())));
+    }
+    let column = |c: &str| request.df.get(c).ok_or_else(|| bad(format!("df lacks column `{c}` of feature view `{name}`")));
+    let keys = defs.join_keys(view);
+    let key_columns = keys.iter().map(|k| column(&k.name)).collect::<Result<Vec<_>, _>>()?;
+    let ts = column(&view.source.timestamp_field)?;
+    let created = view.source.created_timestamp_field.as_deref().and_then(|c| request.df.get(c));
+    let features = view.features.iter().map(|f| column(&f.name)).collect::<Result<Vec<_>, _>>()?;
+    let print = fingerprint(view);
+    let mut rows = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut key_values = Vec::with_capacity(keys.len());
+        for (k, values) in keys.iter().zip(&key_columns) {
+            let v = &values[i];
+            key_values.push(match (k.dtype, v) {
+                (quiver_sdk::KeyType::Int64, Json_::Number(x)) if x.is_i64() => KeyValue::Int(x.as_i64().expect("checked")),
+                (quiver_sdk::KeyType::String, Json_::String(x)) if !x.is_empty() => KeyValue::Str(x.clone()),
+                _ => return Err(bad(format!("row {}: join key `{}` must be a non-empty {}, got {v}", i + 1, k.name, k.dtype))),
+            });
+        }
+        let at = |v: &Json_, field: &str| {
+            parse_time(v).ok_or_else(|| bad(format!("row {}: `{field}` must be an RFC 3339 time with a zone, got {v}", i + 1)))
+        };
+        let event_ts = at(&ts[i], &view.source.timestamp_field)?;
+        let created_ts = match created {
+            Some(c) => at(&c[i], view.source.created_timestamp_field.as_deref().unwrap_or_default())?,
+            None => i64::MIN,
+        };
+        let mut values = Vec::with_capacity(view.features.len());
+        for (f, column) in view.features.iter().zip(&features) {
+            values.push(from_json(&column[i], f.dtype).ok_or_else(|| {
+                bad(format!("row {}: feature `{}` must be {}, got {}", i + 1, f.name, f.dtype, column[i]))
+            })?);
+        }
+        let row = OnlineRow { event_ts, created_ts, fingerprint: print, values };
+        rows.push(crate::store::WriteRow {
+            key: store_key(&state.project, &view.name, &key_values),
+            row: row.encode(),
+            expire_at_ms: expire_at_ms(view, event_ts),
+        });
+    }
+    let written = match tokio::time::timeout(STORE_TIMEOUT, state.store.write(&rows)).await {
+        Ok(Ok(w)) => w,
+        Ok(Err(e)) => {
+            state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "online store failed");
+            return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store unavailable".into()));
+        }
+        Err(_) => {
+            state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store timed out".into()));
+        }
+    };
+    Ok(Json(json!({ "rows": n, "written": written })))
 }
 
 /// Serves `router` on `addr` until SIGINT or SIGTERM, then finishes open requests.

@@ -291,3 +291,50 @@ async fn redis_down_gives_503_quickly_and_serving_recovers_when_it_returns() {
     stop_redis(&pid);
     assert!(recovered, "serving did not recover after Redis came back");
 }
+
+#[tokio::test]
+async fn push_writes_online_through_the_guarded_write() {
+    let f = fixture(None, None).await;
+    let push = |body: &str| {
+        let state = f.state.clone();
+        let body = body.to_string();
+        async move {
+            let (status, text) = call(&state, "POST", "/push", Some(body), None).await;
+            (status, serde_json::from_str::<Json>(&text).unwrap())
+        }
+    };
+    // `pair` has no TTL, so its keys never expire (the store's own clock is the real
+    // one, while this server answers at a fixed 2024 time).
+    let (status, answer) = push(r#"{"feature_view": "pair", "to": "online", "df": {
+        "driver_id": [7, 8], "customer_id": ["a", "b"],
+        "event_timestamp": ["2024-01-01T09:30:00Z", "2024-01-01T10:00:00+01:00"],
+        "n": [5, null], "extra_column": [1, 2]}}"#)
+    .await;
+    assert_eq!((status, &answer), (StatusCode::OK, &json!({"rows": 2, "written": 2})));
+    let query = r#"{"entities": {"driver_id": [7, 8], "customer_id": ["a", "b"]}, "features": ["pair:n"]}"#;
+    let (_, got) = features(&f.state, query).await;
+    assert_eq!(got["results"][2]["values"], json!([5, null]), "{got}");
+    assert_eq!(got["results"][2]["statuses"], json!(["PRESENT", "NULL_VALUE"]));
+    assert_eq!(got["results"][2]["event_timestamps"][1], "2024-01-01T09:00:00Z");
+    // An older row for (7, a) is ignored; the stored one stays.
+    let (_, answer) = push(r#"{"push_source_name": "pair", "df": {"driver_id": [7], "customer_id": ["a"], "event_timestamp": ["2024-01-01T09:00:00Z"], "n": [9]}}"#).await;
+    assert_eq!(answer, json!({"rows": 1, "written": 0}));
+    let (_, got) = features(&f.state, query).await;
+    assert_eq!(got["results"][2]["values"], json!([5, null]));
+
+    let bad_cases = [
+        (r#"{"feature_view": "nope", "df": {}}"#, StatusCode::BAD_REQUEST, "unknown feature view `nope`"),
+        (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1]}}"#, StatusCode::BAD_REQUEST, "df lacks column `emb`"),
+        (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: `event_timestamp` must be an RFC 3339 time with a zone"),
+        (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": ["high"], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: feature `rate` must be float64"),
+        (r#"{"feature_view": "stats", "df": {"driver_id": ["x"], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "join key `driver_id` must be a non-empty int64"),
+        (r#"{"feature_view": "stats", "df": {"driver_id": [1, 2], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "has 1 values, another has 2"),
+        (r#"{"feature_view": "stats", "to": "offline", "df": {}}"#, StatusCode::NOT_IMPLEMENTED, "comes with streaming"),
+        (r#"{"feature_view": "stats"}"#, StatusCode::BAD_REQUEST, "not a valid push"),
+    ];
+    for (body, code, part) in bad_cases {
+        let (status, answer) = push(body).await;
+        assert_eq!(status, code, "{body}: {answer}");
+        assert!(answer["error"].as_str().unwrap().contains(part), "{answer} lacks {part:?}");
+    }
+}

@@ -18,6 +18,18 @@ use crate::types::{DType, ListElement};
 pub const ORDER_HEADER_LEN: usize = 16;
 const FORMAT: u8 = 1;
 
+/// How long a key outlives its view's TTL in an online store, so that reads in that
+/// window say OUTSIDE_MAX_AGE (after it they say NOT_FOUND).
+pub const KEY_GRACE_MS: i64 = 24 * 3600 * 1000;
+
+/// When the online key of a row with event time `event_ts` (UTC microseconds) expires,
+/// in milliseconds since the epoch: the TTL plus [`KEY_GRACE_MS`] after the event;
+/// `None` (never) for a view without a TTL.
+pub fn expire_at_ms(view: &FeatureView, event_ts: i64) -> Option<i64> {
+    let ttl_ms = i64::try_from(view.ttl.as_duration()?.as_millis()).ok()?;
+    Some(event_ts.div_euclid(1000).saturating_add(ttl_ms).saturating_add(KEY_GRACE_MS))
+}
+
 /// One join-key value.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KeyValue {
