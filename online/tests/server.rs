@@ -163,17 +163,25 @@ async fn bad_requests_get_clear_errors() {
 #[tokio::test]
 async fn health_registry_metrics_and_auth() {
     let f = fixture(None, Some("s3cret")).await;
-    assert_eq!(call(&f.state, "GET", "/health", None, None).await.0, StatusCode::UNAUTHORIZED);
-    assert_eq!(call(&f.state, "GET", "/health", None, Some("wrong")).await.0, StatusCode::UNAUTHORIZED);
-    let (status, body) = call(&f.state, "GET", "/health", None, Some("s3cret")).await;
+    assert_eq!(call(&f.state, "GET", "/registry", None, None).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(call(&f.state, "GET", "/registry", None, Some("wrong")).await.0, StatusCode::UNAUTHORIZED);
+    let body = r#"{"entities": {"driver_id": [1]}, "features": ["stats:rate"]}"#.to_string();
+    assert_eq!(call(&f.state, "POST", "/get-online-features", Some(body.clone()), None).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(call(&f.state, "POST", "/get-online-features", Some(body), Some("s3cret")).await.0, StatusCode::OK);
+    // Health checks need no token.
+    let (status, body) = call(&f.state, "GET", "/health", None, None).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "{\"status\":\"ok\"}"));
+    assert_eq!(call(&f.state, "GET", "/no/such/path", None, Some("s3cret")).await.0, StatusCode::NOT_FOUND);
     let (status, body) = call(&f.state, "GET", "/registry", None, Some("s3cret")).await;
     assert_eq!(status, StatusCode::OK);
     let defs: Json = serde_json::from_str(&body).unwrap();
     assert_eq!(defs["feature_views"][0]["name"], "stats");
     let (_, text) = call(&f.state, "GET", "/metrics", None, Some("s3cret")).await;
-    assert!(text.contains("quiver_requests_total{route=\"/health\",status=\"401\"} 2"), "{text}");
+    assert!(text.contains("quiver_requests_total{route=\"/registry\",status=\"401\"} 2"), "{text}");
     assert!(text.contains("quiver_requests_total{route=\"/registry\",status=\"200\"} 1"), "{text}");
+    assert!(text.contains("quiver_requests_total{route=\"/get-online-features\",status=\"200\"} 1"), "{text}");
+    assert!(text.contains("quiver_requests_total{route=\"other\",status=\"404\"} 1"), "{text}");
+    assert!(text.contains("quiver_request_seconds_count{route=\"/get-online-features\"} 2"), "{text}");
 }
 
 #[tokio::test]
