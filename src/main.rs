@@ -472,8 +472,14 @@ fn cmd_materialize(dir: &Path, start: &str, end: &str, names: &[String]) -> anyh
         quiver::materialize::materialize(&repo.config, defs, &views, start, end, store.as_ref(), &progress).await
     })?;
     bar.finish_and_clear();
+    print_materialized(&reports, began);
+    Ok(())
+}
+
+/// A line per view, then the total with the rate.
+fn print_materialized(reports: &[quiver::materialize::ViewReport], began: std::time::Instant) {
     let mut total = 0;
-    for r in &reports {
+    for r in reports {
         println!("{}: {} entities, {} written", r.view, r.entities, r.written);
         total += r.entities;
     }
@@ -483,7 +489,6 @@ fn cmd_materialize(dir: &Path, start: &str, end: &str, names: &[String]) -> anyh
         reports.len(),
         total as f64 / secs.max(1e-9)
     );
-    Ok(())
 }
 
 fn cmd_materialize_incremental(dir: &Path, end: &str) -> anyhow::Result<()> {
@@ -501,12 +506,7 @@ fn cmd_materialize_incremental(dir: &Path, end: &str) -> anyhow::Result<()> {
         quiver::materialize::materialize_incremental(&repo.config, defs, &views, end, store.as_ref(), &progress).await
     })?;
     bar.finish_and_clear();
-    let mut total = 0;
-    for r in &reports {
-        println!("{}: {} entities, {} written", r.view, r.entities, r.written);
-        total += r.entities;
-    }
-    println!("materialized {total} new rows from {} views in {:.2} s", reports.len(), began.elapsed().as_secs_f64());
+    print_materialized(&reports, began);
     Ok(())
 }
 
