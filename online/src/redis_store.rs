@@ -45,6 +45,9 @@ const KEYS_PER_CALL: usize = 500;
 /// Script calls per pipeline (one round trip).
 const CALLS_PER_PIPELINE: usize = 20;
 
+/// Pipelines sent before the first answer comes back.
+const PIPELINES_IN_FLIGHT: usize = 4;
+
 /// Redis through a multiplexed connection manager (reconnects on its own).
 #[derive(Clone)]
 pub struct RedisStore {
@@ -107,6 +110,23 @@ impl RedisStore {
         let counts: Vec<usize> = pipe.query_async(&mut conn).await?;
         Ok(counts.iter().sum())
     }
+
+    /// One pipeline, loading the script first if Redis forgot it (restarted, flushed).
+    async fn write_batch(&self, batch: &[WriteRow]) -> Result<usize> {
+        match self.write_pipeline(batch).await {
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let mut conn = self.conn.clone();
+                self.script
+                    .prepare_invoke()
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(|e| self.unavailable(e))?;
+                self.write_pipeline(batch).await.map_err(|e| self.unavailable(e))
+            }
+            Err(e) => Err(self.unavailable(e)),
+        }
+    }
 }
 
 /// The URL without a password, for messages.
@@ -127,24 +147,19 @@ impl OnlineStore for RedisStore {
     }
 
     async fn write(&self, rows: &[WriteRow]) -> Result<usize> {
-        let mut written = 0;
-        for batch in rows.chunks(KEYS_PER_CALL * CALLS_PER_PIPELINE) {
-            written += match self.write_pipeline(batch).await {
-                Ok(n) => n,
-                Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                    // A restarted or flushed Redis forgot the script: load it, retry once.
-                    let mut conn = self.conn.clone();
-                    self.script
-                        .prepare_invoke()
-                        .load_async(&mut conn)
-                        .await
-                        .map_err(|e| self.unavailable(e))?;
-                    self.write_pipeline(batch).await.map_err(|e| self.unavailable(e))?
-                }
-                Err(e) => return Err(self.unavailable(e)),
-            };
+        // Several pipelines in flight on the multiplexed connection, so Redis never
+        // waits on the network between them. Each pipeline is independent: the guarded
+        // write makes the order between them irrelevant.
+        let batches: Vec<&[WriteRow]> = rows.chunks(KEYS_PER_CALL * CALLS_PER_PIPELINE).collect();
+        let mut counts = Vec::with_capacity(batches.len());
+        for group in batches.chunks(PIPELINES_IN_FLIGHT) {
+            let mut in_flight = Vec::with_capacity(group.len());
+            for batch in group {
+                in_flight.push(self.write_batch(batch));
+            }
+            counts.extend(futures::future::join_all(in_flight).await);
         }
-        Ok(written)
+        counts.into_iter().sum()
     }
 
     async fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
