@@ -24,7 +24,7 @@ use quiver_sdk::{Definitions, FeatureRef, FileRegistry};
 use serde_json::{Value as Json_, json};
 
 use crate::error::Error;
-use crate::lookup::{Status, get_online_features};
+use crate::lookup::{Column, get_online_features};
 use crate::store::OnlineStore;
 
 /// Largest request body accepted (413 beyond).
@@ -227,32 +227,6 @@ async fn registry(State(state): State<Arc<ServerState>>) -> Result<Json<Json_>, 
     Ok(Json(serde_json::to_value(defs.as_ref()).expect("definitions serialise")))
 }
 
-fn json_value(v: &Value) -> Json_ {
-    let float = |x: f64| serde_json::Number::from_f64(x).map_or(Json_::Null, Json_::Number);
-    match v {
-        Value::Null => Json_::Null,
-        Value::Int32(x) => json!(x),
-        Value::Int64(x) => json!(x),
-        // serde_json writes finite floats with a decimal point (50.0), as Feast expects.
-        Value::Float32(x) => float(f64::from(*x)),
-        Value::Float64(x) => float(*x),
-        Value::Bool(x) => json!(x),
-        Value::String(x) => json!(x),
-        Value::Bytes(x) => json!(x),
-        Value::Timestamp(x) => json!(rfc3339(*x)),
-        Value::ListInt64(x) => json!(x),
-        Value::ListFloat32(x) => Json_::Array(x.iter().map(|v| float(f64::from(*v))).collect()),
-        Value::ListFloat64(x) => Json_::Array(x.iter().map(|v| float(*v)).collect()),
-        Value::ListString(x) => json!(x),
-    }
-}
-
-fn rfc3339(us: i64) -> String {
-    chrono::DateTime::from_timestamp_micros(us)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
-        .unwrap_or_default()
-}
-
 /// The entity map of a request, in the order the client wrote it (the answer echoes
 /// the join keys in that order, as Feast does).
 #[derive(Debug, Default)]
@@ -295,7 +269,7 @@ struct FeaturesRequest {
 async fn get_features(
     State(state): State<Arc<ServerState>>,
     body: axum::body::Bytes,
-) -> Result<Json<Json_>, ApiError> {
+) -> Result<Response, ApiError> {
     let request: FeaturesRequest =
         serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid request: {e}")))?;
     let defs = state
@@ -366,18 +340,176 @@ async fn get_features(
         }
         Ok(Ok(r)) => r,
     };
-    let names: Vec<&str> = result.iter().map(|c| c.name.as_str()).collect();
-    let results: Vec<Json_> = result
-        .iter()
-        .map(|c| {
-            json!({
-                "values": c.values.iter().map(json_value).collect::<Vec<_>>(),
-                "statuses": c.statuses.iter().map(Status::as_str).collect::<Vec<_>>(),
-                "event_timestamps": c.event_ts.iter().map(|t| rfc3339(t.unwrap_or(0))).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    Ok(Json(json!({ "metadata": { "feature_names": names }, "results": results })))
+    Ok(([(header::CONTENT_TYPE, "application/json")], response_json(&result)).into_response())
+}
+
+/// The `/get-online-features` answer, written straight into one buffer: building a
+/// `serde_json::Value` tree first costs an allocation per value, which dominates the
+/// server's time at 100 entities x 20 features.
+fn response_json(columns: &[Column]) -> Vec<u8> {
+    let cells: usize = columns.iter().map(|c| c.values.len()).sum();
+    let mut out = Vec::with_capacity(64 + cells * 48);
+    out.extend_from_slice(br#"{"metadata":{"feature_names":["#);
+    for (i, c) in columns.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json_str(&mut out, &c.name);
+    }
+    out.extend_from_slice(br#"]},"results":["#);
+    let mut previous_times: Option<(usize, std::ops::Range<usize>)> = None;
+    for (i, c) in columns.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#"{"values":["#);
+        for (j, v) in c.values.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            write_value(&mut out, v);
+        }
+        out.extend_from_slice(br#"],"statuses":["#);
+        for (j, s) in c.statuses.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            out.push(b'"');
+            out.extend_from_slice(s.as_str().as_bytes());
+            out.push(b'"');
+        }
+        out.extend_from_slice(br#"],"event_timestamps":["#);
+        // Features of one view share their rows' times: copy the previous column's text.
+        match previous_times {
+            Some((prev, ref range)) if columns[prev].event_ts == c.event_ts => {
+                out.extend_from_within(range.clone());
+            }
+            _ => {
+                let start = out.len();
+                for (j, t) in c.event_ts.iter().enumerate() {
+                    if j > 0 {
+                        out.push(b',');
+                    }
+                    out.push(b'"');
+                    write_rfc3339(&mut out, t.unwrap_or(0));
+                    out.push(b'"');
+                }
+                previous_times = Some((i, start..out.len()));
+            }
+        }
+        out.extend_from_slice(b"]}");
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
+}
+
+/// One value as JSON. Floats always carry a decimal point (`50.0`), as Feast's client
+/// infers the type from the JSON form; non-finite floats become `null`.
+fn write_value(out: &mut Vec<u8>, v: &Value) {
+    fn float(out: &mut Vec<u8>, x: f64) {
+        if x.is_finite() {
+            serde_json::to_writer(&mut *out, &x).expect("writing to a Vec cannot fail");
+        } else {
+            out.extend_from_slice(b"null");
+        }
+    }
+    fn list<T>(out: &mut Vec<u8>, items: &[T], mut each: impl FnMut(&mut Vec<u8>, &T)) {
+        out.push(b'[');
+        for (i, x) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            each(out, x);
+        }
+        out.push(b']');
+    }
+    let int = |out: &mut Vec<u8>, x: i64| out.extend_from_slice(x.to_string().as_bytes());
+    match v {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Int32(x) => int(out, i64::from(*x)),
+        Value::Int64(x) => int(out, *x),
+        Value::Float32(x) => float(out, f64::from(*x)),
+        Value::Float64(x) => float(out, *x),
+        Value::Bool(x) => out.extend_from_slice(if *x { b"true" } else { b"false" }),
+        Value::String(x) => json_str(out, x),
+        Value::Bytes(x) => list(out, x, |out, b| int(out, i64::from(*b))),
+        Value::Timestamp(x) => {
+            out.push(b'"');
+            write_rfc3339(out, *x);
+            out.push(b'"');
+        }
+        Value::ListInt64(x) => list(out, x, |out, v| int(out, *v)),
+        Value::ListFloat32(x) => list(out, x, |out, v| float(out, f64::from(*v))),
+        Value::ListFloat64(x) => list(out, x, |out, v| float(out, *v)),
+        Value::ListString(x) => list(out, x, |out, v| json_str(out, v)),
+    }
+}
+
+#[cfg(test)]
+fn rfc3339(us: i64) -> String {
+    let mut out = Vec::new();
+    write_rfc3339(&mut out, us);
+    String::from_utf8(out).expect("ascii")
+}
+
+/// UTC microseconds as RFC 3339 (`2024-02-29T12:34:56.123456Z`), with no fraction,
+/// milliseconds or microseconds as the value needs (chrono's `AutoSi`), without the
+/// allocations of a general formatter.
+fn write_rfc3339(out: &mut Vec<u8>, us: i64) {
+    let secs = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    if !(0..=9999).contains(&year) {
+        // Outside four-digit years: the general formatter.
+        let text = chrono::DateTime::from_timestamp_micros(us)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+            .unwrap_or_default();
+        out.extend_from_slice(text.as_bytes());
+        return;
+    }
+    fn digits(out: &mut Vec<u8>, n: i64, width: usize) {
+        let mut buf = [b'0'; 6];
+        let mut n = n;
+        for slot in buf[..width].iter_mut().rev() {
+            *slot = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        out.extend_from_slice(&buf[..width]);
+    }
+    digits(out, year, 4);
+    out.push(b'-');
+    digits(out, month, 2);
+    out.push(b'-');
+    digits(out, day, 2);
+    out.push(b'T');
+    digits(out, sod / 3600, 2);
+    out.push(b':');
+    digits(out, sod / 60 % 60, 2);
+    out.push(b':');
+    digits(out, sod % 60, 2);
+    if micros % 1000 == 0 && micros != 0 {
+        out.push(b'.');
+        digits(out, micros / 1000, 3);
+    } else if micros != 0 {
+        out.push(b'.');
+        digits(out, micros, 6);
+    }
+    out.push(b'Z');
 }
 
 /// A `/push` request: rows of one view, column-major.
@@ -532,5 +664,85 @@ mod tests {
         assert_eq!(super::rfc3339(1_704_067_200_000_000), "2024-01-01T00:00:00Z");
         assert_eq!(super::rfc3339(1_709_210_096_123_456), "2024-02-29T12:34:56.123456Z");
         assert_eq!(super::rfc3339(-1), "1969-12-31T23:59:59.999999Z");
+        assert_eq!(super::rfc3339(1_709_210_096_120_000), "2024-02-29T12:34:56.120Z");
+    }
+
+    /// The hand-written formatter against chrono's, over random instants from year 1 to
+    /// 9999 and beyond (where it hands over to chrono), at every sub-second precision.
+    #[test]
+    fn rfc3339_matches_chrono() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let chrono = |us: i64| {
+            chrono::DateTime::from_timestamp_micros(us)
+                .unwrap()
+                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+        };
+        for _ in 0..200_000 {
+            let mut us = rng.random_range(-62_135_596_800_000_000..300_000_000_000_000_000i64);
+            match rng.random_range(0..3) {
+                0 => us -= us.rem_euclid(1_000_000),
+                1 => us -= us.rem_euclid(1_000),
+                _ => {}
+            }
+            assert_eq!(super::rfc3339(us), chrono(us), "{us}");
+        }
+    }
+
+    /// The direct writer against a `serde_json::Value` built the plain way, for every
+    /// value kind: same JSON document, and floats keep their decimal point.
+    #[test]
+    fn response_json_matches_serde() {
+        use super::{Column, Value};
+        use crate::lookup::Status;
+        use serde_json::json;
+        let values = vec![
+            Value::Null,
+            Value::Int32(-7),
+            Value::Int64(i64::MIN),
+            Value::Float32(0.1),
+            Value::Float64(50.0),
+            Value::Float64(f64::NAN),
+            Value::Bool(true),
+            Value::String("quote\" and \u{e9}\n".into()),
+            Value::Bytes(vec![0, 255]),
+            Value::Timestamp(1_709_210_096_123_000),
+            Value::ListInt64(vec![1, -2]),
+            Value::ListFloat32(vec![1.0, 0.5]),
+            Value::ListFloat64(vec![2.0, f64::INFINITY]),
+            Value::ListString(vec!["a".into(), "b\"".into()]),
+        ];
+        let n = values.len();
+        let times: Vec<Option<i64>> = (0..n).map(|i| (i % 2 == 0).then_some(i as i64 * 1_000_001)).collect();
+        let column = |name: &str, values: Vec<Value>, times: Vec<Option<i64>>| Column {
+            name: name.into(),
+            values,
+            statuses: vec![Status::Present; n],
+            event_ts: times,
+        };
+        // Two columns with the same times (one view), then one with other times.
+        let columns = vec![
+            column("f\"1", values.clone(), times.clone()),
+            column("g", values.clone(), times.clone()),
+            column("h", values.clone(), times.iter().map(|t| t.map(|t| t + 7)).collect()),
+        ];
+        let text = String::from_utf8(super::response_json(&columns)).unwrap();
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let f = |x: f64| json!(x);
+        let result = |times: &[Option<i64>]| {
+            json!({
+                "values": [null, -7, i64::MIN, f(f64::from(0.1f32)), 50.0, null, true, "quote\" and \u{e9}\n",
+                           [0, 255], "2024-02-29T12:34:56.123Z", [1, -2], [1.0, 0.5], [2.0, null], ["a", "b\""]],
+                "statuses": vec!["PRESENT"; n],
+                "event_timestamps": times.iter().map(|t| super::rfc3339(t.unwrap_or(0))).collect::<Vec<_>>(),
+            })
+        };
+        let later: Vec<Option<i64>> = times.iter().map(|t| t.map(|t| t + 7)).collect();
+        let want = json!({
+            "metadata": {"feature_names": ["f\"1", "g", "h"]},
+            "results": [result(&times), result(&times), result(&later)]
+        });
+        assert_eq!(parsed, want);
+        assert!(text.contains("50.0") && text.contains("[1.0,0.5]"), "{text}");
     }
 }

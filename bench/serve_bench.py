@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""Online serving and materialization: Quiver beside Feast and Redis itself (not a test).
+
+    <feast-venv>/bin/python bench/serve_bench.py --quiver target/release/quiver
+        [--entities 100000] [--rows-per-entity 5] [--duration 10] [--feast-workers 2]
+
+(`./run bench-serve` installs everything and runs this.) One private redis-server on a
+free loopback port holds both stores (Quiver in db 0, Feast in db 1). The script
+generates two driver views x 10 features with event times in the last hour, then:
+
+1. materializes them with `quiver materialize` and with `feast materialize` (Feast's
+   default file offline store, its Redis online store): rows written per second;
+2. checks that both servers answer the same values for the same request;
+3. loads `POST /get-online-features` of `quiver serve` and of `feast serve` (Feast's
+   Python feature server) with wrk, 8 connections, for 1, 10 and 100 entities x
+   2 views x 10 features: p50/p99 latency and requests/s;
+4. runs redis-benchmark GET on the same Redis with 8 connections: the limit of one
+   round trip.
+
+Prints one table with the ratios. Needs wrk, redis-server, redis-benchmark on PATH.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import requests
+
+VIEWS = {
+    "driver_a": [f"a{i}" for i in range(10)],
+    "driver_b": [f"b{i}" for i in range(10)],
+}
+INT_FEATURES = {"a7", "a8", "a9", "b7", "b8", "b9"}
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_http(url, what, timeout=60):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            requests.get(url, timeout=0.5)
+            return
+        except requests.RequestException:
+            time.sleep(0.2)
+    sys.exit(f"{what} did not come up at {url}")
+
+
+def generate(work, n_entities, per_entity, now, rng):
+    files = {}
+    ts_type = pa.timestamp("us", tz="UTC")
+    n = n_entities * per_entity
+    ids = [1 + (i % n_entities) for i in range(n)]
+    for view, features in VIEWS.items():
+        times = [now - timedelta(seconds=rng.uniform(0, 3500)) for _ in range(n)]
+        cols = {"driver_id": pa.array(ids, pa.int64()),
+                "event_timestamp": pa.array(times, ts_type),
+                "created_timestamp": pa.array(times, ts_type)}
+        for f in features:
+            if f in INT_FEATURES:
+                cols[f] = pa.array([rng.randint(0, 1_000_000) for _ in range(n)], pa.int64())
+            else:
+                cols[f] = pa.array([rng.random() * 100 for _ in range(n)], pa.float64())
+        path = os.path.join(work, f"{view}.parquet")
+        pq.write_table(pa.table(cols), path)
+        files[view] = path
+    return files
+
+
+def quiver_repo(work, files, redis_port):
+    repo = os.path.join(work, "quiver_repo")
+    os.makedirs(repo)
+    with open(os.path.join(repo, "quiver.yaml"), "w") as fh:
+        fh.write(f"project: servebench\nregistry: registry.json\noffline_store:\n  path: data\n"
+                 f"online_store:\n  type: redis\n  url: redis://127.0.0.1:{redis_port}/0\n")
+    lines = ["entities:", "  - name: driver", "    join_keys: [{name: driver_id, dtype: int64}]", "feature_views:"]
+    for view, features in VIEWS.items():
+        lines += [f"  - name: {view}", "    entities: [driver]", "    ttl: 1d", "    online: true",
+                  "    source: {timestamp_field: event_timestamp, created_timestamp_field: created_timestamp}",
+                  "    features:"]
+        lines += [f"      - {{name: {f}, dtype: {'int64' if f in INT_FEATURES else 'float64'}}}" for f in features]
+    with open(os.path.join(repo, "features.yaml"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return repo
+
+
+def feast_repo(work, files, redis_port):
+    repo = os.path.join(work, "feast_repo")
+    os.makedirs(repo)
+    with open(os.path.join(repo, "feature_store.yaml"), "w") as fh:
+        fh.write(f"""project: servebench
+registry: {repo}/registry.db
+provider: local
+online_store:
+  type: redis
+  connection_string: "127.0.0.1:{redis_port},db=1"
+offline_store:
+  type: file
+entity_key_serialization_version: 3
+""")
+    src = ["from datetime import timedelta",
+           "from feast import Entity, FeatureView, Field, FileSource, ValueType",
+           "from feast.types import Float64, Int64",
+           "driver = Entity(name='driver', join_keys=['driver_id'], value_type=ValueType.INT64)"]
+    for view, features in VIEWS.items():
+        schema = ", ".join(f"Field(name='{f}', dtype={'Int64' if f in INT_FEATURES else 'Float64'})" for f in features)
+        src += [f"{view} = FeatureView(name='{view}', entities=[driver], ttl=timedelta(days=1), online=True,",
+                f"    source=FileSource(name='{view}_src', path='{files[view]}', timestamp_field='event_timestamp',",
+                "                      created_timestamp_column='created_timestamp'),",
+                f"    schema=[{schema}])"]
+    with open(os.path.join(repo, "features.py"), "w") as fh:
+        fh.write("\n".join(src) + "\n")
+    return repo
+
+
+def timed(cmd, **kw):
+    began = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    secs = time.perf_counter() - began
+    if res.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return secs, res.stdout + res.stderr
+
+
+def to_ms(text):
+    m = re.match(r"([\d.]+)(us|ms|s)", text)
+    value, unit = float(m.group(1)), m.group(2)
+    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+
+def wrk(url, body, duration, work):
+    script = os.path.join(work, "post.lua")
+    with open(script, "w") as fh:
+        fh.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                 f"wrk.body = '{json.dumps(body)}'\n")
+    out = subprocess.run(["wrk", "-t2", "-c8", f"-d{duration}s", "--latency", "-s", script, url],
+                         capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    p50 = to_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
+    p99 = to_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        sys.exit(f"{url}: {errors.group(1)} error responses under load\n{out}")
+    return rps, p50, p99
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quiver", required=True)
+    ap.add_argument("--entities", type=int, default=100_000)
+    ap.add_argument("--rows-per-entity", type=int, default=5)
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--feast-workers", type=int, default=2)
+    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = ap.parse_args()
+    quiver = os.path.abspath(args.quiver)
+    feast = os.path.join(os.path.dirname(sys.executable), "feast")
+    work = tempfile.mkdtemp(prefix="quiver-serve-bench.")
+    procs = []
+    rport = free_port()
+    procs.append(subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no"], stdout=subprocess.DEVNULL))
+    try:
+        time.sleep(0.5)
+        rng = random.Random(42)
+        now = datetime.now(timezone.utc)
+        print(f"== data: {args.entities} drivers x {args.rows_per_entity} rows x 2 views x 10 features", flush=True)
+        files = generate(work, args.entities, args.rows_per_entity, now, rng)
+        start, end = (now - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S"), (now + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S")
+        written = 2 * args.entities
+
+        qrepo = quiver_repo(work, files, rport)
+        q = [quiver, "--repo", qrepo]
+        timed(q + ["apply"])
+        for view, path in files.items():
+            timed(q + ["ingest", view, path])
+        q_mat, out = timed(q + ["materialize", start + "Z", end + "Z"])
+        print(out.strip().splitlines()[-1], flush=True)
+
+        frepo = feast_repo(work, files, rport)
+        timed([feast, "-c", frepo, "apply"])
+        f_mat, _ = timed([feast, "-c", frepo, "materialize", start, end])
+        print(f"feast materialize: {written} rows in {f_mat:.2f} s", flush=True)
+
+        qport, fport = free_port(), free_port()
+        procs.append(subprocess.Popen(q + ["serve", "--port", str(qport)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([feast, "-c", frepo, "serve", "-p", str(fport), "--no-access-log",
+                                       "-w", str(args.feast_workers), "--max-requests", "0"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        qurl, furl = f"http://127.0.0.1:{qport}", f"http://127.0.0.1:{fport}"
+        wait_http(qurl + "/health", "quiver serve")
+        wait_http(furl + "/health", "feast serve")
+
+        features = [f"{v}:{f}" for v, fs in VIEWS.items() for f in fs]
+        ids = rng.sample(range(1, args.entities + 1), 100)
+        # Same answer from both servers before timing anything.
+        body = {"entities": {"driver_id": ids}, "features": features}
+        qa = requests.post(qurl + "/get-online-features", json=body, timeout=30).json()
+        fa = requests.post(furl + "/get-online-features", json=body, timeout=30).json()
+        # Feast orders the columns its own way: compare by name.
+        by_name = lambda ans: {n: r["values"] for n, r in zip(ans["metadata"]["feature_names"], ans["results"])}  # noqa: E731
+        if by_name(qa) != by_name(fa):
+            sys.exit(f"quiver serve and feast serve disagree on the same request:\n{json.dumps(qa)[:1500]}\n{json.dumps(fa)[:1500]}")
+        print("both servers return the same 100 x 20 values", flush=True)
+
+        rows = []
+        for n in (1, 10, 100):
+            body = {"entities": {"driver_id": ids[:n]}, "features": features}
+            qr = wrk(qurl + "/get-online-features", body, args.duration, work)
+            fr = wrk(furl + "/get-online-features", body, args.duration, work)
+            rows.append((n, qr, fr))
+            print(f"{n} entities: quiver {qr[0]:.0f} req/s p50 {qr[1]:.2f} ms p99 {qr[2]:.2f} ms | "
+                  f"feast {fr[0]:.0f} req/s p50 {fr[1]:.2f} ms p99 {fr[2]:.2f} ms", flush=True)
+        rb = subprocess.run(["redis-benchmark", "-p", str(rport), "-t", "get", "-n", "200000", "-c", "8", "-q"],
+                            capture_output=True, text=True).stdout
+        redis_rps = float(re.search(r"([\d.]+) requests per second", rb).group(1))
+
+        print()
+        print("| entities x 2 views x 10 features | quiver req/s | quiver p50 / p99 ms | feast req/s | feast p50 / p99 ms | throughput ratio |")
+        print("|---|---|---|---|---|---|")
+        for n, (qrps, qp50, qp99), (frps, fp50, fp99) in rows:
+            print(f"| {n} | {qrps:,.0f} | {qp50:.2f} / {qp99:.2f} | {frps:,.0f} | {fp50:.2f} / {fp99:.2f} | {qrps / frps:.1f}x |")
+        print(f"\nredis-benchmark GET (8 connections, same Redis): {redis_rps:,.0f} req/s")
+        print(f"materialize {written:,} rows into Redis: quiver {q_mat:.2f} s ({written / q_mat:,.0f} rows/s), "
+              f"feast {f_mat:.2f} s ({written / f_mat:,.0f} rows/s), ratio {f_mat / q_mat:.1f}x")
+        print(f"(feast serve with {args.feast_workers} workers; quiver serve, wrk and Redis share this machine's "
+              f"{os.cpu_count()} cores)")
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if args.keep:
+            print(f"work folder: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
