@@ -128,7 +128,19 @@ enum Command {
         port: Option<u16>,
     },
     /// Consume the views' Kafka topics into both stores.
-    Stream { views: Vec<String> },
+    Stream {
+        /// Views to stream (default: every view with a stream source).
+        views: Vec<String>,
+        /// Flush a micro-batch when it holds this many messages.
+        #[arg(long, default_value_t = 10_000)]
+        batch_rows: usize,
+        /// Flush a micro-batch when its oldest message waited this many milliseconds.
+        #[arg(long, default_value_t = 500)]
+        batch_ms: u64,
+        /// Serve Prometheus metrics on this port (at the server host, /metrics).
+        #[arg(long)]
+        metrics_port: Option<u16>,
+    },
     /// Write rows through the streaming write path.
     Push {
         view: String,
@@ -237,8 +249,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::MaterializeIncremental { end } => cmd_materialize_incremental(&repo_dir, &end),
         Command::Online { features, entities } => cmd_online(&repo_dir, &features, &entities),
         Command::Serve { host, port } => cmd_serve(&repo_dir, host, port),
-        Command::Stream { .. } => later("stream", "streaming ingestion (issue #5)"),
-        Command::Push { .. } => later("push", "streaming ingestion (issue #5)"),
+        Command::Stream { views, batch_rows, batch_ms, metrics_port } => {
+            cmd_stream(&repo_dir, &views, batch_rows, batch_ms, metrics_port)
+        }
+        Command::Push { view, file, to } => cmd_push(&repo_dir, &view, &file, to),
         Command::Verify { .. } => later("verify", "consistency verification (issue #9)"),
         Command::Doctor { .. } => later("doctor", "consistency verification (issue #9)"),
     }
@@ -347,6 +361,97 @@ fn cmd_ingest(dir: &Path, view: &str, file: &Path) -> anyhow::Result<()> {
     println!(
         "ingested {} rows into {} (table version {}) in {:.2} s",
         report.rows, view.name, report.version, report.seconds
+    );
+    Ok(())
+}
+
+fn cmd_push(dir: &Path, view: &str, file: &Path, to: PushTarget) -> anyhow::Result<()> {
+    use quiver::streaming::Target;
+    let repo = Repo::open(dir)?;
+    let doc = repo.applied()?;
+    let view = applied_view(&doc.definitions, view)?;
+    let target = match to {
+        PushTarget::Online => Target::Online,
+        PushTarget::Offline => Target::Offline,
+        PushTarget::OnlineAndOffline => Target::OnlineAndOffline,
+    };
+    let began = std::time::Instant::now();
+    let rt = runtime()?;
+    let report = rt.block_on(async {
+        let store = if target.online() { Some(quiver::online::open_store(&repo.config.online_store).await?) } else { None };
+        anyhow::Ok(
+            quiver::streaming::write::push_file(&repo.config, &doc.definitions, view, file, target, store.as_deref()).await?,
+        )
+    })?;
+    let mut parts = Vec::new();
+    if let Some(v) = report.offline_version {
+        parts.push(format!("offline: table version {v}"));
+    }
+    if let Some(w) = report.online_written {
+        parts.push(format!("online: {w} written, {} older than the stored rows", report.rows - w));
+    }
+    println!("pushed {} rows into {} ({}) in {:.2} s", report.rows, view.name, parts.join("; "), began.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn cmd_stream(dir: &Path, views: &[String], batch_rows: usize, batch_ms: u64, metrics_port: Option<u16>) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let repo = Repo::open(dir)?;
+    let defs = Arc::new(repo.applied()?.definitions);
+    // Checked before connecting anywhere.
+    quiver::streaming::consumer::stream_views(&defs, views)?;
+    if batch_rows == 0 || batch_ms == 0 {
+        anyhow::bail!("--batch-rows and --batch-ms must be at least 1");
+    }
+    let mut options = quiver::streaming::StreamOptions::new(&repo.config);
+    options.batch_rows = batch_rows;
+    options.batch_interval = std::time::Duration::from_millis(batch_ms);
+    let rt = runtime()?;
+    let store = rt.block_on(quiver::online::open_store(&repo.config.online_store))?;
+    let metrics = Arc::new(quiver::streaming::Metrics::default());
+    let shutdown = Arc::new(AtomicBool::new(false));
+    {
+        let shutdown = shutdown.clone();
+        rt.spawn(async move {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+            eprintln!("stopping: flushing the current batch");
+            shutdown.store(true, Ordering::Relaxed);
+        });
+    }
+    if let Some(port) = metrics_port {
+        let addr: std::net::SocketAddr = format!("{}:{port}", repo.config.server.host)
+            .parse()
+            .map_err(|e| anyhow::anyhow!("metrics address `{}:{port}`: {e}", repo.config.server.host))?;
+        let listener = rt.block_on(tokio::net::TcpListener::bind(addr)).with_context(|| format!("binding {addr}"))?;
+        let metrics = metrics.clone();
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let metrics = metrics.clone();
+                async move { metrics.render() }
+            }),
+        );
+        rt.spawn(async move { axum::serve(listener, app).await });
+        eprintln!("metrics on http://{addr}/metrics");
+    }
+    let report = quiver::streaming::run(
+        &repo.config,
+        defs,
+        views,
+        store,
+        options,
+        metrics,
+        shutdown,
+        rt.handle().clone(),
+    )?;
+    println!(
+        "consumed {} messages: {} written online, {} appended offline, {} dead-lettered",
+        report.consumed, report.written_online, report.appended_offline, report.dead_lettered
     );
     Ok(())
 }

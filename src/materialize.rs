@@ -3,17 +3,13 @@
 
 use std::time::Instant;
 
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use quiver_offline::historical::{Window, latest_per_entity};
+use quiver_online::OnlineStore;
+use quiver_sdk::{Config, Definitions, FeatureView};
 use serde::{Deserialize, Serialize};
-use quiver_offline::schema::value_at;
-use quiver_online::{OnlineStore, WriteRow};
-use quiver_sdk::encoding::{KeyValue, OnlineRow, expire_at_ms, fingerprint, store_key};
-use quiver_sdk::{Config, Definitions, FeatureView, KeyType};
 
 use crate::error::{Error, Result};
 
@@ -31,48 +27,8 @@ pub struct ViewReport {
     pub written: usize,
 }
 
-/// The online rows of one view's latest-per-entity batch.
-pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch: &RecordBatch) -> Vec<WriteRow> {
-    let keys = defs.join_keys(view);
-    let n_keys = keys.len();
-    let ts = batch.column(n_keys).as_primitive::<TimestampMicrosecondType>();
-    let created = view
-        .source
-        .created_timestamp_field
-        .as_ref()
-        .map(|_| batch.column(n_keys + 1).as_primitive::<TimestampMicrosecondType>());
-    let first_feature = n_keys + 1 + usize::from(created.is_some());
-    let print = fingerprint(view);
-    (0..batch.num_rows())
-        .map(|r| {
-            let key_values: Vec<KeyValue> = keys
-                .iter()
-                .enumerate()
-                .map(|(i, k)| match k.dtype {
-                    KeyType::Int64 => KeyValue::Int(batch.column(i).as_primitive::<Int64Type>().value(r)),
-                    KeyType::String => KeyValue::Str(batch.column(i).as_string::<i32>().value(r).to_string()),
-                })
-                .collect();
-            let event_ts = ts.value(r);
-            let row = OnlineRow {
-                event_ts,
-                created_ts: created.map_or(i64::MIN, |c| c.value(r)),
-                fingerprint: print,
-                values: view
-                    .features
-                    .iter()
-                    .enumerate()
-                    .map(|(k, f)| value_at(batch.column(first_feature + k).as_ref(), r, f.dtype))
-                    .collect(),
-            };
-            WriteRow {
-                key: store_key(project, &view.name, &key_values),
-                row: row.encode(),
-                expire_at_ms: expire_at_ms(view, event_ts),
-            }
-        })
-        .collect()
-}
+/// The online rows of one view's latest-per-entity batch (the shared write path's).
+pub use quiver_streaming::write::online_rows;
 
 /// Loads one view's latest rows in `window` into the store.
 async fn load_view(

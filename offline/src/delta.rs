@@ -126,3 +126,26 @@ pub async fn ensure_table(
         .map_err(|e| Error::delta(location, e))?;
     Ok(true)
 }
+
+/// The versions the table's last commits recorded for `app_ids` (Delta `txn` actions),
+/// from a fresh read of the log; `None` for an app that never committed, and for every
+/// app when the table does not exist yet.
+///
+/// # Errors
+/// [`Error::Delta`] when the table cannot be read.
+pub async fn txn_versions(location: &StoreLocation, app_ids: &[String]) -> Result<Vec<Option<i64>>> {
+    let Some(table) = open_table(location).await? else {
+        return Ok(vec![None; app_ids.len()]);
+    };
+    let state = table.snapshot().map_err(|e| Error::delta(location, e))?;
+    let mut out = Vec::with_capacity(app_ids.len());
+    for app in app_ids {
+        out.push(
+            state
+                .transaction_version(table.log_store().as_ref(), app)
+                .await
+                .map_err(|e| Error::delta(location, e))?,
+        );
+    }
+    Ok(out)
+}

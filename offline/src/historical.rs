@@ -542,6 +542,18 @@ async fn scan_view(
     })
 }
 
+/// Every row of a view's table: keys, event time, created time (if any), the
+/// ingestion-order column, then the view's features that the table has (in view order).
+/// An empty list when the table does not exist.
+///
+/// # Errors
+/// [`Error::Delta`]/[`Error::Query`] when the table cannot be read.
+pub async fn read_view(config: &Config, defs: &Definitions, view: &FeatureView) -> Result<Vec<RecordBatch>> {
+    let location = config.view_table(view);
+    let features: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
+    Ok(scan_view(&location.to_string(), &location, defs, view, &features, None, i64::MAX, None).await?.batches)
+}
+
 /// Writes a batch to Parquet atomically (a temp file renamed into place), so a failed
 /// write leaves no partial file.
 ///

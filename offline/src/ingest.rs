@@ -11,6 +11,7 @@ use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, UInt32Array};
 use arrow::compute::{concat_batches, take_record_batch};
 use arrow::datatypes::{DataType, Int64Type, Schema, TimestampMicrosecondType};
 use arrow::row::{RowConverter, SortField};
+use deltalake::kernel::Transaction;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
@@ -48,8 +49,37 @@ pub async fn ingest(
     progress: Progress<'_>,
 ) -> Result<IngestReport> {
     let start = Instant::now();
+    let batches = read_file(file, defs, view)?;
+    let mut report = append(location, defs, view, file, batches, Vec::new(), progress).await?;
+    report.seconds = start.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// An application's progress recorded in the same Delta commit as its rows (a Delta
+/// `txn` action): `quiver stream` records the last Kafka offset of each partition it
+/// appended, so a replay after a crash can tell what the table already holds.
+pub type AppTxn = (String, i64);
+
+/// Appends rows of `view` to its table in one commit, creating the table if missing:
+/// the shared write path of `ingest`, `push` and `stream`. `source` names where the
+/// rows came from in errors; `txns` are committed atomically with the rows.
+///
+/// # Errors
+/// [`Error::Input`] when a batch does not fit the view; [`Error::Delta`] when the commit
+/// fails (a concurrent writer included: the commit does not retry past another version,
+/// see below). Either way the table is unchanged.
+pub async fn append(
+    location: &StoreLocation,
+    defs: &Definitions,
+    view: &FeatureView,
+    source: &Path,
+    batches: Vec<RecordBatch>,
+    txns: Vec<AppTxn>,
+    progress: Progress<'_>,
+) -> Result<IngestReport> {
+    let start = Instant::now();
+    let file = source;
     let wanted: Vec<Wanted> = view_columns(defs, view);
-    let batches = read_file(file, &wanted)?;
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
     progress("read", rows as u64);
     if rows == 0 {
@@ -58,13 +88,11 @@ pub async fn ingest(
 
     // Check every row and sort, all before touching the table.
     let schema = table_schema(defs, view);
-    let mut conformed = Vec::with_capacity(batches.len());
-    let mut row0 = 0usize;
-    for batch in &batches {
-        conformed.push(conform(file, batch, &wanted, row0)?);
-        row0 += batch.num_rows();
-        progress("checked", row0 as u64);
-    }
+    let conformed: Vec<Vec<ArrayRef>> = conform_batches(defs, view, file, &batches)?
+        .into_iter()
+        .map(|b| b.columns().to_vec())
+        .collect();
+    progress("checked", rows as u64);
     drop(batches);
     let has_created = view.source.created_timestamp_field.is_some();
     let (sorted, order) = sort_for_reads(&wanted, conformed, defs.join_keys(view).len(), has_created)?;
@@ -93,7 +121,11 @@ pub async fn ingest(
     let table = table
         .write(batches_out)
         .with_save_mode(SaveMode::Append)
-        .with_commit_properties(CommitProperties::default().with_max_retries(0))
+        .with_commit_properties(
+            CommitProperties::default()
+                .with_max_retries(0)
+                .with_application_transactions(txns.into_iter().map(|(app, v)| Transaction::new(app, v)).collect()),
+        )
         // A view that gained features since its table was created gains the columns.
         .with_schema_mode(SchemaMode::Merge)
         .await
@@ -111,6 +143,24 @@ pub async fn ingest(
         version,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Checks `batches` against the view and converts them to its table columns
+/// ([`view_columns`], without the ingestion-order column): safe widening only, UTC
+/// times, no missing keys or times. `source` names the input in errors, with the row.
+///
+/// # Errors
+/// [`Error::Input`] naming `source`, the column and the first bad row.
+pub fn conform_batches(defs: &Definitions, view: &FeatureView, source: &Path, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    let wanted: Vec<Wanted> = view_columns(defs, view);
+    let schema = Arc::new(Schema::new(wanted.iter().map(|(f, _)| f.clone()).collect::<Vec<_>>()));
+    let mut out = Vec::with_capacity(batches.len());
+    let mut row0 = 0usize;
+    for batch in batches {
+        out.push(RecordBatch::try_new(schema.clone(), conform(source, batch, &wanted, row0)?)?);
+        row0 += batch.num_rows();
+    }
+    Ok(out)
 }
 
 /// Rows of one ingest sorted by (join keys, event time, created time, row in the file),

@@ -16,7 +16,9 @@ use arrow::util::display::FormatOptions;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{Error, Result};
-use crate::schema::{Role, timestamp_type};
+use crate::schema::{Role, rows_to_columns, timestamp_type, view_columns};
+use quiver_sdk::rows::{RowReader, parse_instant};
+use quiver_sdk::{Definitions, FeatureView};
 
 /// The file formats `ingest` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,12 +53,15 @@ impl InputFormat {
 /// A column a reader should produce: the name, the type wanted, and its role.
 pub type Wanted = (Field, Role);
 
-/// Reads a whole file into batches. Text formats are parsed with the wanted types
-/// (timestamps as text, checked later); other columns of a CSV are read as text.
+/// Reads a whole file of `view`'s rows into batches. CSV is parsed with the view's
+/// types (timestamps as text, checked later; other columns as text); JSON lines go
+/// through the strict row reader; Parquet is read as it is. [`conform`] checks the rest.
 ///
 /// # Errors
 /// [`Error::Input`] naming the file for unreadable or malformed input.
-pub fn read_file(path: &Path, wanted: &[Wanted]) -> Result<Vec<RecordBatch>> {
+pub fn read_file(path: &Path, defs: &Definitions, view: &FeatureView) -> Result<Vec<RecordBatch>> {
+    let wanted = view_columns(defs, view);
+    let wanted = wanted.as_slice();
     let format = InputFormat::from_path(path)?;
     let file = File::open(path).map_err(|e| Error::input(path, e.to_string()))?;
     let fail = |e: &dyn std::fmt::Display| Error::input(path, e.to_string());
@@ -99,38 +104,57 @@ pub fn read_file(path: &Path, wanted: &[Wanted]) -> Result<Vec<RecordBatch>> {
                 .map_err(|e| fail(&e))?;
             reader.collect::<std::result::Result<Vec<_>, _>>().map_err(|e| fail(&e))
         }
-        InputFormat::JsonLines => {
-            // The reader fills absent fields with nulls, so look at the keys the objects
-            // actually have first: a column missing from the file is an error, as in
-            // CSV and Parquet.
-            let (present, _) = arrow::json::reader::infer_json_schema(
-                BufReader::new(File::open(path).map_err(|e| fail(&e))?),
-                Some(1000),
-            )
-            .map_err(|e| fail(&e))?;
-            for (f, _) in wanted {
-                if present.field_with_name(f.name()).is_err() {
-                    let names: Vec<&str> = wanted.iter().map(|(f, _)| f.name().as_str()).collect();
-                    return Err(Error::input(
-                        path,
-                        format!("missing column `{}` (expected columns: {})", f.name(), names.join(", ")),
-                    ));
-                }
-            }
-            let fields: Vec<Field> = wanted
-                .iter()
-                .map(|(f, _)| {
-                    let dtype = if is_time(f.data_type()) { DataType::Utf8 } else { f.data_type().clone() };
-                    Field::new(f.name(), dtype, true)
-                })
-                .collect();
-            let reader = arrow::json::ReaderBuilder::new(Arc::new(Schema::new(fields)))
-                .with_batch_size(64 * 1024)
-                .build(BufReader::new(file))
-                .map_err(|e| fail(&e))?;
-            reader.collect::<std::result::Result<Vec<_>, _>>().map_err(|e| fail(&e))
+        InputFormat::JsonLines => read_json_lines(path, BufReader::new(file), defs, view, wanted),
+    }
+}
+
+/// JSON lines through the one strict row reader that Kafka messages and pushes use
+/// ([`quiver_sdk::rows`]); errors name the file and line. A column no line has is an
+/// error, as in CSV and Parquet (a typo would otherwise read as all nulls).
+fn read_json_lines(
+    path: &Path,
+    reader: impl BufRead,
+    defs: &Definitions,
+    view: &FeatureView,
+    wanted: &[Wanted],
+) -> Result<Vec<RecordBatch>> {
+    let rows_reader = RowReader::new(defs, view);
+    let schema = Arc::new(Schema::new(wanted.iter().map(|(f, _)| f.clone()).collect::<Vec<_>>()));
+    let mut seen = vec![false; wanted.len()];
+    let mut rows = Vec::new();
+    let mut batches = Vec::new();
+    let mut line_no = 0usize;
+    for line in reader.lines() {
+        line_no += 1;
+        let line = line.map_err(|e| Error::input(path, format!("line {line_no}: {e}")))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let map = match serde_json::from_str::<serde_json::Value>(&line) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(_) => return Err(Error::input(path, format!("row {line_no}: not a JSON object"))),
+            Err(e) => return Err(Error::input(path, format!("row {line_no}: not valid JSON: {e}"))),
+        };
+        for (i, (f, _)) in wanted.iter().enumerate() {
+            seen[i] |= map.contains_key(f.name());
+        }
+        rows.push(rows_reader.from_object(&map).map_err(|m| Error::input(path, format!("row {line_no}: {m}")))?);
+        if rows.len() == 64 * 1024 {
+            batches.push(RecordBatch::try_new(schema.clone(), rows_to_columns(view, &rows))?);
+            rows.clear();
         }
     }
+    if let Some(i) = seen.iter().position(|s| !s) {
+        let names: Vec<&str> = wanted.iter().map(|(f, _)| f.name().as_str()).collect();
+        return Err(Error::input(
+            path,
+            format!("missing column `{}` (expected columns: {})", wanted[i].0.name(), names.join(", ")),
+        ));
+    }
+    if !rows.is_empty() {
+        batches.push(RecordBatch::try_new(schema, rows_to_columns(view, &rows))?);
+    }
+    Ok(batches)
 }
 
 fn is_time(t: &DataType) -> bool {
@@ -299,26 +323,6 @@ pub(crate) fn to_utc_micros(array: &ArrayRef) -> std::result::Result<ArrayRef, (
             Ok(Arc::new(TimestampMicrosecondArray::from(values).with_timezone("UTC")))
         }
         other => Err((None, format!("has type {other}, not a timestamp (expected zoned timestamps or RFC 3339 text)"))),
-    }
-}
-
-/// Parses RFC 3339 (`T` or a space between date and time) to UTC microseconds.
-fn parse_instant(text: &str) -> std::result::Result<i64, String> {
-    let s = text.trim();
-    match chrono::DateTime::parse_from_rfc3339(s)
-        .or_else(|_| chrono::DateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f%:z"))
-    {
-        Ok(t) => Ok(t.timestamp_micros()),
-        Err(_) => {
-            let naive = chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f")
-                .or_else(|_| chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f"))
-                .is_ok();
-            if naive {
-                Err(format!("`{s}` has no time zone; quiver stores UTC instants and never guesses a zone (write e.g. `{s}Z`)"))
-            } else {
-                Err(format!("`{s}` is not an RFC 3339 timestamp (expected e.g. 2024-01-01T00:00:00Z)"))
-            }
-        }
     }
 }
 

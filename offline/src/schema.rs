@@ -113,3 +113,93 @@ pub fn value_at(array: &dyn arrow::array::Array, row: usize, dtype: DType) -> qu
         }
     }
 }
+
+/// Typed rows (from JSON: files, messages, pushes) as the columns of
+/// [`view_columns`], in that order, ready for [`crate::ingest::append`].
+pub fn rows_to_columns(view: &FeatureView, rows: &[quiver_sdk::rows::ViewRow]) -> Vec<arrow::array::ArrayRef> {
+    use arrow::array::{ArrayRef, Int64Array, StringArray, TimestampMicrosecondArray};
+    use quiver_sdk::encoding::KeyValue;
+    let n_keys = rows.first().map_or(0, |r| r.keys.len());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(n_keys + 2 + view.features.len());
+    for k in 0..n_keys {
+        columns.push(match &rows[0].keys[k] {
+            KeyValue::Int(_) => Arc::new(
+                rows.iter()
+                    .map(|r| match &r.keys[k] {
+                        KeyValue::Int(i) => *i,
+                        KeyValue::Str(_) => unreachable!("one key type per column"),
+                    })
+                    .collect::<Int64Array>(),
+            ),
+            KeyValue::Str(_) => Arc::new(
+                rows.iter()
+                    .map(|r| match &r.keys[k] {
+                        KeyValue::Str(s) => Some(s.as_str()),
+                        KeyValue::Int(_) => unreachable!("one key type per column"),
+                    })
+                    .collect::<StringArray>(),
+            ),
+        });
+    }
+    let times = |f: &dyn Fn(&quiver_sdk::rows::ViewRow) -> i64| -> ArrayRef {
+        Arc::new(TimestampMicrosecondArray::from_iter_values(rows.iter().map(f)).with_timezone("UTC"))
+    };
+    columns.push(times(&|r| r.event_ts));
+    if view.source.created_timestamp_field.is_some() {
+        columns.push(times(&|r| r.created_ts.unwrap_or(r.event_ts)));
+    }
+    for (i, f) in view.features.iter().enumerate() {
+        columns.push(values_to_array(f.dtype, rows.iter().map(|r| &r.values[i])));
+    }
+    columns
+}
+
+/// Values of one feature as an array of its Arrow type ([`arrow_type`]); a value of
+/// another kind is null (rows from [`quiver_sdk::rows`] never hold one).
+pub fn values_to_array<'a>(
+    dtype: DType,
+    values: impl ExactSizeIterator<Item = &'a quiver_sdk::encoding::Value>,
+) -> arrow::array::ArrayRef {
+    use arrow::array::*;
+    use arrow::datatypes::{Float32Type, Float64Type, Int64Type};
+    use quiver_sdk::encoding::Value;
+    let n = values.len();
+    match dtype {
+        DType::Int32 => Arc::new(values.map(|v| if let Value::Int32(x) = v { Some(*x) } else { None }).collect::<Int32Array>()),
+        DType::Int64 => Arc::new(values.map(|v| if let Value::Int64(x) = v { Some(*x) } else { None }).collect::<Int64Array>()),
+        DType::Float32 => Arc::new(values.map(|v| if let Value::Float32(x) = v { Some(*x) } else { None }).collect::<Float32Array>()),
+        DType::Float64 => Arc::new(values.map(|v| if let Value::Float64(x) = v { Some(*x) } else { None }).collect::<Float64Array>()),
+        DType::Bool => Arc::new(values.map(|v| if let Value::Bool(x) = v { Some(*x) } else { None }).collect::<BooleanArray>()),
+        DType::String => Arc::new(values.map(|v| if let Value::String(x) = v { Some(x.as_str()) } else { None }).collect::<StringArray>()),
+        DType::Bytes => Arc::new(values.map(|v| if let Value::Bytes(x) = v { Some(x.as_slice()) } else { None }).collect::<BinaryArray>()),
+        DType::Timestamp => Arc::new(
+            values
+                .map(|v| if let Value::Timestamp(x) = v { Some(*x) } else { None })
+                .collect::<TimestampMicrosecondArray>()
+                .with_timezone("UTC"),
+        ),
+        DType::List(ListElement::Int64) => Arc::new(ListArray::from_iter_primitive::<Int64Type, _, _>(
+            values.map(|v| if let Value::ListInt64(x) = v { Some(x.iter().map(|e| Some(*e)).collect::<Vec<_>>()) } else { None }),
+        )),
+        DType::List(ListElement::Float32) => Arc::new(ListArray::from_iter_primitive::<Float32Type, _, _>(
+            values.map(|v| if let Value::ListFloat32(x) = v { Some(x.iter().map(|e| Some(*e)).collect::<Vec<_>>()) } else { None }),
+        )),
+        DType::List(ListElement::Float64) => Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(
+            values.map(|v| if let Value::ListFloat64(x) = v { Some(x.iter().map(|e| Some(*e)).collect::<Vec<_>>()) } else { None }),
+        )),
+        DType::List(ListElement::String) => {
+            let mut builder = ListBuilder::with_capacity(StringBuilder::new(), n);
+            for v in values {
+                if let Value::ListString(x) = v {
+                    for s in x {
+                        builder.values().append_value(s);
+                    }
+                    builder.append(true);
+                } else {
+                    builder.append(false);
+                }
+            }
+            Arc::new(builder.finish())
+        }
+    }
+}

@@ -32,6 +32,7 @@ pub mod definitions;
 pub mod encoding;
 pub mod error;
 pub mod registry;
+pub mod rows;
 pub mod types;
 mod validate;
 pub mod yaml;

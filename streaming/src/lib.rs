@@ -1,5 +1,21 @@
-//! Streaming ingestion: Kafka consumption into both stores, push ingestion, dead-letter
-//! handling and exactly-once Delta writes (SPEC §7).
+//! Streaming ingestion (SPEC §7): fresh rows into both stores through one write path.
 //!
-//! Nothing is implemented here yet; until it is, `stream` and `push` refuse with a
-//! "not available yet" error.
+//! - [`write`]: the shared write path — typed rows or files to the online store
+//!   (guarded write) and to the view's Delta table (the `ingest` append, optionally with
+//!   Delta `txn` actions); `quiver push`, the server's `/push` and materialization use it.
+//! - [`consumer`]: `quiver stream`, Kafka topics into both stores in micro-batches,
+//!   exactly once into Delta, dead letters to `<topic>.dlq`.
+//! - [`metrics`]: the stream's counters and histograms as Prometheus text.
+//!
+//! Messages and pushed rows are read by [`quiver_sdk::rows`], the same strict reader
+//! JSON-lines ingest uses.
+
+pub mod consumer;
+mod error;
+pub mod metrics;
+pub mod write;
+
+pub use consumer::{StreamOptions, StreamReport, run};
+pub use error::{Error, Result};
+pub use metrics::Metrics;
+pub use write::{PushReport, Target};

@@ -1,0 +1,262 @@
+//! Rows of a view from JSON: one strict reading shared by JSON-lines ingest, Kafka
+//! messages (`quiver stream`), `quiver push` and the server's `/push`.
+//!
+//! A JSON object becomes a [`ViewRow`] when its join keys are set and of the key type,
+//! its event time (and created time, when the view has one) is RFC 3339 text with a
+//! zone, and every feature present has the feature's type. Absent or `null` features are
+//! null values; fields the view does not know are ignored. Numbers are never narrowed
+//! with loss: `1.5` is not an int64, and an int64 beyond 2^53 is not a float64.
+//! The reason a row is refused names the field and what was expected.
+
+use serde_json::{Map, Value as Json};
+
+use crate::definitions::{Definitions, FeatureView, JoinKey};
+use crate::encoding::{KeyValue, OnlineRow, Value, expire_at_ms, fingerprint, store_key};
+use crate::types::{DType, KeyType, ListElement};
+
+/// One typed row of a view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ViewRow {
+    /// In the view's join-key order.
+    pub keys: Vec<KeyValue>,
+    /// UTC microseconds.
+    pub event_ts: i64,
+    /// UTC microseconds; `None` when the view has no created-time column.
+    pub created_ts: Option<i64>,
+    /// In the view's feature order.
+    pub values: Vec<Value>,
+}
+
+/// A view's row layout, resolved once for many rows.
+#[derive(Debug, Clone)]
+pub struct RowReader<'a> {
+    pub view: &'a FeatureView,
+    pub keys: Vec<JoinKey>,
+}
+
+impl<'a> RowReader<'a> {
+    pub fn new(defs: &Definitions, view: &'a FeatureView) -> RowReader<'a> {
+        RowReader { view, keys: defs.join_keys(view) }
+    }
+
+    /// Reads one message or line: it must be a JSON object.
+    ///
+    /// # Errors
+    /// The reason, naming the field at fault.
+    pub fn from_slice(&self, bytes: &[u8]) -> Result<ViewRow, String> {
+        match serde_json::from_slice::<Json>(bytes) {
+            Ok(Json::Object(map)) => self.from_object(&map),
+            Ok(other) => Err(format!("not a JSON object (got {})", kind(&other))),
+            Err(e) => Err(format!("not valid JSON: {e}")),
+        }
+    }
+
+    /// Reads one JSON object.
+    ///
+    /// # Errors
+    /// The reason, naming the field at fault.
+    pub fn from_object(&self, map: &Map<String, Json>) -> Result<ViewRow, String> {
+        self.from_fields(|name| map.get(name))
+    }
+
+    /// Reads one row given a lookup of its fields (a row of a column-major frame).
+    ///
+    /// # Errors
+    /// The reason, naming the field at fault.
+    pub fn from_fields<'j>(&self, get: impl Fn(&str) -> Option<&'j Json>) -> Result<ViewRow, String> {
+        let mut keys = Vec::with_capacity(self.keys.len());
+        for key in &self.keys {
+            let v = get(&key.name).unwrap_or(&Json::Null);
+            keys.push(match (key.dtype, v) {
+                (_, Json::Null) => return Err(format!("join key `{}` is missing", key.name)),
+                (KeyType::Int64, Json::Number(n)) if n.is_i64() => KeyValue::Int(n.as_i64().expect("checked")),
+                (KeyType::String, Json::String(s)) if !s.is_empty() => KeyValue::Str(s.clone()),
+                (KeyType::String, Json::String(_)) => {
+                    return Err(format!("join key `{}` is an empty string", key.name));
+                }
+                (dtype, other) => {
+                    return Err(format!("join key `{}` must be {dtype}, got {}", key.name, short(other)));
+                }
+            });
+        }
+        let time = |field: &str| -> Result<i64, String> {
+            match get(field) {
+                None | Some(Json::Null) => Err(format!("`{field}` is missing (every row needs it)")),
+                Some(Json::String(s)) => parse_instant(s).map_err(|m| format!("`{field}`: {m}")),
+                Some(other) => Err(format!("`{field}` must be RFC 3339 text with a zone, got {}", short(other))),
+            }
+        };
+        let event_ts = time(&self.view.source.timestamp_field)?;
+        let created_ts = match &self.view.source.created_timestamp_field {
+            Some(c) => Some(time(c)?),
+            None => None,
+        };
+        let mut values = Vec::with_capacity(self.view.features.len());
+        for f in &self.view.features {
+            let v = get(&f.name).unwrap_or(&Json::Null);
+            values.push(
+                from_json(v, f.dtype)
+                    .ok_or_else(|| format!("feature `{}` must be {}, got {}", f.name, f.dtype, short(v)))?,
+            );
+        }
+        Ok(ViewRow { keys, event_ts, created_ts, values })
+    }
+}
+
+impl ViewRow {
+    /// The online store's key, packed row and expiry for this row.
+    pub fn online(&self, project: &str, view: &FeatureView, fingerprint: u64) -> (String, Vec<u8>, Option<i64>) {
+        let row = OnlineRow {
+            event_ts: self.event_ts,
+            created_ts: self.created_ts.unwrap_or(i64::MIN),
+            fingerprint,
+            values: self.values.clone(),
+        };
+        (store_key(project, &view.name, &self.keys), row.encode(), expire_at_ms(view, self.event_ts))
+    }
+}
+
+/// [`fingerprint`], re-exported next to [`ViewRow::online`] for callers of both.
+pub fn view_fingerprint(view: &FeatureView) -> u64 {
+    fingerprint(view)
+}
+
+/// A JSON value as a value of `dtype`; `None` when it does not fit without loss.
+pub fn from_json(v: &Json, dtype: DType) -> Option<Value> {
+    if v.is_null() {
+        return Some(Value::Null);
+    }
+    let int = |v: &Json| v.as_i64().filter(|_| v.is_i64() || v.is_u64());
+    // A float column takes any number; an integer only while it is exact.
+    let float = |v: &Json| match v {
+        Json::Number(n) if n.is_f64() => n.as_f64(),
+        Json::Number(n) => n.as_i64().filter(|i| i.unsigned_abs() <= 1 << 53).map(|i| i as f64),
+        _ => None,
+    };
+    Some(match dtype {
+        DType::Int32 => Value::Int32(i32::try_from(int(v)?).ok()?),
+        DType::Int64 => Value::Int64(int(v)?),
+        DType::Float32 => Value::Float32(float(v)? as f32),
+        DType::Float64 => Value::Float64(float(v)?),
+        DType::Bool => Value::Bool(v.as_bool()?),
+        DType::String => Value::String(v.as_str()?.to_string()),
+        DType::Bytes => Value::Bytes(
+            v.as_array()?
+                .iter()
+                .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                .collect::<Option<_>>()?,
+        ),
+        DType::Timestamp => Value::Timestamp(parse_instant(v.as_str()?).ok()?),
+        DType::List(ListElement::Int64) => Value::ListInt64(v.as_array()?.iter().map(int).collect::<Option<_>>()?),
+        DType::List(ListElement::Float32) => {
+            Value::ListFloat32(v.as_array()?.iter().map(|x| float(x).map(|f| f as f32)).collect::<Option<_>>()?)
+        }
+        DType::List(ListElement::Float64) => Value::ListFloat64(v.as_array()?.iter().map(float).collect::<Option<_>>()?),
+        DType::List(ListElement::String) => {
+            Value::ListString(v.as_array()?.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<_>>()?)
+        }
+    })
+}
+
+/// RFC 3339 text (`T` or a space between date and time) as UTC microseconds. Text
+/// without a zone is refused, never guessed.
+///
+/// # Errors
+/// The reason, quoting the text.
+pub fn parse_instant(text: &str) -> Result<i64, String> {
+    let s = text.trim();
+    match chrono::DateTime::parse_from_rfc3339(s).or_else(|_| chrono::DateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f%:z")) {
+        Ok(t) => Ok(t.timestamp_micros()),
+        Err(_) => {
+            let naive = chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f")
+                .or_else(|_| chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f"))
+                .is_ok();
+            if naive {
+                Err(format!("`{s}` has no time zone; quiver stores UTC instants and never guesses a zone (write e.g. `{s}Z`)"))
+            } else {
+                Err(format!("`{s}` is not an RFC 3339 timestamp (expected e.g. 2024-01-01T00:00:00Z)"))
+            }
+        }
+    }
+}
+
+fn kind(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "an array",
+        Json::Object(_) => "an object",
+    }
+}
+
+/// A value for a message, cut short.
+fn short(v: &Json) -> String {
+    let text = v.to_string();
+    if text.chars().count() > 60 {
+        format!("{}...", text.chars().take(57).collect::<String>())
+    } else {
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::definitions::Entity;
+    use crate::types::Ttl;
+
+    fn defs() -> Definitions {
+        Definitions::default()
+            .with_entity(Entity::new("driver").with_join_key("driver_id", KeyType::Int64))
+            .with_feature_view(
+                FeatureView::new("stats")
+                    .with_entity("driver")
+                    .with_ttl(Ttl::parse("1h").unwrap())
+                    .with_feature("rate", DType::Float64)
+                    .with_feature("trips", DType::Int64)
+                    .with_feature("small", DType::Int32)
+                    .with_feature("emb", DType::List(ListElement::Float32)),
+            )
+    }
+
+    #[test]
+    fn good_rows_read_exactly() {
+        let defs = defs();
+        let r = RowReader::new(&defs, &defs.feature_views[0]);
+        let row = r
+            .from_slice(br#"{"driver_id": 7, "event_timestamp": "2024-01-01T01:00:00+01:00", "rate": 2, "trips": 3, "emb": [1, 0.5], "extra": {"x": 1}}"#)
+            .unwrap();
+        assert_eq!(row.keys, vec![KeyValue::Int(7)]);
+        assert_eq!(row.event_ts, 1_704_067_200_000_000);
+        assert_eq!(row.created_ts, None);
+        assert_eq!(
+            row.values,
+            vec![Value::Float64(2.0), Value::Int64(3), Value::Null, Value::ListFloat32(vec![1.0, 0.5])]
+        );
+    }
+
+    #[test]
+    fn bad_rows_name_the_field() {
+        let defs = defs();
+        let r = RowReader::new(&defs, &defs.feature_views[0]);
+        let cases: [(&[u8], &str); 11] = [
+            (b"not json", "not valid JSON"),
+            (b"[1, 2]", "not a JSON object (got an array)"),
+            (br#"{"event_timestamp": "2024-01-01T00:00:00Z"}"#, "join key `driver_id` is missing"),
+            (br#"{"driver_id": "7", "event_timestamp": "2024-01-01T00:00:00Z"}"#, "join key `driver_id` must be int64, got \"7\""),
+            (br#"{"driver_id": 7}"#, "`event_timestamp` is missing"),
+            (br#"{"driver_id": 7, "event_timestamp": "2024-01-01T00:00:00"}"#, "has no time zone"),
+            (br#"{"driver_id": 7, "event_timestamp": 1704067200}"#, "must be RFC 3339 text with a zone"),
+            (br#"{"driver_id": 7, "event_timestamp": "2024-01-01T00:00:00Z", "trips": 1.5}"#, "feature `trips` must be int64, got 1.5"),
+            (br#"{"driver_id": 7, "event_timestamp": "2024-01-01T00:00:00Z", "small": 3000000000}"#, "feature `small` must be int32"),
+            (br#"{"driver_id": 7, "event_timestamp": "2024-01-01T00:00:00Z", "rate": 9007199254740993}"#, "feature `rate` must be float64"),
+            (br#"{"driver_id": 7, "event_timestamp": "2024-01-01T00:00:00Z", "emb": [1, "x"]}"#, "feature `emb` must be list<float32>"),
+        ];
+        for (input, want) in cases {
+            let err = r.from_slice(input).unwrap_err();
+            assert!(err.contains(want), "{}: {err}", String::from_utf8_lossy(input));
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! Streaming's errors.
+
+/// Everything that can go wrong writing fresh rows.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Offline(#[from] quiver_offline::Error),
+    #[error(transparent)]
+    Online(#[from] quiver_online::Error),
+    /// The broker refused or could not be reached.
+    #[error("kafka {brokers}: {message}")]
+    Kafka { brokers: String, message: String },
+    /// Definitions or settings that cannot stream (no stream source, no store).
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Streaming's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,75 @@
+//! The stream's counters and histograms, as Prometheus text.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Upper bounds (seconds) of the event-to-online latency histogram.
+const BUCKETS: [f64; 12] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0, 300.0];
+
+/// What `quiver stream` has done since it started.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub consumed: AtomicU64,
+    pub written_online: AtomicU64,
+    pub appended_offline: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    /// Messages at offsets the Delta table already held (a replay after a crash).
+    pub skipped_replayed: AtomicU64,
+    /// Failed store or broker calls (each retried).
+    pub retries: AtomicU64,
+    pub batches: AtomicU64,
+    /// (topic, partition) -> messages behind the high watermark.
+    pub lag: Mutex<BTreeMap<(String, i32), i64>>,
+    buckets: [AtomicU64; 12],
+    latency_sum_us: AtomicU64,
+    latency_count: AtomicU64,
+}
+
+impl Metrics {
+    /// One row reached the online store `seconds` after its event time.
+    pub fn observe_freshness(&self, seconds: f64) {
+        let seconds = seconds.max(0.0);
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if seconds <= *bound {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.latency_sum_us.fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let counter = |out: &mut String, name: &str, help: &str, v: &AtomicU64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Ordering::Relaxed));
+        };
+        counter(&mut out, "quiver_stream_consumed_total", "Messages read from Kafka.", &self.consumed);
+        counter(&mut out, "quiver_stream_written_online_total", "Rows the online store took.", &self.written_online);
+        counter(&mut out, "quiver_stream_appended_offline_total", "Rows appended to Delta tables.", &self.appended_offline);
+        counter(&mut out, "quiver_stream_dead_lettered_total", "Messages sent to a dead-letter topic.", &self.dead_lettered);
+        counter(&mut out, "quiver_stream_skipped_replayed_total", "Replayed messages the Delta table already held.", &self.skipped_replayed);
+        counter(&mut out, "quiver_stream_retries_total", "Store or broker calls that failed and were retried.", &self.retries);
+        counter(&mut out, "quiver_stream_batches_total", "Micro-batches committed.", &self.batches);
+        let _ = writeln!(out, "# HELP quiver_stream_lag Messages behind the high watermark, per partition.\n# TYPE quiver_stream_lag gauge");
+        for ((topic, partition), lag) in self.lag.lock().expect("metrics lock").iter() {
+            let _ = writeln!(out, "quiver_stream_lag{{topic=\"{topic}\",partition=\"{partition}\"}} {lag}");
+        }
+        let name = "quiver_stream_event_to_online_seconds";
+        let _ = writeln!(out, "# HELP {name} Event time to online write.\n# TYPE {name} histogram");
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {}", self.buckets[i].load(Ordering::Relaxed));
+        }
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum {}", self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {count}");
+        out
+    }
+}

@@ -1,0 +1,213 @@
+//! The one write path for fresh rows: Kafka messages (`quiver stream`), files
+//! (`quiver push`) and the server's `/push` all end here, as do materialization's
+//! online writes.
+//!
+//! - Online: each row becomes the packed row of SPEC §4 under its entity's key and goes
+//!   through the store's guarded write (newer `(event_ts, created_ts)` wins, equal
+//!   replaces), so replays and out-of-order writers never regress a value.
+//! - Offline: rows are appended to the view's Delta table through the same code as
+//!   `ingest` (checks, sort, ingestion order, one commit), optionally with Delta `txn`
+//!   actions recording how far a Kafka partition has been appended.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
+use quiver_offline::ingest::{AppTxn, IngestReport, append};
+use quiver_offline::schema::{rows_to_columns, table_schema, value_at};
+use quiver_online::{OnlineStore, WriteRow};
+use quiver_sdk::encoding::{KeyValue, OnlineRow, expire_at_ms, fingerprint, store_key};
+use quiver_sdk::rows::ViewRow;
+use quiver_sdk::{Config, Definitions, FeatureView, KeyType};
+
+use crate::error::{Error, Result};
+
+/// Where a push writes (SPEC §6 `to`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Online,
+    Offline,
+    OnlineAndOffline,
+}
+
+impl Target {
+    pub fn online(self) -> bool {
+        self != Target::Offline
+    }
+    pub fn offline(self) -> bool {
+        self != Target::Online
+    }
+}
+
+impl FromStr for Target {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Target, String> {
+        match s {
+            "online" => Ok(Target::Online),
+            "offline" => Ok(Target::Offline),
+            "online_and_offline" => Ok(Target::OnlineAndOffline),
+            other => Err(format!("`to` is `{other}` (expected online, offline or online_and_offline)")),
+        }
+    }
+}
+
+/// The online rows of a batch laid out as the view's table columns (keys, event time,
+/// created time when the view has one, features), as materialization and `push` of a
+/// file produce them.
+pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch: &RecordBatch) -> Vec<WriteRow> {
+    let keys = defs.join_keys(view);
+    let n_keys = keys.len();
+    let ts = batch.column(n_keys).as_primitive::<TimestampMicrosecondType>();
+    let created = view
+        .source
+        .created_timestamp_field
+        .as_ref()
+        .map(|_| batch.column(n_keys + 1).as_primitive::<TimestampMicrosecondType>());
+    let first_feature = n_keys + 1 + usize::from(created.is_some());
+    let print = fingerprint(view);
+    (0..batch.num_rows())
+        .map(|r| {
+            let key_values: Vec<KeyValue> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| match k.dtype {
+                    KeyType::Int64 => KeyValue::Int(batch.column(i).as_primitive::<Int64Type>().value(r)),
+                    KeyType::String => KeyValue::Str(batch.column(i).as_string::<i32>().value(r).to_string()),
+                })
+                .collect();
+            let event_ts = ts.value(r);
+            let row = OnlineRow {
+                event_ts,
+                created_ts: created.map_or(i64::MIN, |c| c.value(r)),
+                fingerprint: print,
+                values: view
+                    .features
+                    .iter()
+                    .enumerate()
+                    .map(|(k, f)| value_at(batch.column(first_feature + k).as_ref(), r, f.dtype))
+                    .collect(),
+            };
+            WriteRow {
+                key: store_key(project, &view.name, &key_values),
+                row: row.encode(),
+                expire_at_ms: expire_at_ms(view, event_ts),
+            }
+        })
+        .collect()
+}
+
+/// The online rows of typed rows (messages, pushes).
+pub fn online_rows_of(project: &str, view: &FeatureView, rows: &[ViewRow]) -> Vec<WriteRow> {
+    let print = fingerprint(view);
+    rows.iter()
+        .map(|r| {
+            let (key, row, expire_at_ms) = r.online(project, view, print);
+            WriteRow { key, row, expire_at_ms }
+        })
+        .collect()
+}
+
+/// Writes typed rows to the online store through the guarded write. Returns the rows
+/// the store took (the others were older than what it held).
+///
+/// # Errors
+/// [`Error::Online`] when the store is unavailable; nothing is retried here.
+pub async fn write_online(project: &str, view: &FeatureView, rows: &[ViewRow], store: &dyn OnlineStore) -> Result<usize> {
+    Ok(store.write(&online_rows_of(project, view, rows)).await?)
+}
+
+/// Appends typed rows to the view's Delta table in one commit with `txns`.
+///
+/// # Errors
+/// [`Error::Offline`] when the commit fails; the table is then unchanged.
+pub async fn write_offline(
+    config: &Config,
+    defs: &Definitions,
+    view: &FeatureView,
+    source: &Path,
+    rows: &[ViewRow],
+    txns: Vec<AppTxn>,
+) -> Result<IngestReport> {
+    let schema = table_schema(defs, view);
+    let fields: Vec<_> = schema.fields().iter().take(schema.fields().len() - 1).cloned().collect();
+    let batch = RecordBatch::try_new(
+        std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
+        rows_to_columns(view, rows),
+    )
+    .map_err(|e| Error::Offline(quiver_offline::Error::Arrow(e)))?;
+    Ok(append(&config.view_table(view), defs, view, source, vec![batch], txns, &|_, _| {}).await?)
+}
+
+/// What a push did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PushReport {
+    pub rows: usize,
+    /// Rows the online store took (`None`: not written online).
+    pub online_written: Option<usize>,
+    /// The Delta version committed (`None`: not written offline).
+    pub offline_version: Option<u64>,
+}
+
+/// Pushes typed rows to `target`: offline first (the durable copy), then online, so a
+/// failure online leaves rows that the next materialization still loads.
+///
+/// # Errors
+/// The first failing store's error.
+pub async fn push_rows(
+    config: &Config,
+    defs: &Definitions,
+    view: &FeatureView,
+    source: &Path,
+    rows: &[ViewRow],
+    target: Target,
+    store: Option<&dyn OnlineStore>,
+) -> Result<PushReport> {
+    let offline_version = if target.offline() {
+        Some(write_offline(config, defs, view, source, rows, Vec::new()).await?.version)
+    } else {
+        None
+    };
+    let online_written = match (target.online(), store) {
+        (true, Some(store)) => Some(write_online(&config.project, view, rows, store).await?),
+        (true, None) => return Err(Error::Config("no online store to push to".into())),
+        (false, _) => None,
+    };
+    Ok(PushReport { rows: rows.len(), online_written, offline_version })
+}
+
+/// Pushes a file (Parquet, CSV, JSON lines) of `view`'s rows to `target`, checked by
+/// the same code as `ingest` before anything is written.
+///
+/// # Errors
+/// [`Error::Offline`] naming the file, column and row for input that does not fit; the
+/// failing store's error otherwise.
+pub async fn push_file(
+    config: &Config,
+    defs: &Definitions,
+    view: &FeatureView,
+    file: &Path,
+    target: Target,
+    store: Option<&dyn OnlineStore>,
+) -> Result<PushReport> {
+    let batches = quiver_offline::input::read_file(file, defs, view)?;
+    let conformed = quiver_offline::ingest::conform_batches(defs, view, file, &batches)?;
+    let rows = conformed.iter().map(RecordBatch::num_rows).sum();
+    let offline_version = if target.offline() {
+        Some(append(&config.view_table(view), defs, view, file, conformed.clone(), Vec::new(), &|_, _| {}).await?.version)
+    } else {
+        None
+    };
+    let online_written = match (target.online(), store) {
+        (true, Some(store)) => {
+            let mut written = 0;
+            for batch in &conformed {
+                written += store.write(&online_rows(&config.project, defs, view, batch)).await?;
+            }
+            Some(written)
+        }
+        (true, None) => return Err(Error::Config("no online store to push to".into())),
+        (false, _) => None,
+    };
+    Ok(PushReport { rows, online_written, offline_version })
+}
