@@ -638,6 +638,7 @@ fn cmd_serve(dir: &Path, host: Option<String>, port: Option<u16>) -> anyhow::Res
             auth_token: repo.config.server.auth_token.clone(),
             metrics: Metrics::default(),
             clock: system_clock(),
+            offline: Some(std::sync::Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
         });
         println!("serving project `{}` on http://{addr} (Ctrl-C to stop)", repo.config.project);
         serve(state, addr).await.with_context(|| format!("serving on {addr}"))?;

@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use quiver_sdk::encoding::{KeyValue, Value};
+use quiver_sdk::rows::ViewRow;
 use quiver_sdk::{Definitions, FeatureRef, FileRegistry};
 use serde_json::{Value as Json_, json};
 
@@ -143,6 +144,8 @@ pub struct ServerState {
     pub metrics: Metrics,
     /// The time lookups are answered at, UTC microseconds (injectable for tests).
     pub clock: Box<dyn Fn() -> i64 + Send + Sync>,
+    /// Where `/push` with `to: offline` writes; `None` answers those with 501.
+    pub offline: Option<Arc<dyn OfflineWriter>>,
 }
 
 impl std::fmt::Debug for ServerState {
@@ -524,49 +527,19 @@ struct PushRequest {
     to: Option<String>,
 }
 
-/// A JSON value as a feature value of `dtype`; `None` when it does not fit.
-fn from_json(v: &Json_, dtype: quiver_sdk::DType) -> Option<Value> {
-    use quiver_sdk::{DType, ListElement};
-    if v.is_null() {
-        return Some(Value::Null);
-    }
-    Some(match dtype {
-        DType::Int32 => Value::Int32(i32::try_from(v.as_i64()?).ok()?),
-        DType::Int64 => Value::Int64(v.as_i64()?),
-        DType::Float32 => Value::Float32(v.as_f64()? as f32),
-        DType::Float64 => Value::Float64(v.as_f64()?),
-        DType::Bool => Value::Bool(v.as_bool()?),
-        DType::String => Value::String(v.as_str()?.to_string()),
-        DType::Bytes => Value::Bytes(v.as_array()?.iter().map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok())).collect::<Option<_>>()?),
-        DType::Timestamp => Value::Timestamp(parse_time(v)?),
-        DType::List(ListElement::Int64) => Value::ListInt64(v.as_array()?.iter().map(Json_::as_i64).collect::<Option<_>>()?),
-        DType::List(ListElement::Float32) => Value::ListFloat32(v.as_array()?.iter().map(|x| x.as_f64().map(|f| f as f32)).collect::<Option<_>>()?),
-        DType::List(ListElement::Float64) => Value::ListFloat64(v.as_array()?.iter().map(Json_::as_f64).collect::<Option<_>>()?),
-        DType::List(ListElement::String) => Value::ListString(v.as_array()?.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<_>>()?),
-    })
-}
-
-/// An RFC 3339 time with a zone, as UTC microseconds.
-fn parse_time(v: &Json_) -> Option<i64> {
-    chrono::DateTime::parse_from_rfc3339(v.as_str()?).ok().map(|t| t.timestamp_micros())
-}
-
-/// `POST /push`: rows written through the guarded online write. Writing offline comes
-/// with streaming; until then `to` other than `online` is refused with 501.
+/// `POST /push`: rows read by the strict row reader shared with ingest and streaming,
+/// written offline (through [`OfflineWriter`], the streaming write path) and then
+/// through the guarded online write, as `to` asks (default `online`).
 async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Json<Json_>, ApiError> {
-    use quiver_sdk::encoding::{OnlineRow, expire_at_ms, fingerprint, store_key};
     let request: PushRequest =
         serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
-    match request.to.as_deref().unwrap_or("online") {
-        "online" => {}
-        "offline" | "online_and_offline" => {
-            return Err(ApiError(
-                StatusCode::NOT_IMPLEMENTED,
-                "pushing to the offline store comes with streaming; use \"to\": \"online\"".into(),
-            ));
-        }
+    let to = request.to.as_deref().unwrap_or("online");
+    let (online, offline) = match to {
+        "online" => (true, false),
+        "offline" => (false, true),
+        "online_and_offline" => (true, true),
         other => return Err(bad(format!("`to` is `{other}` (expected online, offline or online_and_offline)"))),
-    }
+    };
     let defs = state
         .registry
         .current()
@@ -580,61 +553,74 @@ async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) ->
     if n > MAX_ENTITY_ROWS {
         return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, format!("{n} rows; at most {MAX_ENTITY_ROWS} per push")));
     }
+    if n == 0 {
+        return Err(bad("the push has no rows"));
+    }
     if let Some((c, v)) = request.df.iter().find(|(_, v)| v.len() != n) {
         return Err(bad(format!("df column `{c}` has {} values, another has {n}", v.len())));
     }
-    let column = |c: &str| request.df.get(c).ok_or_else(|| bad(format!("df lacks column `{c}` of feature view `{name}`")));
-    let keys = defs.join_keys(view);
-    let key_columns = keys.iter().map(|k| column(&k.name)).collect::<Result<Vec<_>, _>>()?;
-    let ts = column(&view.source.timestamp_field)?;
-    let created = view.source.created_timestamp_field.as_deref().and_then(|c| request.df.get(c));
-    let features = view.features.iter().map(|f| column(&f.name)).collect::<Result<Vec<_>, _>>()?;
-    let print = fingerprint(view);
+    // A column the view needs must be there (a typo would otherwise push nulls).
+    let reader = quiver_sdk::rows::RowReader::new(&defs, view);
+    let mut needed: Vec<&str> = reader.keys.iter().map(|k| k.name.as_str()).collect();
+    needed.push(&view.source.timestamp_field);
+    needed.extend(view.source.created_timestamp_field.as_deref());
+    needed.extend(view.features.iter().map(|f| f.name.as_str()));
+    if let Some(c) = needed.iter().find(|c| !request.df.contains_key(**c)) {
+        return Err(bad(format!("df lacks column `{c}` of feature view `{name}`")));
+    }
     let mut rows = Vec::with_capacity(n);
     for i in 0..n {
-        let mut key_values = Vec::with_capacity(keys.len());
-        for (k, values) in keys.iter().zip(&key_columns) {
-            let v = &values[i];
-            key_values.push(match (k.dtype, v) {
-                (quiver_sdk::KeyType::Int64, Json_::Number(x)) if x.is_i64() => KeyValue::Int(x.as_i64().expect("checked")),
-                (quiver_sdk::KeyType::String, Json_::String(x)) if !x.is_empty() => KeyValue::Str(x.clone()),
-                _ => return Err(bad(format!("row {}: join key `{}` must be a non-empty {}, got {v}", i + 1, k.name, k.dtype))),
-            });
-        }
-        let at = |v: &Json_, field: &str| {
-            parse_time(v).ok_or_else(|| bad(format!("row {}: `{field}` must be an RFC 3339 time with a zone, got {v}", i + 1)))
-        };
-        let event_ts = at(&ts[i], &view.source.timestamp_field)?;
-        let created_ts = match created {
-            Some(c) => at(&c[i], view.source.created_timestamp_field.as_deref().unwrap_or_default())?,
-            None => i64::MIN,
-        };
-        let mut values = Vec::with_capacity(view.features.len());
-        for (f, column) in view.features.iter().zip(&features) {
-            values.push(from_json(&column[i], f.dtype).ok_or_else(|| {
-                bad(format!("row {}: feature `{}` must be {}, got {}", i + 1, f.name, f.dtype, column[i]))
-            })?);
-        }
-        let row = OnlineRow { event_ts, created_ts, fingerprint: print, values };
-        rows.push(crate::store::WriteRow {
-            key: store_key(&state.project, &view.name, &key_values),
-            row: row.encode(),
-            expire_at_ms: expire_at_ms(view, event_ts),
-        });
+        rows.push(
+            reader
+                .from_fields(|c| request.df.get(c).map(|v| &v[i]))
+                .map_err(|m| bad(format!("row {}: {m}", i + 1)))?,
+        );
     }
-    let written = match tokio::time::timeout(STORE_TIMEOUT, state.store.write(&rows)).await {
-        Ok(Ok(w)) => w,
-        Ok(Err(e)) => {
+    let mut answer = serde_json::Map::new();
+    answer.insert("rows".into(), json!(n));
+    if offline {
+        let Some(writer) = &state.offline else {
+            return Err(ApiError(StatusCode::NOT_IMPLEMENTED, "this server has no offline store to push to".into()));
+        };
+        let version = writer.append(&defs, view, &rows).await.map_err(|e| {
             state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, "online store failed");
-            return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store unavailable".into()));
-        }
-        Err(_) => {
-            state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-            return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store timed out".into()));
-        }
-    };
-    Ok(Json(json!({ "rows": n, "written": written })))
+            tracing::warn!(error = %e, "offline append failed");
+            ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("offline store: {e}"))
+        })?;
+        answer.insert("offline_version".into(), json!(version));
+    }
+    if online {
+        let print = quiver_sdk::encoding::fingerprint(view);
+        let writes: Vec<crate::store::WriteRow> = rows
+            .iter()
+            .map(|r| {
+                let (key, row, expire_at_ms) = r.online(&state.project, view, print);
+                crate::store::WriteRow { key, row, expire_at_ms }
+            })
+            .collect();
+        let written = match tokio::time::timeout(STORE_TIMEOUT, state.store.write(&writes)).await {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => {
+                state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "online store failed");
+                return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store unavailable".into()));
+            }
+            Err(_) => {
+                state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store timed out".into()));
+            }
+        };
+        answer.insert("written".into(), json!(written));
+    }
+    Ok(Json(Json_::Object(answer)))
+}
+
+/// Appends pushed rows to a view's offline table; the streaming crate's Delta write
+/// path implements it (this crate knows no Delta).
+#[async_trait::async_trait]
+pub trait OfflineWriter: Send + Sync {
+    /// Appends `rows` of `view` in one commit; returns the table version committed.
+    async fn append(&self, defs: &Definitions, view: &quiver_sdk::FeatureView, rows: &[ViewRow]) -> Result<u64, String>;
 }
 
 /// Serves `router` on `addr` until SIGINT or SIGTERM, then finishes open requests.

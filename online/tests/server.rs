@@ -68,6 +68,7 @@ async fn fixture(store: Option<Arc<dyn OnlineStore>>, token: Option<&str>) -> Fi
         auth_token: token.map(str::to_string),
         metrics: Metrics::default(),
         clock: Box::new(|| NOW),
+        offline: None,
     });
     Fixture { _dir: dir, registry_path, state }
 }
@@ -333,11 +334,15 @@ async fn push_writes_online_through_the_guarded_write() {
     let bad_cases = [
         (r#"{"feature_view": "nope", "df": {}}"#, StatusCode::BAD_REQUEST, "unknown feature view `nope`"),
         (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1]}}"#, StatusCode::BAD_REQUEST, "df lacks column `emb`"),
-        (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: `event_timestamp` must be an RFC 3339 time with a zone"),
+        (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: `event_timestamp`: `2024-01-01T09:00:00` has no time zone"),
         (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": ["high"], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: feature `rate` must be float64"),
-        (r#"{"feature_view": "stats", "df": {"driver_id": ["x"], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "join key `driver_id` must be a non-empty int64"),
+        (r#"{"feature_view": "stats", "df": {"driver_id": ["x"], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: join key `driver_id` must be int64, got \"x\""),
         (r#"{"feature_view": "stats", "df": {"driver_id": [1, 2], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "has 1 values, another has 2"),
-        (r#"{"feature_view": "stats", "to": "offline", "df": {}}"#, StatusCode::NOT_IMPLEMENTED, "comes with streaming"),
+        (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.5], "trips": [1.5], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: feature `trips` must be int64, got 1.5"),
+        (r#"{"feature_view": "stats", "df": {"driver_id": [], "event_timestamp": [], "rate": [], "trips": [], "emb": []}}"#, StatusCode::BAD_REQUEST, "no rows"),
+        (r#"{"feature_view": "stats", "to": "everywhere", "df": {"driver_id": [1]}}"#, StatusCode::BAD_REQUEST, "`to` is `everywhere`"),
+        // This server was built without an offline writer.
+        (r#"{"feature_view": "stats", "to": "offline", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::NOT_IMPLEMENTED, "no offline store"),
         (r#"{"feature_view": "stats"}"#, StatusCode::BAD_REQUEST, "not a valid push"),
     ];
     for (body, code, part) in bad_cases {

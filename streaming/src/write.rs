@@ -211,3 +211,20 @@ pub async fn push_file(
     };
     Ok(PushReport { rows, online_written, offline_version })
 }
+
+/// The server's `/push` offline half: appends to the view's Delta table through
+/// [`write_offline`].
+#[derive(Debug, Clone)]
+pub struct DeltaWriter {
+    pub config: Config,
+}
+
+#[async_trait::async_trait]
+impl quiver_online::server::OfflineWriter for DeltaWriter {
+    async fn append(&self, defs: &Definitions, view: &FeatureView, rows: &[ViewRow]) -> std::result::Result<u64, String> {
+        write_offline(&self.config, defs, view, Path::new("/push request"), rows, Vec::new())
+            .await
+            .map(|r| r.version)
+            .map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,189 @@
+//! `quiver push` and the server's `/push` write through the streaming write path into
+//! both stores: the Delta table gets exactly the pushed rows (read back from Delta), the
+//! online store the latest per entity; bad input is refused with the file or row named
+//! and nothing written anywhere.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{Float64Type, Int64Type, TimestampMicrosecondType};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use quiver::Repo;
+use quiver::online::server::{Metrics, RegistryCache, ServerState, router};
+use quiver::online::{EmbeddedStore, OnlineStore};
+use quiver::sdk::encoding::{KeyValue, OnlineRow, Value, store_key};
+use tower::ServiceExt;
+
+const FEATURES: &str = r#"entities:
+  - name: driver
+    join_keys: [{name: driver_id, dtype: int64}]
+feature_views:
+  - name: trips
+    entities: [driver]
+    online: true
+    source: {timestamp_field: event_timestamp}
+    features:
+      - {name: fare, dtype: float64}
+      - {name: seq, dtype: int64}
+"#;
+
+fn repo(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("quiver.yaml"),
+        "project: pushes\nregistry: registry.json\noffline_store:\n  path: data\nonline_store:\n  type: embedded\n  path: online.db\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("features.yaml"), FEATURES).unwrap();
+    quiver(dir, &["apply"]);
+}
+
+fn quiver(dir: &Path, args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_quiver")).arg("--repo").arg(dir).args(args).output().unwrap();
+    if args[0] == "apply" {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    out
+}
+
+/// Delta rows as (driver, event ts, fare, seq), sorted.
+async fn delta(dir: &Path) -> Vec<(i64, i64, Option<f64>, i64)> {
+    let repo = Repo::open(dir).unwrap();
+    let defs = repo.applied().unwrap().definitions;
+    let mut out = Vec::new();
+    for b in quiver::offline::historical::read_view(&repo.config, &defs, &defs.feature_views[0]).await.unwrap() {
+        let fare = b.column(3).as_primitive::<Float64Type>();
+        for r in 0..b.num_rows() {
+            out.push((
+                b.column(0).as_primitive::<Int64Type>().value(r),
+                b.column(1).as_primitive::<TimestampMicrosecondType>().value(r),
+                (!fare.is_null(r)).then(|| fare.value(r)),
+                b.column(4).as_primitive::<Int64Type>().value(r),
+            ));
+        }
+    }
+    out.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    out
+}
+
+async fn online(dir: &Path, driver: i64) -> Option<OnlineRow> {
+    let store = EmbeddedStore::open(&dir.join("online.db")).unwrap();
+    let got = store.read(&[store_key("pushes", "trips", &[KeyValue::Int(driver)])]).await.unwrap();
+    got[0].as_ref().map(|b| OnlineRow::decode(b).unwrap())
+}
+
+const T0: i64 = 1_735_689_600_000_000; // 2025-01-01T00:00:00Z
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiver_push_writes_both_stores_or_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    repo(&dir);
+    let file = tmp.path().join("rows.jsonl");
+    std::fs::write(
+        &file,
+        concat!(
+            r#"{"driver_id": 1, "event_timestamp": "2025-01-01T00:00:00Z", "fare": 2.5, "seq": 1}"#, "\n",
+            r#"{"driver_id": 1, "event_timestamp": "2025-01-01T01:00:00Z", "fare": 3, "seq": 2}"#, "\n",
+            r#"{"driver_id": 2, "event_timestamp": "2025-01-01T00:30:00+00:30", "fare": null, "seq": 3}"#, "\n",
+        ),
+    )
+    .unwrap();
+    let out = quiver(&dir, &["push", "trips", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("pushed 3 rows into trips") && stdout.contains("offline: table version"), "{stdout}");
+    let h = 3_600_000_000;
+    assert_eq!(
+        delta(&dir).await,
+        vec![(1, T0, Some(2.5), 1), (1, T0 + h, Some(3.0), 2), (2, T0, None, 3)]
+    );
+    let d1 = online(&dir, 1).await.unwrap();
+    assert_eq!((d1.event_ts, d1.values.clone()), (T0 + h, vec![Value::Float64(3.0), Value::Int64(2)]));
+    assert_eq!(online(&dir, 2).await.unwrap().values, vec![Value::Null, Value::Int64(3)]);
+
+    // Online only: Delta unchanged, the online row moves on.
+    let later = tmp.path().join("later.jsonl");
+    std::fs::write(&later, r#"{"driver_id": 2, "event_timestamp": "2025-01-02T00:00:00Z", "fare": 9.75, "seq": 4}"#).unwrap();
+    let out = quiver(&dir, &["push", "trips", later.to_str().unwrap(), "--to", "online"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(delta(&dir).await.len(), 3);
+    assert_eq!(online(&dir, 2).await.unwrap().values, vec![Value::Float64(9.75), Value::Int64(4)]);
+
+    // A bad row: one line naming file and row, exit 1, nothing written anywhere.
+    let bad = tmp.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        concat!(
+            r#"{"driver_id": 3, "event_timestamp": "2025-01-03T00:00:00Z", "fare": 1.0, "seq": 5}"#, "\n",
+            r#"{"driver_id": 3, "event_timestamp": "2025-01-03T00:00:00Z", "fare": 1.0, "seq": 5.5}"#, "\n",
+        ),
+    )
+    .unwrap();
+    let out = quiver(&dir, &["push", "trips", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("bad.jsonl: row 2: feature `seq` must be int64, got 5.5"), "{err}");
+    assert_eq!(delta(&dir).await.len(), 3);
+    assert!(online(&dir, 3).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_push_offline_goes_through_delta() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    repo(&dir);
+    let repo = Repo::open(&dir).unwrap();
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    let state = Arc::new(ServerState {
+        store: store.clone(),
+        registry: RegistryCache::new(repo.config.registry_path.clone(), "pushes").unwrap(),
+        project: "pushes".into(),
+        auth_token: None,
+        metrics: Metrics::default(),
+        clock: Box::new(|| T0),
+        offline: Some(Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
+    });
+    let push = |body: &'static str| {
+        let state = state.clone();
+        async move {
+            let req = Request::builder().method("POST").uri("/push").header("content-type", "application/json");
+            let resp = router(state).oneshot(req.body(Body::from(body)).unwrap()).await.unwrap();
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap())
+        }
+    };
+    let (status, answer) = push(
+        r#"{"feature_view": "trips", "to": "online_and_offline", "df": {"driver_id": [5, 6],
+            "event_timestamp": ["2025-01-01T00:00:00Z", "2025-01-01T00:00:01Z"], "fare": [1.25, 2.0], "seq": [10, 11]}}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["rows"], 2);
+    assert_eq!(answer["written"], 2);
+    assert!(answer["offline_version"].is_u64(), "{answer}");
+    assert_eq!(delta(&dir).await, vec![(5, T0, Some(1.25), 10), (6, T0 + 1_000_000, Some(2.0), 11)]);
+    let (status, answer) = push(
+        r#"{"feature_view": "trips", "to": "offline", "df": {"driver_id": [7], "event_timestamp": ["2025-01-01T00:00:00Z"], "fare": [3.5], "seq": [12]}}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(answer.get("written").is_none(), "offline only: {answer}");
+    assert_eq!(delta(&dir).await.len(), 3);
+    let got = store.read(&[store_key("pushes", "trips", &[KeyValue::Int(7)])]).await.unwrap();
+    assert!(got[0].is_none(), "offline-only push must not reach the online store");
+    // A bad row refuses the whole push: nothing appended.
+    let (status, answer) = push(
+        r#"{"feature_view": "trips", "to": "offline", "df": {"driver_id": [8, 9], "event_timestamp": ["2025-01-01T00:00:00Z", "yesterday"], "fare": [1.0, 1.0], "seq": [1, 2]}}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(answer["error"].as_str().unwrap().contains("row 2: `event_timestamp`: `yesterday` is not an RFC 3339 timestamp"), "{answer}");
+    assert_eq!(delta(&dir).await.len(), 3);
+}
