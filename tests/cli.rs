@@ -322,14 +322,25 @@ fn every_verb_is_in_help_and_later_ones_refuse_with_exit_2() {
         ("export", vec!["export", "--service", "x", "--spine", "s", "--out", "o"]),
 
         ("historical --engine gpu", vec!["historical", "--spine", "s.parquet", "--service", "x", "--out", "o.parquet", "--engine", "gpu"]),
-        ("stream", vec!["stream"]),
-        ("push", vec!["push", "v", "f.parquet"]),
         ("verify", vec!["verify", "--sample", "10"]),
         ("doctor", vec!["doctor"]),
     ]);
     for (verb, args) in later {
         fails(tmp.path(), &args, 2, &[&format!("`quiver {verb}` is not available yet")]);
     }
+}
+
+#[test]
+fn stream_and_push_refuse_what_cannot_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    ok(tmp.path(), &["init", dir.to_str().unwrap(), "--demo"]);
+    ok(&dir, &["apply"]);
+    fails(&dir, &["stream"], 1, &["no feature view has a stream source"]);
+    fails(&dir, &["stream", "driver_hourly"], 1, &["feature view `driver_hourly` has no stream source"]);
+    fails(&dir, &["stream", "nope"], 1, &["unknown feature view `nope`"]);
+    fails(&dir, &["push", "driver_hourly", "missing.parquet"], 1, &["missing.parquet"]);
+    fails(&dir, &["push", "nope", "sample_data/driver_hourly.parquet"], 1, &["nope"]);
 }
 
 fn read_parquet(path: &Path) -> arrow::array::RecordBatch {
