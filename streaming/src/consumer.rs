@@ -124,6 +124,8 @@ struct Pipeline {
     defs: Arc<Definitions>,
     /// Indexes into `defs.feature_views`.
     views: Vec<usize>,
+    /// The row reader of each view (same order as `views`).
+    readers: Vec<RowReader<'static>>,
     by_topic: HashMap<String, Vec<usize>>,
     store: Arc<dyn OnlineStore>,
     producer: FutureProducer,
@@ -170,11 +172,9 @@ impl Pipeline {
                 continue;
             }
             replayed = false;
-            let defs = self.defs.clone();
-            let view = &defs.feature_views[self.views[i]];
-            match RowReader::new(&defs, view).from_slice(payload) {
+            match self.readers[i].from_slice(payload) {
                 Ok(row) => self.rows[i].push((row, partition)),
-                Err(r) => reason = Some(format!("feature view `{}`: {r}", view.name)),
+                Err(r) => reason = Some(format!("feature view `{}`: {r}", self.readers[i].view.name)),
             }
         }
         if replayed {
@@ -271,7 +271,7 @@ impl Pipeline {
                 continue;
             }
             let view = self.view(i).clone();
-            let rows: Vec<ViewRow> = self.rows[i].iter().map(|(r, _)| r.clone()).collect();
+            let rows: Vec<ViewRow> = std::mem::take(&mut self.rows[i]).into_iter().map(|(r, _)| r).collect();
             // 2. Online, through the guarded write.
             let writes = online_rows_of(&self.config.project, &view, &rows);
             let store = self.store.clone();
@@ -472,7 +472,11 @@ pub fn run(
         .set("message.timeout.ms", "10000")
         .create()
         .map_err(kafka)?;
+    // The readers borrow the definitions for as long as the process streams.
+    let forever: &'static Definitions = Box::leak(Box::new((*defs).clone()));
+    let readers = chosen.iter().map(|&vi| RowReader::new(forever, &forever.feature_views[vi])).collect();
     let pipeline = Arc::new(Mutex::new(Pipeline {
+        readers,
         config: config.clone(),
         rows: vec![Vec::new(); chosen.len()],
         views: chosen,

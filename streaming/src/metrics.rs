@@ -6,7 +6,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Upper bounds (seconds) of the event-to-online latency histogram.
-const BUCKETS: [f64; 12] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0, 300.0];
+const BUCKETS: [f64; 19] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 30.0, 300.0,
+];
 
 /// What `quiver stream` has done since it started.
 #[derive(Debug, Default)]
@@ -22,7 +24,7 @@ pub struct Metrics {
     pub batches: AtomicU64,
     /// (topic, partition) -> messages behind the high watermark.
     pub lag: Mutex<BTreeMap<(String, i32), i64>>,
-    buckets: [AtomicU64; 12],
+    buckets: [AtomicU64; 19],
     latency_sum_us: AtomicU64,
     latency_count: AtomicU64,
 }

