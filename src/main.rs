@@ -254,7 +254,106 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Push { view, file, to } => cmd_push(&repo_dir, &view, &file, to),
         Command::Verify { .. } => later("verify", "consistency verification (issue #9)"),
-        Command::Doctor { .. } => later("doctor", "consistency verification (issue #9)"),
+        Command::Doctor { compile_kernels } => cmd_doctor(&repo_dir, compile_kernels),
+    }
+}
+
+/// `doctor`: what this machine and repository offer, one line per check. Exits 1 when
+/// a check that the repository needs fails (config, registry, online store, a kernel
+/// that does not compile when asked for); a missing GPU or broker is reported only.
+fn cmd_doctor(dir: &Path, compile_kernels: bool) -> anyhow::Result<()> {
+    let mut failed = Vec::new();
+    let line = |ok: bool, what: &str, detail: String| println!("{} {what}: {detail}", if ok { "ok  " } else { "FAIL" });
+    let note = |what: &str, detail: String| println!("--   {what}: {detail}");
+    match Repo::open(dir) {
+        Ok(repo) => {
+            line(true, "config", format!("project `{}` in {}", repo.config.project, dir.display()));
+            match repo.applied() {
+                Ok(doc) => line(
+                    true,
+                    "registry",
+                    format!(
+                        "version {}, {} feature views, {} services",
+                        doc.version,
+                        doc.definitions.feature_views.len(),
+                        doc.definitions.feature_services.len()
+                    ),
+                ),
+                Err(e) => {
+                    line(false, "registry", e.to_string());
+                    failed.push("registry");
+                }
+            }
+            let rt = runtime()?;
+            match rt.block_on(async {
+                let store = quiver::online::open_store(&repo.config.online_store).await?;
+                store.read(&["quiver:doctor:probe".to_string()]).await?;
+                anyhow::Ok(store.name())
+            }) {
+                Ok(name) => line(true, "online store", format!("{name} answers")),
+                Err(e) => {
+                    line(false, "online store", format!("{e:#}"));
+                    failed.push("online store");
+                }
+            }
+            let brokers = &repo.config.kafka_brokers;
+            let reachable: Vec<String> = brokers
+                .split(',')
+                .filter(|b| {
+                    use std::net::ToSocketAddrs;
+                    b.trim().to_socket_addrs().ok().and_then(|mut a| a.next()).is_some_and(|a| {
+                        std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(1)).is_ok()
+                    })
+                })
+                .map(str::to_string)
+                .collect();
+            if reachable.is_empty() {
+                note("kafka", format!("no broker of `{brokers}` accepts connections (needed only by `quiver stream`)"));
+            } else {
+                line(true, "kafka", format!("{} reachable", reachable.join(", ")));
+            }
+        }
+        Err(e) => {
+            line(false, "config", e.to_string());
+            failed.push("config");
+        }
+    }
+    let probe = quiver::gpu_join::cuda::probe();
+    if probe.devices.is_empty() {
+        note("gpu", probe.driver_error.clone().unwrap_or_else(|| "no CUDA device".into()) + " (joins run on the CPU)");
+    }
+    for (i, (name, (major, minor), mem)) in probe.devices.iter().enumerate() {
+        line(true, "gpu", format!("device {i}: {name}, compute capability {major}.{minor}, {:.1} GiB", *mem as f64 / (1u64 << 30) as f64));
+    }
+    match probe.nvrtc {
+        Some((major, minor)) => line(true, "nvrtc", format!("version {major}.{minor}")),
+        None => note("nvrtc", "libnvrtc not found (pip install nvidia-cuda-nvrtc-cu12 and put its lib folder on LD_LIBRARY_PATH)".into()),
+    }
+    if compile_kernels {
+        let arch = probe.devices.first().map_or("compute_80".to_string(), |(_, (major, minor), _)| format!("compute_{major}{minor}"));
+        let arch: &'static str = Box::leak(arch.into_boxed_str());
+        let began = std::time::Instant::now();
+        match quiver::gpu_join::cuda::compile_ptx(Some(arch)) {
+            Ok(ptx) => {
+                for name in quiver::gpu_join::cuda::KERNEL_NAMES {
+                    let found = ptx.contains(&format!(".entry {name}("));
+                    line(found, "kernel", format!("{name} {}", if found { "compiled" } else { "missing from the PTX" }));
+                    if !found {
+                        failed.push("kernels");
+                    }
+                }
+                line(true, "ptx", format!("{} bytes for {arch} in {:.0} ms", ptx.len(), began.elapsed().as_secs_f64() * 1000.0));
+            }
+            Err(e) => {
+                line(false, "kernels", e.to_string());
+                failed.push("kernels");
+            }
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("doctor: {} failed", failed.join(", "))
     }
 }
 
@@ -456,6 +555,43 @@ fn cmd_stream(dir: &Path, views: &[String], batch_rows: usize, batch_ms: u64, me
     Ok(())
 }
 
+/// Spine rows from which `--engine auto` prefers a GPU: below, transfers and kernel
+/// compilation cost more than the CPU join takes.
+const GPU_MIN_SPINE_ROWS: usize = 1_000_000;
+
+/// The join engine for `--engine`, and one line saying which one runs and why.
+fn pick_engine(engine: Engine, spine_rows: usize) -> anyhow::Result<(Box<dyn quiver::gpu_join::AsOfKernel>, String)> {
+    use quiver::gpu_join::{CpuKernel, CudaKernel};
+    let cpu = |why: String| -> anyhow::Result<(Box<dyn quiver::gpu_join::AsOfKernel>, String)> {
+        Ok((Box::new(CpuKernel::new()), format!("engine: cpu ({why})")))
+    };
+    match engine {
+        Engine::Cpu => cpu("asked for".into()),
+        Engine::Gpu => {
+            let k = CudaKernel::new().map_err(|e| anyhow::anyhow!("--engine gpu: {e}"))?;
+            let note = format!("engine: cuda on {} (asked for)", k.device());
+            Ok((Box::new(k), note))
+        }
+        Engine::Auto => {
+            let probe = quiver::gpu_join::cuda::probe();
+            if probe.devices.is_empty() {
+                let why = probe.driver_error.unwrap_or_else(|| "the driver reports no device".into());
+                return cpu(format!("auto: no GPU: {why}"));
+            }
+            if spine_rows < GPU_MIN_SPINE_ROWS {
+                return cpu(format!("auto: {spine_rows} spine rows, fewer than the {GPU_MIN_SPINE_ROWS} a GPU pays off at"));
+            }
+            match CudaKernel::new() {
+                Ok(k) => {
+                    let note = format!("engine: cuda on {} (auto: {spine_rows} spine rows)", k.device());
+                    Ok((Box::new(k), note))
+                }
+                Err(e) => cpu(format!("auto: the GPU is unusable: {e}")),
+            }
+        }
+    }
+}
+
 fn cmd_historical(
     dir: &Path,
     spine_path: &Path,
@@ -467,15 +603,6 @@ fn cmd_historical(
 ) -> anyhow::Result<()> {
     use quiver::offline::historical::{self, HistoricalOptions};
     let start = std::time::Instant::now();
-    let kernel = match engine {
-        Engine::Gpu => return later("historical --engine gpu", "the GPU join (issue #6)"),
-        Engine::Auto => (
-            quiver::gpu_join::CpuKernel::new(),
-            "engine cpu; auto chose it: the GPU engine is not built yet",
-        ),
-        Engine::Cpu => (quiver::gpu_join::CpuKernel::new(), "engine cpu"),
-    };
-    let (kernel, engine_note) = kernel;
     let repo = Repo::open(dir)?;
     let doc = repo.applied()?;
     let defs = &doc.definitions;
@@ -508,6 +635,7 @@ fn cmd_historical(
         .collect();
     let spine = historical::read_spine(spine_path, &key_types)?;
     tracing::debug!(secs = start.elapsed().as_secs_f64(), rows = spine.num_rows(), "spine read");
+    let (kernel, engine_note) = pick_engine(engine, spine.num_rows())?;
     let rt = runtime()?;
     let bar = progress_bar();
     let progress = |phase: &str, rows: u64| bar.set_message(format!("{phase}: {rows} rows"));
@@ -518,7 +646,7 @@ fn cmd_historical(
         &spine,
         &requests,
         HistoricalOptions { created_cutoff },
-        &kernel,
+        kernel.as_ref(),
         &progress,
     ))?;
     bar.set_message("writing");

@@ -175,9 +175,13 @@ struct Streamer {
 }
 
 fn start(s: &Setup, tag: &str, env: &[(&str, &str)]) -> Streamer {
+    start_with(s, tag, env, &[])
+}
+
+fn start_with(s: &Setup, tag: &str, env: &[(&str, &str)], extra: &[&str]) -> Streamer {
     let log = s.dir.join(format!("stream-{tag}.log"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver"));
-    cmd.arg("--repo").arg(&s.dir).args(["stream", "--batch-rows", "100", "--batch-ms", "100"]);
+    cmd.arg("--repo").arg(&s.dir).args(["stream", "--batch-rows", "100", "--batch-ms", "100"]).args(extra);
     cmd.stdout(Stdio::piped()).stderr(std::fs::File::create(&log).unwrap());
     for (k, v) in env {
         cmd.env(k, v);
@@ -300,6 +304,17 @@ async fn assert_online(s: &Setup, produced: std::ops::Range<i64>) {
     }
 }
 
+/// A plain HTTP/1.1 GET on loopback, the body as text.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
 /// Reads the dead-letter topic: (source partition, source offset) -> reason.
 fn dead_letters(s: &Setup, want: usize) -> BTreeMap<(i32, i64), String> {
     let consumer: BaseConsumer = ClientConfig::new()
@@ -337,7 +352,8 @@ async fn stream_writes_both_stores_and_dead_letters() {
     let s = setup("sdlq", &brokers, &redis, 3).await;
     let n = 600;
     produce(&s, 0..n, 3).await;
-    let streamer = start(&s, "a", &[]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let streamer = start_with(&s, "a", &[], &["--metrics-port", &port.to_string()]);
     wait_for_rows(&s, expected_rows(0..n).len(), &[&streamer]).await;
     // Every bad message is in the DLQ once, with its reason and source.
     let bad: Vec<i64> = (0..n).filter(|&i| kind(i) != Kind::Good).collect();
@@ -356,6 +372,20 @@ async fn stream_writes_both_stores_and_dead_letters() {
         };
         assert!(reason.contains(want), "message {i}: {reason}");
     }
+    // The metrics count the same (the offsets are committed once the batch is in Delta,
+    // so give the last batch a moment to finish).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = http_get(port, "/metrics");
+    let metric = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+    };
+    assert_eq!(metric("quiver_stream_consumed_total "), n as f64);
+    assert_eq!(metric("quiver_stream_dead_lettered_total "), bad.len() as f64);
+    assert_eq!(metric("quiver_stream_appended_offline_total "), (n as usize - bad.len()) as f64);
+    assert_eq!(metric("quiver_stream_event_to_online_seconds_count "), (n as usize - bad.len()) as f64);
+    assert!(text.contains("quiver_stream_lag{topic="), "{text}");
     let (status, out) = streamer.stop();
     assert!(status.success(), "{status:?}");
     assert!(out.contains(&format!("{} dead-lettered", bad.len())), "{out}");

@@ -71,16 +71,16 @@ impl AsOfKernel for CpuKernel {
 /// Feature rows grouped by entity, each group sorted by (ts, created, seq). The event
 /// times are copied next to the row ids so that sorting and searching a run reads
 /// contiguous memory; created times and seqs are read only to break ties.
-struct EntityRuns {
+pub(crate) struct EntityRuns {
     /// `rows[offsets[e]..offsets[e + 1]]` are entity `e`'s rows.
-    offsets: Vec<u32>,
-    rows: Vec<u32>,
+    pub(crate) offsets: Vec<u32>,
+    pub(crate) rows: Vec<u32>,
     /// `ts[i]` is the event time of `rows[i]`.
-    ts: Vec<i64>,
+    pub(crate) ts: Vec<i64>,
 }
 
 impl EntityRuns {
-    fn build(input: &AsOfInput<'_>, threads: usize) -> Self {
+    pub(crate) fn build(input: &AsOfInput<'_>, threads: usize) -> Self {
         let n_ent = input.n_entities as usize;
         let n = input.feature_entity.len();
         // A stable, parallel counting sort: each thread counts its chunk of rows per

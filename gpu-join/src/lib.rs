@@ -11,7 +11,9 @@
 //! input.
 
 mod cpu;
+pub mod cuda;
 mod kernel;
 
 pub use cpu::CpuKernel;
+pub use cuda::CudaKernel;
 pub use kernel::{AsOfInput, AsOfKernel, KernelError, NO_ENTITY, NO_ROW};

@@ -195,3 +195,121 @@ fn large_inputs_split_over_threads_match_the_oracle() {
         assert_eq!(CpuKernel::new().with_threads(threads).join(&input).unwrap(), expected, "threads {threads}");
     }
 }
+
+/// The CUDA engine's flow (runs, entity chunks, the `asof_search` logic, the scatter)
+/// run on the host, with chunks from one entity's worth of rows up to everything.
+#[test]
+fn the_gpu_flow_on_the_host_matches_the_oracle() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for round in 0..120 {
+        let n_ent = rng.random_range(1..30);
+        let case = random_case(&mut rng, rng.random_range(0..200), rng.random_range(0..400), n_ent);
+        // The largest entity (feature + spine rows) bounds the smallest chunk.
+        let mut per_entity = vec![0usize; n_ent as usize];
+        for &e in case.feature_entity.iter().chain(&case.spine_entity) {
+            if e != NO_ENTITY {
+                per_entity[e as usize] += 1;
+            }
+        }
+        let biggest = per_entity.iter().copied().max().unwrap_or(0).max(1);
+        for ttl in [None, Some(0), Some(30)] {
+            for (with_created, cutoff) in [(true, false), (true, true), (false, false)] {
+                let input = AsOfInput {
+                    spine_entity: &case.spine_entity,
+                    spine_ts: &case.spine_ts,
+                    feature_entity: &case.feature_entity,
+                    feature_ts: &case.feature_ts,
+                    feature_created: with_created.then_some(case.feature_created.as_slice()),
+                    feature_seq: &case.feature_seq,
+                    n_entities: case.n_entities,
+                    ttl_us: ttl,
+                    created_cutoff: cutoff,
+                };
+                let expected = oracle(&input);
+                for chunk in [biggest, biggest + 1, 2 * biggest + 3, usize::MAX / 2] {
+                    let got = quiver_gpu_join::cuda::join_chunked_on_host(&input, chunk).unwrap();
+                    assert_eq!(got, expected, "round {round}, ttl {ttl:?}, created {with_created}, cutoff {cutoff}, chunk {chunk}");
+                }
+                if biggest > 1 {
+                    assert!(quiver_gpu_join::cuda::join_chunked_on_host(&input, biggest - 1).is_err(), "an entity larger than a chunk is refused");
+                }
+            }
+        }
+    }
+}
+
+/// The kernels compile to PTX with NVRTC, which needs no GPU (`./run test` installs the
+/// nvidia-cuda-nvrtc-cu12 wheel and sets QUIVER_REQUIRE_NVRTC=1).
+#[test]
+fn kernels_compile_to_ptx_with_nvrtc() {
+    // SAFETY: only tries to dlopen the library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        assert!(std::env::var("QUIVER_REQUIRE_NVRTC").is_err(), "QUIVER_REQUIRE_NVRTC is set but libnvrtc is not on LD_LIBRARY_PATH");
+        eprintln!("SKIPPED kernels_compile_to_ptx_with_nvrtc: no libnvrtc (pip install nvidia-cuda-nvrtc-cu12; put nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH, or use ./run test)");
+        return;
+    }
+    for arch in ["compute_80", "compute_90"] {
+        let ptx = quiver_gpu_join::cuda::compile_ptx(Some(arch)).unwrap();
+        for name in quiver_gpu_join::cuda::KERNEL_NAMES {
+            assert!(ptx.contains(&format!(".entry {name}(")), "{arch}: no {name} in the PTX");
+        }
+        assert!(ptx.contains(&format!(".target sm_{}", &arch[8..])), "{arch}");
+    }
+    assert!(quiver_gpu_join::cuda::probe().nvrtc.is_some_and(|(major, _)| major >= 11));
+}
+
+/// Without a driver every entry point answers with an error, never a panic.
+#[test]
+fn no_gpu_means_errors_not_panics() {
+    let probe = quiver_gpu_join::cuda::probe();
+    if !probe.driver {
+        assert!(probe.devices.is_empty());
+        assert!(probe.driver_error.as_deref().is_some_and(|e| e.contains("libcuda")), "{probe:?}");
+        let err = quiver_gpu_join::CudaKernel::new().unwrap_err().to_string();
+        assert!(err.starts_with("cuda engine: no CUDA driver"), "{err}");
+    } else {
+        eprintln!("no_gpu_means_errors_not_panics: a CUDA driver is present ({} devices)", probe.devices.len());
+    }
+}
+
+/// GPU against CPU, byte for byte, at several sizes and chunk boundaries. Needs a
+/// device: skipped with a message without one, failing when QUIVER_REQUIRE_GPU=1.
+#[test]
+fn gpu_engine_matches_the_cpu_engine() {
+    let kernel = match quiver_gpu_join::CudaKernel::new() {
+        Ok(k) => k,
+        Err(e) => {
+            assert!(std::env::var("QUIVER_REQUIRE_GPU").is_err(), "QUIVER_REQUIRE_GPU is set but: {e}");
+            eprintln!("SKIPPED gpu_engine_matches_the_cpu_engine: {e}");
+            return;
+        }
+    };
+    eprintln!("GPU test on {}", kernel.device());
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut sizes = vec![(0, 0, 1), (1, 1, 1), (300, 600, 20), (5_000, 50_000, 700)];
+    sizes.push((1_000_000, 3_000_000, 100_000));
+    for (n_spine, n_feat, n_ent) in sizes {
+        let case = random_case(&mut rng, n_spine, n_feat, n_ent);
+        for ttl in [None, Some(0), Some(30)] {
+            for (with_created, cutoff) in [(true, false), (true, true), (false, false)] {
+                let input = AsOfInput {
+                    spine_entity: &case.spine_entity,
+                    spine_ts: &case.spine_ts,
+                    feature_entity: &case.feature_entity,
+                    feature_ts: &case.feature_ts,
+                    feature_created: with_created.then_some(case.feature_created.as_slice()),
+                    feature_seq: &case.feature_seq,
+                    n_entities: case.n_entities,
+                    ttl_us: ttl,
+                    created_cutoff: cutoff,
+                };
+                let cpu = CpuKernel::new().join(&input).unwrap();
+                let gpu = quiver_gpu_join::CudaKernel::new().unwrap();
+                assert_eq!(gpu.join(&input).unwrap(), cpu, "{n_spine}x{n_feat}, ttl {ttl:?}, created {with_created}, cutoff {cutoff}");
+                // Small chunks: many transfers, entity boundaries at chunk edges.
+                let chunked = quiver_gpu_join::CudaKernel::new().unwrap().with_chunk_rows(4 * (n_spine + n_feat) / n_ent as usize + 64);
+                assert_eq!(chunked.join(&input).unwrap(), cpu, "chunked {n_spine}x{n_feat}");
+            }
+        }
+    }
+}
