@@ -203,7 +203,8 @@ fn the_gpu_flow_on_the_host_matches_the_oracle() {
     let mut rng = StdRng::seed_from_u64(11);
     for round in 0..120 {
         let n_ent = rng.random_range(1..30);
-        let case = random_case(&mut rng, rng.random_range(0..200), rng.random_range(0..400), n_ent);
+        let (n_spine, n_feat) = (rng.random_range(0..200), rng.random_range(0..400));
+        let case = random_case(&mut rng, n_spine, n_feat, n_ent);
         // The largest entity (feature + spine rows) bounds the smallest chunk.
         let mut per_entity = vec![0usize; n_ent as usize];
         for &e in case.feature_entity.iter().chain(&case.spine_entity) {
