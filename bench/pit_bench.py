@@ -55,6 +55,10 @@ def timed(cmd, cwd=None):
     user = float(re.search(r"User time \(seconds\): (\S+)", se).group(1))
     sys_ = float(re.search(r"System time \(seconds\): (\S+)", se).group(1))
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", se).group(1)) * 1024
+    # The CUDA engine's phase times (QUIVER_LOG=quiver_gpu_join=info), passed through.
+    for line in se.splitlines():
+        if "cuda join" in line:
+            print("   ", re.sub(r"\x1b\[[0-9;]*m", "", line.strip()), flush=True)
     return wall, user + sys_, rss, p.stdout
 
 
@@ -68,6 +72,7 @@ def main():
     ap.add_argument("--scale", default="medium", choices=["tiny", "small", "medium", "large"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--peers", default="duckdb,polars")
+    ap.add_argument("--engines", default="cpu", help="quiver engines to run: cpu, gpu or cpu,gpu")
     ap.add_argument("--shared", default=os.environ.get("QUIVER_SHARED", os.path.join(ROOT, "..", "shared")))
     args = ap.parse_args()
     shared_bench = os.path.join(os.path.abspath(args.shared), "bench")
@@ -97,17 +102,21 @@ def main():
         print(f"ingest {v}: {wall:.2f} s, peak {gb(rss)} -- {out.strip()}", flush=True)
 
     spine = os.path.join(data, "spine.parquet")
-    runs = {name: [] for name in ["quiver"] + peers}
-    outputs = {"quiver": os.path.join(out_dir, "quiver.parquet")}
+    engines = args.engines.split(",")
+    # "quiver" is the first engine's run; others are "quiver-<engine>".
+    mine = ["quiver"] + [f"quiver-{e}" for e in engines[1:]]
+    engine_of = dict(zip(mine, engines))
+    runs = {name: [] for name in mine + peers}
+    outputs = {name: os.path.join(out_dir, f"{name}.parquet") for name in mine}
     for p in peers:
         outputs[p] = os.path.join(out_dir, f"{p}.parquet")
     for rep in range(args.reps):
-        for name in ["quiver"] + peers:
+        for name in mine + peers:
             if os.path.exists(outputs[name]):
                 os.remove(outputs[name])
-            if name == "quiver":
+            if name in engine_of:
                 cmd = [quiver, "historical", "--spine", spine, "--service", "bench_all",
-                       "--out", outputs[name], "--engine", "cpu"]
+                       "--out", outputs[name], "--engine", engine_of[name]]
                 r = timed(cmd, cwd=repo)
             else:
                 script, extra = PEERS[name]
@@ -115,8 +124,12 @@ def main():
             runs[name].append(r[:3])
             print(f"rep {rep + 1} {name:10s} wall {r[0]:6.2f} s  cpu {r[1]:6.2f} s  peak {gb(r[2])}", flush=True)
 
-    # Same answers?
+    # Same answers? Every engine byte for byte, and against each peer.
     checks = {}
+    for name in mine[1:]:
+        with open(outputs["quiver"], "rb") as a, open(outputs[name], "rb") as b:
+            checks[name] = a.read() == b.read()
+        print(f"check quiver ({engines[0]}) vs {name}: {'BYTE-IDENTICAL' if checks[name] else 'DIFFERENT'}", flush=True)
     for p in peers:
         c = subprocess.run([PY, os.path.join(shared_bench, "check_equal.py"), outputs["quiver"], outputs[p],
                             "--data", data], capture_output=True, text=True)

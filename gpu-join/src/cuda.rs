@@ -318,9 +318,16 @@ impl CudaKernel {
         &self.device
     }
 
-    fn run_chunk(&self, c: &ChunkArrays, input: &AsOfInput<'_>) -> Result<Vec<u32>, cudarc::driver::DriverError> {
+    /// One chunk on the device; also returns the time spent uploading, in the kernel and
+    /// downloading (each phase synchronised, so they do not overlap).
+    fn run_chunk(
+        &self,
+        c: &ChunkArrays,
+        input: &AsOfInput<'_>,
+    ) -> Result<(Vec<u32>, [std::time::Duration; 3]), cudarc::driver::DriverError> {
         use cudarc::driver::{LaunchConfig, PushKernelArg};
         let stream = self.ctx.default_stream();
+        let began = std::time::Instant::now();
         let n = c.spine_rows.len();
         // Pinned staging buffers: one large DMA transfer per array.
         let upload_u32 = |v: &[u32]| -> Result<cudarc::driver::CudaSlice<u32>, cudarc::driver::DriverError> {
@@ -349,6 +356,8 @@ impl CudaKernel {
         };
         let run_rows = upload_u32(&c.run_rows)?;
         let mut out = stream.alloc_zeros::<u32>(n.max(1))?;
+        stream.synchronize()?;
+        let uploaded = began.elapsed();
         let n32 = n as u32;
         let cutoff = i32::from(input.created_cutoff && run_created.is_some());
         let has_ttl = i32::from(input.ttl_us.is_some());
@@ -364,9 +373,12 @@ impl CudaKernel {
         // SAFETY: the arguments match asof_search's parameters in order and type, and
         // every buffer holds at least the rows the kernel indexes.
         unsafe { launch.launch(LaunchConfig::for_num_elems(n32.max(1)))? };
+        stream.synchronize()?;
+        let searched = began.elapsed();
         let mut host = stream.clone_dtoh(&out)?;
         host.truncate(n);
-        Ok(host)
+        let done = began.elapsed();
+        Ok((host, [uploaded, searched - uploaded, done - searched]))
     }
 }
 
@@ -377,6 +389,7 @@ impl AsOfKernel for CudaKernel {
 
     fn join(&self, input: &AsOfInput<'_>) -> Result<Vec<u32>, KernelError> {
         input.validate()?;
+        let began = std::time::Instant::now();
         let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         let prep = Prepared::new(input, threads);
         // About 40 bytes per row on the device (times, ids, offsets, the answer); use
@@ -388,17 +401,36 @@ impl AsOfKernel for CudaKernel {
                 (free / 2 / 40).max(1 << 16)
             }
         };
+        let prepared = began.elapsed();
         let mut out = vec![NO_ROW; input.spine_entity.len()];
-        for entities in prep.chunks(max_rows)? {
-            let c = prep.chunk_arrays(input, &entities);
+        let mut phases = [std::time::Duration::ZERO; 3];
+        let chunks = prep.chunks(max_rows)?;
+        for entities in &chunks {
+            let c = prep.chunk_arrays(input, entities);
             if c.spine_rows.is_empty() {
                 continue;
             }
-            let found = self.run_chunk(&c, input).map_err(|e| engine(format!("{}: {e}", self.device)))?;
+            let (found, took) = self.run_chunk(&c, input).map_err(|e| engine(format!("{}: {e}", self.device)))?;
             for (k, &i) in c.spine_rows.iter().enumerate() {
                 out[i as usize] = found[k];
             }
+            for (p, t) in phases.iter_mut().zip(took) {
+                *p += t;
+            }
         }
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        tracing::info!(
+            device = %self.device,
+            chunks = chunks.len(),
+            spine_rows = input.spine_entity.len(),
+            feature_rows = input.feature_entity.len(),
+            prepare_ms = ms(prepared),
+            upload_ms = ms(phases[0]),
+            kernel_ms = ms(phases[1]),
+            download_ms = ms(phases[2]),
+            total_ms = ms(began.elapsed()),
+            "cuda join"
+        );
         Ok(out)
     }
 }
