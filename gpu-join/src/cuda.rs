@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::cpu::EntityRuns;
-use crate::kernel::{AsOfInput, AsOfKernel, KernelError, NO_ENTITY, NO_ROW};
+use crate::kernel::{AsOfInput, AsOfKernel, FixedColumn, Gathered, KernelError, NO_ENTITY, NO_ROW, gather_on_host};
 
 /// The CUDA C source of every kernel.
 pub const KERNEL_SOURCE: &str = include_str!("asof.cu");
@@ -259,10 +259,33 @@ pub fn join_chunked_on_host(input: &AsOfInput<'_>, max_rows: usize) -> Result<Ve
     Ok(out)
 }
 
+/// An engine that joins with `inner` and gathers through [`AsOfKernel::gather`] with
+/// the device gather's logic on the host: it exercises the caller's device-gather path
+/// (column flattening, validity, rebuilding Arrow arrays) where there is no device.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct HostGather<K>(pub K);
+
+impl<K: AsOfKernel> AsOfKernel for HostGather<K> {
+    fn name(&self) -> &'static str {
+        "host-gather"
+    }
+
+    fn join(&self, input: &AsOfInput<'_>) -> Result<Vec<u32>, KernelError> {
+        self.0.join(input)
+    }
+
+    fn gather(&self, columns: &[FixedColumn<'_>], index: &[u32]) -> Option<Result<Vec<Gathered>, KernelError>> {
+        Some(Ok(columns.iter().map(|c| gather_on_host(c, index)).collect()))
+    }
+}
+
 /// The GPU engine (device 0).
 pub struct CudaKernel {
     ctx: Arc<cudarc::driver::CudaContext>,
     search: cudarc::driver::CudaFunction,
+    gather_u64: cudarc::driver::CudaFunction,
+    gather_u32: cudarc::driver::CudaFunction,
     device: String,
     /// Rows per chunk; `None`: as many as free device memory allows.
     chunk_rows: Option<usize>,
@@ -300,9 +323,10 @@ impl CudaKernel {
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(|e| engine(format!("loading the kernels: {e}")))?;
-        let search = module.load_function("asof_search").map_err(|e| engine(format!("asof_search: {e}")))?;
+        let function = |name: &str| module.load_function(name).map_err(|e| engine(format!("{name}: {e}")));
+        let (search, gather_u64, gather_u32) = (function("asof_search")?, function("gather_u64")?, function("gather_u32")?);
         let chunk_rows = std::env::var("QUIVER_GPU_CHUNK_ROWS").ok().and_then(|v| v.parse().ok());
-        Ok(CudaKernel { ctx, search, device, chunk_rows })
+        Ok(CudaKernel { ctx, search, gather_u64, gather_u32, device, chunk_rows })
     }
 
     /// Cuts every join into chunks of at most `rows` rows (feature plus spine rows of
@@ -382,9 +406,68 @@ impl CudaKernel {
     }
 }
 
+impl CudaKernel {
+    fn gather_one(&self, column: &FixedColumn<'_>, index: &[u32]) -> Result<Gathered, cudarc::driver::DriverError> {
+        use cudarc::driver::{LaunchConfig, PushKernelArg};
+        let empty = match column {
+            FixedColumn::U64 { values, .. } => values.is_empty(),
+            FixedColumn::U32 { values, .. } => values.is_empty(),
+        };
+        if empty || index.is_empty() {
+            // Nothing to read on the device: every row is NO_ROW or there are none.
+            return Ok(gather_on_host(column, index));
+        }
+        let stream = self.ctx.default_stream();
+        let n = index.len();
+        let n32 = n as u32;
+        let dev_index = stream.clone_htod(index)?;
+        let mut valid_out = stream.alloc_zeros::<u8>(n.max(1))?;
+        let null: u64 = 0;
+        let config = LaunchConfig::for_num_elems(n32.max(1));
+        macro_rules! run {
+            ($values:expr, $valid:expr, $func:expr, $t:ty, $variant:ident) => {{
+                let values = stream.clone_htod($values)?;
+                let valid = match $valid {
+                    Some(v) => Some(stream.clone_htod(v)?),
+                    None => None,
+                };
+                let mut out = stream.alloc_zeros::<$t>(n.max(1))?;
+                let mut launch = stream.launch_builder(&$func);
+                launch.arg(&values);
+                match &valid {
+                    Some(v) => launch.arg(v),
+                    None => launch.arg(&null),
+                };
+                launch.arg(&dev_index).arg(&n32).arg(&mut out).arg(&mut valid_out);
+                // SAFETY: the arguments match the gather kernel's parameters; `index`
+                // holds row numbers below the values' length or NO_ROW.
+                unsafe { launch.launch(config)? };
+                let mut values_out = stream.clone_dtoh(&out)?;
+                let mut ok = stream.clone_dtoh(&valid_out)?;
+                values_out.truncate(n);
+                ok.truncate(n);
+                Gathered::$variant(values_out, ok)
+            }};
+        }
+        Ok(match column {
+            FixedColumn::U64 { values, valid } => run!(*values, *valid, self.gather_u64, u64, U64),
+            FixedColumn::U32 { values, valid } => run!(*values, *valid, self.gather_u32, u32, U32),
+        })
+    }
+}
+
 impl AsOfKernel for CudaKernel {
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    fn gather(&self, columns: &[FixedColumn<'_>], index: &[u32]) -> Option<Result<Vec<Gathered>, KernelError>> {
+        Some(
+            columns
+                .iter()
+                .map(|c| self.gather_one(c, index).map_err(|e| engine(format!("{} gather: {e}", self.device))))
+                .collect(),
+        )
     }
 
     fn join(&self, input: &AsOfInput<'_>) -> Result<Vec<u32>, KernelError> {

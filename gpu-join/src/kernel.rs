@@ -92,4 +92,54 @@ pub trait AsOfKernel: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Bad input, or an engine failure (device memory, driver).
     fn join(&self, input: &AsOfInput<'_>) -> Result<Vec<u32>, KernelError>;
+
+    /// Gathers fixed-width feature columns by the winners `index` on the engine's own
+    /// device: `out[i] = values[index[i]]`, invalid where `index[i]` is [`NO_ROW`] or the
+    /// source row is invalid. `None` (the default): the engine has no device of its own,
+    /// and the caller gathers on the host. Results must equal the host gather.
+    fn gather(&self, _columns: &[FixedColumn<'_>], _index: &[u32]) -> Option<Result<Vec<Gathered>, KernelError>> {
+        None
+    }
+}
+
+/// A fixed-width column for [`AsOfKernel::gather`]: the raw bits of 8-byte values
+/// (int64, float64, timestamps) or 4-byte values (int32, float32), and one validity
+/// byte per row (1 = valid; `None` = all valid).
+#[derive(Debug, Clone, Copy)]
+pub enum FixedColumn<'a> {
+    U64 { values: &'a [u64], valid: Option<&'a [u8]> },
+    U32 { values: &'a [u32], valid: Option<&'a [u8]> },
+}
+
+/// A gathered column: values and one validity byte per output row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gathered {
+    U64(Vec<u64>, Vec<u8>),
+    U32(Vec<u32>, Vec<u8>),
+}
+
+/// The gather's meaning, on the host: what every engine's device gather must return.
+pub fn gather_on_host(column: &FixedColumn<'_>, index: &[u32]) -> Gathered {
+    fn pick<T: Copy + Default>(values: &[T], valid: Option<&[u8]>, index: &[u32]) -> (Vec<T>, Vec<u8>) {
+        index
+            .iter()
+            .map(|&r| {
+                if r == NO_ROW {
+                    (T::default(), 0)
+                } else {
+                    (values[r as usize], valid.map_or(1, |v| v[r as usize]))
+                }
+            })
+            .unzip()
+    }
+    match column {
+        FixedColumn::U64 { values, valid } => {
+            let (v, ok) = pick(values, *valid, index);
+            Gathered::U64(v, ok)
+        }
+        FixedColumn::U32 { values, valid } => {
+            let (v, ok) = pick(values, *valid, index);
+            Gathered::U32(v, ok)
+        }
+    }
 }

@@ -16,4 +16,4 @@ mod kernel;
 
 pub use cpu::CpuKernel;
 pub use cuda::CudaKernel;
-pub use kernel::{AsOfInput, AsOfKernel, KernelError, NO_ENTITY, NO_ROW};
+pub use kernel::{AsOfInput, AsOfKernel, FixedColumn, Gathered, KernelError, NO_ENTITY, NO_ROW, gather_on_host};

@@ -287,6 +287,21 @@ fn gpu_engine_matches_the_cpu_engine() {
     };
     eprintln!("GPU test on {}", kernel.device());
     let mut rng = StdRng::seed_from_u64(5);
+    // The device gather against its host meaning, with invalid rows and NO_ROW picks.
+    for n in [0usize, 1, 1000, 1 << 20] {
+        let values: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+        let narrow: Vec<u32> = (0..n).map(|_| rng.random()).collect();
+        let valid: Vec<u8> = (0..n).map(|_| u8::from(rng.random_bool(0.9))).collect();
+        let index: Vec<u32> = (0..n + 7).map(|_| if n == 0 || rng.random_bool(0.1) { NO_ROW } else { rng.random_range(0..n as u32) }).collect();
+        let columns = [
+            quiver_gpu_join::FixedColumn::U64 { values: &values, valid: Some(&valid) },
+            quiver_gpu_join::FixedColumn::U64 { values: &values, valid: None },
+            quiver_gpu_join::FixedColumn::U32 { values: &narrow, valid: Some(&valid) },
+        ];
+        let got = kernel.gather(&columns, &index).expect("the CUDA engine gathers").unwrap();
+        let want: Vec<_> = columns.iter().map(|c| quiver_gpu_join::gather_on_host(c, &index)).collect();
+        assert_eq!(got, want, "gather of {n} rows");
+    }
     let mut sizes = vec![(0, 0, 1), (1, 1, 1), (300, 600, 20), (5_000, 50_000, 700)];
     sizes.push((1_000_000, 3_000_000, 100_000));
     for (n_spine, n_feat, n_ent) in sizes {

@@ -321,10 +321,15 @@ pub async fn historical(
                 None => new_null_array(&dtype, spine.num_rows()),
                 Some(i) => {
                     let source_type = scan.batches[0].column(i).data_type().clone();
-                    let null_row = new_null_array(&source_type, 1);
-                    let mut arrays: Vec<&dyn Array> = scan.batches.iter().map(|b| b.column(i).as_ref()).collect();
-                    arrays.push(null_row.as_ref());
-                    let gathered = interleave(&arrays, &picks)?;
+                    let gathered = match device_gather(kernel, &scan.batches, i, &source_type, &winners)? {
+                        Some(on_device) => on_device,
+                        None => {
+                            let null_row = new_null_array(&source_type, 1);
+                            let mut arrays: Vec<&dyn Array> = scan.batches.iter().map(|b| b.column(i).as_ref()).collect();
+                            arrays.push(null_row.as_ref());
+                            interleave(&arrays, &picks)?
+                        }
+                    };
                     widen(&gathered, &dtype).map_err(Error::Request)?
                 }
             };
@@ -340,6 +345,56 @@ pub async fn historical(
         columns.push(column);
     }
     Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+}
+
+/// Gathers one fixed-width feature column (8- or 4-byte values) by the winners on the
+/// engine's device, when it has one ([`AsOfKernel::gather`]); `None` leaves the gather to
+/// the host. The result equals the host gather value for value and null for null.
+fn device_gather(
+    kernel: &dyn AsOfKernel,
+    batches: &[RecordBatch],
+    column: usize,
+    source_type: &DataType,
+    winners: &[u32],
+) -> Result<Option<ArrayRef>> {
+    use arrow::array::{ArrayData, make_array};
+    use arrow::buffer::{Buffer, NullBuffer, ScalarBuffer};
+    use quiver_gpu_join::{FixedColumn, Gathered};
+    let wide = match source_type {
+        DataType::Int64 | DataType::Float64 | DataType::Timestamp(_, _) | DataType::Date64 => true,
+        DataType::Int32 | DataType::Float32 | DataType::Date32 => false,
+        _ => return Ok(None),
+    };
+    let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(column).as_ref()).collect();
+    let whole = arrow::compute::concat(&arrays)?;
+    let data = whole.to_data();
+    let (offset, len) = (data.offset(), data.len());
+    let valid: Option<Vec<u8>> = whole.nulls().map(|n| (0..len).map(|r| u8::from(n.is_valid(r))).collect());
+    let buffer = data.buffers()[0].clone();
+    let wide_values;
+    let narrow_values;
+    let fixed = if wide {
+        wide_values = ScalarBuffer::<u64>::new(buffer, offset, len);
+        FixedColumn::U64 { values: &wide_values, valid: valid.as_deref() }
+    } else {
+        narrow_values = ScalarBuffer::<u32>::new(buffer, offset, len);
+        FixedColumn::U32 { values: &narrow_values, valid: valid.as_deref() }
+    };
+    let Some(result) = kernel.gather(&[fixed], winners) else {
+        return Ok(None);
+    };
+    let gathered = result?.pop().ok_or_else(|| Error::Request("the engine's gather returned no column".into()))?;
+    let (values, ok) = match gathered {
+        Gathered::U64(v, ok) => (Buffer::from_vec(v), ok),
+        Gathered::U32(v, ok) => (Buffer::from_vec(v), ok),
+    };
+    let nulls = NullBuffer::from(ok.iter().map(|&b| b != 0).collect::<Vec<bool>>());
+    let out = ArrayData::builder(source_type.clone())
+        .len(winners.len())
+        .add_buffer(values)
+        .nulls(Some(nulls))
+        .build()?;
+    Ok(Some(make_array(out)))
 }
 
 /// The kernel's per-row arrays for one view's scanned rows.

@@ -377,6 +377,21 @@ async fn historical_matches_the_row_by_row_oracle() {
         .await
         .unwrap();
         assert_eq!(out.num_rows(), spine.len());
+        // The device-gather path (as the CUDA engine takes it), with the gather run on
+        // the host: the same batch, value for value and null for null.
+        let via_engine_gather = historical(
+            &config,
+            &defs,
+            Path::new("spine.parquet"),
+            &spine_batch,
+            &requests,
+            HistoricalOptions { created_cutoff: cutoff },
+            &quiver_gpu_join::cuda::HostGather(CpuKernel::new()),
+            &noop,
+        )
+        .await
+        .unwrap();
+        assert_eq!(via_engine_gather, out, "engine gather vs host interleave (cutoff {cutoff})");
         // Spine columns come first, unchanged.
         for (k, name) in ["label", "driver_id", "customer_id", "event_timestamp"].iter().enumerate() {
             assert_eq!(out.schema().field(k).name(), name);
