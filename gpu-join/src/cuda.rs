@@ -342,6 +342,20 @@ impl CudaKernel {
         &self.device
     }
 
+    /// Copies `v` to the device through a pinned staging buffer: one large DMA transfer.
+    fn upload<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy>(
+        &self,
+        stream: &Arc<cudarc::driver::CudaStream>,
+        v: &[T],
+    ) -> Result<cudarc::driver::CudaSlice<T>, cudarc::driver::DriverError> {
+        // SAFETY: the pinned buffer is fully written before it is read.
+        let mut pinned = unsafe { self.ctx.alloc_pinned::<T>(v.len().max(1))? };
+        pinned.as_mut_slice()?[..v.len()].copy_from_slice(v);
+        let mut dev = stream.alloc_zeros::<T>(v.len().max(1))?;
+        stream.memcpy_htod(&pinned, &mut dev)?;
+        Ok(dev)
+    }
+
     /// One chunk on the device; also returns the time spent uploading, in the kernel and
     /// downloading (each phase synchronised, so they do not overlap).
     fn run_chunk(
@@ -353,32 +367,15 @@ impl CudaKernel {
         let stream = self.ctx.default_stream();
         let began = std::time::Instant::now();
         let n = c.spine_rows.len();
-        // Pinned staging buffers: one large DMA transfer per array.
-        let upload_u32 = |v: &[u32]| -> Result<cudarc::driver::CudaSlice<u32>, cudarc::driver::DriverError> {
-            // SAFETY: the pinned buffer is fully written before it is read.
-            let mut pinned = unsafe { self.ctx.alloc_pinned::<u32>(v.len().max(1))? };
-            pinned.as_mut_slice()?[..v.len()].copy_from_slice(v);
-            let mut dev = stream.alloc_zeros::<u32>(v.len().max(1))?;
-            stream.memcpy_htod(&pinned, &mut dev)?;
-            Ok(dev)
-        };
-        let upload_i64 = |v: &[i64]| -> Result<cudarc::driver::CudaSlice<i64>, cudarc::driver::DriverError> {
-            // SAFETY: as above.
-            let mut pinned = unsafe { self.ctx.alloc_pinned::<i64>(v.len().max(1))? };
-            pinned.as_mut_slice()?[..v.len()].copy_from_slice(v);
-            let mut dev = stream.alloc_zeros::<i64>(v.len().max(1))?;
-            stream.memcpy_htod(&pinned, &mut dev)?;
-            Ok(dev)
-        };
-        let spine_entity = upload_u32(&c.spine_entity)?;
-        let spine_ts = upload_i64(&c.spine_ts)?;
-        let run_offsets = upload_u32(&c.run_offsets)?;
-        let run_ts = upload_i64(&c.run_ts)?;
+        let spine_entity = self.upload(&stream, &c.spine_entity)?;
+        let spine_ts = self.upload(&stream, &c.spine_ts)?;
+        let run_offsets = self.upload(&stream, &c.run_offsets)?;
+        let run_ts = self.upload(&stream, &c.run_ts)?;
         let run_created = match &c.run_created {
-            Some(rc) => Some(upload_i64(rc)?),
+            Some(rc) => Some(self.upload(&stream, rc)?),
             None => None,
         };
-        let run_rows = upload_u32(&c.run_rows)?;
+        let run_rows = self.upload(&stream, &c.run_rows)?;
         let mut out = stream.alloc_zeros::<u32>(n.max(1))?;
         stream.synchronize()?;
         let uploaded = began.elapsed();

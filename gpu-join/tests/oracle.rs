@@ -71,6 +71,21 @@ fn random_case(rng: &mut StdRng, n_spine: usize, n_feat: usize, n_ent: u32) -> C
     Case { spine_entity, spine_ts, feature_entity, feature_ts, feature_created, feature_seq, n_entities: n_ent }
 }
 
+/// The kernel input of `case` with the given ttl and created-time settings.
+fn input_of(case: &Case, ttl: Option<i64>, with_created: bool, cutoff: bool) -> AsOfInput<'_> {
+    AsOfInput {
+        spine_entity: &case.spine_entity,
+        spine_ts: &case.spine_ts,
+        feature_entity: &case.feature_entity,
+        feature_ts: &case.feature_ts,
+        feature_created: with_created.then_some(case.feature_created.as_slice()),
+        feature_seq: &case.feature_seq,
+        n_entities: case.n_entities,
+        ttl_us: ttl,
+        created_cutoff: cutoff,
+    }
+}
+
 #[test]
 fn cpu_kernel_matches_the_oracle() {
     let mut rng = StdRng::seed_from_u64(7);
@@ -81,17 +96,7 @@ fn cpu_kernel_matches_the_oracle() {
         let case = random_case(&mut rng, n_spine, n_feat, n_ent);
         for ttl in [None, Some(0), Some(30), Some(100)] {
             for (with_created, cutoff) in [(true, false), (true, true), (false, false)] {
-                let input = AsOfInput {
-                    spine_entity: &case.spine_entity,
-                    spine_ts: &case.spine_ts,
-                    feature_entity: &case.feature_entity,
-                    feature_ts: &case.feature_ts,
-                    feature_created: with_created.then_some(case.feature_created.as_slice()),
-                    feature_seq: &case.feature_seq,
-                    n_entities: case.n_entities,
-                    ttl_us: ttl,
-                    created_cutoff: cutoff,
-                };
+                let input = input_of(&case, ttl, with_created, cutoff);
                 let expected = oracle(&input);
                 for threads in [1, 2, 3] {
                     let got = CpuKernel::new().with_threads(threads).join(&input).unwrap();
@@ -215,17 +220,7 @@ fn the_gpu_flow_on_the_host_matches_the_oracle() {
         let biggest = per_entity.iter().copied().max().unwrap_or(0).max(1);
         for ttl in [None, Some(0), Some(30)] {
             for (with_created, cutoff) in [(true, false), (true, true), (false, false)] {
-                let input = AsOfInput {
-                    spine_entity: &case.spine_entity,
-                    spine_ts: &case.spine_ts,
-                    feature_entity: &case.feature_entity,
-                    feature_ts: &case.feature_ts,
-                    feature_created: with_created.then_some(case.feature_created.as_slice()),
-                    feature_seq: &case.feature_seq,
-                    n_entities: case.n_entities,
-                    ttl_us: ttl,
-                    created_cutoff: cutoff,
-                };
+                let input = input_of(&case, ttl, with_created, cutoff);
                 let expected = oracle(&input);
                 for chunk in [biggest, biggest + 1, 2 * biggest + 3, usize::MAX / 2] {
                     let got = quiver_gpu_join::cuda::join_chunked_on_host(&input, chunk).unwrap();
@@ -308,17 +303,7 @@ fn gpu_engine_matches_the_cpu_engine() {
         let case = random_case(&mut rng, n_spine, n_feat, n_ent);
         for ttl in [None, Some(0), Some(30)] {
             for (with_created, cutoff) in [(true, false), (true, true), (false, false)] {
-                let input = AsOfInput {
-                    spine_entity: &case.spine_entity,
-                    spine_ts: &case.spine_ts,
-                    feature_entity: &case.feature_entity,
-                    feature_ts: &case.feature_ts,
-                    feature_created: with_created.then_some(case.feature_created.as_slice()),
-                    feature_seq: &case.feature_seq,
-                    n_entities: case.n_entities,
-                    ttl_us: ttl,
-                    created_cutoff: cutoff,
-                };
+                let input = input_of(&case, ttl, with_created, cutoff);
                 let cpu = CpuKernel::new().join(&input).unwrap();
                 let gpu = quiver_gpu_join::CudaKernel::new().unwrap();
                 assert_eq!(gpu.join(&input).unwrap(), cpu, "{n_spine}x{n_feat}, ttl {ttl:?}, created {with_created}, cutoff {cutoff}");
