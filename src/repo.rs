@@ -108,7 +108,22 @@ impl Repo {
         now: DateTime<Utc>,
         runtime: tokio::runtime::Handle,
     ) -> Result<Applied> {
-        let defs = self.definitions()?;
+        self.apply_definitions(self.definitions()?, force, now, runtime)
+    }
+
+    /// Applies `defs` (from the Python SDK or the Rust builder) exactly as [`Repo::apply`]
+    /// applies `features.yaml`, after the same validation.
+    ///
+    /// # Errors
+    /// As [`Repo::apply`].
+    pub fn apply_definitions(
+        &self,
+        defs: Definitions,
+        force: bool,
+        now: DateTime<Utc>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Applied> {
+        defs.validate().map_err(quiver_sdk::Error::from)?;
         self.check_tables_distinct(&defs)?;
         let probe = DeltaProbe::new(&self.config, runtime.clone());
         let mut created_tables = Vec::new();

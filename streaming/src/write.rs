@@ -191,10 +191,27 @@ pub async fn push_file(
     store: Option<&dyn OnlineStore>,
 ) -> Result<PushReport> {
     let batches = quiver_offline::input::read_file(file, defs, view)?;
-    let conformed = quiver_offline::ingest::conform_batches(defs, view, file, &batches)?;
+    push_batches(config, defs, view, file, batches, target, store).await
+}
+
+/// Pushes batches of `view`'s rows (any column order; extra columns ignored) to
+/// `target`, all checked before anything is written; `source` names them in errors.
+///
+/// # Errors
+/// As [`push_file`].
+pub async fn push_batches(
+    config: &Config,
+    defs: &Definitions,
+    view: &FeatureView,
+    source: &Path,
+    batches: Vec<RecordBatch>,
+    target: Target,
+    store: Option<&dyn OnlineStore>,
+) -> Result<PushReport> {
+    let conformed = quiver_offline::ingest::conform_batches(defs, view, source, &batches)?;
     let rows = conformed.iter().map(RecordBatch::num_rows).sum();
     let offline_version = if target.offline() {
-        Some(append(&config.view_table(view), defs, view, file, conformed.clone(), Vec::new(), &|_, _| {}).await?.version)
+        Some(append(&config.view_table(view), defs, view, source, conformed.clone(), Vec::new(), &|_, _| {}).await?.version)
     } else {
         None
     };

@@ -1,0 +1,375 @@
+//! `quiver._quiver`: the Rust core behind the `quiver` Python package.
+//!
+//! Thin by design: definitions arrive as JSON of the same serde structures YAML
+//! produces (so both go through one validation and one registry), tables cross as
+//! Arrow through the C Data/Stream interface (`PyArrowType`), and every long call
+//! releases the GIL and checks for Ctrl-C while it runs. Errors become the Python
+//! exception hierarchy declared here, with the Rust message intact.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::compute::concat_batches;
+use arrow::pyarrow::{PyArrowType, Table};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyKeyboardInterrupt};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use quiver::Repo;
+use quiver::sdk::{Definitions, FeatureRef};
+
+create_exception!(_quiver, QuiverError, PyException, "Every error Quiver raises.");
+create_exception!(_quiver, ValidationError, QuiverError, "Definitions or data that do not fit (bad type, naive time, unknown field).");
+create_exception!(_quiver, NotFoundError, QuiverError, "An unknown feature view, feature, service or repository.");
+create_exception!(_quiver, StoreUnavailableError, QuiverError, "The online or offline store cannot be reached.");
+
+/// Picks the exception class from the error's kind; the message is Rust's, whole.
+fn py_err(e: impl Into<anyhow::Error>) -> PyErr {
+    let e: anyhow::Error = e.into();
+    let text = format!("{e:#}");
+    for cause in e.chain() {
+        if cause.downcast_ref::<quiver::online::Error>().is_some_and(|o| matches!(o, quiver::online::Error::Unavailable { .. })) {
+            return StoreUnavailableError::new_err(text);
+        }
+        if let Some(o) = cause.downcast_ref::<quiver::offline::Error>() {
+            return match o {
+                quiver::offline::Error::Input { .. } => ValidationError::new_err(text),
+                quiver::offline::Error::Delta { .. } | quiver::offline::Error::Location { .. } => StoreUnavailableError::new_err(text),
+                _ if text.contains("unknown") => NotFoundError::new_err(text),
+                _ => QuiverError::new_err(text),
+            };
+        }
+        if cause.downcast_ref::<quiver::sdk::Error>().is_some() {
+            return if text.contains("not found") || text.contains("not a quiver repository") {
+                NotFoundError::new_err(text)
+            } else {
+                ValidationError::new_err(text)
+            };
+        }
+        if cause.downcast_ref::<NotFound>().is_some() {
+            return NotFoundError::new_err(text);
+        }
+    }
+    QuiverError::new_err(text)
+}
+
+/// An unknown name asked for from Python.
+#[derive(Debug)]
+struct NotFound(String);
+
+impl std::fmt::Display for NotFound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotFound {}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime"))
+}
+
+/// Runs `work` on the runtime with the GIL released, checking every 100 ms whether
+/// Python has a pending signal: Ctrl-C drops (cancels) the work and raises
+/// KeyboardInterrupt.
+fn run<T: Send + 'static>(py: Python<'_>, work: impl Future<Output = anyhow::Result<T>> + Send + 'static) -> PyResult<T> {
+    let handle = runtime().spawn(work);
+    let abort = handle.abort_handle();
+    let mut handle = Some(handle);
+    loop {
+        let done = py.detach(|| {
+            let h = handle.as_mut().expect("handle");
+            runtime().block_on(async { tokio::time::timeout(Duration::from_millis(100), h).await.ok() })
+        });
+        match done {
+            Some(Ok(result)) => return result.map_err(py_err),
+            Some(Err(join)) => return Err(QuiverError::new_err(format!("internal error: {join}"))),
+            None => {
+                if let Err(e) = py.check_signals() {
+                    abort.abort();
+                    handle.take();
+                    return Err(if e.is_instance_of::<PyKeyboardInterrupt>(py) { e } else { e });
+                }
+            }
+        }
+    }
+}
+
+fn open(repo: &str) -> anyhow::Result<Repo> {
+    Ok(Repo::open(Path::new(repo))?)
+}
+
+fn applied(repo: &Repo) -> anyhow::Result<Definitions> {
+    Ok(repo.applied()?.definitions)
+}
+
+/// Validates definitions given as JSON (the serde form YAML produces) and records them
+/// as the registry's next version. Returns the registry version after the apply.
+#[pyfunction]
+#[pyo3(signature = (repo, definitions_json, force = false))]
+fn apply(py: Python<'_>, repo: String, definitions_json: String, force: bool) -> PyResult<u64> {
+    let defs: Definitions =
+        serde_json::from_str(&definitions_json).map_err(|e| ValidationError::new_err(format!("definitions: {e}")))?;
+    run(py, async move {
+        let repo = open(&repo)?;
+        let now = chrono::Utc::now();
+        let handle = tokio::runtime::Handle::current();
+        let version = tokio::task::spawn_blocking(move || repo.apply_definitions(defs, force, now, handle)).await??;
+        Ok(version)
+    })
+}
+
+/// The applied definitions as JSON.
+#[pyfunction]
+fn registry_json(py: Python<'_>, repo: String) -> PyResult<String> {
+    run(py, async move {
+        let repo = open(&repo)?;
+        Ok(serde_json::to_string(&repo.applied()?)?)
+    })
+}
+
+fn batches(table: Table) -> Vec<RecordBatch> {
+    table.into_inner().0.into_iter().filter(|b| b.num_rows() > 0).collect()
+}
+
+/// Appends a table of `view`'s rows to its Delta table in one commit; returns
+/// (rows, table version).
+#[pyfunction]
+fn ingest(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>) -> PyResult<(usize, u64)> {
+    let batches = batches(table.0);
+    run(py, async move {
+        let repo = open(&repo)?;
+        let defs = applied(&repo)?;
+        let view = defs.feature_view(&view).ok_or_else(|| NotFound(format!("unknown feature view `{view}`")))?;
+        let report = quiver::offline::ingest::append(
+            &repo.config.view_table(view),
+            &defs,
+            view,
+            Path::new("table"),
+            batches,
+            Vec::new(),
+            &|_, _| {},
+        )
+        .await?;
+        Ok((report.rows, report.version))
+    })
+}
+
+fn feature_refs(defs: &Definitions, features: Option<Vec<String>>, service: Option<String>) -> anyhow::Result<Vec<FeatureRef>> {
+    match (features, service) {
+        (_, Some(name)) => Ok(defs
+            .feature_service(&name)
+            .ok_or_else(|| NotFound(format!("unknown feature service `{name}`")))?
+            .features
+            .clone()),
+        (Some(list), None) => list
+            .iter()
+            .map(|f| f.parse().map_err(|_| anyhow::anyhow!(NotFound(format!("bad feature reference `{f}` (expected view:feature)")))))
+            .collect(),
+        (None, None) => Err(anyhow::anyhow!("give `features` or `feature_service`")),
+    }
+}
+
+/// The point-in-time join of `entity_df` (a table with the join keys and
+/// `event_timestamp`) with the features; returns a table.
+#[pyfunction]
+#[pyo3(signature = (repo, entity_df, features = None, feature_service = None, created_cutoff = false))]
+fn get_historical_features(
+    py: Python<'_>,
+    repo: String,
+    entity_df: PyArrowType<Table>,
+    features: Option<Vec<String>>,
+    feature_service: Option<String>,
+    created_cutoff: bool,
+) -> PyResult<PyArrowType<Table>> {
+    let (spine_batches, schema) = entity_df.0.into_inner();
+    let joined = run(py, async move {
+        let repo = open(&repo)?;
+        let defs = applied(&repo)?;
+        let refs = feature_refs(&defs, features, feature_service)?;
+        let requests = quiver::offline::historical::resolve(&defs, &refs)?;
+        let spine = concat_batches(&schema, &spine_batches)?;
+        let kernel = quiver::gpu_join::CpuKernel::new();
+        let out = quiver::offline::historical::historical(
+            &repo.config,
+            &defs,
+            Path::new("entity_df"),
+            &spine,
+            &requests,
+            quiver::offline::historical::HistoricalOptions { created_cutoff },
+            &kernel,
+            &|_, _| {},
+        )
+        .await?;
+        Ok(out)
+    })?;
+    let schema = joined.schema();
+    Ok(PyArrowType(Table::try_new(vec![joined], schema).map_err(|e| QuiverError::new_err(e.to_string()))?))
+}
+
+fn micros(t: chrono::DateTime<chrono::Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+/// Loads the latest values with event time in [start, end] into the online store;
+/// returns (view, entities, written) per view.
+#[pyfunction]
+fn materialize(
+    py: Python<'_>,
+    repo: String,
+    start: chrono::DateTime<chrono::Utc>,
+    end: chrono::DateTime<chrono::Utc>,
+) -> PyResult<Vec<(String, usize, usize)>> {
+    run(py, async move {
+        let repo = open(&repo)?;
+        let defs = applied(&repo)?;
+        let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
+        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let reports =
+            quiver::materialize::materialize(&repo.config, &defs, &views, micros(start), micros(end), store.as_ref(), &|_, _| {}).await?;
+        Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written)).collect())
+    })
+}
+
+/// Loads what arrived since the last incremental run, up to `end`.
+#[pyfunction]
+fn materialize_incremental(py: Python<'_>, repo: String, end: chrono::DateTime<chrono::Utc>) -> PyResult<Vec<(String, usize, usize)>> {
+    run(py, async move {
+        let repo = open(&repo)?;
+        let defs = applied(&repo)?;
+        let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
+        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let reports =
+            quiver::materialize::materialize_incremental(&repo.config, &defs, &views, micros(end), store.as_ref(), &|_, _| {}).await?;
+        Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written)).collect())
+    })
+}
+
+/// Online lookup. `entities` maps each join key to its values (one per row). Returns
+/// (name, values as JSON text, statuses) per column, join keys first.
+#[pyfunction]
+#[pyo3(signature = (repo, entities_json, features = None, feature_service = None, full_feature_names = false))]
+fn get_online_features(
+    py: Python<'_>,
+    repo: String,
+    entities_json: String,
+    features: Option<Vec<String>>,
+    feature_service: Option<String>,
+    full_feature_names: bool,
+) -> PyResult<Vec<(String, String, Vec<String>)>> {
+    use quiver::sdk::encoding::KeyValue;
+    let entities: Vec<(String, Vec<serde_json::Value>)> =
+        serde_json::from_str(&entities_json).map_err(|e| ValidationError::new_err(format!("entity_rows: {e}")))?;
+    run(py, async move {
+        let repo = open(&repo)?;
+        let defs = applied(&repo)?;
+        let refs = feature_refs(&defs, features, feature_service)?;
+        let mut columns = Vec::new();
+        for (name, values) in entities {
+            let keys = values
+                .iter()
+                .map(|v| match v {
+                    serde_json::Value::Number(n) if n.is_i64() => Ok(KeyValue::Int(n.as_i64().expect("checked"))),
+                    serde_json::Value::String(s) => Ok(KeyValue::Str(s.clone())),
+                    other => Err(anyhow::anyhow!("entity `{name}`: {other} is not an integer or a string")),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            columns.push((name, keys));
+        }
+        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let now = chrono::Utc::now().timestamp_micros();
+        let result = quiver::online::lookup::get_online_features(
+            store.as_ref(),
+            &repo.config.project,
+            &defs,
+            &refs,
+            &columns,
+            now,
+            full_feature_names,
+        )
+        .await
+        .map_err(|e| match e {
+            quiver::online::Error::Request(m) if m.contains("unknown") => anyhow::anyhow!(NotFound(m)),
+            other => anyhow::Error::from(other),
+        })?;
+        Ok(result
+            .into_iter()
+            .map(|c| {
+                let values: Vec<serde_json::Value> = c.values.iter().map(value_json).collect();
+                (c.name, serde_json::to_string(&values).expect("json"), c.statuses.iter().map(|s| s.as_str().to_string()).collect())
+            })
+            .collect())
+    })
+}
+
+fn value_json(v: &quiver::sdk::encoding::Value) -> serde_json::Value {
+    use quiver::sdk::encoding::Value;
+    use serde_json::json;
+    let float = |x: f64| serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number);
+    match v {
+        Value::Null => serde_json::Value::Null,
+        Value::Int32(x) => json!(x),
+        Value::Int64(x) => json!(x),
+        Value::Float32(x) => float(f64::from(*x)),
+        Value::Float64(x) => float(*x),
+        Value::Bool(x) => json!(x),
+        Value::String(x) => json!(x),
+        Value::Bytes(x) => json!(x),
+        Value::Timestamp(x) => json!(chrono::DateTime::from_timestamp_micros(*x).map(|t| t.to_rfc3339()).unwrap_or_default()),
+        Value::ListInt64(x) => json!(x),
+        Value::ListFloat32(x) => serde_json::Value::Array(x.iter().map(|v| float(f64::from(*v))).collect()),
+        Value::ListFloat64(x) => serde_json::Value::Array(x.iter().map(|v| float(*v)).collect()),
+        Value::ListString(x) => json!(x),
+    }
+}
+
+/// Writes a table of `view`'s rows through the streaming write path to `to` (online,
+/// offline or online_and_offline). Returns (rows, online written or None, offline
+/// version or None).
+#[pyfunction]
+#[pyo3(signature = (repo, view, table, to = "online_and_offline".to_string()))]
+fn push(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>, to: String) -> PyResult<(usize, Option<usize>, Option<u64>)> {
+    let target: quiver::streaming::Target = to.parse().map_err(ValidationError::new_err)?;
+    let batches = batches(table.0);
+    run(py, async move {
+        let repo = open(&repo)?;
+        let defs = applied(&repo)?;
+        let view = defs.feature_view(&view).ok_or_else(|| NotFound(format!("unknown feature view `{view}`")))?;
+        let store = if target.online() { Some(quiver::online::open_store(&repo.config.online_store).await?) } else { None };
+        let report = quiver::streaming::write::push_batches(&repo.config, &defs, view, Path::new("table"), batches, target, store.as_deref()).await?;
+        Ok((report.rows, report.online_written, report.offline_version))
+    })
+}
+
+/// Sleeps `seconds` in Rust with the GIL released (tests Ctrl-C handling).
+#[pyfunction]
+fn _sleep(py: Python<'_>, seconds: f64) -> PyResult<()> {
+    run(py, async move {
+        tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+        Ok(())
+    })
+}
+
+#[pymodule]
+fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("QuiverError", py.get_type::<QuiverError>())?;
+    m.add("ValidationError", py.get_type::<ValidationError>())?;
+    m.add("NotFoundError", py.get_type::<NotFoundError>())?;
+    m.add("StoreUnavailableError", py.get_type::<StoreUnavailableError>())?;
+    m.add_function(wrap_pyfunction!(apply, m)?)?;
+    m.add_function(wrap_pyfunction!(registry_json, m)?)?;
+    m.add_function(wrap_pyfunction!(ingest, m)?)?;
+    m.add_function(wrap_pyfunction!(get_historical_features, m)?)?;
+    m.add_function(wrap_pyfunction!(materialize, m)?)?;
+    m.add_function(wrap_pyfunction!(materialize_incremental, m)?)?;
+    m.add_function(wrap_pyfunction!(get_online_features, m)?)?;
+    m.add_function(wrap_pyfunction!(push, m)?)?;
+    m.add_function(wrap_pyfunction!(_sleep, m)?)?;
+    let _ = (PathBuf::new(), Arc::new(()), PyDict::new(py), PyList::empty(py));
+    Ok(())
+}
