@@ -7,8 +7,7 @@
 //! exception hierarchy declared here, with the Rust message intact.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
@@ -17,7 +16,6 @@ use arrow::pyarrow::{PyArrowType, Table};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyKeyboardInterrupt};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
 use quiver::Repo;
 use quiver::sdk::{Definitions, FeatureRef};
 
@@ -92,7 +90,8 @@ fn run<T: Send + 'static>(py: Python<'_>, work: impl Future<Output = anyhow::Res
                 if let Err(e) = py.check_signals() {
                     abort.abort();
                     handle.take();
-                    return Err(if e.is_instance_of::<PyKeyboardInterrupt>(py) { e } else { e });
+                    let _ = PyKeyboardInterrupt::type_object(py);
+                    return Err(e);
                 }
             }
         }
@@ -118,8 +117,8 @@ fn apply(py: Python<'_>, repo: String, definitions_json: String, force: bool) ->
         let repo = open(&repo)?;
         let now = chrono::Utc::now();
         let handle = tokio::runtime::Handle::current();
-        let version = tokio::task::spawn_blocking(move || repo.apply_definitions(defs, force, now, handle)).await??;
-        Ok(version)
+        let applied = tokio::task::spawn_blocking(move || repo.apply_definitions(defs, force, now, handle)).await??;
+        Ok(applied.outcome.version)
     })
 }
 
@@ -370,6 +369,5 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(get_online_features, m)?)?;
     m.add_function(wrap_pyfunction!(push, m)?)?;
     m.add_function(wrap_pyfunction!(_sleep, m)?)?;
-    let _ = (PathBuf::new(), Arc::new(()), PyDict::new(py), PyList::empty(py));
     Ok(())
 }

@@ -1,0 +1,341 @@
+"""Quiver: a feature store with a Feast-shaped Python API over the Rust core.
+
+    import quiver as qv
+    store = qv.FeatureStore("repo")
+    store.apply([rider, trips, svc])
+    job = store.get_historical_features(entity_df=spine, features=["trips:fare"])
+    job.to_pandas()
+
+Definitions built here become the same Rust structures that ``features.yaml`` gives and
+go through the same validation and registry. Tables (pyarrow, pandas or polars) cross
+into Rust through the Arrow C stream interface; results come back as pyarrow tables
+without a copy on the Rust side. Long calls release the GIL, and Ctrl-C cancels them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field as _field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+import pyarrow as pa
+
+from . import _quiver
+from ._quiver import NotFoundError, QuiverError, StoreUnavailableError, ValidationError
+
+__all__ = [
+    "Array", "Bool", "Bytes", "DeltaSource", "Entity", "FeatureService", "FeatureStore", "FeatureView",
+    "Field", "Float32", "Float64", "Int32", "Int64", "KafkaSource", "NotFoundError", "OnlineResponse",
+    "QuiverError", "RetrievalJob", "StoreUnavailableError", "String", "UnixTimestamp", "ValidationError",
+]
+
+
+# ---------------------------------------------------------------------------------------
+# Types
+
+
+@dataclass(frozen=True)
+class _Type:
+    dtype: str
+
+    def __repr__(self) -> str:
+        return f"qv.{self.dtype}"
+
+
+Int32 = _Type("int32")
+Int64 = _Type("int64")
+Float32 = _Type("float32")
+Float64 = _Type("float64")
+Bool = _Type("bool")
+String = _Type("string")
+Bytes = _Type("bytes")
+UnixTimestamp = _Type("timestamp")
+
+
+def Array(element: _Type) -> _Type:  # noqa: N802 (Feast's spelling)
+    """A list type: ``Array(Float32)`` is an embedding (``list<float32>``)."""
+    if element.dtype not in ("int64", "float32", "float64", "string"):
+        raise ValidationError(f"Array({element!r}): lists hold int64, float32, float64 or string")
+    return _Type(f"list<{element.dtype}>")
+
+
+# ---------------------------------------------------------------------------------------
+# Definitions
+
+
+@dataclass
+class Field:
+    """A named, typed column: a feature or a join key."""
+
+    name: str
+    dtype: _Type
+
+    def _json(self) -> dict:
+        if not isinstance(self.dtype, _Type):
+            raise ValidationError(f"field `{self.name}`: dtype must be a quiver type such as qv.Float64, got {self.dtype!r}")
+        return {"name": self.name, "dtype": self.dtype.dtype}
+
+
+class Entity:
+    """An entity with one or more join keys, typed ``int64`` or ``string``.
+
+    ``Entity(name="rider", join_keys=[Field("rider_id", Int64)])``, or Feast's style
+    ``Entity(name="rider", join_keys=["rider_id"], value_type=Int64)``.
+    """
+
+    def __init__(self, name: str, join_keys: Sequence[Union[Field, str]], value_type: Optional[_Type] = None,
+                 description: str = "", tags: Optional[Mapping[str, str]] = None):
+        keys: List[Field] = []
+        for k in join_keys:
+            if isinstance(k, Field):
+                keys.append(k)
+            elif isinstance(k, str):
+                if value_type is None:
+                    raise ValidationError(f"entity `{name}`: join key `{k}` given by name needs value_type=qv.Int64 or qv.String")
+                keys.append(Field(k, value_type))
+            else:
+                raise ValidationError(f"entity `{name}`: join keys are qv.Field or names, got {k!r}")
+        self.name = name
+        self.join_keys = keys
+        self.description = description
+        self.tags = dict(tags or {})
+
+    def _json(self) -> dict:
+        out: Dict[str, Any] = {"name": self.name, "join_keys": [k._json() for k in self.join_keys]}
+        if self.description:
+            out["description"] = self.description
+        if self.tags:
+            out["tags"] = self.tags
+        return out
+
+
+@dataclass
+class KafkaSource:
+    """A Kafka topic whose JSON messages land in the view's Delta table."""
+
+    topic: str
+    format: str = "json"
+
+
+@dataclass
+class DeltaSource:
+    """A view's Delta table (default ``<offline root>/<view>``) and its time columns."""
+
+    timestamp_field: str = "event_timestamp"
+    created_timestamp_field: Optional[str] = None
+    path: Optional[str] = None
+    stream: Optional[KafkaSource] = None
+
+    def _json(self) -> dict:
+        out: Dict[str, Any] = {"timestamp_field": self.timestamp_field}
+        if self.created_timestamp_field:
+            out["created_timestamp_field"] = self.created_timestamp_field
+        if self.path:
+            out["path"] = self.path
+        if self.stream:
+            out["stream"] = {"topic": self.stream.topic, "format": self.stream.format}
+        return out
+
+
+def _ttl(ttl: Optional[timedelta]) -> str:
+    if ttl is None:
+        return "0"
+    if not isinstance(ttl, timedelta):
+        raise ValidationError(f"ttl must be a datetime.timedelta, got {ttl!r}")
+    if ttl.microseconds:
+        raise ValidationError(f"ttl {ttl} has a fraction of a second; quiver ttls are whole seconds")
+    seconds = int(ttl.total_seconds())
+    if seconds < 0:
+        raise ValidationError(f"ttl {ttl} is negative")
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+class FeatureView:
+    """Features of some entities, with a ttl, a Delta source and an optional stream."""
+
+    def __init__(self, name: str, entities: Sequence[Union[Entity, str]], schema: Sequence[Field],
+                 ttl: Optional[timedelta] = None, online: bool = True, source: Optional[DeltaSource] = None,
+                 tags: Optional[Mapping[str, str]] = None, description: str = ""):
+        self.name = name
+        self.entities = list(entities)
+        self.schema = list(schema)
+        self.ttl = ttl
+        self.online = online
+        self.source = source or DeltaSource()
+        self.tags = dict(tags or {})
+        self.description = description
+
+    def _json(self) -> dict:
+        out: Dict[str, Any] = {
+            "name": self.name,
+            "entities": [e.name if isinstance(e, Entity) else e for e in self.entities],
+            "features": [f._json() for f in self.schema],
+            "ttl": _ttl(self.ttl),
+            "source": self.source._json(),
+        }
+        if not self.online:
+            out["online"] = False
+        if self.tags:
+            out["tags"] = self.tags
+        if self.description:
+            out["description"] = self.description
+        return out
+
+
+class FeatureService:
+    """A named list of feature references (``view:feature``) for one model."""
+
+    def __init__(self, name: str, features: Sequence[str], description: str = "",
+                 tags: Optional[Mapping[str, str]] = None):
+        self.name = name
+        self.features = list(features)
+        self.description = description
+        self.tags = dict(tags or {})
+
+    def _json(self) -> dict:
+        out: Dict[str, Any] = {"name": self.name, "features": self.features}
+        if self.description:
+            out["description"] = self.description
+        if self.tags:
+            out["tags"] = self.tags
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# Tables in and out
+
+
+def _to_arrow(table: Any, what: str) -> pa.Table:
+    """A pyarrow Table from a pyarrow Table/RecordBatch, a pandas or a polars DataFrame."""
+    if isinstance(table, pa.Table):
+        return table
+    if isinstance(table, pa.RecordBatch):
+        return pa.Table.from_batches([table])
+    module = type(table).__module__.split(".")[0]
+    if module == "pandas":
+        return pa.Table.from_pandas(table, preserve_index=False)
+    if module == "polars":
+        return table.to_arrow()
+    raise ValidationError(f"{what} must be a pyarrow Table, a pandas DataFrame or a polars DataFrame, got {type(table).__name__}")
+
+
+class RetrievalJob:
+    """The result of ``get_historical_features``: one table, in spine order."""
+
+    def __init__(self, table: pa.Table):
+        self._table = table
+
+    def to_arrow(self) -> pa.Table:
+        return self._table
+
+    def to_pandas(self):
+        return self._table.to_pandas()
+
+    def to_polars(self):
+        import polars as pl
+
+        return pl.from_arrow(self._table)
+
+
+class OnlineResponse:
+    """Online features in Feast's shape: ``to_dict()`` maps each column (join keys
+    first) to one value per entity row; ``statuses`` holds Feast's status names."""
+
+    def __init__(self, columns: List[tuple]):
+        self._names = [c[0] for c in columns]
+        self._values = {c[0]: json.loads(c[1]) for c in columns}
+        self.statuses = {c[0]: list(c[2]) for c in columns}
+
+    def to_dict(self) -> Dict[str, List[Any]]:
+        return {n: list(self._values[n]) for n in self._names}
+
+    def to_arrow(self) -> pa.Table:
+        return pa.table({n: self._values[n] for n in self._names})
+
+
+def _utc(t: datetime, what: str) -> datetime:
+    if not isinstance(t, datetime):
+        raise ValidationError(f"{what} must be a datetime, got {t!r}")
+    if t.tzinfo is None:
+        raise ValidationError(f"{what} {t} has no time zone; quiver never guesses one (use datetime(..., tzinfo=timezone.utc))")
+    return t.astimezone(timezone.utc)
+
+
+# ---------------------------------------------------------------------------------------
+# The store
+
+
+class FeatureStore:
+    """A Quiver repository (a folder with ``quiver.yaml``), as Feast's FeatureStore."""
+
+    def __init__(self, repo_path: str = "."):
+        self.repo_path = str(repo_path)
+        _quiver.registry_json(self.repo_path)  # fails early outside a repository
+
+    def apply(self, objects: Iterable[Union[Entity, FeatureView, FeatureService]], force: bool = False) -> int:
+        """Records the definitions as the registry's next version (the same validation
+        and breaking-change checks as ``quiver apply``); returns that version. Objects
+        already registered and not given are kept."""
+        current = json.loads(_quiver.registry_json(self.repo_path))["definitions"]
+        merged = {k: {d["name"]: d for d in current.get(k, [])} for k in ("entities", "feature_views", "feature_services")}
+        for obj in objects:
+            kind = {Entity: "entities", FeatureView: "feature_views", FeatureService: "feature_services"}.get(type(obj))
+            if kind is None:
+                raise ValidationError(f"apply takes Entity, FeatureView and FeatureService objects, got {type(obj).__name__}")
+            merged[kind][obj.name] = obj._json()
+        defs = {k: list(v.values()) for k, v in merged.items()}
+        return _quiver.apply(self.repo_path, json.dumps(defs), force)
+
+    def list_feature_views(self) -> List[str]:
+        return [v["name"] for v in json.loads(_quiver.registry_json(self.repo_path))["definitions"].get("feature_views", [])]
+
+    def ingest(self, view: str, table: Any) -> int:
+        """Appends rows (pyarrow/pandas/polars) to the view's Delta table in one commit,
+        checked as ``quiver ingest`` checks a file. Returns the table version."""
+        _, version = _quiver.ingest(self.repo_path, view, _to_arrow(table, "table"))
+        return version
+
+    def get_historical_features(self, entity_df: Any, features: Optional[Sequence[str]] = None,
+                                feature_service: Optional[Union[str, FeatureService]] = None,
+                                created_cutoff: bool = False) -> RetrievalJob:
+        """The point-in-time join (SPEC §3) of ``entity_df`` (join keys and
+        ``event_timestamp``, plus anything else) with ``features`` or a service."""
+        if isinstance(features, FeatureService):
+            feature_service, features = features, None
+        service = feature_service.name if isinstance(feature_service, FeatureService) else feature_service
+        if (features is None) == (service is None):
+            raise ValidationError("give exactly one of features=[...] and feature_service=...")
+        table = _quiver.get_historical_features(self.repo_path, _to_arrow(entity_df, "entity_df"),
+                                                list(features) if features is not None else None, service, created_cutoff)
+        return RetrievalJob(table)
+
+    def materialize(self, start_date: datetime, end_date: datetime) -> List[tuple]:
+        return _quiver.materialize(self.repo_path, _utc(start_date, "start_date"), _utc(end_date, "end_date"))
+
+    def materialize_incremental(self, end_date: datetime) -> List[tuple]:
+        return _quiver.materialize_incremental(self.repo_path, _utc(end_date, "end_date"))
+
+    def get_online_features(self, features: Union[Sequence[str], FeatureService],
+                            entity_rows: Sequence[Mapping[str, Any]], full_feature_names: bool = False) -> OnlineResponse:
+        """The latest values for each entity row (``[{"rider_id": 1}, ...]``)."""
+        if not entity_rows:
+            raise ValidationError("entity_rows is empty")
+        names = list(entity_rows[0].keys())
+        for row in entity_rows:
+            if list(row.keys()) != names:
+                raise ValidationError(f"every entity row needs the same keys {names}, got {list(row.keys())}")
+        columns = [[name, [row[name] for row in entity_rows]] for name in names]
+        if isinstance(features, FeatureService):
+            out = _quiver.get_online_features(self.repo_path, json.dumps(columns), None, features.name, full_feature_names)
+        else:
+            out = _quiver.get_online_features(self.repo_path, json.dumps(columns), list(features), None, full_feature_names)
+        return OnlineResponse(out)
+
+    def push(self, view: str, table: Any, to: str = "online_and_offline") -> Dict[str, Any]:
+        """Writes rows through the streaming write path (offline first, then the
+        guarded online write)."""
+        rows, written, version = _quiver.push(self.repo_path, view, _to_arrow(table, "table"), to)
+        return {"rows": rows, "online_written": written, "offline_version": version}

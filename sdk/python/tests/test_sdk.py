@@ -1,0 +1,274 @@
+"""The Python SDK over the Rust core: definitions, historical, online, push, errors.
+
+Run by `./run test` (which builds the extension with maturin into its own venv):
+    QUIVER_BIN=<quiver binary> pytest sdk/python/tests
+The oracle for historical features is the `quiver historical` CLI on the same data and
+spine, and a pandas computation for online values, so the SDK is never its own judge.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import quiver as qv
+
+QUIVER = os.environ.get("QUIVER_BIN", os.path.expanduser("~/.cache/quiver/target/debug/quiver"))
+NOW = datetime.now(timezone.utc).replace(microsecond=0)
+
+YAML = """entities:
+  - name: rider
+    join_keys: [{name: rider_id, dtype: int64}]
+feature_views:
+  - name: trips
+    entities: [rider]
+    ttl: 90m
+    online: true
+    source:
+      timestamp_field: event_timestamp
+      created_timestamp_field: created_timestamp
+    features:
+      - {name: fare, dtype: float64}
+      - {name: city, dtype: string}
+      - {name: embedding, dtype: list<float32>}
+feature_services:
+  - name: ranker
+    features: [trips:fare, trips:city]
+"""
+
+
+def cli(repo, *args):
+    res = subprocess.run([QUIVER, "--repo", str(repo), *args], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def new_repo(path):
+    res = subprocess.run([QUIVER, "init", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return path
+
+
+def definitions():
+    rider = qv.Entity(name="rider", join_keys=[qv.Field("rider_id", qv.Int64)])
+    trips = qv.FeatureView(
+        name="trips", entities=[rider], ttl=timedelta(minutes=90), online=True,
+        source=qv.DeltaSource(timestamp_field="event_timestamp", created_timestamp_field="created_timestamp"),
+        schema=[qv.Field("fare", qv.Float64), qv.Field("city", qv.String),
+                qv.Field("embedding", qv.Array(qv.Float32))])
+    svc = qv.FeatureService(name="ranker", features=["trips:fare", "trips:city"])
+    return rider, trips, svc
+
+
+def rows():
+    """Trips of 5 riders over the last 3 hours, with a tie on event time."""
+    out = []
+    for r in range(1, 6):
+        for k in range(4):
+            t = NOW - timedelta(minutes=170 - 40 * k + r)
+            out.append({"rider_id": r, "event_timestamp": t, "created_timestamp": t + timedelta(seconds=k),
+                        "fare": 10.0 * r + k + 0.25, "city": f"c{(r + k) % 3}", "embedding": [float(r), float(k)]})
+    t = NOW - timedelta(minutes=30)
+    out.append({"rider_id": 1, "event_timestamp": t, "created_timestamp": t + timedelta(seconds=50),
+                "fare": 99.5, "city": "late", "embedding": [9.0, 9.0]})
+    out.append({"rider_id": 1, "event_timestamp": t, "created_timestamp": t + timedelta(seconds=5),
+                "fare": 11.0, "city": "early", "embedding": [1.0, 1.0]})
+    return out
+
+
+def table():
+    ts = pa.timestamp("us", tz="UTC")
+    schema = pa.schema([("rider_id", pa.int64()), ("event_timestamp", ts), ("created_timestamp", ts),
+                        ("fare", pa.float64()), ("city", pa.string()), ("embedding", pa.list_(pa.float32()))])
+    return pa.Table.from_pylist(rows(), schema=schema)
+
+
+def spine():
+    ts = [NOW - timedelta(minutes=m) for m in (0, 25, 60, 100, 200)]
+    ids, times = [], []
+    for r in (1, 2, 3, 7):
+        for t in ts:
+            ids.append(r)
+            times.append(t)
+    return pa.table({"rider_id": pa.array(ids, pa.int64()), "event_timestamp": pa.array(times, pa.timestamp("us", tz="UTC")),
+                     "label": pa.array([i % 2 for i in range(len(ids))], pa.int64())})
+
+
+@pytest.fixture()
+def store(tmp_path):
+    repo = new_repo(tmp_path / "repo")
+    s = qv.FeatureStore(str(repo))
+    s.apply(list(definitions()))
+    s.ingest("trips", table())
+    return s
+
+
+def test_python_and_yaml_definitions_give_the_same_registry(tmp_path):
+    a = new_repo(tmp_path / "a" / "repo")
+    (a / "features.yaml").write_text(YAML)
+    cli(a, "apply")
+    b = new_repo(tmp_path / "b" / "repo")
+    version = qv.FeatureStore(str(b)).apply(list(definitions()))
+    assert version == 1
+    reg = lambda p: json.loads((p / "registry.json").read_text())  # noqa: E731
+    assert reg(a)["definitions"] == reg(b)["definitions"]
+    # Applying the same again changes nothing; Feast's entity style is accepted too.
+    feast_style = qv.Entity(name="rider", join_keys=["rider_id"], value_type=qv.Int64)
+    assert qv.FeatureStore(str(b)).apply([feast_style]) == 1
+    assert qv.FeatureStore(str(b)).list_feature_views() == ["trips"]
+
+
+def test_the_spec_snippet_runs_as_written(tmp_path):
+    repo = new_repo(tmp_path / "repo")
+    table_, spine_, start, end = table(), spine(), NOW - timedelta(days=1), NOW
+    # --- SPEC §10, as written ---
+    store = qv.FeatureStore(str(repo))                      # an initialised repo folder
+    rider = qv.Entity(name="rider", join_keys=[qv.Field("rider_id", qv.Int64)])
+    trips = qv.FeatureView(
+        name="trips", entities=[rider], ttl=timedelta(minutes=90), online=True,
+        source=qv.DeltaSource(timestamp_field="event_timestamp",
+                              created_timestamp_field="created_timestamp"),
+        schema=[qv.Field("fare", qv.Float64), qv.Field("city", qv.String),
+                qv.Field("embedding", qv.Array(qv.Float32))])
+    svc = qv.FeatureService(name="ranker", features=["trips:fare", "trips:city"])
+    store.apply([rider, trips, svc])
+    store.ingest("trips", table_)                          # pyarrow Table / pandas / polars
+    job = store.get_historical_features(entity_df=spine_, features=["trips:fare"])  # or feature_service="ranker"
+    job.to_arrow(); job.to_pandas(); job.to_polars()
+    store.materialize(start, end); store.materialize_incremental(end)
+    store.get_online_features(features=["trips:fare"], entity_rows=[{"rider_id": 1}]).to_dict()
+    store.push("trips", table_, to="online_and_offline")
+    # --- end ---
+    assert job.to_arrow().num_rows == spine_.num_rows
+
+
+def test_historical_equals_the_cli(store, tmp_path):
+    sp = spine()
+    pq.write_table(sp, tmp_path / "spine.parquet")
+    cli(store.repo_path, "historical", "--spine", str(tmp_path / "spine.parquet"), "--service", "ranker",
+        "--out", str(tmp_path / "cli.parquet"), "--engine", "cpu")
+    expected = pq.read_table(tmp_path / "cli.parquet")
+    got = store.get_historical_features(entity_df=sp, feature_service="ranker").to_arrow()
+    assert got.equals(expected), (got.to_pandas(), expected.to_pandas())
+    # The tie at rider 1's last event goes to the later created time; rider 7 is unknown.
+    df = got.to_pandas()
+    assert df.loc[(df.rider_id == 1)].iloc[0]["trips__fare"] == 99.5
+    assert df.loc[df.rider_id == 7, "trips__fare"].isna().all()
+
+
+def test_pandas_polars_and_pyarrow_inputs_agree(store):
+    sp = spine()
+    outs = [store.get_historical_features(entity_df=x, features=["trips:fare", "trips:embedding"]).to_arrow()
+            for x in (sp, sp.to_pandas(), pl.from_arrow(sp))]
+    assert outs[0].equals(outs[1]) and outs[0].equals(outs[2])
+    assert outs[0].column_names[-2:] == ["trips__fare", "trips__embedding"]
+    # And ingest takes pandas/polars too: the same rows again give the same answers.
+    for frame in (table().to_pandas(), pl.from_arrow(table())):
+        store.ingest("trips", frame)
+    again = store.get_historical_features(entity_df=sp, features=["trips:fare", "trips:embedding"]).to_arrow()
+    assert again.equals(outs[0])
+
+
+def test_online_after_materialize(store):
+    store.materialize(NOW - timedelta(days=1), NOW)
+    resp = store.get_online_features(features=["trips:fare", "trips:city"],
+                                     entity_rows=[{"rider_id": r} for r in (1, 2, 7)])
+    got = resp.to_dict()
+    # Oracle: the latest row per rider by (event, created) time, ttl 90 min.
+    df = table().to_pandas().sort_values(["event_timestamp", "created_timestamp"])
+    latest = df.groupby("rider_id").tail(1).set_index("rider_id")
+    assert got["rider_id"] == [1, 2, 7]
+    assert got["fare"][:2] == [latest.loc[1, "fare"], latest.loc[2, "fare"]]
+    assert got["city"][:2] == [latest.loc[1, "city"], latest.loc[2, "city"]]
+    assert got["fare"][2] is None and resp.statuses["fare"] == ["PRESENT", "PRESENT", "NOT_FOUND"]
+    assert resp.to_arrow().column_names == ["rider_id", "fare", "city"]
+    full = store.get_online_features(qv.FeatureService(name="ranker", features=[]), [{"rider_id": 2}], full_feature_names=True)
+    assert list(full.to_dict()) == ["rider_id", "trips__fare", "trips__city"]
+
+
+def test_push_reaches_both_stores(store):
+    t = NOW - timedelta(minutes=1)
+    fresh = pd.DataFrame({"rider_id": [4], "event_timestamp": [pd.Timestamp(t)], "created_timestamp": [pd.Timestamp(t)],
+                          "fare": [123.0], "city": ["pushed"], "embedding": [[0.5, 0.5]]})
+    out = store.push("trips", fresh)
+    assert out["rows"] == 1 and out["online_written"] == 1 and out["offline_version"] >= 2
+    assert store.get_online_features(["trips:city"], [{"rider_id": 4}]).to_dict()["city"] == ["pushed"]
+    job = store.get_historical_features(entity_df=pa.table({"rider_id": pa.array([4], pa.int64()),
+                                                            "event_timestamp": pa.array([NOW], pa.timestamp("us", tz="UTC"))}),
+                                        features=["trips:city"])
+    assert job.to_pandas()["trips__city"].tolist() == ["pushed"]
+
+
+def test_errors_map_to_the_exception_hierarchy(store, tmp_path):
+    assert issubclass(qv.ValidationError, qv.QuiverError) and issubclass(qv.NotFoundError, qv.QuiverError)
+    assert issubclass(qv.StoreUnavailableError, qv.QuiverError)
+    with pytest.raises(qv.NotFoundError, match="quiver.yaml"):
+        qv.FeatureStore(str(tmp_path / "nowhere"))
+    with pytest.raises(qv.NotFoundError, match="unknown feature view `nope`"):
+        store.ingest("nope", table())
+    with pytest.raises(qv.NotFoundError, match="unknown feature service `nope`"):
+        store.get_historical_features(entity_df=spine(), feature_service="nope")
+    with pytest.raises(qv.NotFoundError, match="unknown feature"):
+        store.get_online_features(["trips:nope"], [{"rider_id": 1}])
+    naive = table().set_column(1, "event_timestamp", table().column(1).cast(pa.timestamp("us")))
+    with pytest.raises(qv.ValidationError, match="without a time zone"):
+        store.ingest("trips", naive)
+    bad = table().set_column(3, "fare", pa.array(["x"] * table().num_rows))
+    with pytest.raises(qv.ValidationError, match="column `fare`"):
+        store.ingest("trips", bad)
+    with pytest.raises(qv.ValidationError, match="ttl"):
+        qv.FeatureStore(store.repo_path).apply([qv.FeatureView(name="v", entities=["rider"], schema=[qv.Field("x", qv.Int64)],
+                                                               ttl=timedelta(seconds=1.5))])
+    with pytest.raises(qv.ValidationError, match="unknown entity"):
+        qv.FeatureStore(store.repo_path).apply([qv.FeatureView(name="v", entities=["ghost"], schema=[qv.Field("x", qv.Int64)])])
+    # An online store nobody listens on.
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    cfg = os.path.join(store.repo_path, "quiver.yaml")
+    text = open(cfg).read()
+    start = text.index("online_store:")
+    end = text.index("kafka:")
+    with open(cfg, "w") as fh:
+        fh.write(text[:start] + f"online_store:\n  type: redis\n  url: redis://127.0.0.1:{port}/0\n" + text[end:])
+    with pytest.raises(qv.StoreUnavailableError, match=f"127.0.0.1:{port}"):
+        store.get_online_features(["trips:fare"], [{"rider_id": 1}])
+
+
+def test_long_calls_release_the_gil_and_ctrl_c_cancels():
+    ticks = []
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.01)
+
+    t = threading.Thread(target=count)
+    t.start()
+    qv._quiver._sleep(0.5)
+    stop.set()
+    t.join()
+    assert len(ticks) > 10, "the GIL was held during the Rust call"
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        qv._quiver._sleep(30)
+    assert time.monotonic() - began < 5
+
+
+def test_the_stub_matches_the_extension():
+    res = subprocess.run(["python", "-m", "mypy.stubtest", "quiver._quiver", "--ignore-missing-stub"],
+                         capture_output=True, text=True, env={**os.environ, "PATH": os.path.dirname(os.sys.executable) + ":" + os.environ["PATH"]})
+    assert res.returncode == 0, res.stdout + res.stderr
