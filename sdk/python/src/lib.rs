@@ -14,7 +14,7 @@ use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
 use arrow::pyarrow::{PyArrowType, Table};
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyKeyboardInterrupt};
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use quiver::Repo;
 use quiver::sdk::{Definitions, FeatureRef};
@@ -28,30 +28,72 @@ create_exception!(_quiver, StoreUnavailableError, QuiverError, "The online or of
 fn py_err(e: impl Into<anyhow::Error>) -> PyErr {
     let e: anyhow::Error = e.into();
     let text = format!("{e:#}");
-    for cause in e.chain() {
-        if cause.downcast_ref::<quiver::online::Error>().is_some_and(|o| matches!(o, quiver::online::Error::Unavailable { .. })) {
-            return StoreUnavailableError::new_err(text);
-        }
-        if let Some(o) = cause.downcast_ref::<quiver::offline::Error>() {
-            return match o {
-                quiver::offline::Error::Input { .. } => ValidationError::new_err(text),
-                quiver::offline::Error::Delta { .. } | quiver::offline::Error::Location { .. } => StoreUnavailableError::new_err(text),
-                _ if text.contains("unknown") => NotFoundError::new_err(text),
-                _ => QuiverError::new_err(text),
-            };
-        }
-        if cause.downcast_ref::<quiver::sdk::Error>().is_some() {
-            return if text.contains("not found") || text.contains("not a quiver repository") {
-                NotFoundError::new_err(text)
-            } else {
-                ValidationError::new_err(text)
-            };
-        }
-        if cause.downcast_ref::<NotFound>().is_some() {
-            return NotFoundError::new_err(text);
-        }
+    let class = e.chain().find_map(|cause| kind(cause, &text)).unwrap_or(Kind::Other);
+    match class {
+        Kind::Validation => ValidationError::new_err(text),
+        Kind::NotFound => NotFoundError::new_err(text),
+        Kind::Unavailable => StoreUnavailableError::new_err(text),
+        Kind::Other => QuiverError::new_err(text),
     }
-    QuiverError::new_err(text)
+}
+
+enum Kind {
+    Validation,
+    NotFound,
+    Unavailable,
+    Other,
+}
+
+fn kind(cause: &(dyn std::error::Error + 'static), text: &str) -> Option<Kind> {
+    let online = |o: &quiver::online::Error| match o {
+        quiver::online::Error::Unavailable { .. } => Kind::Unavailable,
+        quiver::online::Error::Request(m) if m.contains("unknown") => Kind::NotFound,
+        quiver::online::Error::Request(_) => Kind::Validation,
+        quiver::online::Error::Corrupt { .. } => Kind::Other,
+    };
+    let offline = |o: &quiver::offline::Error| match o {
+        quiver::offline::Error::Input { .. } => Kind::Validation,
+        quiver::offline::Error::Delta { .. } | quiver::offline::Error::Location { .. } => Kind::Unavailable,
+        quiver::offline::Error::Request(m) if m.contains("unknown") => Kind::NotFound,
+        quiver::offline::Error::Request(_) => Kind::Validation,
+        _ => Kind::Other,
+    };
+    let sdk = |text: &str| {
+        if text.contains("not found") || text.contains("not a quiver repository") {
+            Kind::NotFound
+        } else {
+            Kind::Validation
+        }
+    };
+    if let Some(f) = cause.downcast_ref::<quiver::Error>() {
+        return Some(match f {
+            quiver::Error::Sdk(_) => sdk(text),
+            quiver::Error::Offline(o) => offline(o),
+            quiver::Error::Online(o) => online(o),
+            _ => Kind::Other,
+        });
+    }
+    if let Some(o) = cause.downcast_ref::<quiver::online::Error>() {
+        return Some(online(o));
+    }
+    if let Some(o) = cause.downcast_ref::<quiver::offline::Error>() {
+        return Some(offline(o));
+    }
+    if let Some(s) = cause.downcast_ref::<quiver::streaming::Error>() {
+        return Some(match s {
+            quiver::streaming::Error::Offline(o) => offline(o),
+            quiver::streaming::Error::Online(o) => online(o),
+            quiver::streaming::Error::Kafka { .. } => Kind::Unavailable,
+            quiver::streaming::Error::Config(_) => Kind::Validation,
+        });
+    }
+    if cause.downcast_ref::<quiver::sdk::Error>().is_some() {
+        return Some(sdk(text));
+    }
+    if cause.downcast_ref::<NotFound>().is_some() {
+        return Some(Kind::NotFound);
+    }
+    None
 }
 
 /// An unknown name asked for from Python.
@@ -90,7 +132,6 @@ fn run<T: Send + 'static>(py: Python<'_>, work: impl Future<Output = anyhow::Res
                 if let Err(e) = py.check_signals() {
                     abort.abort();
                     handle.take();
-                    let _ = PyKeyboardInterrupt::type_object(py);
                     return Err(e);
                 }
             }
@@ -330,8 +371,8 @@ fn value_json(v: &quiver::sdk::encoding::Value) -> serde_json::Value {
 /// offline or online_and_offline). Returns (rows, online written or None, offline
 /// version or None).
 #[pyfunction]
-#[pyo3(signature = (repo, view, table, to = "online_and_offline".to_string()))]
-fn push(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>, to: String) -> PyResult<(usize, Option<usize>, Option<u64>)> {
+#[pyo3(signature = (repo, view, table, to = "online_and_offline"))]
+fn push(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>, to: &str) -> PyResult<(usize, Option<usize>, Option<u64>)> {
     let target: quiver::streaming::Target = to.parse().map_err(ValidationError::new_err)?;
     let batches = batches(table.0);
     run(py, async move {

@@ -14,6 +14,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pandas as pd
 import polars as pl
 import pyarrow as pa
@@ -198,7 +199,9 @@ def test_online_after_materialize(store):
 def test_push_reaches_both_stores(store):
     t = NOW - timedelta(minutes=1)
     fresh = pd.DataFrame({"rider_id": [4], "event_timestamp": [pd.Timestamp(t)], "created_timestamp": [pd.Timestamp(t)],
-                          "fare": [123.0], "city": ["pushed"], "embedding": [[0.5, 0.5]]})
+                          "fare": [123.0], "city": ["pushed"],
+                          # float32 arrays: float64 lists are refused for a list<float32> feature (lossy)
+                          "embedding": [np.array([0.5, 0.5], dtype=np.float32)]})
     out = store.push("trips", fresh)
     assert out["rows"] == 1 and out["online_written"] == 1 and out["offline_version"] >= 2
     assert store.get_online_features(["trips:city"], [{"rider_id": 4}]).to_dict()["city"] == ["pushed"]
@@ -225,6 +228,9 @@ def test_errors_map_to_the_exception_hierarchy(store, tmp_path):
     bad = table().set_column(3, "fare", pa.array(["x"] * table().num_rows))
     with pytest.raises(qv.ValidationError, match="column `fare`"):
         store.ingest("trips", bad)
+    lossy = table().to_pandas().assign(embedding=lambda d: d.embedding.map(lambda v: [float(x) for x in v]))
+    with pytest.raises(qv.ValidationError, match="column `embedding`.*without loss"):
+        store.push("trips", lossy)
     with pytest.raises(qv.ValidationError, match="ttl"):
         qv.FeatureStore(store.repo_path).apply([qv.FeatureView(name="v", entities=["rider"], schema=[qv.Field("x", qv.Int64)],
                                                                ttl=timedelta(seconds=1.5))])
@@ -269,6 +275,19 @@ def test_long_calls_release_the_gil_and_ctrl_c_cancels():
 
 
 def test_the_stub_matches_the_extension():
-    res = subprocess.run(["python", "-m", "mypy.stubtest", "quiver._quiver", "--ignore-missing-stub"],
+    config = os.path.join(os.path.dirname(__file__), "..", "mypy.ini")
+    res = subprocess.run(["python", "-m", "mypy.stubtest", "quiver._quiver", "--mypy-config-file", config],
                          capture_output=True, text=True, env={**os.environ, "PATH": os.path.dirname(os.sys.executable) + ":" + os.environ["PATH"]})
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_readme_quick_start_runs_as_written(tmp_path, monkeypatch, capsys):
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")).read()
+    section = readme[readme.index("## Python"):]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    new_repo(tmp_path / "repo")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "trips__fare" in out and "12.5" in out, out
+    assert "{'rider_id': [1], 'fare': [12.5]}" in out, out

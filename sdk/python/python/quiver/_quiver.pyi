@@ -4,6 +4,22 @@ from typing import List, Optional, Tuple
 
 import pyarrow as pa
 
+__all__ = [
+    "NotFoundError",
+    "QuiverError",
+    "StoreUnavailableError",
+    "ValidationError",
+    "_sleep",
+    "apply",
+    "get_historical_features",
+    "get_online_features",
+    "ingest",
+    "materialize",
+    "materialize_incremental",
+    "push",
+    "registry_json",
+]
+
 class QuiverError(Exception): ...
 class ValidationError(QuiverError): ...
 class NotFoundError(QuiverError): ...
