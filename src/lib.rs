@@ -9,6 +9,7 @@
 
 pub mod demo;
 pub mod error;
+pub mod export;
 pub mod init;
 pub mod materialize;
 pub mod repo;

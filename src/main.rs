@@ -93,16 +93,28 @@ enum Command {
     },
     /// Export a sharded, reproducible training set with a manifest.json.
     Export {
-        #[arg(long)]
-        service: String,
-        #[arg(long)]
-        spine: PathBuf,
+        /// The feature service whose features the training set holds.
+        #[arg(long, required_unless_present = "reproduce")]
+        service: Option<String>,
+        /// The spine (Parquet or CSV): join keys, event_timestamp, labels.
+        #[arg(long, required_unless_present = "reproduce")]
+        spine: Option<PathBuf>,
+        /// The folder for the shards and manifest.json.
         #[arg(long)]
         out: PathBuf,
         #[arg(long, value_enum, default_value = "parquet")]
         format: ExportFormat,
+        /// Spine rows per shard (bounds memory: one shard's result at a time).
+        #[arg(long, default_value_t = 500_000)]
+        shard_rows: u64,
+        #[arg(long, value_enum, default_value = "auto")]
+        engine: Engine,
+        /// Only rows created by each spine time are candidates.
         #[arg(long)]
-        shard_rows: Option<u64>,
+        created_cutoff: bool,
+        /// Rebuild the training set of this manifest.json (same Delta versions) into --out.
+        #[arg(long, conflicts_with_all = ["service", "spine"])]
+        reproduce: Option<PathBuf>,
     },
     /// Load the latest values between START and END from the offline into the online store.
     Materialize {
@@ -244,7 +256,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             engine,
             created_cutoff,
         ),
-        Command::Export { .. } => later("export", "the training-data export (issue #8)"),
+        Command::Export { service, spine, out, format, shard_rows, engine, created_cutoff, reproduce } => {
+            cmd_export(&repo_dir, service, spine, &out, format, shard_rows, engine, created_cutoff, reproduce)
+        }
         Command::Materialize { start, end, views } => cmd_materialize(&repo_dir, &start, &end, &views),
         Command::MaterializeIncremental { end } => cmd_materialize_incremental(&repo_dir, &end),
         Command::Online { features, entities } => cmd_online(&repo_dir, &features, &entities),
@@ -551,6 +565,56 @@ fn cmd_stream(dir: &Path, views: &[String], batch_rows: usize, batch_ms: u64, me
     println!(
         "consumed {} messages: {} written online, {} appended offline, {} dead-lettered",
         report.consumed, report.written_online, report.appended_offline, report.dead_lettered
+    );
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cmd_export(
+    dir: &Path,
+    service: Option<String>,
+    spine: Option<PathBuf>,
+    out: &Path,
+    format: ExportFormat,
+    shard_rows: u64,
+    engine: Engine,
+    created_cutoff: bool,
+    reproduce: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    use quiver::export::{ExportOptions, ShardFormat};
+    let began = std::time::Instant::now();
+    let repo = Repo::open(dir)?;
+    let rt = runtime()?;
+    let bar = progress_bar();
+    let progress = |k: u64, n: u64| bar.set_message(format!("shard {k} of {n}"));
+    let manifest = match reproduce {
+        Some(manifest) => {
+            let (kernel, _) = pick_engine(engine, 0)?;
+            rt.block_on(quiver::export::reproduce(&repo, &manifest, out, kernel.as_ref(), &progress))?
+        }
+        None => {
+            let spine = spine.expect("clap requires it");
+            let options = ExportOptions {
+                service: service.expect("clap requires it"),
+                format: match format {
+                    ExportFormat::Parquet => ShardFormat::Parquet,
+                    ExportFormat::Arrow => ShardFormat::Arrow,
+                },
+                shard_rows,
+                created_cutoff,
+            };
+            let (kernel, _) = pick_engine(engine, usize::try_from(shard_rows).unwrap_or(usize::MAX))?;
+            rt.block_on(quiver::export::export(&repo, &spine, out, options, kernel.as_ref(), &progress))?
+        }
+    };
+    bar.finish_and_clear();
+    println!(
+        "exported training set {}: {} rows in {} shards to {} in {:.2} s",
+        manifest.training_set_id,
+        manifest.rows,
+        manifest.shards.len(),
+        out.display(),
+        began.elapsed().as_secs_f64()
     );
     Ok(())
 }

@@ -319,7 +319,6 @@ fn every_verb_is_in_help_and_later_ones_refuse_with_exit_2() {
         assert!(help.lines().any(|l| l.trim_start().starts_with(&format!("{verb} "))), "help lacks {verb}:\n{help}");
     }
     let later: BTreeMap<&str, Vec<&str>> = BTreeMap::from([
-        ("export", vec!["export", "--service", "x", "--spine", "s", "--out", "o"]),
 
         ("verify", vec!["verify", "--sample", "10"]),
     ]);

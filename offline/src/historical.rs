@@ -8,6 +8,7 @@
 //! by one `view__feature` column per requested feature.
 
 use std::fs::File;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -195,6 +196,27 @@ pub async fn historical(
     kernel: &dyn AsOfKernel,
     progress: Progress<'_>,
 ) -> Result<RecordBatch> {
+    historical_at(config, defs, spine_path, spine, requests, options, &BTreeMap::new(), kernel, progress).await
+}
+
+/// [`historical`] reading each view's table at the Delta version `versions` names for
+/// it (time travel; the latest version for views it does not name), so a training set
+/// can be rebuilt exactly after more data arrived.
+///
+/// # Errors
+/// As [`historical`], and a version the table does not have.
+#[allow(clippy::too_many_arguments)]
+pub async fn historical_at(
+    config: &Config,
+    defs: &Definitions,
+    spine_path: &Path,
+    spine: &RecordBatch,
+    requests: &[ViewRequest<'_>],
+    options: HistoricalOptions,
+    versions: &BTreeMap<String, u64>,
+    kernel: &dyn AsOfKernel,
+    progress: Progress<'_>,
+) -> Result<RecordBatch> {
     let times = spine_times(spine_path, spine)?;
     let (min_t, max_t) = match (times.iter().min(), times.iter().max()) {
         (Some(&lo), Some(&hi)) => (lo, hi),
@@ -233,7 +255,18 @@ pub async fn historical(
         let lo = ttl_us.map(|ttl| min_t.saturating_sub(ttl));
         let location = config.view_table(view);
         let phase = std::time::Instant::now();
-        let scan = scan_view(&location.to_string(), &location, defs, view, &request.features, lo, max_t, None).await?;
+        let scan = scan_view_at(
+            &location.to_string(),
+            &location,
+            defs,
+            view,
+            &request.features,
+            lo,
+            max_t,
+            None,
+            versions.get(&view.name).copied(),
+        )
+        .await?;
         progress(&format!("scanned {}", view.name), scan.rows as u64);
         tracing::debug!(view = %view.name, rows = scan.rows, secs = phase.elapsed().as_secs_f64(), "scanned");
         let phase = std::time::Instant::now();
@@ -505,6 +538,7 @@ fn ts_literal(v: i64) -> Expr {
     lit(ScalarValue::TimestampMicrosecond(Some(v), Some("UTC".into())))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn scan_view(
     name: &str,
     location: &quiver_sdk::StoreLocation,
@@ -515,7 +549,22 @@ async fn scan_view(
     hi: i64,
     extra: Option<Expr>,
 ) -> Result<Scan> {
-    let Some(table) = open_table(location).await? else {
+    scan_view_at(name, location, defs, view, features, lo, hi, extra, None).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn scan_view_at(
+    name: &str,
+    location: &quiver_sdk::StoreLocation,
+    defs: &Definitions,
+    view: &FeatureView,
+    features: &[&str],
+    lo: Option<i64>,
+    hi: i64,
+    extra: Option<Expr>,
+    version: Option<u64>,
+) -> Result<Scan> {
+    let Some(mut table) = open_table(location).await? else {
         return Ok(Scan {
             batches: Vec::new(),
             rows: 0,
@@ -523,6 +572,11 @@ async fn scan_view(
             feature_columns: vec![None; features.len()],
         });
     };
+    if let Some(v) = version {
+        if table.version() != Some(v) {
+            table.load_version(v).await.map_err(|e| Error::delta(name, e))?;
+        }
+    }
     let query = |source| Error::Query {
         table: name.to_string(),
         source,
@@ -607,6 +661,19 @@ pub async fn read_view(config: &Config, defs: &Definitions, view: &FeatureView) 
     let location = config.view_table(view);
     let features: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
     Ok(scan_view(&location.to_string(), &location, defs, view, &features, None, i64::MAX, None).await?.batches)
+}
+
+/// The latest Delta version of each view's table (`None`: no table yet).
+///
+/// # Errors
+/// [`Error::Delta`] when a table cannot be read.
+pub async fn table_versions(config: &Config, views: &[&FeatureView]) -> Result<BTreeMap<String, Option<u64>>> {
+    let mut out = BTreeMap::new();
+    for view in views {
+        let table = open_table(&config.view_table(view)).await?;
+        out.insert(view.name.clone(), table.and_then(|t| t.version()));
+    }
+    Ok(out)
 }
 
 /// Writes a batch to Parquet atomically (a temp file renamed into place), so a failed

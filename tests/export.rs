@@ -1,0 +1,177 @@
+//! `quiver export` on the demo repository: the manifest's content (checked against the
+//! files and against `quiver historical`, the oracle), an exact rebuild from the manifest
+//! after more data was ingested (Delta time travel), resume after an export killed
+//! between shards, and the refusals.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use arrow::array::RecordBatch;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use sha2::{Digest, Sha256};
+
+fn quiver(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver"));
+    cmd.current_dir(dir).args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("QUIVER_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = quiver(dir, args, &[]);
+    assert!(out.status.success(), "quiver {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fails(dir: &Path, args: &[&str], part: &str) {
+    let out = quiver(dir, args, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "quiver {args:?}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains(part), "{err} lacks {part:?}");
+}
+
+fn demo() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    ok(tmp.path(), &["init", "demo", "--demo"]);
+    let repo = tmp.path().join("demo");
+    ok(&repo, &["apply"]);
+    for v in ["driver_hourly", "customer_profile", "driver_customer"] {
+        ok(&repo, &["ingest", v, &format!("sample_data/{v}.parquet")]);
+    }
+    (tmp, repo)
+}
+
+fn read(path: &Path) -> Vec<RecordBatch> {
+    ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap().build().unwrap().map(Result::unwrap).collect()
+}
+
+fn manifest(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap()
+}
+
+fn sha256(path: &Path) -> String {
+    Sha256::digest(std::fs::read(path).unwrap()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn export_writes_shards_and_a_manifest_that_rebuilds_them_exactly() {
+    let (_tmp, repo) = demo();
+    let spine = "sample_data/spine.parquet";
+    let out = ok(&repo, &["export", "--service", "ranker_v1", "--spine", spine, "--out", "ts1", "--shard-rows", "100", "--engine", "cpu"]);
+    assert!(out.contains("exported training set "), "{out}");
+    let m = manifest(&repo.join("ts1"));
+
+    // The oracle: the same join in one piece.
+    ok(&repo, &["historical", "--spine", spine, "--service", "ranker_v1", "--out", "whole.parquet", "--engine", "cpu"]);
+    let whole = read(&repo.join("whole.parquet"));
+    let whole = arrow::compute::concat_batches(&whole[0].schema(), &whole).unwrap();
+    let n = whole.num_rows();
+    assert_eq!(m["rows"].as_u64().unwrap() as usize, n);
+    assert_eq!(m["spine"]["rows"].as_u64().unwrap() as usize, n);
+    let shards = m["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), n.div_ceil(100));
+    let mut parts = Vec::new();
+    for (k, s) in shards.iter().enumerate() {
+        let file = repo.join("ts1").join(s["file"].as_str().unwrap());
+        assert_eq!(s["file"], format!("part-{k:05}.parquet"));
+        assert_eq!(s["sha256"].as_str().unwrap(), sha256(&file), "shard {k} checksum");
+        let batches = read(&file);
+        assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>() as u64, s["rows"].as_u64().unwrap());
+        parts.extend(batches);
+    }
+    let joined = arrow::compute::concat_batches(&whole.schema(), &parts).unwrap();
+    assert_eq!(joined, whole, "the shards together are the point-in-time join");
+    // Features with types, versions read, schema, id.
+    let features: Vec<(String, String)> = m["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["reference"].as_str().unwrap().to_string(), f["dtype"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(features[0], ("driver_hourly:conv_rate".to_string(), "float64".to_string()));
+    assert_eq!(features[4], ("customer_profile:embedding".to_string(), "list<float32>".to_string()));
+    assert_eq!(m["delta_versions"], serde_json::json!({"customer_profile": 1, "driver_customer": 1, "driver_hourly": 1}));
+    assert_eq!(m["schema"].as_array().unwrap().len(), whole.num_columns());
+    assert_eq!(m["training_set_id"].as_str().unwrap().len(), 32);
+    assert_eq!(m["spine"]["sha256"].as_str().unwrap(), sha256(&repo.join(spine)));
+
+    // Exporting the same again into the same folder is a no-op; another set is refused.
+    ok(&repo, &["export", "--service", "ranker_v1", "--spine", spine, "--out", "ts1", "--shard-rows", "100"]);
+    fails(&repo, &["export", "--service", "ranker_v1", "--spine", spine, "--out", "ts1", "--shard-rows", "50"], "holds another training set");
+
+    // More data arrives: the same rows with other conversion rates, which win every tie
+    // (ingested later). The manifest still rebuilds the same bytes (time travel).
+    let hourly = read(&repo.join("sample_data/driver_hourly.parquet"));
+    let hourly = arrow::compute::concat_batches(&hourly[0].schema(), &hourly).unwrap();
+    let i = hourly.schema().index_of("conv_rate").unwrap();
+    let shifted = arrow::compute::kernels::numeric::add(
+        hourly.column(i),
+        &arrow::array::Float64Array::new_scalar(1.0),
+    )
+    .unwrap();
+    let mut columns = hourly.columns().to_vec();
+    columns[i] = shifted;
+    let changed = RecordBatch::try_new(hourly.schema(), columns).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(File::create(repo.join("changed.parquet")).unwrap(), changed.schema(), None).unwrap();
+    w.write(&changed).unwrap();
+    w.close().unwrap();
+    ok(&repo, &["ingest", "driver_hourly", "changed.parquet"]);
+    ok(&repo, &["export", "--reproduce", "ts1/manifest.json", "--out", "ts2"]);
+    let m2 = manifest(&repo.join("ts2"));
+    assert_eq!(m2["training_set_id"], m["training_set_id"]);
+    for s in shards {
+        let f = s["file"].as_str().unwrap();
+        assert_eq!(std::fs::read(repo.join("ts1").join(f)).unwrap(), std::fs::read(repo.join("ts2").join(f)).unwrap(), "{f}");
+    }
+    // A new export reads the new version: another training set.
+    ok(&repo, &["export", "--service", "ranker_v1", "--spine", spine, "--out", "ts3", "--shard-rows", "100"]);
+    let m3 = manifest(&repo.join("ts3"));
+    assert_ne!(m3["training_set_id"], m["training_set_id"]);
+    assert_eq!(m3["delta_versions"]["driver_hourly"], 2);
+    assert_ne!(m3["shards"][0]["sha256"], m["shards"][0]["sha256"], "the new data changes the join");
+}
+
+#[test]
+fn an_interrupted_export_resumes_after_its_last_shard() {
+    let (_tmp, repo) = demo();
+    let args = ["export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "ts", "--shard-rows", "64"];
+    let killed = quiver(&repo, &args, &[("QUIVER_EXPORT_ABORT_AFTER_SHARDS", "2")]);
+    assert!(!killed.status.success());
+    assert!(!repo.join("ts/manifest.json").exists(), "no manifest before the end");
+    let first = repo.join("ts/part-00000.parquet");
+    let before = (std::fs::metadata(&first).unwrap().modified().unwrap(), sha256(&first));
+    assert!(repo.join("ts/part-00001.parquet").exists() && !repo.join("ts/part-00002.parquet").exists());
+    ok(&repo, &args);
+    let m = manifest(&repo.join("ts"));
+    assert!(!repo.join("ts/_progress.json").exists());
+    assert_eq!(std::fs::metadata(&first).unwrap().modified().unwrap(), before.0, "finished shards are not rewritten");
+    // The resumed export equals one done in a single run.
+    ok(&repo, &["export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "clean", "--shard-rows", "64"]);
+    let clean = manifest(&repo.join("clean"));
+    assert_eq!(m["shards"], clean["shards"]);
+    assert_eq!(m["training_set_id"], clean["training_set_id"]);
+    assert_eq!(m["shards"][0]["sha256"].as_str().unwrap(), before.1);
+}
+
+#[test]
+fn export_refuses_what_cannot_be_done() {
+    let (_tmp, repo) = demo();
+    let spine = "sample_data/spine.parquet";
+    fails(&repo, &["export", "--service", "nope", "--spine", spine, "--out", "x"], "unknown feature service `nope`");
+    fails(&repo, &["export", "--service", "ranker_v1", "--spine", "missing.parquet", "--out", "x"], "missing.parquet");
+    fails(&repo, &["export", "--service", "ranker_v1", "--spine", spine, "--out", "x", "--shard-rows", "0"], "--shard-rows must be at least 1");
+    // A spine that changed after the export cannot be reproduced.
+    std::fs::copy(repo.join(spine), repo.join("spine2.parquet")).unwrap();
+    ok(&repo, &["export", "--service", "ranker_v1", "--spine", "spine2.parquet", "--out", "ts", "--shard-rows", "500"]);
+    std::fs::copy(repo.join("sample_data/driver_hourly.parquet"), repo.join("spine2.parquet")).unwrap();
+    fails(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "ts2"], "the spine changed since the export");
+}
