@@ -22,11 +22,13 @@ import pyarrow as pa
 
 from . import _quiver
 from ._quiver import NotFoundError, QuiverError, StoreUnavailableError, ValidationError
+from .training import TrainingSet, shard_plan
 
 __all__ = [
     "Array", "Bool", "Bytes", "DeltaSource", "Entity", "FeatureService", "FeatureStore", "FeatureView",
     "Field", "Float32", "Float64", "Int32", "Int64", "KafkaSource", "NotFoundError", "OnlineResponse",
-    "QuiverError", "RetrievalJob", "StoreUnavailableError", "String", "UnixTimestamp", "ValidationError",
+    "QuiverError", "RetrievalJob", "StoreUnavailableError", "String", "TrainingSet", "UnixTimestamp",
+    "ValidationError", "shard_plan",
 ]
 
 

@@ -1,0 +1,111 @@
+"""Reading an exported training set (``quiver export``): ``TrainingSet(DIR)``.
+
+    ts = qv.TrainingSet("train_v1")
+    ts.to_arrow_dataset(); ts.to_pandas()
+    loader = ts.to_torch(batch_size=1024, shuffle_shards=True, seed=7, rank=r, world_size=n)
+
+The shards listed in ``manifest.json`` are checked against their SHA-256 on request
+(``verify()``). ``to_torch`` streams shards in an order fixed by ``seed`` and gives each
+(rank, data-loader worker) a disjoint subset of shards, so every row is read exactly once
+per epoch across the whole job.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from ._quiver import NotFoundError, ValidationError
+
+
+def shard_plan(n_shards: int, seed: int, shuffle: bool, rank: int, world_size: int,
+               worker: int = 0, num_workers: int = 1) -> List[int]:
+    """The shard indexes one (rank, worker) reads, in order. The order is the same for a
+    seed on every rank; shards go round robin to rank x worker slots, so the slots
+    together read each shard exactly once."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValidationError(f"rank {rank} is not in 0..{world_size}")
+    if num_workers < 1 or not 0 <= worker < num_workers:
+        raise ValidationError(f"worker {worker} is not in 0..{num_workers}")
+    order = list(range(n_shards))
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    slot, slots = rank * num_workers + worker, world_size * num_workers
+    return order[slot::slots]
+
+
+class TrainingSet:
+    """An exported training set: shards plus ``manifest.json``."""
+
+    def __init__(self, path: str):
+        self.path = str(path)
+        manifest = os.path.join(self.path, "manifest.json")
+        if not os.path.exists(manifest):
+            raise NotFoundError(f"{manifest}: not found (is {self.path} a finished `quiver export`?)")
+        with open(manifest) as fh:
+            self.manifest: Dict[str, Any] = json.load(fh)
+        self.id: str = self.manifest["training_set_id"]
+        self.format: str = self.manifest["options"]["format"]
+        self.files: List[str] = [os.path.join(self.path, s["file"]) for s in self.manifest["shards"]]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.manifest["rows"])
+
+    def verify(self) -> None:
+        """Checks every shard's SHA-256 against the manifest."""
+        for shard, path in zip(self.manifest["shards"], self.files):
+            with open(path, "rb") as fh:
+                digest = hashlib.sha256(fh.read()).hexdigest()
+            if digest != shard["sha256"]:
+                raise ValidationError(f"{path}: SHA-256 {digest} differs from the manifest's {shard['sha256']}")
+
+    def to_arrow_dataset(self) -> ds.Dataset:
+        return ds.dataset(self.files, format="ipc" if self.format == "arrow" else "parquet")
+
+    def to_arrow(self) -> pa.Table:
+        return self.to_arrow_dataset().to_table()
+
+    def to_pandas(self):
+        return self.to_arrow().to_pandas()
+
+    def to_polars(self):
+        import polars as pl
+
+        return pl.from_arrow(self.to_arrow())
+
+    def iter_batches(self, batch_size: int, columns: Optional[Sequence[str]] = None, shuffle_shards: bool = False,
+                     seed: int = 0, rank: int = 0, world_size: int = 1, worker: int = 0,
+                     num_workers: int = 1) -> Iterator[pa.RecordBatch]:
+        """The record batches of this (rank, worker)'s shards, in the seeded order."""
+        fmt = "ipc" if self.format == "arrow" else "parquet"
+        for k in shard_plan(len(self.files), seed, shuffle_shards, rank, world_size, worker, num_workers):
+            shard = ds.dataset(self.files[k], format=fmt)
+            yield from shard.to_batches(columns=list(columns) if columns else None, batch_size=batch_size)
+
+    def to_torch(self, batch_size: int = 1024, columns: Optional[Sequence[str]] = None, shuffle_shards: bool = False,
+                 seed: int = 0, rank: int = 0, world_size: int = 1):
+        """A ``torch.utils.data.IterableDataset`` of dicts of tensors (numeric columns),
+        split across ranks and data-loader workers by shard. Needs PyTorch."""
+        try:
+            import torch
+            from torch.utils.data import IterableDataset, get_worker_info
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ValidationError("to_torch needs PyTorch (pip install torch)") from e
+        ts = self
+
+        class _Shards(IterableDataset):  # type: ignore[misc]
+            def __iter__(self):
+                info = get_worker_info()
+                worker, workers = (info.id, info.num_workers) if info else (0, 1)
+                for batch in ts.iter_batches(batch_size, columns, shuffle_shards, seed, rank, world_size, worker, workers):
+                    yield {name: torch.from_numpy(col.to_numpy(zero_copy_only=False))
+                           for name, col in zip(batch.schema.names, batch.columns)
+                           if pa.types.is_integer(col.type) or pa.types.is_floating(col.type)}
+
+        return _Shards()
