@@ -291,3 +291,16 @@ def test_the_readme_quick_start_runs_as_written(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "trips__fare" in out and "12.5" in out, out
     assert "{'rider_id': [1], 'fare': [12.5]}" in out, out
+
+
+def test_to_torch_on_cuda_without_a_gpu_is_a_clear_error(store):
+    job = store.get_historical_features(entity_df=spine(), features=["trips:fare"])
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(qv.ValidationError, match=r"to_torch\(device='cuda'\)"):
+        job.to_torch(device="cuda")

@@ -241,6 +241,23 @@ class RetrievalJob:
 
         return pl.from_arrow(self._table)
 
+    def to_torch(self, device: str = "cpu") -> Dict[str, Any]:
+        """The numeric columns as PyTorch tensors on `device`. The join runs on the host
+        (or returns to it), so `cuda` copies once to the device; a zero-copy DLPack hand-over
+        from the GPU join is not there yet. Raises ValidationError without PyTorch, or
+        for `cuda` without a usable GPU."""
+        try:
+            import torch
+        except ImportError as e:
+            raise ValidationError(f"to_torch(device={device!r}) needs PyTorch (pip install torch)") from e
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValidationError(f"to_torch(device={device!r}): PyTorch sees no CUDA device on this machine")
+        out = {}
+        for name, col in zip(self._table.column_names, self._table.columns):
+            if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+                out[name] = torch.from_numpy(col.to_numpy()).to(device)
+        return out
+
 
 class OnlineResponse:
     """Online features in Feast's shape: ``to_dict()`` maps each column (join keys
