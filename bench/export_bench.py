@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Training-set export beside DuckDB's join + COPY, and the loader's speed (not a test).
+
+    <sdk-venv>/bin/python bench/export_bench.py --quiver target/release/quiver
+        [--scale medium] [--shard-rows 1000000,500000,250000]
+
+(`./run bench-export` builds and runs this.) Needs the data and repository that
+`./run bench` leaves in $PITDATA (default /tmp/pitdata): `<scale>/` and
+`quiver_<scale>/`. Times `quiver export` at each shard size and the shared
+`peer_duckdb.py` (join + COPY to Parquet) on the same data under /usr/bin/time, checks
+the export equals DuckDB's result with the shared `check_equal.py`, then reads the
+last export back with `quiver.TrainingSet(...).iter_batches` for batches/s.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def timed(cmd, cwd=None):
+    p = subprocess.run(["/usr/bin/time", "-v"] + cmd, cwd=cwd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{p.stdout}\n{p.stderr[-2000:]}")
+    m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", p.stderr)
+    parts = [float(x) for x in m.group(1).split(":")]
+    wall = sum(v * 60 ** (len(parts) - 1 - i) for i, v in enumerate(parts))
+    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr).group(1)) * 1024
+    return wall, rss
+
+
+def size(path):
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs if f.endswith((".parquet", ".arrow")))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quiver", required=True)
+    ap.add_argument("--scale", default="medium")
+    ap.add_argument("--shard-rows", default="1000000,500000,250000")
+    ap.add_argument("--shared", default=os.environ.get("QUIVER_SHARED", os.path.join(ROOT, "..", "shared")))
+    ap.add_argument("--python", default=os.path.expanduser("~/.cache/quiver/venv/bin/python"),
+                    help="a Python with duckdb and pyarrow for the peer")
+    args = ap.parse_args()
+    pitdata = os.environ.get("PITDATA", "/tmp/pitdata")
+    data, repo = os.path.join(pitdata, args.scale), os.path.join(pitdata, f"quiver_{args.scale}")
+    if not os.path.isdir(repo):
+        sys.exit(f"{repo} is missing: run `./run bench --scale {args.scale}` first")
+    spine = os.path.join(data, "spine.parquet")
+    work = tempfile.mkdtemp(prefix="quiver-export-bench.")
+    rows = []
+    try:
+        last = None
+        for n in [int(x) for x in args.shard_rows.split(",")]:
+            out = os.path.join(work, f"export_{n}")
+            wall, rss = timed([os.path.abspath(args.quiver), "export", "--service", "bench_all", "--spine", spine,
+                               "--out", out, "--shard-rows", str(n), "--engine", "cpu"], cwd=repo)
+            rows.append((f"quiver export, shards of {n:,}", wall, rss, size(out)))
+            print(f"quiver export --shard-rows {n}: {wall:.2f} s, peak {rss / 1e9:.2f} GB", flush=True)
+            last = out
+        duck = os.path.join(work, "duckdb.parquet")
+        wall, rss = timed([args.python, os.path.join(args.shared, "bench", "peer_duckdb.py"), data, duck])
+        rows.append(("DuckDB join + COPY to Parquet", wall, rss, size(duck)))
+        print(f"duckdb: {wall:.2f} s, peak {rss / 1e9:.2f} GB", flush=True)
+        # Same answer: the shared checker compares a file against the peer's.
+        merged = os.path.join(work, "export_merged.parquet")
+        subprocess.run([args.python, "-c", f"import glob, pyarrow.dataset as ds, pyarrow.parquet as pq; "
+                        f"pq.write_table(ds.dataset(sorted(glob.glob({last!r} + '/part-*.parquet'))).to_table(), {merged!r})"],
+                       check=True)
+        check = subprocess.run([args.python, os.path.join(args.shared, "bench", "check_equal.py"), merged, duck,
+                                "--data", data], capture_output=True, text=True)
+        print("check export vs duckdb:", "IDENTICAL" if check.returncode == 0 else "DIFFERENT", "--",
+              (check.stdout.strip().splitlines() or [""])[-1], flush=True)
+        import quiver as qv
+        ts = qv.TrainingSet(last)
+        began, n_batches = time.perf_counter(), 0
+        for _ in ts.iter_batches(1024, shuffle_shards=True, seed=1):
+            n_batches += 1
+        loader = n_batches / (time.perf_counter() - began)
+        spine_rows = ts.num_rows
+        print()
+        print("| run | wall s | peak RSS | rows/s | output MB/s |")
+        print("|---|---|---|---|---|")
+        for name, wall, rss, nbytes in rows:
+            print(f"| {name} | {wall:.2f} | {rss / 1e9:.2f} GB | {spine_rows / wall:,.0f} | {nbytes / 1e6 / wall:.1f} |")
+        print(f"\nloader: {loader:,.0f} batches/s of 1,024 rows (TrainingSet.iter_batches, shuffled shards)")
+        if check.returncode != 0:
+            sys.exit("the export differs from DuckDB's result")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
