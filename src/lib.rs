@@ -13,6 +13,7 @@ pub mod export;
 pub mod init;
 pub mod materialize;
 pub mod repo;
+pub mod verify;
 
 pub use error::{Error, Result};
 pub use quiver_gpu_join as gpu_join;

@@ -267,9 +267,41 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cmd_stream(&repo_dir, &views, batch_rows, batch_ms, metrics_port)
         }
         Command::Push { view, file, to } => cmd_push(&repo_dir, &view, &file, to),
-        Command::Verify { .. } => later("verify", "consistency verification (issue #9)"),
+        Command::Verify { since: Some(_), .. } => later("verify --since", "the serving log (issue #9)"),
+        Command::Verify { sample, max_mismatch, .. } => cmd_verify(&repo_dir, sample.unwrap_or(0), max_mismatch),
         Command::Doctor { compile_kernels } => cmd_doctor(&repo_dir, compile_kernels),
     }
+}
+
+/// `verify --sample N`: the online store against the offline store at now, per feature;
+/// exit 1 when a feature's share of disagreeing rows is over `max_mismatch`.
+fn cmd_verify(dir: &Path, n: u64, max_mismatch: f64) -> anyhow::Result<()> {
+    if !(0.0..=1.0).contains(&max_mismatch) {
+        anyhow::bail!("--max-mismatch must be between 0 and 1, got {max_mismatch}");
+    }
+    let repo = Repo::open(dir)?;
+    let defs = repo.applied()?.definitions;
+    let rt = runtime()?;
+    let now = chrono::Utc::now().timestamp_micros();
+    let reports = rt.block_on(async {
+        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        anyhow::Ok(quiver::verify::verify_sample(&repo.config, &defs, store.as_ref(), n as usize, now, now as u64).await?)
+    })?;
+    println!("{:<40} {:>9} {:>9} {:>10} {:>14}", "feature", "compared", "matches", "mismatches", "missing online");
+    for r in &reports {
+        println!("{:<40} {:>9} {:>9} {:>10} {:>14}", r.feature, r.compared, r.matches, r.mismatches, r.missing_online);
+        for e in &r.examples {
+            println!("    {e}");
+        }
+    }
+    let worst = reports.iter().map(quiver::verify::FeatureReport::mismatch_rate).fold(0.0, f64::max);
+    let compared: u64 = reports.iter().map(|r| r.compared).sum();
+    let bad: u64 = reports.iter().map(|r| r.mismatches + r.missing_online).sum();
+    println!("{bad} of {compared} compared values disagree; worst feature {:.2}% (limit {:.2}%)", worst * 100.0, max_mismatch * 100.0);
+    if worst > max_mismatch {
+        anyhow::bail!("verify: online and offline disagree on {:.2}% of a feature's rows, over --max-mismatch {max_mismatch}", worst * 100.0);
+    }
+    Ok(())
 }
 
 /// `doctor`: what this machine and repository offer, one line per check. Exits 1 when

@@ -320,7 +320,7 @@ fn every_verb_is_in_help_and_later_ones_refuse_with_exit_2() {
     }
     let later: BTreeMap<&str, Vec<&str>> = BTreeMap::from([
 
-        ("verify", vec!["verify", "--sample", "10"]),
+        ("verify --since", vec!["verify", "--since", "2024-01-01T00:00:00Z"]),
     ]);
     for (verb, args) in later {
         fails(tmp.path(), &args, 2, &[&format!("`quiver {verb}` is not available yet")]);
