@@ -5,25 +5,13 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+
+mod common;
+use common::quiver;
 
 use arrow::array::RecordBatch;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sha2::{Digest, Sha256};
-
-fn quiver(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver"));
-    cmd.current_dir(dir).args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("QUIVER_") {
-            cmd.env_remove(k);
-        }
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
-}
 
 fn ok(dir: &Path, args: &[&str]) -> String {
     let out = quiver(dir, args, &[]);

@@ -3,20 +3,15 @@
 //! online store (a real inconsistency) reported with its entity and both values.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
 
 use quiver::online::{EmbeddedStore, OnlineStore, WriteRow};
 use quiver::sdk::encoding::{KeyValue, OnlineRow, Value, store_key};
 
 fn quiver(dir: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver"));
-    cmd.current_dir(dir).args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("QUIVER_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.output().unwrap()
+    common::quiver(dir, args, &[])
 }
 
 fn text(o: &Output) -> (String, String) {

@@ -539,20 +539,6 @@ fn ts_literal(v: i64) -> Expr {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn scan_view(
-    name: &str,
-    location: &quiver_sdk::StoreLocation,
-    defs: &Definitions,
-    view: &FeatureView,
-    features: &[&str],
-    lo: Option<i64>,
-    hi: i64,
-    extra: Option<Expr>,
-) -> Result<Scan> {
-    scan_view_at(name, location, defs, view, features, lo, hi, extra, None).await
-}
-
-#[allow(clippy::too_many_arguments)]
 async fn scan_view_at(
     name: &str,
     location: &quiver_sdk::StoreLocation,
@@ -660,7 +646,7 @@ async fn scan_view_at(
 pub async fn read_view(config: &Config, defs: &Definitions, view: &FeatureView) -> Result<Vec<RecordBatch>> {
     let location = config.view_table(view);
     let features: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
-    Ok(scan_view(&location.to_string(), &location, defs, view, &features, None, i64::MAX, None).await?.batches)
+    Ok(scan_view_at(&location.to_string(), &location, defs, view, &features, None, i64::MAX, None, None).await?.batches)
 }
 
 /// The latest Delta version of each view's table (`None`: no table yet).
@@ -760,7 +746,7 @@ pub async fn latest_per_entity(
             (None, end, Some(extra))
         }
     };
-    let mut scan = scan_view(&location.to_string(), &location, defs, view, &features, lo, hi, extra).await?;
+    let mut scan = scan_view_at(&location.to_string(), &location, defs, view, &features, lo, hi, extra, None).await?;
     let version = scan.version;
     if scan.batches.is_empty() {
         return Ok(Latest { batch: None, version });
