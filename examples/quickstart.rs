@@ -1,0 +1,149 @@
+//! The whole product in one run, on embedded defaults (local Delta tables, the embedded
+//! online store): what `./run quickstart` runs.
+//!
+//!     cargo run --example quickstart [DIR]
+//!
+//! Creates the demo repository (drivers and riders with hourly, daily and pairwise
+//! features), applies it, ingests the sample data, builds a point-in-time training set,
+//! materializes, starts the feature server in-process and queries it over HTTP, pushes
+//! a fresh event and sees it served, exports a reproducible training set, and checks
+//! that the online and offline stores agree; then prints a report with timings.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use quiver::Repo;
+use quiver::online::server::{Metrics, RegistryCache, ServerState, router, system_clock};
+
+fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> anyhow::Result<serde_json::Value> {
+    let mut conn = std::net::TcpStream::connect(addr)?;
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text)?;
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| anyhow::anyhow!("no HTTP answer"))?;
+    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "{path}: {head} {body}");
+    Ok(serde_json::from_str(body)?)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "quickstart-demo".into()));
+    let began = Instant::now();
+    let step = |name: &str, t: Instant, what: String| {
+        println!("  {name:<16} {:>6.2} s  {what}", t.elapsed().as_secs_f64());
+    };
+    println!("quiver quick start in {}", dir.display());
+
+    let t = Instant::now();
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    let now = chrono::Utc::now();
+    let files = quiver::init::init(&dir, true, now)?;
+    step("init --demo", t, format!("{} files: features.yaml, sample data for 10 drivers and 20 riders", files.len()));
+
+    let t = Instant::now();
+    let repo = Repo::open(&dir)?;
+    let (repo2, handle) = (repo.clone(), tokio::runtime::Handle::current());
+    let applied = tokio::task::spawn_blocking(move || repo2.apply(false, now, handle)).await??;
+    let defs = repo.applied()?.definitions;
+    step("apply", t, format!("registry version {}, {} feature views, {} Delta tables", applied.outcome.version, defs.feature_views.len(), applied.created_tables.len()));
+
+    let t = Instant::now();
+    let mut rows = 0;
+    for view in &defs.feature_views {
+        let file = dir.join(format!("sample_data/{}.parquet", view.name));
+        rows += quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, &|_, _| {}).await?.rows;
+    }
+    step("ingest", t, format!("{rows} rows into {} Delta tables", defs.feature_views.len()));
+
+    let t = Instant::now();
+    let spine_path = dir.join("sample_data/spine.parquet");
+    let service = defs.feature_service("ranker_v1").expect("demo service");
+    let requests = quiver::offline::historical::resolve(&defs, &service.features)?;
+    let key_types: Vec<_> = requests
+        .iter()
+        .flat_map(|r| defs.join_keys(r.view))
+        .map(|k| (k.name.clone(), quiver::offline::schema::key_type(k.dtype)))
+        .collect();
+    let spine = quiver::offline::historical::read_spine(&spine_path, &key_types)?;
+    let training = quiver::offline::historical::historical(
+        &repo.config,
+        &defs,
+        &spine_path,
+        &spine,
+        &requests,
+        Default::default(),
+        &quiver::gpu_join::CpuKernel::new(),
+        &|_, _| {},
+    )
+    .await?;
+    quiver::offline::historical::write_parquet(&dir.join("training.parquet"), &training)?;
+    step("historical", t, format!("{} rows x {} features, point in time -> training.parquet", training.num_rows(), service.features.len()));
+
+    let t = Instant::now();
+    let store: Arc<dyn quiver::online::OnlineStore> = quiver::online::open_store(&repo.config.online_store).await?;
+    let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
+    let reports = quiver::materialize::materialize_incremental(&repo.config, &defs, &views, now.timestamp_micros(), store.as_ref(), &|_, _| {}).await?;
+    let written: usize = reports.iter().map(|r| r.written).sum();
+    step("materialize", t, format!("{written} latest rows into the embedded online store"));
+
+    let t = Instant::now();
+    let state = Arc::new(ServerState {
+        store: store.clone(),
+        registry: RegistryCache::new(repo.config.registry_path.clone(), &repo.config.project)?,
+        project: repo.config.project.clone(),
+        auth_token: None,
+        metrics: Metrics::default(),
+        clock: system_clock(),
+        offline: Some(Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    let query = r#"{"entities": {"driver_id": [1001, 1002]}, "features": ["driver_hourly:conv_rate", "driver_hourly:avg_daily_trips"]}"#;
+    let answer = tokio::task::spawn_blocking(move || post(addr, "/get-online-features", query)).await??;
+    step("serve + query", t, format!("http://{addr}: conv_rate {} ({})", answer["results"][1]["values"], answer["results"][1]["statuses"]));
+
+    let t = Instant::now();
+    let fresh = (chrono::Utc::now() - chrono::TimeDelta::seconds(1)).to_rfc3339();
+    let push = format!(
+        r#"{{"feature_view": "driver_hourly", "to": "online_and_offline", "df": {{"driver_id": [1001], "event_timestamp": ["{fresh}"], "created_timestamp": ["{fresh}"], "conv_rate": [0.99], "acc_rate": [0.5], "avg_daily_trips": [42]}}}}"#
+    );
+    let pushed = tokio::task::spawn_blocking(move || post(addr, "/push", &push)).await??;
+    let one = r#"{"entities": {"driver_id": [1001]}, "features": ["driver_hourly:conv_rate"]}"#;
+    let after = tokio::task::spawn_blocking(move || post(addr, "/get-online-features", one)).await??;
+    anyhow::ensure!(after["results"][1]["values"][0] == 0.99, "the pushed value is not served: {after}");
+    step("push + query", t, format!("served {} right after the push (Delta version {})", after["results"][1]["values"][0], pushed["offline_version"]));
+
+    let t = Instant::now();
+    let out = dir.join("training_set");
+    let options = quiver::export::ExportOptions {
+        service: "ranker_v1".into(),
+        format: quiver::export::ShardFormat::Parquet,
+        shard_rows: 250,
+        created_cutoff: false,
+    };
+    let manifest = quiver::export::export(&repo, &spine_path, &out, options, &quiver::gpu_join::CpuKernel::new(), &|_, _| {}).await?;
+    step("export", t, format!("{} rows in {} shards, training set {}", manifest.rows, manifest.shards.len(), &manifest.training_set_id[..12]));
+
+    let t = Instant::now();
+    // The pushed row is offline too; materialize what arrived, then compare.
+    let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
+    let check_now = chrono::Utc::now().timestamp_micros();
+    quiver::materialize::materialize_incremental(&repo.config, &defs, &views, check_now, store.as_ref(), &|_, _| {}).await?;
+    let verified = quiver::verify::verify_sample(&repo.config, &defs, store.as_ref(), 1000, check_now, 7).await?;
+    let compared: u64 = verified.iter().map(|r| r.compared).sum();
+    let bad: u64 = verified.iter().map(|r| r.mismatches + r.missing_online).sum();
+    step("verify", t, format!("{compared} values compared online vs offline, {bad} disagree"));
+    anyhow::ensure!(bad == 0, "online and offline disagree on {bad} values");
+
+    println!("done in {:.2} s: repository {}, training set {}, export {}", began.elapsed().as_secs_f64(), dir.display(), dir.join("training.parquet").display(), out.display());
+    Ok(())
+}
