@@ -20,6 +20,8 @@ use quiver_offline::historical::{HistoricalOptions, historical_at, read_spine, r
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use quiver_sdk::Definitions;
+
 use crate::Repo;
 use crate::error::{Error, Result};
 
@@ -112,8 +114,9 @@ fn out_err(path: &Path, message: impl std::fmt::Display) -> Error {
     Error::Init { path: path.to_path_buf(), message: message.to_string() }
 }
 
-/// Writes `bytes` to `path` atomically (temp file, fsync, rename).
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Writes `bytes` to `path` atomically (temp file, fsync, rename); the facade's one
+/// way of replacing a small file (manifests, progress, materialization state).
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
@@ -149,6 +152,9 @@ fn encode(batch: &RecordBatch, format: ShardFormat) -> Result<Vec<u8>> {
 struct Plan {
     manifest: Manifest,
     spine: RecordBatch,
+    /// The registry's definitions the manifest was made from: every shard joins with
+    /// these, even if `apply` runs during the export.
+    defs: Definitions,
 }
 
 async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Option<BTreeMap<String, u64>>) -> Result<Plan> {
@@ -156,6 +162,7 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
         return Err(out_err(spine_path, "--shard-rows must be at least 1"));
     }
     let doc = repo.applied()?;
+    let registry_version = doc.version;
     let defs = &doc.definitions;
     let service = defs
         .feature_service(&options.service)
@@ -202,7 +209,7 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
     // The id: what determines the rows, and nothing else (not paths, not times).
     let identity = serde_json::json!({
         "project": repo.config.project,
-        "registry_version": doc.version,
+        "registry_version": registry_version,
         "delta_versions": delta_versions,
         "spine_sha256": spine_info.sha256,
         "features": service.features.iter().map(ToString::to_string).collect::<Vec<_>>(),
@@ -214,7 +221,7 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
             format_version: 1,
             training_set_id,
             project: repo.config.project.clone(),
-            registry_version: doc.version,
+            registry_version,
             options,
             delta_versions,
             spine: spine_info,
@@ -224,12 +231,13 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
             shards: Vec::new(),
         },
         spine,
+        defs: doc.definitions,
     })
 }
 
 /// Runs the export into `out`, resuming a run of the same training set that stopped.
 async fn run(repo: &Repo, plan: Plan, out: &Path, kernel: &dyn AsOfKernel, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Manifest> {
-    let Plan { mut manifest, spine } = plan;
+    let Plan { mut manifest, spine, defs } = plan;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let manifest_path = out.join(MANIFEST);
     if manifest_path.exists() {
@@ -260,8 +268,7 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, kernel: &dyn AsOfKernel, progr
     // Keep only finished shards whose files are still intact.
     done.retain(|s| std::fs::read(out.join(&s.file)).is_ok_and(|b| sha256_hex(&b) == s.sha256));
 
-    let doc = repo.applied()?;
-    let defs = &doc.definitions;
+    let defs = &defs;
     let service = defs.feature_service(&manifest.options.service).expect("planned");
     let requests = resolve(defs, &service.features)?;
     let n = spine.num_rows() as u64;

@@ -116,18 +116,7 @@ fn load_state(path: &Path) -> Result<State> {
 fn save_state(path: &Path, state: &State) -> Result<()> {
     let dir = path.parent().expect("the state file is in a folder");
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-    let text = serde_json::to_string_pretty(state).expect("state serialises");
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, text.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
+    crate::export::write_atomic(path, serde_json::to_string_pretty(state).expect("state serialises").as_bytes())
 }
 
 /// Loads what arrived since the last incremental run, up to `end`: per view, rows

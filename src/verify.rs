@@ -94,7 +94,7 @@ pub async fn verify_sample(
         let online = get_online_features(store, &config.project, defs, &refs, &entities, now, false).await?;
         let ts = batch.column(keys.len()).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
         let first_feature = keys.len() + 1 + usize::from(view.source.created_timestamp_field.is_some());
-        let ttl_us = view.ttl.as_duration().and_then(|d| i64::try_from(d.as_micros()).ok());
+        let ttl_us = view.ttl_us();
         for (k, feature) in view.features.iter().enumerate() {
             let column = &online[keys.len() + k];
             let report = &mut per_feature[k];

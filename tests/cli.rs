@@ -16,19 +16,10 @@ struct Run {
     stderr: String,
 }
 
+mod common;
+
 fn quiver_in(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver"));
-    cmd.current_dir(dir).args(args);
-    // The test process's own QUIVER_ settings must not leak into the repo under test.
-    for (k, _) in std::env::vars() {
-        if k.starts_with("QUIVER_") {
-            cmd.env_remove(k);
-        }
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let Output { status, stdout, stderr } = cmd.output().expect("quiver runs");
+    let Output { status, stdout, stderr } = common::quiver(dir, args, env);
     Run {
         code: status.code().unwrap_or(-1),
         stdout: String::from_utf8(stdout).unwrap(),

@@ -53,34 +53,29 @@ extern "C" __global__ void asof_search(
 
 // The gather after the join: out[i] = values[index[i]] with a validity byte, for
 // 8-byte and 4-byte columns (int64/float64/timestamps, int32/float32).
-extern "C" __global__ void gather_u64(
-    const unsigned long long* __restrict__ values,
-    const unsigned char* __restrict__ valid_in,  // null: all valid
-    const unsigned int* __restrict__ index,
-    unsigned int n,
-    unsigned long long* __restrict__ out,
-    unsigned char* __restrict__ valid_out)
+template <typename T>
+__device__ void gather(const T* __restrict__ values, const unsigned char* __restrict__ valid_in,
+                       const unsigned int* __restrict__ index, unsigned int n,
+                       T* __restrict__ out, unsigned char* __restrict__ valid_out)
 {
     unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     unsigned int r = index[i];
     if (r == NO_ROW) { out[i] = 0; valid_out[i] = 0; return; }
     out[i] = values[r];
-    valid_out[i] = valid_in ? valid_in[r] : 1;
+    valid_out[i] = valid_in ? valid_in[r] : 1;  // null valid_in: all valid
 }
 
-extern "C" __global__ void gather_u32(
-    const unsigned int* __restrict__ values,
-    const unsigned char* __restrict__ valid_in,
-    const unsigned int* __restrict__ index,
-    unsigned int n,
-    unsigned int* __restrict__ out,
-    unsigned char* __restrict__ valid_out)
+extern "C" __global__ void gather_u64(const unsigned long long* values, const unsigned char* valid_in,
+                                      const unsigned int* index, unsigned int n,
+                                      unsigned long long* out, unsigned char* valid_out)
 {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    unsigned int r = index[i];
-    if (r == NO_ROW) { out[i] = 0; valid_out[i] = 0; return; }
-    out[i] = values[r];
-    valid_out[i] = valid_in ? valid_in[r] : 1;
+    gather(values, valid_in, index, n, out, valid_out);
+}
+
+extern "C" __global__ void gather_u32(const unsigned int* values, const unsigned char* valid_in,
+                                      const unsigned int* index, unsigned int n,
+                                      unsigned int* out, unsigned char* valid_out)
+{
+    gather(values, valid_in, index, n, out, valid_out);
 }

@@ -168,7 +168,7 @@ impl Prepared {
 
     /// One chunk's arrays as the device gets them: spine entity ids relative to the
     /// chunk, spine times, run offsets relative to the chunk, and the chunk's runs.
-    pub(crate) fn chunk_arrays(&self, input: &AsOfInput<'_>, entities: &Range<usize>) -> ChunkArrays {
+    pub(crate) fn chunk_arrays(&self, input: &AsOfInput<'_>, entities: &Range<usize>) -> ChunkArrays<'_> {
         let f = self.runs.offsets[entities.start] as usize..self.runs.offsets[entities.end] as usize;
         let s = self.spine_offsets[entities.start] as usize..self.spine_offsets[entities.end] as usize;
         let base = self.runs.offsets[entities.start];
@@ -185,28 +185,28 @@ impl Prepared {
             spine_entity,
             spine_ts: spine_rows.iter().map(|&i| input.spine_ts[i as usize]).collect(),
             run_offsets,
-            run_ts: self.runs.ts[f.clone()].to_vec(),
-            run_created: self.run_created.as_ref().map(|c| c[f.clone()].to_vec()),
-            run_rows: self.runs.rows[f].to_vec(),
+            run_ts: &self.runs.ts[f.clone()],
+            run_created: self.run_created.as_ref().map(|c| &c[f.clone()]),
+            run_rows: &self.runs.rows[f],
         }
     }
 }
 
-/// The arrays of one device chunk.
-pub(crate) struct ChunkArrays {
+/// The arrays of one device chunk; the runs are borrowed from [`Prepared`].
+pub(crate) struct ChunkArrays<'a> {
     /// Where each answer goes in the spine.
     pub(crate) spine_rows: Vec<u32>,
     pub(crate) spine_entity: Vec<u32>,
     pub(crate) spine_ts: Vec<i64>,
     pub(crate) run_offsets: Vec<u32>,
-    pub(crate) run_ts: Vec<i64>,
-    pub(crate) run_created: Option<Vec<i64>>,
-    pub(crate) run_rows: Vec<u32>,
+    pub(crate) run_ts: &'a [i64],
+    pub(crate) run_created: Option<&'a [i64]>,
+    pub(crate) run_rows: &'a [u32],
 }
 
 /// `asof_search` of `asof.cu`, line for line, on the host: the reference the device
 /// code is checked against where there is no device, and by the chunked host join.
-pub(crate) fn search_host(c: &ChunkArrays, i: usize, created_cutoff: bool, ttl_us: Option<i64>) -> u32 {
+pub(crate) fn search_host(c: &ChunkArrays<'_>, i: usize, created_cutoff: bool, ttl_us: Option<i64>) -> u32 {
     let e = c.spine_entity[i];
     if e == NO_ENTITY {
         return NO_ROW;
@@ -228,7 +228,7 @@ pub(crate) fn search_host(c: &ChunkArrays, i: usize, created_cutoff: bool, ttl_u
             return NO_ROW;
         }
         j -= 1;
-        if created_cutoff && c.run_created.as_ref().is_some_and(|rc| rc[j as usize] > t) {
+        if created_cutoff && c.run_created.is_some_and(|rc| rc[j as usize] > t) {
             continue;
         }
         break;
@@ -360,7 +360,7 @@ impl CudaKernel {
     /// downloading (each phase synchronised, so they do not overlap).
     fn run_chunk(
         &self,
-        c: &ChunkArrays,
+        c: &ChunkArrays<'_>,
         input: &AsOfInput<'_>,
     ) -> Result<(Vec<u32>, [std::time::Duration; 3]), cudarc::driver::DriverError> {
         use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -370,12 +370,12 @@ impl CudaKernel {
         let spine_entity = self.upload(&stream, &c.spine_entity)?;
         let spine_ts = self.upload(&stream, &c.spine_ts)?;
         let run_offsets = self.upload(&stream, &c.run_offsets)?;
-        let run_ts = self.upload(&stream, &c.run_ts)?;
-        let run_created = match &c.run_created {
+        let run_ts = self.upload(&stream, c.run_ts)?;
+        let run_created = match c.run_created {
             Some(rc) => Some(self.upload(&stream, rc)?),
             None => None,
         };
-        let run_rows = self.upload(&stream, &c.run_rows)?;
+        let run_rows = self.upload(&stream, c.run_rows)?;
         let mut out = stream.alloc_zeros::<u32>(n.max(1))?;
         stream.synchronize()?;
         let uploaded = began.elapsed();

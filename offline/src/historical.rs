@@ -248,10 +248,7 @@ pub async fn historical_at(
         }
         let index = EntityIndex::build(&spine_keys)?;
         // A TTL beyond what microseconds in an i64 can hold (292,000 years) is unbounded.
-        let ttl_us = view
-            .ttl
-            .as_duration()
-            .and_then(|d| i64::try_from(d.as_micros()).ok());
+        let ttl_us = view.ttl_us();
         let lo = ttl_us.map(|ttl| min_t.saturating_sub(ttl));
         let location = config.view_table(view);
         let phase = std::time::Instant::now();

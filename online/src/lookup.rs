@@ -133,7 +133,7 @@ pub async fn get_online_features(
     for r in refs {
         let view = defs.feature_view(&r.view).expect("checked");
         let k = view.features.iter().position(|f| f.name == r.feature).expect("checked");
-        let ttl_us = view.ttl.as_duration().and_then(|d| i64::try_from(d.as_micros()).ok());
+        let ttl_us = view.ttl_us();
         let mut column = Column {
             name: if full_names { r.column_name() } else { r.feature.clone() },
             values: Vec::with_capacity(n),

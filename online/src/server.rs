@@ -430,7 +430,7 @@ fn write_value(out: &mut Vec<u8>, v: &Value) {
         }
         out.push(b']');
     }
-    let int = |out: &mut Vec<u8>, x: i64| out.extend_from_slice(x.to_string().as_bytes());
+    let int = |out: &mut Vec<u8>, x: i64| serde_json::to_writer(&mut *out, &x).expect("writing to a Vec cannot fail");
     match v {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Int32(x) => int(out, i64::from(*x)),
@@ -533,13 +533,8 @@ struct PushRequest {
 async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Json<Json_>, ApiError> {
     let request: PushRequest =
         serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
-    let to = request.to.as_deref().unwrap_or("online");
-    let (online, offline) = match to {
-        "online" => (true, false),
-        "offline" => (false, true),
-        "online_and_offline" => (true, true),
-        other => return Err(bad(format!("`to` is `{other}` (expected online, offline or online_and_offline)"))),
-    };
+    let target: quiver_sdk::rows::Target = request.to.as_deref().unwrap_or("online").parse().map_err(bad)?;
+    let (online, offline) = (target.online(), target.offline());
     let defs = state
         .registry
         .current()
@@ -590,14 +585,7 @@ async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) ->
         answer.insert("offline_version".into(), json!(version));
     }
     if online {
-        let print = quiver_sdk::encoding::fingerprint(view);
-        let writes: Vec<crate::store::WriteRow> = rows
-            .iter()
-            .map(|r| {
-                let (key, row, expire_at_ms) = r.online(&state.project, view, print);
-                crate::store::WriteRow { key, row, expire_at_ms }
-            })
-            .collect();
+        let writes = crate::store::WriteRow::of_rows(&state.project, view, &rows);
         let written = match tokio::time::timeout(STORE_TIMEOUT, state.store.write(&writes)).await {
             Ok(Ok(w)) => w,
             Ok(Err(e)) => {

@@ -17,6 +17,19 @@ pub struct WriteRow {
     pub expire_at_ms: Option<i64>,
 }
 
+impl WriteRow {
+    /// The guarded writes of typed rows of `view` (messages, pushes), under `project`.
+    pub fn of_rows(project: &str, view: &quiver_sdk::FeatureView, rows: &[quiver_sdk::rows::ViewRow]) -> Vec<WriteRow> {
+        let print = quiver_sdk::encoding::fingerprint(view);
+        rows.iter()
+            .map(|r| {
+                let (key, row, expire_at_ms) = r.online(project, view, print);
+                WriteRow { key, row, expire_at_ms }
+            })
+            .collect()
+    }
+}
+
 /// An online store.
 ///
 /// Both operations take many keys at once: a Redis implementation sends them in one

@@ -127,6 +127,11 @@ pub struct FeatureView {
 }
 
 impl FeatureView {
+    /// The ttl in microseconds; `None` when unbounded (absent, 0, or beyond an i64).
+    pub fn ttl_us(&self) -> Option<i64> {
+        self.ttl.as_duration().and_then(|d| i64::try_from(d.as_micros()).ok())
+    }
+
     /// The feature of this name, if any.
     pub fn feature(&self, name: &str) -> Option<&Feature> {
         self.features.iter().find(|f| f.name == name)

@@ -11,8 +11,37 @@
 use serde_json::{Map, Value as Json};
 
 use crate::definitions::{Definitions, FeatureView, JoinKey};
-use crate::encoding::{KeyValue, OnlineRow, Value, expire_at_ms, fingerprint, store_key};
+use crate::encoding::{KeyValue, OnlineRow, Value, expire_at_ms, store_key};
 use crate::types::{DType, KeyType, ListElement};
+
+/// Where a push writes (SPEC §6 `to`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Online,
+    Offline,
+    OnlineAndOffline,
+}
+
+impl Target {
+    pub fn online(self) -> bool {
+        self != Target::Offline
+    }
+    pub fn offline(self) -> bool {
+        self != Target::Online
+    }
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Target, String> {
+        match s {
+            "online" => Ok(Target::Online),
+            "offline" => Ok(Target::Offline),
+            "online_and_offline" => Ok(Target::OnlineAndOffline),
+            other => Err(format!("`to` is `{other}` (expected online, offline or online_and_offline)")),
+        }
+    }
+}
 
 /// One typed row of a view.
 #[derive(Debug, Clone, PartialEq)]
@@ -114,11 +143,6 @@ impl ViewRow {
         };
         (store_key(project, &view.name, &self.keys), row.encode(), expire_at_ms(view, self.event_ts))
     }
-}
-
-/// [`fingerprint`], re-exported next to [`ViewRow::online`] for callers of both.
-pub fn view_fingerprint(view: &FeatureView) -> u64 {
-    fingerprint(view)
 }
 
 /// A JSON value as a value of `dtype`; `None` when it does not fit without loss.

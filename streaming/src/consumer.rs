@@ -39,7 +39,7 @@ use tokio::runtime::Handle;
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::write::{online_rows_of, write_offline};
+use crate::write::write_offline;
 
 /// How `quiver stream` batches and where it connects.
 #[derive(Debug, Clone)]
@@ -133,8 +133,8 @@ struct Pipeline {
     rt: Handle,
     metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
-    /// Per view (same order as `views`): good rows and their partition.
-    rows: Vec<Vec<(ViewRow, i32)>>,
+    /// Per view (same order as `views`): good rows.
+    rows: Vec<Vec<ViewRow>>,
     dead: Vec<DeadLetter>,
     /// Highest offset read per (topic, partition) in this batch.
     consumed: BTreeMap<(String, i32), i64>,
@@ -163,17 +163,17 @@ impl Pipeline {
         Metrics::add(&self.metrics.consumed, 1);
         self.started.get_or_insert_with(Instant::now);
         self.pending += 1;
-        let Some(views) = self.by_topic.get(topic).cloned() else { return };
+        let Some(views) = self.by_topic.get(topic) else { return };
         let payload = payload.unwrap_or_default();
         let mut reason = None;
         let mut replayed = true;
-        for i in views {
+        for &i in views {
             if self.floors.get(&(i, partition)).is_some_and(|&floor| offset <= floor) {
                 continue;
             }
             replayed = false;
             match self.readers[i].from_slice(payload) {
-                Ok(row) => self.rows[i].push((row, partition)),
+                Ok(row) => self.rows[i].push(row),
                 Err(r) => reason = Some(format!("feature view `{}`: {r}", self.readers[i].view.name)),
             }
         }
@@ -271,9 +271,9 @@ impl Pipeline {
                 continue;
             }
             let view = self.view(i).clone();
-            let rows: Vec<ViewRow> = std::mem::take(&mut self.rows[i]).into_iter().map(|(r, _)| r).collect();
+            let rows: Vec<ViewRow> = std::mem::take(&mut self.rows[i]);
             // 2. Online, through the guarded write.
-            let writes = online_rows_of(&self.config.project, &view, &rows);
+            let writes = quiver_online::WriteRow::of_rows(&self.config.project, &view, &rows);
             let store = self.store.clone();
             let rt = self.rt.clone();
             let Some(written) = self.retry(&format!("writing `{}` online", view.name), || {

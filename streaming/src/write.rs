@@ -10,7 +10,6 @@
 //!   actions recording how far a Kafka partition has been appended.
 
 use std::path::Path;
-use std::str::FromStr;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
@@ -23,34 +22,7 @@ use quiver_sdk::{Config, Definitions, FeatureView, KeyType};
 
 use crate::error::{Error, Result};
 
-/// Where a push writes (SPEC §6 `to`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    Online,
-    Offline,
-    OnlineAndOffline,
-}
-
-impl Target {
-    pub fn online(self) -> bool {
-        self != Target::Offline
-    }
-    pub fn offline(self) -> bool {
-        self != Target::Online
-    }
-}
-
-impl FromStr for Target {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Target, String> {
-        match s {
-            "online" => Ok(Target::Online),
-            "offline" => Ok(Target::Offline),
-            "online_and_offline" => Ok(Target::OnlineAndOffline),
-            other => Err(format!("`to` is `{other}` (expected online, offline or online_and_offline)")),
-        }
-    }
-}
+pub use quiver_sdk::rows::Target;
 
 /// The online rows of a batch laid out as the view's table columns (keys, event time,
 /// created time when the view has one, features), as materialization and `push` of a
@@ -97,24 +69,13 @@ pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch:
         .collect()
 }
 
-/// The online rows of typed rows (messages, pushes).
-pub fn online_rows_of(project: &str, view: &FeatureView, rows: &[ViewRow]) -> Vec<WriteRow> {
-    let print = fingerprint(view);
-    rows.iter()
-        .map(|r| {
-            let (key, row, expire_at_ms) = r.online(project, view, print);
-            WriteRow { key, row, expire_at_ms }
-        })
-        .collect()
-}
-
 /// Writes typed rows to the online store through the guarded write. Returns the rows
 /// the store took (the others were older than what it held).
 ///
 /// # Errors
 /// [`Error::Online`] when the store is unavailable; nothing is retried here.
 pub async fn write_online(project: &str, view: &FeatureView, rows: &[ViewRow], store: &dyn OnlineStore) -> Result<usize> {
-    Ok(store.write(&online_rows_of(project, view, rows)).await?)
+    Ok(store.write(&WriteRow::of_rows(project, view, rows)).await?)
 }
 
 /// Appends typed rows to the view's Delta table in one commit with `txns`.
@@ -147,33 +108,6 @@ pub struct PushReport {
     pub online_written: Option<usize>,
     /// The Delta version committed (`None`: not written offline).
     pub offline_version: Option<u64>,
-}
-
-/// Pushes typed rows to `target`: offline first (the durable copy), then online, so a
-/// failure online leaves rows that the next materialization still loads.
-///
-/// # Errors
-/// The first failing store's error.
-pub async fn push_rows(
-    config: &Config,
-    defs: &Definitions,
-    view: &FeatureView,
-    source: &Path,
-    rows: &[ViewRow],
-    target: Target,
-    store: Option<&dyn OnlineStore>,
-) -> Result<PushReport> {
-    let offline_version = if target.offline() {
-        Some(write_offline(config, defs, view, source, rows, Vec::new()).await?.version)
-    } else {
-        None
-    };
-    let online_written = match (target.online(), store) {
-        (true, Some(store)) => Some(write_online(&config.project, view, rows, store).await?),
-        (true, None) => return Err(Error::Config("no online store to push to".into())),
-        (false, _) => None,
-    };
-    Ok(PushReport { rows: rows.len(), online_written, offline_version })
 }
 
 /// Pushes a file (Parquet, CSV, JSON lines) of `view`'s rows to `target`, checked by
