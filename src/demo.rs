@@ -82,8 +82,36 @@ feature_services:
 /// Where `init --demo` puts the sample data, relative to the repository.
 pub const SAMPLE_DIR: &str = "sample_data";
 
-const DRIVERS: std::ops::RangeInclusive<i64> = 1001..=1010;
-const CUSTOMERS: usize = 20;
+/// How much sample data to generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scale {
+    /// Drivers `1001..`, each with a row per hour.
+    pub drivers: i64,
+    /// Customers (riders) `C001..`, each with a daily profile snapshot.
+    pub customers: usize,
+    /// Hours of driver statistics before `now`.
+    pub hours: i64,
+    /// Days of customer snapshots.
+    pub profile_days: i64,
+    /// Driver/customer rides, spread over `ride_days`.
+    pub rides: usize,
+    pub ride_days: i64,
+    /// Ride requests in the training spine, over the last `hours`.
+    pub spine_rows: usize,
+}
+
+impl Scale {
+    /// `init --demo`: 10 drivers over 72 hours, 20 customers, 500 spine rows.
+    pub const SAMPLE: Scale = Scale { drivers: 10, customers: 20, hours: 72, profile_days: 7, rides: 200, ride_days: 20, spine_rows: 500 };
+    /// The quick start: 500 drivers and 2,000 riders over 30 days (360,000 hourly
+    /// driver rows), 50,000 rides, 100,000 spine rows.
+    pub const MONTH: Scale = Scale { drivers: 500, customers: 2000, hours: 30 * 24, profile_days: 30, rides: 50_000, ride_days: 30, spine_rows: 100_000 };
+
+    fn driver_ids(&self) -> std::ops::RangeInclusive<i64> {
+        1001..=1000 + self.drivers
+    }
+}
+
 const CITIES: [&str; 5] = ["Lisbon", "Porto", "Braga", "Coimbra", "Faro"];
 
 fn customer_id(i: usize) -> String {
@@ -105,16 +133,24 @@ fn timestamps(values: Vec<i64>) -> ArrayRef {
 /// # Errors
 /// When a file cannot be written.
 pub fn write_sample_data(dir: &Path, now: DateTime<Utc>) -> Result<Vec<PathBuf>> {
+    write_sample_data_at(dir, now, Scale::SAMPLE)
+}
+
+/// [`write_sample_data`] at another scale.
+///
+/// # Errors
+/// When a file cannot be written.
+pub fn write_sample_data_at(dir: &Path, now: DateTime<Utc>, scale: Scale) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let anchor = now
         .duration_trunc(TimeDelta::hours(1))
         .expect("an hour divides any timestamp");
     let mut rng = StdRng::seed_from_u64(42);
     let batches = [
-        ("driver_hourly", driver_hourly(&mut rng, anchor)?),
-        ("customer_profile", customer_profile(&mut rng, anchor)?),
-        ("driver_customer", driver_customer(&mut rng, anchor)?),
-        ("spine", spine(&mut rng, anchor)?),
+        ("driver_hourly", driver_hourly(&mut rng, anchor, &scale)?),
+        ("customer_profile", customer_profile(&mut rng, anchor, &scale)?),
+        ("driver_customer", driver_customer(&mut rng, anchor, &scale)?),
+        ("spine", spine(&mut rng, anchor, &scale)?),
     ];
     let mut files = Vec::new();
     for (name, batch) in batches {
@@ -143,12 +179,12 @@ fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
 
 /// Hourly rows per driver; about 2% null conversion rates, and about 3% of hours get a
 /// late correction: a second row for the same event time, created an hour later.
-fn driver_hourly(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBatch> {
+fn driver_hourly(rng: &mut StdRng, anchor: DateTime<Utc>, scale: &Scale) -> Result<RecordBatch> {
     let (mut ids, mut events, mut created) = (Vec::new(), Vec::new(), Vec::new());
     let (mut conv, mut acc, mut trips) = (Vec::new(), Vec::new(), Vec::new());
-    for hour in (0..72).rev() {
+    for hour in (0..scale.hours).rev() {
         let event = anchor - TimeDelta::hours(hour);
-        for driver in DRIVERS {
+        for driver in scale.driver_ids() {
             let c = rng.random_range(0.2..0.95_f64);
             let versions = if rng.random_bool(0.03) { 2 } else { 1 };
             for v in 0..versions {
@@ -172,19 +208,20 @@ fn driver_hourly(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBatch>
     ])?)
 }
 
-/// A daily snapshot per customer for a week, with a 4-dimensional embedding.
-fn customer_profile(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBatch> {
+/// A daily snapshot per customer, with a 4-dimensional embedding.
+fn customer_profile(rng: &mut StdRng, anchor: DateTime<Utc>, scale: &Scale) -> Result<RecordBatch> {
+    let customers = scale.customers;
     let (mut ids, mut events, mut created) = (Vec::new(), Vec::new(), Vec::new());
     let (mut age, mut city, mut ltv) = (Vec::new(), Vec::new(), Vec::new());
     let mut embedding = ListBuilder::new(Float32Builder::new());
-    let ages: Vec<i32> = (0..CUSTOMERS).map(|_| rng.random_range(18..80)).collect();
-    let homes: Vec<&str> = (0..CUSTOMERS)
+    let ages: Vec<i32> = (0..customers).map(|_| rng.random_range(18..80)).collect();
+    let homes: Vec<&str> = (0..customers)
         .map(|_| CITIES[rng.random_range(0..CITIES.len())])
         .collect();
-    let mut value: Vec<f64> = (0..CUSTOMERS).map(|_| rng.random_range(10.0..500.0)).collect();
-    for day in (0..7).rev() {
+    let mut value: Vec<f64> = (0..customers).map(|_| rng.random_range(10.0..500.0)).collect();
+    for day in (0..scale.profile_days).rev() {
         let event = anchor - TimeDelta::days(day);
-        for c in 0..CUSTOMERS {
+        for c in 0..customers {
             value[c] += rng.random_range(0.0..40.0);
             ids.push(customer_id(c));
             events.push(micros(event));
@@ -209,13 +246,13 @@ fn customer_profile(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBat
     ])?)
 }
 
-/// Rides of driver/customer pairs over 20 days, with the running count per pair.
-fn driver_customer(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBatch> {
-    let mut rides: Vec<(i64, String, i64)> = (0..200)
+/// Rides of driver/customer pairs, with the running count per pair.
+fn driver_customer(rng: &mut StdRng, anchor: DateTime<Utc>, scale: &Scale) -> Result<RecordBatch> {
+    let mut rides: Vec<(i64, String, i64)> = (0..scale.rides)
         .map(|_| {
-            let driver = rng.random_range(DRIVERS);
-            let customer = customer_id(rng.random_range(0..CUSTOMERS));
-            let at = anchor - TimeDelta::seconds(rng.random_range(0..20 * 86_400));
+            let driver = rng.random_range(scale.driver_ids());
+            let customer = customer_id(rng.random_range(0..scale.customers));
+            let at = anchor - TimeDelta::seconds(rng.random_range(0..scale.ride_days * 86_400));
             (driver, customer, micros(at))
         })
         .collect();
@@ -244,14 +281,14 @@ fn driver_customer(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBatc
     ])?)
 }
 
-/// The entity dataframe of a training set: 500 ride requests with a label.
-fn spine(rng: &mut StdRng, anchor: DateTime<Utc>) -> Result<RecordBatch> {
+/// The entity dataframe of a training set: ride requests with a label.
+fn spine(rng: &mut StdRng, anchor: DateTime<Utc>, scale: &Scale) -> Result<RecordBatch> {
     let (mut drivers, mut customers, mut events, mut labels) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..500 {
-        drivers.push(rng.random_range(DRIVERS));
-        customers.push(customer_id(rng.random_range(0..CUSTOMERS)));
-        events.push(micros(anchor - TimeDelta::seconds(rng.random_range(0..72 * 3600))));
+    for _ in 0..scale.spine_rows {
+        drivers.push(rng.random_range(scale.driver_ids()));
+        customers.push(customer_id(rng.random_range(0..scale.customers)));
+        events.push(micros(anchor - TimeDelta::seconds(rng.random_range(0..scale.hours * 3600))));
         labels.push(rng.random_bool(0.3));
     }
     Ok(RecordBatch::try_from_iter([

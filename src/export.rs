@@ -291,7 +291,7 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, kernel: &dyn AsOfKernel, progr
             Path::new(&manifest.spine.path),
             &slice,
             &requests,
-            HistoricalOptions { created_cutoff: manifest.options.created_cutoff },
+            HistoricalOptions { created_cutoff: manifest.options.created_cutoff, ..Default::default() },
             &manifest.delta_versions,
             kernel,
             &|_, _| {},

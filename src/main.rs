@@ -179,13 +179,6 @@ enum Command {
     },
 }
 
-/// A verb whose implementation arrives with a later issue: it says so and exits 2.
-#[derive(Debug)]
-struct NotAvailable {
-    verb: &'static str,
-    comes_with: &'static str,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -198,30 +191,11 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            if let Some(na) = err.downcast_ref::<NotAvailable>() {
-                eprintln!(
-                    "error: `quiver {}` is not available yet: it comes with {}",
-                    na.verb, na.comes_with
-                );
-                return ExitCode::from(2);
-            }
             // One line: the whole chain, outermost first.
             eprintln!("error: {err:#}");
             ExitCode::from(1)
         }
     }
-}
-
-impl std::fmt::Display for NotAvailable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "`quiver {}` is not available yet", self.verb)
-    }
-}
-
-impl std::error::Error for NotAvailable {}
-
-fn later(verb: &'static str, comes_with: &'static str) -> anyhow::Result<()> {
-    Err(NotAvailable { verb, comes_with }.into())
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -267,7 +241,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cmd_stream(&repo_dir, &views, batch_rows, batch_ms, metrics_port)
         }
         Command::Push { view, file, to } => cmd_push(&repo_dir, &view, &file, to),
-        Command::Verify { since: Some(_), .. } => later("verify --since", "the serving log (issue #9)"),
+        Command::Verify { since: Some(since), until, max_mismatch, .. } => cmd_verify_log(&repo_dir, &since, until.as_deref(), max_mismatch),
         Command::Verify { sample, max_mismatch, .. } => cmd_verify(&repo_dir, sample.unwrap_or(0), max_mismatch),
         Command::Doctor { compile_kernels } => cmd_doctor(&repo_dir, compile_kernels),
     }
@@ -287,16 +261,71 @@ fn cmd_verify(dir: &Path, n: u64, max_mismatch: f64) -> anyhow::Result<()> {
         let store = quiver::online::open_store(&repo.config.online_store).await?;
         anyhow::Ok(quiver::verify::verify_sample(&repo.config, &defs, store.as_ref(), n as usize, now, now as u64).await?)
     })?;
-    println!("{:<40} {:>9} {:>9} {:>10} {:>14}", "feature", "compared", "matches", "mismatches", "missing online");
-    for r in &reports {
-        println!("{:<40} {:>9} {:>9} {:>10} {:>14}", r.feature, r.compared, r.matches, r.mismatches, r.missing_online);
+    print_verify(&reports, max_mismatch)
+}
+
+/// `verify --since T [--until T]`: replays the serving log.
+fn cmd_verify_log(dir: &Path, since: &str, until: Option<&str>, max_mismatch: f64) -> anyhow::Result<()> {
+    if !(0.0..=1.0).contains(&max_mismatch) {
+        anyhow::bail!("--max-mismatch must be between 0 and 1, got {max_mismatch}");
+    }
+    let now = chrono::Utc::now().timestamp_micros();
+    let since_us = instant_arg("--since", since, now)?;
+    let until_us = until.map(|u| instant_arg("--until", u, now)).transpose()?.unwrap_or(now);
+    if since_us >= until_us {
+        anyhow::bail!("--since {since} is not before --until {}", until.unwrap_or("now"));
+    }
+    let repo = Repo::open(dir)?;
+    let defs = repo.applied()?.definitions;
+    let rt = runtime()?;
+    let report = rt.block_on(quiver::verify::verify_log(&repo.config, &defs, since_us, until_us, &quiver::gpu_join::CpuKernel::new()))?;
+    println!(
+        "serving log {}: {} requests, {} rows from {} to {}",
+        repo.config.serving_log.location,
+        report.requests,
+        report.rows,
+        micros_text(since_us),
+        micros_text(until_us)
+    );
+    for s in &report.skipped {
+        println!("skipped: {s}");
+    }
+    if report.rows == 0 {
+        anyhow::bail!(
+            "verify: nothing logged between {} and {} (is `serving_log: {{enabled: true}}` set in quiver.yaml, and has the server answered since?)",
+            micros_text(since_us),
+            micros_text(until_us)
+        );
+    }
+    print_verify(&report.features, max_mismatch)
+}
+
+/// A time argument: RFC 3339, a date (midnight UTC), or a duration before now (`90m`,
+/// `2h`, `7d`).
+fn instant_arg(flag: &str, text: &str, now: i64) -> anyhow::Result<i64> {
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(d.and_hms_opt(0, 0, 0).expect("midnight").and_utc().timestamp_micros());
+    }
+    if let Ok(t) = quiver::sdk::rows::parse_instant(text) {
+        return Ok(t);
+    }
+    match quiver::sdk::Ttl::parse(text) {
+        Ok(ttl) if !ttl.is_unbounded() => Ok(now.saturating_sub(i64::try_from(ttl.secs()).unwrap_or(i64::MAX / 1_000_000).saturating_mul(1_000_000))),
+        _ => anyhow::bail!("{flag} `{text}`: expected an RFC 3339 time (2026-11-30T12:00:00Z), a date (2026-11-30) or a duration before now (90m, 2h, 7d)"),
+    }
+}
+
+fn print_verify(reports: &[quiver::verify::FeatureReport], max_mismatch: f64) -> anyhow::Result<()> {
+    println!("{:<40} {:>9} {:>9} {:>10} {:>14} {:>15}", "feature", "compared", "matches", "mismatches", "missing online", "missing offline");
+    for r in reports {
+        println!("{:<40} {:>9} {:>9} {:>10} {:>14} {:>15}", r.feature, r.compared, r.matches, r.mismatches, r.missing_online, r.missing_offline);
         for e in &r.examples {
             println!("    {e}");
         }
     }
     let worst = reports.iter().map(quiver::verify::FeatureReport::mismatch_rate).fold(0.0, f64::max);
     let compared: u64 = reports.iter().map(|r| r.compared).sum();
-    let bad: u64 = reports.iter().map(|r| r.mismatches + r.missing_online).sum();
+    let bad: u64 = reports.iter().map(|r| r.mismatches + r.missing_online + r.missing_offline).sum();
     println!("{bad} of {compared} compared values disagree; worst feature {:.2}% (limit {:.2}%)", worst * 100.0, max_mismatch * 100.0);
     if worst > max_mismatch {
         anyhow::bail!("verify: online and offline disagree on {:.2}% of a feature's rows, over --max-mismatch {max_mismatch}", worst * 100.0);
@@ -741,7 +770,7 @@ fn cmd_historical(
         spine_path,
         &spine,
         &requests,
-        HistoricalOptions { created_cutoff },
+        HistoricalOptions { created_cutoff, ..Default::default() },
         kernel.as_ref(),
         &progress,
     ))?;
@@ -855,6 +884,7 @@ fn cmd_serve(dir: &Path, host: Option<String>, port: Option<u16>) -> anyhow::Res
     let rt = runtime()?;
     rt.block_on(async {
         let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let log = repo.config.serving_log.enabled.then(|| quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log));
         let state = std::sync::Arc::new(ServerState {
             store,
             registry: RegistryCache::new(repo.config.registry_path.clone(), &repo.config.project)?,
@@ -863,9 +893,16 @@ fn cmd_serve(dir: &Path, host: Option<String>, port: Option<u16>) -> anyhow::Res
             metrics: Metrics::default(),
             clock: system_clock(),
             offline: Some(std::sync::Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
+            serving_log: log.clone().map(|l| l as std::sync::Arc<dyn quiver::online::serving_log::ServingLog>),
         });
         println!("serving project `{}` on http://{addr} (Ctrl-C to stop)", repo.config.project);
+        if log.is_some() {
+            println!("logging answers to {} (serving_log in quiver.yaml)", repo.config.serving_log.location);
+        }
         serve(state, addr).await.with_context(|| format!("serving on {addr}"))?;
+        if let Some(log) = &log {
+            log.flush().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
         println!("stopped");
         anyhow::Ok(())
     })

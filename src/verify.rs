@@ -1,15 +1,23 @@
-//! `verify --sample N`: does the online store agree with the offline store now?
+//! `verify`: does the online store agree with the offline store?
 //!
+//! `verify --since T [--until T]` ([`verify_log`]) replays the serving log: every
+//! logged answer is joined point in time at its request time by the offline join, and
+//! each served value, status and event time is compared with what the offline store
+//! says should have been served then (SPEC §3/§4: the latest row by event time, created
+//! time and ingestion order at or before the request; TTL -> OUTSIDE_MAX_AGE; null ->
+//! NULL_VALUE; no row -> NOT_FOUND). Served NOT_FOUND where offline has a row is
+//! *missing online*; a served row where offline has none is *missing offline*.
+//!
+//! `verify --sample N` ([`verify_sample`]) needs no log:
 //! For every online view, the offline winner of each entity at `now` (SPEC §3: the
 //! latest row by event time, created time, ingestion order, within the ttl) is the
 //! expectation; `N` entities are drawn at random (seeded) and looked up online at the
 //! same `now`, through the same lookup the server uses. Per feature: rows compared,
 //! exact matches, mismatches (a different value or status), and missing online (the
 //! offline store has the entity, the online store does not). Entities only the online
-//! store has cannot be found by sampling the offline store; that needs the serving log
-//! (`verify --since`, not built yet).
+//! store has cannot be found by sampling the offline store; that needs the serving log.
 
-use arrow::array::AsArray;
+use arrow::array::{Array, AsArray};
 use arrow::datatypes::Int64Type;
 use quiver_offline::historical::{Window, latest_per_entity};
 use quiver_offline::schema::value_at;
@@ -18,6 +26,7 @@ use quiver_online::lookup::{Status, get_online_features};
 use quiver_sdk::encoding::{KeyValue, Value};
 use quiver_sdk::{Config, Definitions, FeatureRef, KeyType};
 use rand::SeedableRng;
+use std::sync::Arc;
 use rand::seq::index::sample;
 
 use crate::error::Result;
@@ -31,6 +40,8 @@ pub struct FeatureReport {
     pub matches: u64,
     pub mismatches: u64,
     pub missing_online: u64,
+    /// Served a row where the offline store has none (only the serving log can tell).
+    pub missing_offline: u64,
     /// A few mismatches and missing rows, described for people.
     pub examples: Vec<String>,
 }
@@ -41,7 +52,7 @@ impl FeatureReport {
         if self.compared == 0 {
             0.0
         } else {
-            (self.mismatches + self.missing_online) as f64 / self.compared as f64
+            (self.mismatches + self.missing_online + self.missing_offline) as f64 / self.compared as f64
         }
     }
 }
@@ -141,4 +152,220 @@ fn show(v: &Value) -> String {
         Value::Null => "null".into(),
         other => format!("{other:?}"),
     }
+}
+
+/// What replaying the serving log found.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LogReport {
+    /// Distinct requests replayed.
+    pub requests: u64,
+    /// Log rows (entity rows x views) replayed.
+    pub rows: u64,
+    pub features: Vec<FeatureReport>,
+    /// Log rows that could not be replayed, and why (a view or feature no longer
+    /// defined, an entity that does not parse).
+    pub skipped: Vec<String>,
+}
+
+/// Replays the answers logged with `since <= request time < until` (UTC microseconds)
+/// through the offline point-in-time join, per feature view, and compares.
+///
+/// # Errors
+/// An unreadable log or table, or a kernel failure.
+pub async fn verify_log(
+    config: &Config,
+    defs: &Definitions,
+    since: i64,
+    until: i64,
+    kernel: &dyn quiver_gpu_join::AsOfKernel,
+) -> Result<LogReport> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let batches = quiver_offline::serving_log::read(&config.serving_log.location, since, until).await?;
+    let mut report = LogReport::default();
+    // Log rows per view, in log order.
+    struct Logged {
+        time: i64,
+        entity: String,
+        event_ts: Option<i64>,
+        values: serde_json::Map<String, serde_json::Value>,
+        statuses: serde_json::Map<String, serde_json::Value>,
+    }
+    let mut by_view: BTreeMap<String, Vec<Logged>> = BTreeMap::new();
+    let mut requests = BTreeSet::new();
+    for b in &batches {
+        let text = |i: usize| b.column(i).as_string::<i32>().clone();
+        let (ids, views, entities, values, statuses) = (text(0), text(2), text(3), text(5), text(6));
+        let times = b.column(1).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        let served_ts = b.column(4).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        for r in 0..b.num_rows() {
+            requests.insert(ids.value(r).to_string());
+            let object = |s: &str| match serde_json::from_str::<serde_json::Value>(s) {
+                Ok(serde_json::Value::Object(m)) => m,
+                _ => serde_json::Map::new(),
+            };
+            by_view.entry(views.value(r).to_string()).or_default().push(Logged {
+                time: times.value(r),
+                entity: entities.value(r).to_string(),
+                event_ts: served_ts.is_valid(r).then(|| served_ts.value(r)),
+                values: object(values.value(r)),
+                statuses: object(statuses.value(r)),
+            });
+        }
+    }
+    report.requests = requests.len() as u64;
+    for (name, logged) in by_view {
+        report.rows += logged.len() as u64;
+        let Some(view) = defs.feature_view(&name) else {
+            report.skipped.push(format!("{} rows of feature view `{name}`, which is no longer defined", logged.len()));
+            continue;
+        };
+        // The features logged for this view that it still has, in view order.
+        let logged_features: BTreeSet<&str> = logged.iter().flat_map(|l| l.statuses.keys().map(String::as_str)).collect();
+        for gone in logged_features.iter().filter(|f| view.feature(f).is_none()) {
+            report.skipped.push(format!("feature `{name}:{gone}` is logged but no longer defined"));
+        }
+        let features: Vec<&quiver_sdk::Feature> = view.features.iter().filter(|f| logged_features.contains(f.name.as_str())).collect();
+        // The spine: each logged row's keys at its request time.
+        let keys = defs.join_keys(view);
+        let mut parsed: Vec<Vec<KeyValue>> = Vec::with_capacity(logged.len());
+        let mut kept: Vec<&Logged> = Vec::with_capacity(logged.len());
+        let mut unparsed = 0;
+        for l in &logged {
+            let entity: serde_json::Value = serde_json::from_str(&l.entity).unwrap_or_default();
+            let values: Option<Vec<KeyValue>> = keys
+                .iter()
+                .map(|k| match (k.dtype, entity.get(&k.name)) {
+                    (KeyType::Int64, Some(v)) => v.as_i64().map(KeyValue::Int),
+                    (KeyType::String, Some(v)) => v.as_str().map(|s| KeyValue::Str(s.to_string())),
+                    _ => None,
+                })
+                .collect();
+            match values {
+                Some(v) => {
+                    parsed.push(v);
+                    kept.push(l);
+                }
+                None => unparsed += 1,
+            }
+        }
+        if unparsed > 0 {
+            report.skipped.push(format!("{unparsed} rows of `{name}` whose entity does not match the view's join keys"));
+        }
+        let mut reports: Vec<FeatureReport> = features
+            .iter()
+            .map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() })
+            .collect();
+        if kept.is_empty() || features.is_empty() {
+            report.features.extend(reports);
+            continue;
+        }
+        let spine = spine_batch(&keys, &parsed, kept.iter().map(|l| l.time))?;
+        // Unbounded TTL in the join, so a stale row is still found: the status is decided
+        // here, as the online lookup decides it.
+        let mut unbounded = defs.clone();
+        for v in unbounded.feature_views.iter_mut().filter(|v| v.name == name) {
+            v.ttl = quiver_sdk::Ttl::UNBOUNDED;
+        }
+        let refs: Vec<FeatureRef> = features.iter().map(|f| FeatureRef::new(&name, &f.name)).collect();
+        let requests = quiver_offline::historical::resolve(&unbounded, &refs)?;
+        let joined = quiver_offline::historical::historical(
+            config,
+            &unbounded,
+            std::path::Path::new("serving log"),
+            &spine,
+            &requests,
+            quiver_offline::historical::HistoricalOptions { event_times: true, ..Default::default() },
+            kernel,
+            &|_, _| {},
+        )
+        .await?;
+        let first = spine.num_columns();
+        let offline_ts = joined.column(first + features.len()).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        let ttl_us = view.ttl_us();
+        for (k, feature) in features.iter().enumerate() {
+            let column = joined.column(first + k);
+            let report = &mut reports[k];
+            for (j, l) in kept.iter().enumerate() {
+                let Some(served_status) = l.statuses.get(&feature.name).and_then(|s| s.as_str()).and_then(quiver_online::serving_log::parse_status) else {
+                    continue;
+                };
+                let served_value = l.values.get(&feature.name).map(|v| v.to_string()).unwrap_or_else(|| "null".into());
+                let served = (served_status, served_value, l.event_ts);
+                let expected = if offline_ts.is_null(j) {
+                    (Status::NotFound, "null".to_string(), None)
+                } else {
+                    let ts = offline_ts.value(j);
+                    if ttl_us.is_some_and(|ttl| l.time.saturating_sub(ts) > ttl) {
+                        (Status::OutsideMaxAge, "null".to_string(), Some(ts))
+                    } else {
+                        match value_at(column.as_ref(), j, feature.dtype) {
+                            Value::Null => (Status::NullValue, "null".to_string(), Some(ts)),
+                            v => (Status::Present, quiver_online::serving_log::value_json(&v), Some(ts)),
+                        }
+                    }
+                };
+                report.compared += 1;
+                let at = || format!("{} at {}", l.entity, micros_text(l.time));
+                let describe = |(status, value, ts): &(Status, String, Option<i64>)| match ts {
+                    Some(ts) => format!("{} {value} (event {})", status.as_str(), micros_text(*ts)),
+                    None => status.as_str().to_string(),
+                };
+                let kind = if served == expected {
+                    report.matches += 1;
+                    continue;
+                } else if served.0 == Status::NotFound {
+                    report.missing_online += 1;
+                    "missing online"
+                } else if expected.0 == Status::NotFound {
+                    report.missing_offline += 1;
+                    "missing offline"
+                } else {
+                    report.mismatches += 1;
+                    "mismatch"
+                };
+                let example = format!("{kind}: {}: served {}, offline {}", at(), describe(&served), describe(&expected));
+                if report.examples.iter().filter(|e| e.starts_with(kind)).count() < EXAMPLES && !report.examples.contains(&example) {
+                    report.examples.push(example);
+                }
+            }
+        }
+        report.features.extend(reports);
+    }
+    Ok(report)
+}
+
+/// A spine of the view's keys and `event_timestamp` = the request times.
+fn spine_batch(
+    keys: &[quiver_sdk::JoinKey],
+    rows: &[Vec<KeyValue>],
+    times: impl Iterator<Item = i64>,
+) -> Result<arrow::array::RecordBatch> {
+    use arrow::array::{ArrayRef, Int64Array, StringArray, TimestampMicrosecondArray};
+    use arrow::datatypes::{Field, Schema};
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let column: ArrayRef = match k.dtype {
+            KeyType::Int64 => Arc::new(rows.iter().map(|r| match &r[i] {
+                KeyValue::Int(v) => Some(*v),
+                KeyValue::Str(_) => None,
+            }).collect::<Int64Array>()),
+            KeyType::String => Arc::new(rows.iter().map(|r| match &r[i] {
+                KeyValue::Str(s) => Some(s.as_str()),
+                KeyValue::Int(_) => None,
+            }).collect::<StringArray>()),
+        };
+        fields.push(Field::new(&k.name, column.data_type().clone(), false));
+        columns.push(column);
+    }
+    let ts = TimestampMicrosecondArray::from_iter_values(times).with_timezone("UTC");
+    fields.push(Field::new(quiver_offline::historical::SPINE_TIMESTAMP, ts.data_type().clone(), false));
+    columns.push(Arc::new(ts));
+    Ok(arrow::array::RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+}
+
+fn micros_text(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+        .unwrap_or_else(|| us.to_string())
 }

@@ -148,6 +148,7 @@ async fn server_push_offline_goes_through_delta() {
         metrics: Metrics::default(),
         clock: Box::new(|| T0),
         offline: Some(Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
+        serving_log: None,
     });
     let push = |body: &'static str| {
         let state = state.clone();

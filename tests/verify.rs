@@ -65,7 +65,203 @@ async fn verify_finds_what_the_online_store_gets_wrong() {
     // One row in ten is within a 50% allowance.
     let allowed = quiver(&repo, &["verify", "--sample", "1000", "--max-mismatch", "0.5"]);
     assert!(allowed.status.success(), "{:?}", text(&allowed));
-    // Serving-log verification is not built yet: a clear exit 2.
-    let since = quiver(&repo, &["verify", "--since", "2024-01-01T00:00:00Z"]);
-    assert_eq!(since.status.code(), Some(2));
+}
+
+/// One HTTP/1.1 request over a plain socket; returns (status line, body).
+fn http(port: u16, path: &str, body: &str) -> (String, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), serde_json::from_str(body).unwrap())
+}
+
+/// `quiver serve` with the serving log on, until `requests` have been answered; SIGTERM
+/// flushes the log.
+fn serve_and_ask(repo: &Path, requests: &[String]) -> Vec<serde_json::Value> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("QUIVER_")) {
+        cmd.env_remove(k);
+    }
+    let child = cmd.current_dir(repo).args(["serve", "--port", &port.to_string()]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(started.elapsed().as_secs() < 30, "server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let answers = requests
+        .iter()
+        .map(|r| {
+            let path = if r.contains("\"df\"") { "/push" } else { "/get-online-features" };
+            let (status, body) = http(port, path, r);
+            assert_eq!(status, "HTTP/1.1 200 OK", "{r}: {body}");
+            body
+        })
+        .collect();
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("logging answers to"), "{}", String::from_utf8_lossy(&out.stdout));
+    answers
+}
+
+/// The verify table's numbers for one feature: compared, matches, mismatches, missing
+/// online, missing offline.
+fn numbers(out: &str, feature: &str) -> Vec<u64> {
+    let line = out.lines().find(|l| l.split_whitespace().next() == Some(feature)).unwrap_or_else(|| panic!("no {feature} in {out}"));
+    line.split_whitespace().skip(1).map(|n| n.parse().unwrap()).collect()
+}
+
+/// The serving log end to end: `quiver serve` logs what it answers; `verify --since`
+/// replays it through the offline join. A consistent store agrees everywhere; then a
+/// value written straight into the online store, a row pushed online only and a row
+/// appended offline only are each reported as their own kind, with examples.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_since_replays_the_serving_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    assert!(quiver(tmp.path(), &["init", "demo", "--demo"]).status.success());
+    let repo = tmp.path().join("demo");
+    let mut config = std::fs::read_to_string(repo.join("quiver.yaml")).unwrap();
+    config.push_str("serving_log:\n  enabled: true\n  batch_ms: 100\n");
+    std::fs::write(repo.join("quiver.yaml"), config).unwrap();
+    assert!(quiver(&repo, &["apply"]).status.success());
+    for v in ["driver_hourly", "customer_profile", "driver_customer"] {
+        assert!(quiver(&repo, &["ingest", v, &format!("sample_data/{v}.parquet")]).status.success());
+    }
+    assert!(quiver(&repo, &["materialize-incremental", "now"]).status.success());
+
+    // Nothing logged yet: a clear refusal, not a vacuous pass.
+    let empty = quiver(&repo, &["verify", "--since", "1h"]);
+    assert_eq!(empty.status.code(), Some(1));
+    assert!(text(&empty).1.contains("nothing logged between"), "{:?}", text(&empty));
+
+    let began = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+    let drivers: Vec<String> = (1001..=1010).map(|d| d.to_string()).collect();
+    let ask = format!(
+        r#"{{"entities": {{"driver_id": [{}, 5555], "customer_id": [{}]}}, "feature_service": "ranker_v1"}}"#,
+        drivers.join(", "),
+        (0..11).map(|i| format!("\"C{:03}\"", i + 1)).collect::<Vec<_>>().join(", ")
+    );
+    let answers = serve_and_ask(&repo, &[ask.clone(), ask.clone()]);
+    assert_eq!(answers[0]["results"][0]["values"][10], 5555, "{}", answers[0]);
+    let agree = quiver(&repo, &["verify", "--since", &began.to_rfc3339()]);
+    let (out, err) = text(&agree);
+    assert!(agree.status.success(), "{out}{err}");
+    assert!(out.contains(": 2 requests, "), "{out}");
+    // 11 entity rows per request, two requests: every feature compared 22 times, all equal
+    // (5555 is NOT_FOUND on both sides).
+    let n = numbers(&out, "driver_hourly:conv_rate");
+    assert_eq!(n, vec![22, 22, 0, 0, 0], "{out}");
+    assert!(out.contains("0 of "), "{out}");
+
+    // Three real inconsistencies, with the server stopped (the embedded store is one
+    // process's file): a different value for 1001, same times ...
+    {
+        let store = EmbeddedStore::open(&repo.join("online.db")).unwrap();
+        let key = store_key("demo", "driver_hourly", &[KeyValue::Int(1001)]);
+        let got = store.read(std::slice::from_ref(&key)).await.unwrap();
+        let mut row = OnlineRow::decode(got[0].as_ref().expect("materialized")).unwrap();
+        row.values[0] = Value::Float64(42.0);
+        assert_eq!(store.write(&[WriteRow { key, row: row.encode(), expire_at_ms: None }]).await.unwrap(), 1);
+    }
+    // ... a driver only the offline store has ...
+    let fresh = (chrono::Utc::now() - chrono::TimeDelta::seconds(30)).to_rfc3339();
+    std::fs::write(
+        repo.join("offline_only.jsonl"),
+        format!(r#"{{"driver_id": 7777, "event_timestamp": "{fresh}", "created_timestamp": "{fresh}", "conv_rate": 0.5, "acc_rate": 0.5, "avg_daily_trips": 5}}"#),
+    )
+    .unwrap();
+    let pushed = quiver(&repo, &["push", "driver_hourly", "offline_only.jsonl", "--to", "offline"]);
+    assert!(pushed.status.success(), "{:?}", text(&pushed));
+    let began = chrono::Utc::now() - chrono::TimeDelta::milliseconds(10);
+    // ... and one only the online store has (pushed online only, then served).
+    let push_online = format!(
+        r#"{{"feature_view": "driver_hourly", "to": "online", "df": {{"driver_id": [8888], "event_timestamp": ["{fresh}"], "created_timestamp": ["{fresh}"], "conv_rate": [0.25], "acc_rate": [0.5], "avg_daily_trips": [3]}}}}"#
+    );
+    let ask = r#"{"entities": {"driver_id": [1001, 1002, 7777, 8888]}, "features": ["driver_hourly:conv_rate", "driver_hourly:acc_rate"]}"#;
+    let answers = serve_and_ask(&repo, &[push_online, ask.to_string()]);
+    assert_eq!(answers[1]["results"][1]["values"][0], 42.0);
+    let wrong = quiver(&repo, &["verify", "--since", &began.to_rfc3339()]);
+    let (out, err) = text(&wrong);
+    assert_eq!(wrong.status.code(), Some(1), "{out}{err}");
+    assert!(err.contains("over --max-mismatch 0"), "{err}");
+    assert_eq!(numbers(&out, "driver_hourly:conv_rate"), vec![4, 1, 1, 1, 1], "{out}");
+    // acc_rate of 1001 was not touched: only the two missing rows disagree.
+    assert_eq!(numbers(&out, "driver_hourly:acc_rate"), vec![4, 2, 0, 1, 1], "{out}");
+    assert!(out.contains(r#"mismatch: {"driver_id":1001} at "#) && out.contains("served PRESENT 42.0 (event "), "{out}");
+    assert!(out.contains(r#"missing online: {"driver_id":7777} at "#) && out.contains("served NOT_FOUND, offline PRESENT 0.5"), "{out}");
+    assert!(out.contains(r#"missing offline: {"driver_id":8888} at "#) && out.contains("served PRESENT 0.25 (event"), "{out}");
+    // The first window still agrees; a 50% allowance passes; bad times are refused.
+    let until = began.to_rfc3339();
+    assert!(quiver(&repo, &["verify", "--since", "1d", "--until", &until]).status.success());
+    assert!(quiver(&repo, &["verify", "--since", &until, "--max-mismatch", "0.8"]).status.success());
+    let bad = quiver(&repo, &["verify", "--since", "yesterday"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad).1.contains("--since `yesterday`: expected an RFC 3339 time"), "{:?}", text(&bad));
+}
+
+/// The replay decides statuses as the online lookup does, at each request's own time:
+/// answers at now, three hours later (past the 2h TTL: OUTSIDE_MAX_AGE on both sides)
+/// agree; answers five hours in the past, served from rows that did not exist yet at
+/// that time, are mismatches. The server runs in-process with a settable clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_log_judges_each_answer_at_its_request_time() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use quiver::online::server::{Metrics, RegistryCache, ServerState, router};
+    use tower::ServiceExt;
+    let tmp = tempfile::tempdir().unwrap();
+    assert!(quiver(tmp.path(), &["init", "demo", "--demo"]).status.success());
+    let dir = tmp.path().join("demo");
+    assert!(quiver(&dir, &["apply"]).status.success());
+    assert!(quiver(&dir, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]).status.success());
+    assert!(quiver(&dir, &["materialize-incremental", "now"]).status.success());
+    let repo = quiver::Repo::open(&dir).unwrap();
+    let defs = repo.applied().unwrap().definitions;
+    let now = chrono::Utc::now().timestamp_micros();
+    let hour = 3_600_000_000;
+    let clock = Arc::new(AtomicI64::new(now));
+    let log = quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log);
+    let state = Arc::new(ServerState {
+        store: Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap()),
+        registry: RegistryCache::new(repo.config.registry_path.clone(), "demo").unwrap(),
+        project: "demo".into(),
+        auth_token: None,
+        metrics: Metrics::default(),
+        clock: { let c = clock.clone(); Box::new(move || c.load(Ordering::SeqCst)) },
+        offline: None,
+        serving_log: Some(log.clone()),
+    });
+    let body = r#"{"entities": {"driver_id": [1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010]}, "features": ["driver_hourly:conv_rate", "driver_hourly:avg_daily_trips"]}"#;
+    for at in [now, now + 3 * hour, now - 5 * hour] {
+        clock.store(at, Ordering::SeqCst);
+        let req = axum::http::Request::builder().method("POST").uri("/get-online-features").header("content-type", "application/json");
+        let resp = router(state.clone()).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    log.flush().await.unwrap();
+    let req = axum::http::Request::builder().uri("/metrics").body(axum::body::Body::empty()).unwrap();
+    let metrics = router(state.clone()).oneshot(req).await.unwrap().into_body();
+    let metrics = String::from_utf8(http_body_util::BodyExt::collect(metrics).await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(metrics.contains("quiver_serving_log_requests_total 3\n") && metrics.contains("quiver_serving_log_rows_written_total 30\n"), "{metrics}");
+    // The stale answers are in the log as such.
+    let logged = quiver::offline::serving_log::read(&repo.config.serving_log.location, now - 6 * hour, now + 4 * hour).await.unwrap();
+    let statuses: Vec<String> = logged.iter().flat_map(|b| {
+        let c = arrow::array::AsArray::as_string::<i32>(b.column(6)).clone();
+        (0..b.num_rows()).map(move |r| c.value(r).to_string()).collect::<Vec<_>>()
+    }).collect();
+    assert_eq!(statuses.len(), 30);
+    assert_eq!(statuses.iter().filter(|s| s.contains("OUTSIDE_MAX_AGE")).count(), 10, "{statuses:?}");
+
+    let report = quiver::verify::verify_log(&repo.config, &defs, now - 6 * hour, now + 4 * hour, &quiver::gpu_join::CpuKernel::new()).await.unwrap();
+    assert_eq!(report.requests, 3);
+    let trips = report.features.iter().find(|f| f.feature == "driver_hourly:avg_daily_trips").unwrap();
+    assert_eq!((trips.compared, trips.matches, trips.mismatches, trips.missing_online, trips.missing_offline), (30, 20, 10, 0, 0), "{trips:?}");
+    assert!(trips.examples.iter().all(|e| e.starts_with("mismatch: ")), "{:?}", trips.examples);
+    // Only the past window disagrees.
+    let agree = quiver::verify::verify_log(&repo.config, &defs, now, now + 4 * hour, &quiver::gpu_join::CpuKernel::new()).await.unwrap();
+    assert!(agree.features.iter().all(|f| f.compared == 20 && f.matches == 20), "{:?}", agree.features);
 }

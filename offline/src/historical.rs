@@ -178,6 +178,10 @@ fn spine_times(path: &Path, spine: &RecordBatch) -> Result<Vec<i64>> {
 pub struct HistoricalOptions {
     /// Only rows created by the spine time are candidates (SPEC §3.5).
     pub created_cutoff: bool,
+    /// After the features, one `view__event_timestamp` column per view: the event time
+    /// of the row each spine row joined (null when none). `verify` uses it to tell a
+    /// stale row from no row.
+    pub event_times: bool,
 }
 
 /// The point-in-time join of `spine` (read from `spine_path`, named in errors) with
@@ -224,6 +228,7 @@ pub async fn historical_at(
     };
     let n_features: usize = requests.iter().map(|r| r.features.len()).sum();
     let mut joined: Vec<Option<(Field, ArrayRef)>> = vec![None; n_features];
+    let mut event_times: Vec<(Field, ArrayRef)> = Vec::new();
     for request in requests {
         let view = request.view;
         if options.created_cutoff && view.source.created_timestamp_field.is_none() {
@@ -320,6 +325,14 @@ pub async fn historical_at(
         let winners = kernel.join(&input)?;
         tracing::debug!(view = %view.name, engine = kernel.name(), secs = phase.elapsed().as_secs_f64(), "kernel");
         let phase = std::time::Instant::now();
+        if options.event_times {
+            let ts: arrow::array::TimestampMicrosecondArray =
+                winners.iter().map(|&w| (w != NO_ROW).then(|| feature_ts[w as usize])).collect();
+            event_times.push((
+                Field::new(format!("{}__event_timestamp", view.name), crate::schema::timestamp_type(), true),
+                Arc::new(ts.with_timezone("UTC")),
+            ));
+        }
         drop((feature_entity, feature_ts, feature_created, feature_seq));
         progress(&format!("joined {}", view.name), winners.len() as u64);
 
@@ -370,7 +383,7 @@ pub async fn historical_at(
     }
     let mut fields: Vec<Field> = spine.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
     let mut columns: Vec<ArrayRef> = spine.columns().to_vec();
-    for (field, column) in joined.into_iter().flatten() {
+    for (field, column) in joined.into_iter().flatten().chain(event_times) {
         fields.push(field);
         columns.push(column);
     }

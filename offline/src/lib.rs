@@ -20,6 +20,7 @@ pub mod ingest;
 pub mod input;
 pub mod keys;
 pub mod schema;
+pub mod serving_log;
 
 pub use delta::DeltaProbe;
 pub use error::{Error, Result};

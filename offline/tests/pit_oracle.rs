@@ -370,7 +370,7 @@ async fn historical_matches_the_row_by_row_oracle() {
             Path::new("spine.parquet"),
             &spine_batch,
             &requests,
-            HistoricalOptions { created_cutoff: cutoff },
+            HistoricalOptions { created_cutoff: cutoff, ..Default::default() },
             &CpuKernel::new(),
             &noop,
         )
@@ -385,7 +385,7 @@ async fn historical_matches_the_row_by_row_oracle() {
             Path::new("spine.parquet"),
             &spine_batch,
             &requests,
-            HistoricalOptions { created_cutoff: cutoff },
+            HistoricalOptions { created_cutoff: cutoff, ..Default::default() },
             &quiver_gpu_join::cuda::HostGather(CpuKernel::new()),
             &noop,
         )
@@ -421,7 +421,7 @@ async fn historical_matches_the_row_by_row_oracle() {
 
     // The cutoff is refused for a view without created timestamps.
     let requests = resolve(&defs, &refs).unwrap();
-    let err = historical(&config, &defs, Path::new("spine.parquet"), &spine_batch, &requests, HistoricalOptions { created_cutoff: true }, &CpuKernel::new(), &noop)
+    let err = historical(&config, &defs, Path::new("spine.parquet"), &spine_batch, &requests, HistoricalOptions { created_cutoff: true, ..Default::default() }, &CpuKernel::new(), &noop)
         .await
         .unwrap_err()
         .to_string();

@@ -16,6 +16,7 @@ mod error;
 pub mod lookup;
 mod redis_store;
 pub mod server;
+pub mod serving_log;
 mod store;
 
 pub use embedded::EmbeddedStore;

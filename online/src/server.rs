@@ -26,6 +26,7 @@ use serde_json::{Value as Json_, json};
 
 use crate::error::Error;
 use crate::lookup::{Column, get_online_features};
+use crate::serving_log::{Served, ServingLog};
 use crate::store::OnlineStore;
 
 /// Largest request body accepted (413 beyond).
@@ -146,6 +147,8 @@ pub struct ServerState {
     pub clock: Box<dyn Fn() -> i64 + Send + Sync>,
     /// Where `/push` with `to: offline` writes; `None` answers those with 501.
     pub offline: Option<Arc<dyn OfflineWriter>>,
+    /// Where answers are logged (`serving_log` in quiver.yaml); `None`: not logged.
+    pub serving_log: Option<Arc<dyn ServingLog>>,
 }
 
 impl std::fmt::Debug for ServerState {
@@ -219,7 +222,11 @@ fn authorized(headers: &HeaderMap, token: &str) -> bool {
 }
 
 async fn metrics(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+    let mut text = state.metrics.render();
+    if let Some(log) = &state.serving_log {
+        text.push_str(&log.metrics_text());
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
 async fn registry(State(state): State<Arc<ServerState>>) -> Result<Json<Json_>, ApiError> {
@@ -343,7 +350,12 @@ async fn get_features(
         }
         Ok(Ok(r)) => r,
     };
-    Ok(([(header::CONTENT_TYPE, "application/json")], response_json(&result)).into_response())
+    let body = response_json(&result);
+    if let Some(log) = &state.serving_log {
+        // After the answer is written: the log gets the columns, the client the bytes.
+        log.log(Served { request_time: now, defs, refs, n_keys: columns.len(), columns: result });
+    }
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 /// The `/get-online-features` answer, written straight into one buffer: building a
@@ -406,13 +418,13 @@ fn response_json(columns: &[Column]) -> Vec<u8> {
     out
 }
 
-fn json_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn json_str(out: &mut Vec<u8>, s: &str) {
     serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
 }
 
 /// One value as JSON. Floats always carry a decimal point (`50.0`), as Feast's client
 /// infers the type from the JSON form; non-finite floats become `null`.
-fn write_value(out: &mut Vec<u8>, v: &Value) {
+pub(crate) fn write_value(out: &mut Vec<u8>, v: &Value) {
     fn float(out: &mut Vec<u8>, x: f64) {
         if x.is_finite() {
             serde_json::to_writer(&mut *out, &x).expect("writing to a Vec cannot fail");

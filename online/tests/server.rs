@@ -69,6 +69,7 @@ async fn fixture(store: Option<Arc<dyn OnlineStore>>, token: Option<&str>) -> Fi
         metrics: Metrics::default(),
         clock: Box::new(|| NOW),
         offline: None,
+        serving_log: None,
     });
     Fixture { _dir: dir, registry_path, state }
 }

@@ -21,6 +21,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("online_store", &["type", "path", "url"]),
     ("kafka", &["brokers"]),
     ("server", &["host", "port", "auth_token"]),
+    ("serving_log", &["enabled", "path", "sample_rate", "batch_rows", "batch_ms"]),
 ];
 const TOP_LEVEL: &[&str] = &["project", "registry"];
 
@@ -37,6 +38,18 @@ struct RawConfig {
     kafka: RawKafka,
     #[serde(default)]
     server: RawServer,
+    #[serde(default)]
+    serving_log: RawServingLog,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServingLog {
+    enabled: Option<Value>,
+    path: Option<String>,
+    sample_rate: Option<Value>,
+    batch_rows: Option<Value>,
+    batch_ms: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -122,8 +135,24 @@ pub struct ServerConfig {
     pub auth_token: Option<String>,
 }
 
+/// The serving log (`serving_log:` in `quiver.yaml`): what the server answered, appended
+/// to a Delta table in batches off the request path, for `quiver verify --since`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServingLogConfig {
+    /// Off unless set (`enabled: true`).
+    pub enabled: bool,
+    /// The log's Delta table; default `<offline root>/_serving_log`.
+    pub location: StoreLocation,
+    /// The share of requests logged, in (0, 1]; default 1.
+    pub sample_rate: f64,
+    /// A batch is written when it holds this many rows (default 10,000) ...
+    pub batch_rows: usize,
+    /// ... or this many milliseconds after its first row (default 1,000).
+    pub batch_ms: u64,
+}
+
 /// The validated project configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// The repository folder.
     pub repo: PathBuf,
@@ -134,8 +163,11 @@ pub struct Config {
     pub online_store: OnlineStoreConfig,
     pub kafka_brokers: String,
     pub server: ServerConfig,
+    pub serving_log: ServingLogConfig,
 }
 
+/// The serving log's table under the offline root when no path is given.
+pub const DEFAULT_SERVING_LOG_TABLE: &str = "_serving_log";
 pub const DEFAULT_REGISTRY: &str = "registry.json";
 pub const DEFAULT_OFFLINE_PATH: &str = "data";
 pub const DEFAULT_ONLINE_PATH: &str = "online.db";
@@ -331,6 +363,7 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
                 .ok_or_else(|| format!("server.port `{text}`: expected a port number 1-65535"))?
         }
     };
+    let serving_log = serving_log(repo, &offline_root, raw.serving_log)?;
     Ok(Config {
         repo: repo.to_path_buf(),
         project,
@@ -343,6 +376,59 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
             port,
             auth_token: raw.server.auth_token.filter(|t| !t.is_empty()),
         },
+        serving_log,
+    })
+}
+
+/// The text of a scalar setting (numbers and booleans may come as text from the
+/// environment).
+fn scalar_text(v: &Value) -> String {
+    match v {
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        Value::Bool(b) => b.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn serving_log(repo: &Path, offline_root: &StoreLocation, raw: RawServingLog) -> std::result::Result<ServingLogConfig, String> {
+    let enabled = match raw.enabled.as_ref().map(scalar_text) {
+        None => false,
+        Some(t) => match t.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => true,
+            "false" | "0" | "no" | "off" => false,
+            _ => return Err(format!("serving_log.enabled `{t}`: expected true or false")),
+        },
+    };
+    let location = match raw.path {
+        Some(p) if !p.trim().is_empty() => StoreLocation::parse(repo, &p),
+        Some(_) => return Err("serving_log.path: empty (expected a folder or object-store URI)".to_string()),
+        None => offline_root.join(DEFAULT_SERVING_LOG_TABLE),
+    };
+    let sample_rate = match raw.sample_rate.as_ref().map(scalar_text) {
+        None => 1.0,
+        Some(t) => t
+            .parse::<f64>()
+            .ok()
+            .filter(|r| *r > 0.0 && *r <= 1.0)
+            .ok_or_else(|| format!("serving_log.sample_rate `{t}`: expected a number in (0, 1]"))?,
+    };
+    let positive = |name: &str, v: Option<Value>, default: u64| -> std::result::Result<u64, String> {
+        match v.as_ref().map(scalar_text) {
+            None => Ok(default),
+            Some(t) => t
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("serving_log.{name} `{t}`: expected a whole number above 0")),
+        }
+    };
+    Ok(ServingLogConfig {
+        enabled,
+        location,
+        sample_rate,
+        batch_rows: usize::try_from(positive("batch_rows", raw.batch_rows, 10_000)?).unwrap_or(usize::MAX),
+        batch_ms: positive("batch_ms", raw.batch_ms, 1_000)?,
     })
 }
 
@@ -412,5 +498,26 @@ mod tests {
         assert!(e.contains("QUIVER_SERVER_PROT") && e.contains("unknown setting `server.prot`"), "{e}");
         assert!(err("project: demo\nservr: {}\n", &[]).contains("unknown field `servr`"));
         assert!(err("project: my demo\n", &[]).contains("project `my demo`"));
+        assert!(err("project: demo\nserving_log: {enabled: maybe}\n", &[]).contains("serving_log.enabled `maybe`"));
+        assert!(err("project: demo\nserving_log: {sample_rate: 0}\n", &[]).contains("serving_log.sample_rate `0`"));
+        assert!(err("project: demo\n", &[("QUIVER_SERVING_LOG_BATCH_ROWS", "-3")]).contains("serving_log.batch_rows `-3`"));
+    }
+
+    #[test]
+    fn serving_log_is_off_by_default_and_lives_under_the_offline_root() {
+        let c = parse("project: demo\n", &[]).unwrap();
+        assert!(!c.serving_log.enabled);
+        assert_eq!(c.serving_log.location, StoreLocation::Local("/repo/data/_serving_log".into()));
+        assert_eq!((c.serving_log.sample_rate, c.serving_log.batch_rows, c.serving_log.batch_ms), (1.0, 10_000, 1_000));
+        let c = parse(
+            "project: demo\nserving_log: {enabled: true, path: logs/served, sample_rate: 0.25, batch_ms: 200}\n",
+            &[("QUIVER_SERVING_LOG_BATCH_ROWS", "50")],
+        )
+        .unwrap();
+        assert!(c.serving_log.enabled);
+        assert_eq!(c.serving_log.location, StoreLocation::Local("/repo/logs/served".into()));
+        assert_eq!((c.serving_log.sample_rate, c.serving_log.batch_rows, c.serving_log.batch_ms), (0.25, 50, 200));
+        let c = parse("project: demo\n", &[("QUIVER_SERVING_LOG_ENABLED", "true")]).unwrap();
+        assert!(c.serving_log.enabled, "the environment turns it on");
     }
 }

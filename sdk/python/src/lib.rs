@@ -240,7 +240,7 @@ fn get_historical_features(
             Path::new("entity_df"),
             &spine,
             &requests,
-            quiver::offline::historical::HistoricalOptions { created_cutoff },
+            quiver::offline::historical::HistoricalOptions { created_cutoff, ..Default::default() },
             &kernel,
             &|_, _| {},
         )

@@ -1,0 +1,140 @@
+//! The serving log's records: what `/get-online-features` answered, handed to a
+//! [`ServingLog`] after the answer is written, so logging costs the request a move into
+//! a queue. The Delta writer behind the trait lives above this crate (it knows no
+//! Delta); [`log_rows`] turns one answer into the log's rows.
+
+use std::sync::Arc;
+
+use quiver_sdk::encoding::Value;
+use quiver_sdk::{Definitions, FeatureRef};
+
+use crate::lookup::{Column, Status};
+
+/// One answered request.
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// The time the lookup was answered at (UTC microseconds): the `now` its TTLs used.
+    pub request_time: i64,
+    /// The definitions it was answered from.
+    pub defs: Arc<Definitions>,
+    /// The features asked for, in answer order.
+    pub refs: Vec<FeatureRef>,
+    /// The answer: `n_keys` join-key columns, then one column per ref.
+    pub columns: Vec<Column>,
+    pub n_keys: usize,
+}
+
+/// Where the server hands answered requests. `log` must not block: a sink that cannot
+/// keep up drops the record and counts it.
+pub trait ServingLog: Send + Sync {
+    fn log(&self, served: Served);
+    /// Prometheus text for `/metrics`.
+    fn metrics_text(&self) -> String {
+        String::new()
+    }
+}
+
+/// One row of the log: one entity row of one feature view in one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogRow {
+    pub request_time: i64,
+    pub view: String,
+    /// The view's join keys as a JSON object, in definition order: `{"driver_id":1001}`.
+    pub entity: String,
+    /// The event time of the row served (`None` when nothing was found).
+    pub event_ts: Option<i64>,
+    /// `{"feature": value, ...}` for the view's features asked for, values as served.
+    pub values: String,
+    /// `{"feature": "PRESENT", ...}`.
+    pub statuses: String,
+}
+
+/// The log rows of one answer: per feature view asked for, one row per entity row.
+/// Views whose keys the answer lacks (it cannot happen for a successful lookup) are
+/// skipped.
+pub fn log_rows(served: &Served) -> Vec<LogRow> {
+    let keys = &served.columns[..served.n_keys.min(served.columns.len())];
+    let n = keys.first().map_or(0, |c| c.values.len());
+    let mut out = Vec::new();
+    let mut views: Vec<&str> = Vec::new();
+    for r in &served.refs {
+        if !views.contains(&r.view.as_str()) {
+            views.push(&r.view);
+        }
+    }
+    for name in views {
+        let Some(view) = served.defs.feature_view(name) else { continue };
+        let key_columns: Option<Vec<&Column>> = served
+            .defs
+            .join_keys(view)
+            .iter()
+            .map(|k| keys.iter().find(|c| c.name == k.name))
+            .collect();
+        let Some(key_columns) = key_columns else { continue };
+        // This view's feature columns, each feature once.
+        let mut features: Vec<(&str, &Column)> = Vec::new();
+        for (i, r) in served.refs.iter().enumerate() {
+            if r.view == name && !features.iter().any(|(f, _)| *f == r.feature) {
+                if let Some(c) = served.columns.get(served.n_keys + i) {
+                    features.push((&r.feature, c));
+                }
+            }
+        }
+        for row in 0..n {
+            let mut entity = Vec::with_capacity(32);
+            entity.push(b'{');
+            for (i, c) in key_columns.iter().enumerate() {
+                if i > 0 {
+                    entity.push(b',');
+                }
+                crate::server::json_str(&mut entity, &c.name);
+                entity.push(b':');
+                crate::server::write_value(&mut entity, &c.values[row]);
+            }
+            entity.push(b'}');
+            let mut values = Vec::with_capacity(16 * features.len());
+            let mut statuses = Vec::with_capacity(24 * features.len());
+            values.push(b'{');
+            statuses.push(b'{');
+            for (i, (feature, c)) in features.iter().enumerate() {
+                if i > 0 {
+                    values.push(b',');
+                    statuses.push(b',');
+                }
+                crate::server::json_str(&mut values, feature);
+                values.push(b':');
+                crate::server::write_value(&mut values, &c.values[row]);
+                crate::server::json_str(&mut statuses, feature);
+                statuses.push(b':');
+                crate::server::json_str(&mut statuses, c.statuses[row].as_str());
+            }
+            values.push(b'}');
+            statuses.push(b'}');
+            let text = |b: Vec<u8>| String::from_utf8(b).expect("JSON is UTF-8");
+            out.push(LogRow {
+                request_time: served.request_time,
+                view: name.to_string(),
+                entity: text(entity),
+                event_ts: features.first().and_then(|(_, c)| c.event_ts[row]),
+                values: text(values),
+                statuses: text(statuses),
+            });
+        }
+    }
+    out
+}
+
+/// A value as the server writes it in JSON (floats keep a decimal point; non-finite
+/// floats are `null`): the form the log holds, and what `verify` compares.
+pub fn value_json(v: &Value) -> String {
+    let mut out = Vec::new();
+    crate::server::write_value(&mut out, v);
+    String::from_utf8(out).expect("JSON is UTF-8")
+}
+
+/// The status named as in answers and the log (`PRESENT`, ...).
+pub fn parse_status(text: &str) -> Option<Status> {
+    [Status::Present, Status::NullValue, Status::NotFound, Status::OutsideMaxAge]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+}

@@ -1,0 +1,208 @@
+//! The serving log's writer: the server hands each answered request to
+//! [`DeltaServingLog::log`] (a non-blocking queue send), and a background task turns
+//! answers into log rows and appends them to the log's Delta table in batches
+//! (`serving_log.batch_rows` rows or `batch_ms` after a batch's first row, whichever
+//! comes first). When the queue is full the record is dropped and counted: logging
+//! never slows or fails a request. A failed append is retried with the next batch;
+//! rows beyond ten batches' worth waiting are dropped and counted.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use arrow::array::{ArrayRef, RecordBatch, StringArray, TimestampMicrosecondArray};
+use quiver_online::serving_log::{LogRow, Served, ServingLog, log_rows};
+use quiver_sdk::config::ServingLogConfig;
+use tokio::sync::{mpsc, oneshot};
+
+/// Answers waiting for the writer; beyond this many, records are dropped.
+const QUEUE: usize = 8192;
+
+enum Message {
+    Served(Served, u64),
+    Flush(oneshot::Sender<Result<(), String>>),
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU64,
+    rows_written: AtomicU64,
+    requests_dropped: AtomicU64,
+    rows_dropped: AtomicU64,
+    commits: AtomicU64,
+    write_errors: AtomicU64,
+}
+
+/// The serving log, writing to its Delta table from a background task.
+#[derive(Debug)]
+pub struct DeltaServingLog {
+    tx: mpsc::Sender<Message>,
+    sample_rate: f64,
+    seq: AtomicU64,
+    counters: Arc<Counters>,
+}
+
+impl DeltaServingLog {
+    /// Starts the writer on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn start(config: &ServingLogConfig) -> Arc<DeltaServingLog> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let counters = Arc::new(Counters::default());
+        // Request ids: this server's start time, then a sequence number.
+        let server = format!("{:x}", chrono::Utc::now().timestamp_micros());
+        tokio::spawn(writer(config.clone(), server, rx, counters.clone()));
+        Arc::new(DeltaServingLog { tx, sample_rate: config.sample_rate, seq: AtomicU64::new(0), counters })
+    }
+
+    /// Writes everything logged so far and waits for the commit.
+    ///
+    /// # Errors
+    /// The append's error, when the table cannot be written.
+    pub async fn flush(&self) -> Result<(), String> {
+        let (ack, done) = oneshot::channel();
+        self.tx.send(Message::Flush(ack)).await.map_err(|_| "the serving log writer stopped".to_string())?;
+        done.await.map_err(|_| "the serving log writer stopped".to_string())?
+    }
+}
+
+/// Whether request `seq` is in the sample: a fixed hash of the sequence number against
+/// the rate, so the choice does not bunch.
+fn sampled(seq: u64, rate: f64) -> bool {
+    if rate >= 1.0 {
+        return true;
+    }
+    let mut z = seq.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    ((z >> 11) as f64) < rate * (1u64 << 53) as f64
+}
+
+impl ServingLog for DeltaServingLog {
+    fn log(&self, served: Served) {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        if !sampled(seq, self.sample_rate) {
+            return;
+        }
+        match self.tx.try_send(Message::Served(served, seq)) {
+            Ok(()) => {
+                self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.counters.requests_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn metrics_text(&self) -> String {
+        let c = &self.counters;
+        let mut out = String::new();
+        for (name, help, v) in [
+            ("quiver_serving_log_requests_total", "answers queued for the serving log", &c.requests),
+            ("quiver_serving_log_requests_dropped_total", "answers dropped because the log's queue was full", &c.requests_dropped),
+            ("quiver_serving_log_rows_written_total", "log rows committed to the Delta table", &c.rows_written),
+            ("quiver_serving_log_rows_dropped_total", "log rows dropped after failed appends", &c.rows_dropped),
+            ("quiver_serving_log_commits_total", "Delta commits of the serving log", &c.commits),
+            ("quiver_serving_log_write_errors_total", "failed appends (retried with the next batch)", &c.write_errors),
+        ] {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n", v.load(Ordering::Relaxed)));
+        }
+        out
+    }
+}
+
+async fn writer(config: ServingLogConfig, server: String, mut rx: mpsc::Receiver<Message>, counters: Arc<Counters>) {
+    let mut pending: Vec<(String, LogRow)> = Vec::new();
+    let mut first_at: Option<Instant> = None;
+    let wait = Duration::from_millis(config.batch_ms);
+    loop {
+        let message = match first_at {
+            Some(t) => match tokio::time::timeout((t + wait).saturating_duration_since(Instant::now()), rx.recv()).await {
+                Ok(m) => m,
+                Err(_) => {
+                    // The batch is due.
+                    let _ = write(&config, &mut pending, &counters).await;
+                    first_at = (!pending.is_empty()).then(Instant::now);
+                    continue;
+                }
+            },
+            None => rx.recv().await,
+        };
+        match message {
+            Some(Message::Served(served, seq)) => {
+                let id = format!("{server}-{seq}");
+                pending.extend(log_rows(&served).into_iter().map(|r| (id.clone(), r)));
+                if first_at.is_none() && !pending.is_empty() {
+                    first_at = Some(Instant::now());
+                }
+                if pending.len() >= config.batch_rows {
+                    let _ = write(&config, &mut pending, &counters).await;
+                    first_at = (!pending.is_empty()).then(Instant::now);
+                }
+            }
+            Some(Message::Flush(ack)) => {
+                let result = write(&config, &mut pending, &counters).await;
+                first_at = (!pending.is_empty()).then(Instant::now);
+                let _ = ack.send(result);
+            }
+            None => {
+                let _ = write(&config, &mut pending, &counters).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Appends the pending rows as one commit; on failure keeps them for the next try, up
+/// to ten batches' worth.
+async fn write(config: &ServingLogConfig, pending: &mut Vec<(String, LogRow)>, counters: &Counters) -> Result<(), String> {
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let batch = to_batch(pending).map_err(|e| e.to_string())?;
+    match quiver_offline::serving_log::append(&config.location, batch).await {
+        Ok(_) => {
+            counters.rows_written.fetch_add(pending.len() as u64, Ordering::Relaxed);
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            pending.clear();
+            Ok(())
+        }
+        Err(e) => {
+            counters.write_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, rows = pending.len(), "serving log append failed; retrying with the next batch");
+            let keep = config.batch_rows.saturating_mul(10);
+            if pending.len() > keep {
+                let drop = pending.len() - keep;
+                pending.drain(..drop);
+                counters.rows_dropped.fetch_add(drop as u64, Ordering::Relaxed);
+            }
+            Err(format!("serving log {}: {e}", config.location))
+        }
+    }
+}
+
+fn to_batch(rows: &[(String, LogRow)]) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let text = |f: &dyn Fn(&(String, LogRow)) -> &str| -> ArrayRef { Arc::new(rows.iter().map(|r| Some(f(r))).collect::<StringArray>()) };
+    let columns: Vec<ArrayRef> = vec![
+        text(&|r| &r.0),
+        Arc::new(TimestampMicrosecondArray::from_iter_values(rows.iter().map(|r| r.1.request_time)).with_timezone("UTC")),
+        text(&|r| &r.1.view),
+        text(&|r| &r.1.entity),
+        Arc::new(rows.iter().map(|r| r.1.event_ts).collect::<TimestampMicrosecondArray>().with_timezone("UTC")),
+        text(&|r| &r.1.values),
+        text(&|r| &r.1.statuses),
+    ];
+    RecordBatch::try_new(quiver_offline::serving_log::schema(), columns)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sampling_keeps_about_the_rate_and_everything_at_one() {
+        let kept = (0..100_000u64).filter(|&s| super::sampled(s, 0.25)).count();
+        assert!((24_000..26_000).contains(&kept), "{kept}");
+        assert!((0..1000u64).all(|s| super::sampled(s, 1.0)));
+    }
+}
