@@ -11,7 +11,6 @@
 //! online and offline stores agree twice: by sampling entities, and by replaying every
 //! logged answer through the offline join. Prints one timed line per step.
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,27 +18,14 @@ use std::time::Instant;
 use quiver::Repo;
 use quiver::online::server::{Metrics, RegistryCache, ServerState, router, system_clock};
 
-fn post(addr: std::net::SocketAddr, path: &str, body: &str) -> anyhow::Result<serde_json::Value> {
-    let mut conn = std::net::TcpStream::connect(addr)?;
-    write!(
-        conn,
-        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut text = String::new();
-    conn.read_to_string(&mut text)?;
-    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| anyhow::anyhow!("no HTTP answer"))?;
-    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "{path}: {head} {body}");
-    Ok(serde_json::from_str(body)?)
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::{enable_serving_log, post, step};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "quickstart-demo".into()));
     let began = Instant::now();
-    let step = |name: &str, t: Instant, what: String| {
-        println!("  {name:<16} {:>6.2} s  {what}", t.elapsed().as_secs_f64());
-    };
     println!("quiver quick start in {}", dir.display());
 
     let t = Instant::now();
@@ -54,9 +40,7 @@ async fn main() -> anyhow::Result<()> {
     let scale = quiver::demo::Scale::MONTH;
     quiver::demo::write_sample_data_at(&dir.join(quiver::demo::SAMPLE_DIR), now, scale)?;
     // Log what the server answers, for `verify --since`.
-    let mut config = std::fs::read_to_string(dir.join("quiver.yaml"))?;
-    config.push_str("serving_log:\n  enabled: true\n  batch_ms: 200\n");
-    std::fs::write(dir.join("quiver.yaml"), config)?;
+    enable_serving_log(&dir)?;
     step(
         "generate",
         t,

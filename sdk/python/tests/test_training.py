@@ -79,3 +79,95 @@ def test_training_set_errors(exported, tmp_path):
         fh.write(b"\0\0\0")
     with pytest.raises(qv.ValidationError, match="SHA-256"):
         qv.TrainingSet(str(copy)).verify()
+
+
+def _torch():
+    """PyTorch, which `./run test` installs (QUIVER_REQUIRE_TORCH=1 there); elsewhere the
+    torch tests skip with a message."""
+    try:
+        import torch
+    except ImportError:
+        if os.environ.get("QUIVER_REQUIRE_TORCH"):
+            raise
+        pytest.skip("PyTorch is not installed (./run test installs it)")
+    return torch
+
+
+def _rows(columns, n):
+    """Rows as sortable tuples: a null and a NaN are the same missing value (a float
+    tensor holds NaN where Arrow has null), embeddings are tuples."""
+    def cell(v):
+        if isinstance(v, list):
+            return ("list", tuple(cell(x) for x in v))
+        if v is None or (isinstance(v, float) and v != v):
+            return ("missing", 0)
+        return ("value", v)
+    return [tuple(cell(columns[c][i]) for c in sorted(columns)) for i in range(n)]
+
+
+def test_torch_loader_yields_every_row_once_across_ranks_and_workers(exported):
+    torch = _torch()
+    from torch.utils.data import DataLoader
+    ts = qv.TrainingSet(str(exported / "ts"))
+    whole = pq.read_table(exported / "whole.parquet")
+    numeric = [n for n in whole.column_names if n not in ("customer_id", "event_timestamp")]
+    want = sorted(_rows({c: whole.column(c).to_pylist() for c in numeric}, whole.num_rows))
+    for world, workers in ((1, 0), (2, 2), (3, 1)):
+        seen = []
+        for rank in range(world):
+            ds = ts.to_torch(batch_size=16, shuffle_shards=True, seed=5, rank=rank, world_size=world)
+            for batch in DataLoader(ds, batch_size=None, num_workers=workers):
+                assert sorted(batch) == sorted(numeric), sorted(batch)
+                assert all(len(t) <= 16 for t in batch.values())
+                seen += _rows({c: batch[c].tolist() for c in numeric}, len(batch["driver_id"]))
+        assert sorted(seen) == want, (world, workers)
+
+
+def test_torch_tensors_hold_the_tables_values_and_types(exported):
+    torch = _torch()
+    ts = qv.TrainingSet(str(exported / "ts"))
+    whole = pq.read_table(exported / "whole.parquet")
+    first = next(iter(ts.to_torch(batch_size=37)))  # the first shard, whole
+    table = whole.slice(0, 37)
+    assert first["driver_id"].dtype == torch.int64 and first["accepted"].dtype == torch.bool
+    assert first["driver_hourly__conv_rate"].dtype == torch.float64
+    assert first["customer_profile__embedding"].dtype == torch.float32
+    assert tuple(first["customer_profile__embedding"].shape) == (37, 4)
+    for name, tensor in first.items():
+        want = table.column(name).to_pylist()
+        got = tensor.tolist()
+        assert _rows({"x": got}, len(got)) == _rows({"x": want}, len(want)), name
+    # Strings and timestamps are left out; `columns` chooses.
+    assert "customer_id" not in first and "event_timestamp" not in first
+    only = next(iter(ts.to_torch(batch_size=8, columns=["accepted", "driver_id"])))
+    assert sorted(only) == ["accepted", "driver_id"] and len(only["accepted"]) == 8
+
+
+def test_job_to_torch_on_cpu_matches_the_table(exported):
+    torch = _torch()
+    store = qv.FeatureStore(str(exported))
+    spine = pq.read_table(exported / "sample_data" / "spine.parquet")
+    job = store.get_historical_features(entity_df=spine, feature_service="ranker_v1")
+    table = job.to_arrow()
+    tensors = job.to_torch(device="cpu")
+    assert sorted(tensors) == sorted(n for n in table.column_names if n not in ("customer_id", "event_timestamp"))
+    for name, tensor in tensors.items():
+        got, want = tensor.tolist(), table.column(name).to_pylist()
+        # An int64 feature with nulls arrives as float64 with NaN (`_rows` equates them).
+        assert _rows({"x": got}, len(got)) == _rows({"x": want}, len(want)), name
+    if not torch.cuda.is_available():
+        with pytest.raises(qv.ValidationError, match="no CUDA device"):
+            job.to_torch(device="cuda")
+
+
+def test_readme_torch_loop_runs(exported, tmp_path, monkeypatch, capsys):
+    _torch()
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")).read()
+    section = readme[readme.index("### Training-set export"):]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    cli(exported, "export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet",
+        "--out", str(tmp_path / "train_v1"), "--shard-rows", "100")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert "epoch 0: 500 rows" in out and "epoch 1: 500 rows" in out, out

@@ -22,13 +22,13 @@ import pyarrow as pa
 
 from . import _quiver
 from ._quiver import NotFoundError, QuiverError, StoreUnavailableError, ValidationError
-from .training import TrainingSet, shard_plan
+from .training import TrainingSet, shard_plan, to_tensors
 
 __all__ = [
     "Array", "Bool", "Bytes", "DeltaSource", "Entity", "FeatureService", "FeatureStore", "FeatureView",
     "Field", "Float32", "Float64", "Int32", "Int64", "KafkaSource", "NotFoundError", "OnlineResponse",
     "QuiverError", "RetrievalJob", "StoreUnavailableError", "String", "TrainingSet", "UnixTimestamp",
-    "ValidationError", "shard_plan",
+    "ValidationError", "shard_plan", "to_tensors",
 ]
 
 
@@ -242,21 +242,18 @@ class RetrievalJob:
         return pl.from_arrow(self._table)
 
     def to_torch(self, device: str = "cpu") -> Dict[str, Any]:
-        """The numeric columns as PyTorch tensors on `device`. The join runs on the host
-        (or returns to it), so `cuda` copies once to the device; a zero-copy DLPack hand-over
-        from the GPU join is not there yet. Raises ValidationError without PyTorch, or
-        for `cuda` without a usable GPU."""
+        """The columns a model can take as PyTorch tensors on `device` (see
+        ``quiver.training.to_tensors``: numbers, booleans, fixed-length numeric lists). The
+        join runs on the host (or returns to it), so `cuda` copies once to the device; a
+        zero-copy DLPack hand-over from the GPU join is not there yet. Raises
+        ValidationError without PyTorch, or for `cuda` without a usable GPU."""
         try:
             import torch
         except ImportError as e:
             raise ValidationError(f"to_torch(device={device!r}) needs PyTorch (pip install torch)") from e
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             raise ValidationError(f"to_torch(device={device!r}): PyTorch sees no CUDA device on this machine")
-        out = {}
-        for name, col in zip(self._table.column_names, self._table.columns):
-            if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
-                out[name] = torch.from_numpy(col.to_numpy()).to(device)
-        return out
+        return to_tensors(self._table, torch, device)
 
 
 class OnlineResponse:

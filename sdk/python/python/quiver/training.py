@@ -18,6 +18,7 @@ import random
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.dataset as ds
 
 from ._quiver import NotFoundError, ValidationError
@@ -90,8 +91,9 @@ class TrainingSet:
 
     def to_torch(self, batch_size: int = 1024, columns: Optional[Sequence[str]] = None, shuffle_shards: bool = False,
                  seed: int = 0, rank: int = 0, world_size: int = 1):
-        """A ``torch.utils.data.IterableDataset`` of dicts of tensors (numeric columns),
-        split across ranks and data-loader workers by shard. Needs PyTorch."""
+        """A ``torch.utils.data.IterableDataset`` of dicts of tensors, split across ranks
+        and data-loader workers by shard; use it with ``DataLoader(ds, batch_size=None)``.
+        Columns become tensors as ``to_tensors`` says. Needs PyTorch."""
         try:
             import torch
             from torch.utils.data import IterableDataset, get_worker_info
@@ -104,8 +106,40 @@ class TrainingSet:
                 info = get_worker_info()
                 worker, workers = (info.id, info.num_workers) if info else (0, 1)
                 for batch in ts.iter_batches(batch_size, columns, shuffle_shards, seed, rank, world_size, worker, workers):
-                    yield {name: torch.from_numpy(col.to_numpy(zero_copy_only=False))
-                           for name, col in zip(batch.schema.names, batch.columns)
-                           if pa.types.is_integer(col.type) or pa.types.is_floating(col.type)}
+                    yield to_tensors(batch, torch)
 
         return _Shards()
+
+
+def to_tensors(table: Any, torch: Any, device: str = "cpu") -> Dict[str, Any]:
+    """The columns of an Arrow table or batch that a model can take, as tensors: integers
+    and floats as they are (an integer column with nulls becomes float64 with NaN),
+    booleans as ``torch.bool`` (with nulls: float32 1/0/NaN), lists of numbers of one
+    length without nulls (embeddings) as a 2-D tensor. Strings, timestamps and ragged
+    lists are left out: encode them first, or choose ``columns``."""
+    out: Dict[str, Any] = {}
+    for name, col in zip(table.schema.names, table.columns):
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        t = col.type
+        if pa.types.is_integer(t) or pa.types.is_floating(t):
+            out[name] = torch.from_numpy(col.to_numpy(zero_copy_only=False, writable=True))
+        elif pa.types.is_boolean(t):
+            if col.null_count:
+                out[name] = torch.from_numpy(col.cast(pa.float32()).to_numpy(zero_copy_only=False, writable=True))
+            else:
+                out[name] = torch.from_numpy(col.to_numpy(zero_copy_only=False, writable=True))
+        elif (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and (
+                pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
+            if col.null_count or len(col) == 0:
+                continue
+            span = pa.compute.min_max(pa.compute.list_value_length(col)).as_py()
+            if span["min"] != span["max"]:
+                continue
+            flat = pa.compute.list_flatten(col)
+            if flat.null_count:
+                continue
+            out[name] = torch.from_numpy(flat.to_numpy(zero_copy_only=False, writable=True)).reshape(len(col), -1)
+    if str(device) != "cpu":
+        out = {k: v.to(device) for k, v in out.items()}
+    return out

@@ -1,0 +1,203 @@
+//! Streaming, for users with a Kafka broker: events produced to a topic reach the online
+//! store and the Delta table through `quiver stream`'s write path, are served at once,
+//! and the two stores still agree. What `./run stream-example` runs (it starts a local
+//! Kafka-protocol broker when `QUIVER_KAFKA_BROKERS` is not set).
+//!
+//!     QUIVER_KAFKA_BROKERS=host:9092 cargo run --example streaming [DIR]
+//!
+//! Creates the demo repository with `driver_hourly` fed from a topic (a new topic per
+//! run), ingests and materializes the history, starts the consumer and the feature
+//! server (serving log on) in-process, produces 20,000 driver events and 20 malformed
+//! messages, waits until the last event of every driver is served, then stops the
+//! consumer and checks: every good event appended to Delta exactly once, the malformed
+//! ones dead-lettered, and the served answers replayed through the offline join agree.
+//! The online store is the embedded one unless `QUIVER_ONLINE_STORE_TYPE=redis` (and
+//! `QUIVER_ONLINE_STORE_URL`) say otherwise.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use quiver::Repo;
+use quiver::online::server::{Metrics, RegistryCache, ServerState, router, system_clock};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+#[path = "common/mod.rs"]
+mod common;
+use common::{enable_serving_log, post, step};
+
+const EVENTS: i64 = 20_000;
+const BAD: i64 = 20;
+const DRIVERS: i64 = 10;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "streaming-demo".into()));
+    let brokers = std::env::var("QUIVER_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let began = Instant::now();
+    println!("quiver streaming example in {} (Kafka at {brokers})", dir.display());
+
+    let t = Instant::now();
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    let now = chrono::Utc::now();
+    quiver::init::init(&dir, true, now)?;
+    let topic = format!("driver_events_{}", now.timestamp_micros());
+    // driver_hourly gains a stream source: the topic's JSON events.
+    let features = std::fs::read_to_string(dir.join("features.yaml"))?;
+    let marker = "      created_timestamp_field: created_timestamp\n";
+    anyhow::ensure!(features.contains(marker), "the demo's features.yaml changed shape");
+    let features = features.replacen(marker, &format!("{marker}      stream: {{topic: {topic}, format: json}}\n"), 1);
+    std::fs::write(dir.join("features.yaml"), features)?;
+    enable_serving_log(&dir)?;
+    let repo = Repo::open(&dir)?;
+    let (repo2, handle) = (repo.clone(), tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || repo2.apply(false, now, handle)).await??;
+    let defs = Arc::new(repo.applied()?.definitions);
+    let view = defs.feature_view("driver_hourly").expect("demo view");
+    let file = dir.join("sample_data/driver_hourly.parquet");
+    let history = quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, &|_, _| {}).await?.rows;
+    let store: Arc<dyn quiver::online::OnlineStore> = quiver::online::open_store(&repo.config.online_store).await?;
+    quiver::materialize::materialize_incremental(&repo.config, &defs, &[view], now.timestamp_micros(), store.as_ref(), &|_, _| {}).await?;
+    step("setup", t, format!("demo repo, driver_hourly <- topic {topic}; {history} historical rows ingested and materialized ({})", store.name()));
+
+    let t = Instant::now();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", &brokers).create()?;
+    let created = admin
+        .create_topics(&[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
+        .await
+        .map_err(|e| anyhow::anyhow!("Kafka at {brokers}: {e} (set QUIVER_KAFKA_BROKERS, or use ./run stream-example)"))?;
+    for r in created {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+    }
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let stream_metrics = Arc::new(quiver::streaming::Metrics::default());
+    let consumer = {
+        let (config, defs, store, shutdown, metrics) = (repo.config.clone(), defs.clone(), store.clone(), shutdown.clone(), stream_metrics.clone());
+        let mut options = quiver::streaming::StreamOptions::new(&repo.config);
+        options.brokers = brokers.clone();
+        options.batch_interval = Duration::from_millis(200);
+        let handle = tokio::runtime::Handle::current();
+        std::thread::spawn(move || quiver::streaming::run(&config, defs, &[], store, options, metrics, shutdown, handle))
+    };
+    let log = quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log);
+    let serving_began = chrono::Utc::now().timestamp_micros();
+    let state = Arc::new(ServerState {
+        store: store.clone(),
+        registry: RegistryCache::new(repo.config.registry_path.clone(), &repo.config.project)?,
+        project: repo.config.project.clone(),
+        auth_token: None,
+        metrics: Metrics::default(),
+        clock: system_clock(),
+        offline: None,
+        serving_log: Some(log.clone()),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    step("start", t, format!("topic with 3 partitions, consumer group quiver-{}, server on http://{addr}", repo.config.project));
+
+    // Events: driver 1001 + i % 10, stamped when produced, with a trip count that tells
+    // which event was the last; every 1001st message is malformed.
+    let t = Instant::now();
+    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", &brokers).set("linger.ms", "5").create()?;
+    let mut sends = Vec::new();
+    let mut last = std::collections::BTreeMap::new();
+    for i in 0..EVENTS + BAD {
+        let driver = 1001 + i % DRIVERS;
+        let payload = if i % ((EVENTS + BAD) / BAD) == 7 {
+            format!(r#"{{"driver_id": "not a number {i}", "event_timestamp": "2026-01-01T00:00:00Z"}}"#)
+        } else {
+            let at = chrono::Utc::now().to_rfc3339();
+            last.insert(driver, i);
+            format!(
+                r#"{{"driver_id": {driver}, "event_timestamp": "{at}", "created_timestamp": "{at}", "conv_rate": {:.4}, "acc_rate": 0.9, "avg_daily_trips": {i}}}"#,
+                (i % 97) as f64 / 100.0
+            )
+        };
+        let key = driver.to_string();
+        sends.push(producer.send_result(FutureRecord::to(&topic).key(&key).payload(&payload)).map_err(|(e, _)| anyhow::anyhow!("{e}"))?);
+    }
+    for s in sends {
+        s.await?.map_err(|(e, _)| anyhow::anyhow!("producing to {topic}: {e}"))?;
+    }
+    let good = last.len() as i64;
+    let bad = (0..EVENTS + BAD).filter(|i| i % ((EVENTS + BAD) / BAD) == 7).count() as i64;
+    let produced = t.elapsed();
+    step("produce", t, format!("{} good events for {good} drivers and {bad} malformed messages", EVENTS + BAD - bad));
+
+    // Poll the server until every driver's last event is served (a broker can take some
+    // seconds to give a new consumer group its partitions).
+    let t = Instant::now();
+    let drivers: Vec<String> = last.keys().map(ToString::to_string).collect();
+    let ask = format!(r#"{{"entities": {{"driver_id": [{}]}}, "features": ["driver_hourly:avg_daily_trips", "driver_hourly:conv_rate"]}}"#, drivers.join(","));
+    let want: Vec<serde_json::Value> = last.values().map(|&i| serde_json::json!(i)).collect();
+    let mut polls = 0;
+    let mut last_poll;
+    loop {
+        polls += 1;
+        last_poll = chrono::Utc::now().timestamp_micros();
+        let ask = ask.clone();
+        let answer = tokio::task::spawn_blocking(move || post(addr, "/get-online-features", &ask)).await??;
+        if answer["results"][1]["values"].as_array() == Some(&want) {
+            break;
+        }
+        anyhow::ensure!(t.elapsed() < Duration::from_secs(180), "the last events were not served within 3 minutes: {answer}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    step(
+        "served",
+        t,
+        format!("every driver's last event served {:.2} s after producing ended ({polls} polls; {:.0} events/s end to end)", t.elapsed().as_secs_f64(), EVENTS as f64 / (produced + t.elapsed()).as_secs_f64()),
+    );
+
+    // Stop the consumer (it flushes and commits), then check both stores.
+    let t = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stream_metrics.appended_offline.load(Ordering::Relaxed) < EVENTS as u64 || stream_metrics.dead_lettered.load(Ordering::Relaxed) < bad as u64 {
+        anyhow::ensure!(Instant::now() < deadline, "the consumer did not finish: {}", stream_metrics.render());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.store(true, Ordering::Relaxed);
+    let report = tokio::task::spawn_blocking(move || consumer.join().expect("consumer thread")).await??;
+    let rows = quiver::offline::historical::read_view(&repo.config, &defs, view).await?;
+    let total: usize = rows.iter().map(|b| b.num_rows()).sum();
+    anyhow::ensure!(total as u64 == history as u64 + EVENTS as u64, "Delta holds {total} rows, expected {history} + {EVENTS}");
+    anyhow::ensure!(report.dead_lettered == bad as u64, "{} dead letters, expected {bad}", report.dead_lettered);
+    step(
+        "stores",
+        t,
+        format!("Delta: {total} rows ({history} history + {EVENTS} streamed, each once); {} messages in {topic}.dlq", report.dead_lettered),
+    );
+
+    // Every poll replayed through the offline join at its request time. Polls answered
+    // while events were still in flight served a row older than the newest event time:
+    // the freshness lag, as a model trained on point-in-time joins sees it. The final
+    // poll, after the stream caught up, must agree exactly.
+    let t = Instant::now();
+    log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
+    let kernel = quiver::gpu_join::CpuKernel::new();
+    let until = chrono::Utc::now().timestamp_micros();
+    let during = quiver::verify::verify_log(&repo.config, &defs, serving_began, last_poll, &kernel).await?;
+    let lagged: u64 = during.features.iter().map(|r| r.compared - r.matches).sum();
+    let compared: u64 = during.features.iter().map(|r| r.compared).sum();
+    let after = quiver::verify::verify_log(&repo.config, &defs, last_poll, until, &kernel).await?;
+    let bad: u64 = after.features.iter().map(|r| r.compared - r.matches).sum();
+    let checked: u64 = after.features.iter().map(|r| r.compared).sum();
+    step(
+        "verify --since",
+        t,
+        format!(
+            "{} polls while streaming: {lagged} of {compared} served values behind the offline join (events in flight); after catching up: {bad} of {checked} disagree",
+            during.requests
+        ),
+    );
+    anyhow::ensure!(bad == 0 && checked > 0, "after the stream caught up, online and offline disagree: {:?}", after.features);
+    println!("done in {:.2} s: repository {}", began.elapsed().as_secs_f64(), dir.display());
+    Ok(())
+}
