@@ -84,6 +84,7 @@ def main():
         for _ in ts.iter_batches(1024, shuffle_shards=True, seed=1):
             n_batches += 1
         loader = n_batches / (time.perf_counter() - began)
+        torch_lines = torch_loader(ts)
         spine_rows = ts.num_rows
         print()
         print("| run | wall s | peak RSS | rows/s | output MB/s |")
@@ -91,10 +92,68 @@ def main():
         for name, wall, rss, nbytes in rows:
             print(f"| {name} | {wall:.2f} | {rss / 1e9:.2f} GB | {spine_rows / wall:,.0f} | {nbytes / 1e6 / wall:.1f} |")
         print(f"\nloader: {loader:,.0f} batches/s of 1,024 rows (TrainingSet.iter_batches, shuffled shards)")
+        for line in torch_lines:
+            print(line)
         if check.returncode != 0:
             sys.exit("the export differs from DuckDB's result")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def torch_loader(ts, max_batches=2000):
+    """The PyTorch loader's batches/s, and whether it holds back a simple training loop:
+    a two-layer MLP's steps/s on batches already in memory, against the same loop fed
+    by the loader (0 and 2 DataLoader workers)."""
+    try:
+        import torch
+        from torch.utils.data import DataLoader
+    except ImportError:
+        return ["torch loader: PyTorch is not installed in this venv (./run bench-export installs it)"]
+    torch.manual_seed(0)
+    first = next(iter(ts.to_torch(batch_size=1024)))
+    features = [n for n, t in first.items() if t.dtype.is_floating_point and t.dim() == 1]
+    label = features[0]
+    inputs = features[1:]
+
+    def xy(batch):
+        x = torch.stack([batch[f].float() for f in inputs], dim=1).nan_to_num()
+        return x, batch[label].float().nan_to_num()
+
+    model = torch.nn.Sequential(torch.nn.Linear(len(inputs), 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    lines = []
+    for workers in (0, 2):
+        loader = DataLoader(ts.to_torch(batch_size=1024, columns=features, shuffle_shards=True, seed=1),
+                            batch_size=None, num_workers=workers)
+        began, n = time.perf_counter(), 0
+        for _ in loader:
+            n += 1
+            if n >= max_batches:
+                break
+        alone = n / (time.perf_counter() - began)
+        began, n = time.perf_counter(), 0
+        for batch in loader:
+            step(*xy(batch))
+            n += 1
+            if n >= max_batches:
+                break
+        fed = n / (time.perf_counter() - began)
+        lines.append(f"torch DataLoader ({workers} workers): {alone:,.0f} batches/s of 1,024 rows alone; "
+                     f"MLP training loop fed by it: {fed:,.0f} steps/s")
+    cached = [xy(b) for _, b in zip(range(200), ts.to_torch(batch_size=1024, columns=features))]
+    began = time.perf_counter()
+    for x, y in cached:
+        step(x, y)
+    lines.append(f"the same MLP loop on {len(cached)} batches already in memory: "
+                 f"{len(cached) / (time.perf_counter() - began):,.0f} steps/s ({len(inputs)} inputs -> 64 -> 1)")
+    return lines
 
 
 if __name__ == "__main__":

@@ -227,6 +227,27 @@ def main():
             rows.append((n, qr, fr))
             print(f"{n} entities: quiver {qr[0]:.0f} req/s p50 {qr[1]:.2f} ms p99 {qr[2]:.2f} ms | "
                   f"feast {fr[0]:.0f} req/s p50 {fr[1]:.2f} ms p99 {fr[2]:.2f} ms", flush=True)
+        # The serving log's cost: the same load on a second `quiver serve` that logs every
+        # answer to Delta; then `verify --since` replays the whole log.
+        lport = free_port()
+        logp = subprocess.Popen(q + ["serve", "--port", str(lport)], env=dict(os.environ, QUIVER_SERVING_LOG_ENABLED="true"),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(logp)
+        lurl = f"http://127.0.0.1:{lport}"
+        wait_http(lurl + "/health", "quiver serve (serving log on)")
+        log_began = datetime.now(timezone.utc) - timedelta(seconds=1)
+        logged = {}
+        for n in (1, 10, 100):
+            body = {"entities": {"driver_id": ids[:n]}, "features": features}
+            logged[n] = wrk(lurl + "/get-online-features", body, args.duration, work)
+            print(f"{n} entities, serving log on: quiver {logged[n][0]:.0f} req/s p50 {logged[n][1]:.2f} ms p99 {logged[n][2]:.2f} ms", flush=True)
+        counters = dict(re.findall(r"^(quiver_serving_log_\w+) (\d+)$", requests.get(lurl + "/metrics", timeout=30).text, re.M))
+        logp.terminate()  # SIGTERM: the log's last batch is flushed
+        logp.wait(timeout=120)
+        v_wall, v_out = timed(q + ["verify", "--since", log_began.strftime("%Y-%m-%dT%H:%M:%SZ")])
+        v_head = v_out.strip().splitlines()[0]
+        v_tail = v_out.strip().splitlines()[-1]
+
         rb = subprocess.run(["redis-benchmark", "-p", str(rport), "-t", "get", "-n", "200000", "-c", "8", "-q"],
                             capture_output=True, text=True).stdout
         redis_rps = float(re.search(r"([\d.]+) requests per second", rb).group(1))
@@ -236,6 +257,14 @@ def main():
         print("|---|---|---|---|---|---|")
         for n, (qrps, qp50, qp99), (frps, fp50, fp99) in rows:
             print(f"| {n} | {qrps:,.0f} | {qp50:.2f} / {qp99:.2f} | {frps:,.0f} | {fp50:.2f} / {fp99:.2f} | {qrps / frps:.1f}x |")
+        print()
+        print("| entities | quiver req/s, log off | log on | ratio | p50 / p99 ms, log on |")
+        print("|---|---|---|---|---|")
+        for n, (qrps, _, _), _ in rows:
+            lrps, lp50, lp99 = logged[n]
+            print(f"| {n} | {qrps:,.0f} | {lrps:,.0f} | {lrps / qrps:.2f} | {lp50:.2f} / {lp99:.2f} |")
+        print(f"serving log counters before shutdown: {counters}")
+        print(f"verify --since over the log: {v_wall:.2f} s; {v_head}; {v_tail}")
         print(f"\nredis-benchmark GET (8 connections, same Redis): {redis_rps:,.0f} req/s")
         print(f"materialize {written:,} rows into Redis: quiver {q_mat:.2f} s ({written / q_mat:,.0f} rows/s), "
               f"feast {f_mat:.2f} s ({written / f_mat:,.0f} rows/s), ratio {f_mat / q_mat:.1f}x")
