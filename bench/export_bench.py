@@ -128,31 +128,43 @@ def torch_loader(ts, max_batches=2000):
         loss.backward()
         opt.step()
 
-    lines = []
-    for workers in (0, 2):
+    def loader_rate(workers, train):
         loader = DataLoader(ts.to_torch(batch_size=1024, columns=features, shuffle_shards=True, seed=1),
                             batch_size=None, num_workers=workers)
+        it = iter(loader)
+        next(it)  # worker start-up is not counted
         began, n = time.perf_counter(), 0
-        for _ in loader:
+        for batch in it:
+            if train:
+                step(*xy(batch))
             n += 1
             if n >= max_batches:
                 break
-        alone = n / (time.perf_counter() - began)
-        began, n = time.perf_counter(), 0
-        for batch in loader:
-            step(*xy(batch))
-            n += 1
-            if n >= max_batches:
-                break
-        fed = n / (time.perf_counter() - began)
-        lines.append(f"torch DataLoader ({workers} workers): {alone:,.0f} batches/s of 1,024 rows alone; "
-                     f"MLP training loop fed by it: {fed:,.0f} steps/s")
-    cached = [xy(b) for _, b in zip(range(200), ts.to_torch(batch_size=1024, columns=features))]
-    began = time.perf_counter()
-    for x, y in cached:
-        step(x, y)
-    lines.append(f"the same MLP loop on {len(cached)} batches already in memory: "
-                 f"{len(cached) / (time.perf_counter() - began):,.0f} steps/s ({len(inputs)} inputs -> 64 -> 1)")
+        return n / (time.perf_counter() - began)
+
+    cached = [b for _, b in zip(range(500), ts.to_torch(batch_size=1024, columns=features))]
+
+    def in_memory():
+        began = time.perf_counter()
+        for b in cached:
+            step(*xy(b))
+        return len(cached) / (time.perf_counter() - began)
+
+    # Three rounds, round robin, medians: this machine is noisy.
+    runs = {k: [] for k in ("w0", "w0 train", "w2", "w2 train", "memory")}
+    for _ in range(3):
+        runs["w0"].append(loader_rate(0, False))
+        runs["w0 train"].append(loader_rate(0, True))
+        runs["w2"].append(loader_rate(2, False))
+        runs["w2 train"].append(loader_rate(2, True))
+        runs["memory"].append(in_memory())
+    med = {k: sorted(v)[1] for k, v in runs.items()}
+    lines = []
+    for w in (0, 2):
+        lines.append(f"torch DataLoader ({w} workers): {med[f'w{w}']:,.0f} batches/s of 1,024 rows alone; "
+                     f"MLP training loop fed by it: {med[f'w{w} train']:,.0f} steps/s")
+    lines.append(f"the same MLP loop on {len(cached)} batches already in memory: {med['memory']:,.0f} steps/s "
+                 f"({len(inputs)} inputs -> 64 -> 1); medians of 3 rounds")
     return lines
 
 

@@ -171,7 +171,7 @@ async fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     // Every logged answer, replayed through the offline join at its request time.
     log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
-    let replayed = quiver::verify::verify_log(&repo.config, &defs, serving_began, chrono::Utc::now().timestamp_micros(), &quiver::gpu_join::CpuKernel::new()).await?;
+    let replayed = quiver::verify::verify_log(&repo.config, &defs, serving_began, chrono::Utc::now().timestamp_micros(), false, &quiver::gpu_join::CpuKernel::new()).await?;
     let compared: u64 = replayed.features.iter().map(|r| r.compared).sum();
     let bad: u64 = replayed.features.iter().map(|r| r.mismatches + r.missing_online + r.missing_offline).sum();
     step("verify --since", t, format!("{} logged requests replayed offline: {compared} values compared, {bad} disagree", replayed.requests));

@@ -183,10 +183,10 @@ async fn main() -> anyhow::Result<()> {
     log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
     let kernel = quiver::gpu_join::CpuKernel::new();
     let until = chrono::Utc::now().timestamp_micros();
-    let during = quiver::verify::verify_log(&repo.config, &defs, serving_began, last_poll, &kernel).await?;
+    let during = quiver::verify::verify_log(&repo.config, &defs, serving_began, last_poll, false, &kernel).await?;
     let lagged: u64 = during.features.iter().map(|r| r.compared - r.matches).sum();
     let compared: u64 = during.features.iter().map(|r| r.compared).sum();
-    let after = quiver::verify::verify_log(&repo.config, &defs, last_poll, until, &kernel).await?;
+    let after = quiver::verify::verify_log(&repo.config, &defs, last_poll, until, false, &kernel).await?;
     let bad: u64 = after.features.iter().map(|r| r.compared - r.matches).sum();
     let checked: u64 = after.features.iter().map(|r| r.compared).sum();
     step(

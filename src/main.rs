@@ -170,6 +170,10 @@ enum Command {
         sample: Option<u64>,
         #[arg(long, default_value_t = 0.0)]
         max_mismatch: f64,
+        /// With --since: only rows created by each request time count, as in
+        /// `historical --created-cutoff`.
+        #[arg(long, requires = "since")]
+        created_cutoff: bool,
     },
     /// Check config, registry, stores, Kafka and the GPU.
     Doctor {
@@ -241,7 +245,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cmd_stream(&repo_dir, &views, batch_rows, batch_ms, metrics_port)
         }
         Command::Push { view, file, to } => cmd_push(&repo_dir, &view, &file, to),
-        Command::Verify { since: Some(since), until, max_mismatch, .. } => cmd_verify_log(&repo_dir, &since, until.as_deref(), max_mismatch),
+        Command::Verify { since: Some(since), until, max_mismatch, created_cutoff, .. } => {
+            cmd_verify_log(&repo_dir, &since, until.as_deref(), max_mismatch, created_cutoff)
+        }
         Command::Verify { sample, max_mismatch, .. } => cmd_verify(&repo_dir, sample.unwrap_or(0), max_mismatch),
         Command::Doctor { compile_kernels } => cmd_doctor(&repo_dir, compile_kernels),
     }
@@ -265,7 +271,7 @@ fn cmd_verify(dir: &Path, n: u64, max_mismatch: f64) -> anyhow::Result<()> {
 }
 
 /// `verify --since T [--until T]`: replays the serving log.
-fn cmd_verify_log(dir: &Path, since: &str, until: Option<&str>, max_mismatch: f64) -> anyhow::Result<()> {
+fn cmd_verify_log(dir: &Path, since: &str, until: Option<&str>, max_mismatch: f64, created_cutoff: bool) -> anyhow::Result<()> {
     if !(0.0..=1.0).contains(&max_mismatch) {
         anyhow::bail!("--max-mismatch must be between 0 and 1, got {max_mismatch}");
     }
@@ -278,7 +284,7 @@ fn cmd_verify_log(dir: &Path, since: &str, until: Option<&str>, max_mismatch: f6
     let repo = Repo::open(dir)?;
     let defs = repo.applied()?.definitions;
     let rt = runtime()?;
-    let report = rt.block_on(quiver::verify::verify_log(&repo.config, &defs, since_us, until_us, &quiver::gpu_join::CpuKernel::new()))?;
+    let report = rt.block_on(quiver::verify::verify_log(&repo.config, &defs, since_us, until_us, created_cutoff, &quiver::gpu_join::CpuKernel::new()))?;
     println!(
         "serving log {}: {} requests, {} rows from {} to {}",
         repo.config.serving_log.location,
@@ -297,6 +303,9 @@ fn cmd_verify_log(dir: &Path, since: &str, until: Option<&str>, max_mismatch: f6
             micros_text(until_us)
         );
     }
+    if report.features.iter().all(|f| f.compared == 0) {
+        anyhow::bail!("verify: {} rows logged, none could be compared (see the skipped lines above)", report.rows);
+    }
     print_verify(&report.features, max_mismatch)
 }
 
@@ -306,12 +315,20 @@ fn instant_arg(flag: &str, text: &str, now: i64) -> anyhow::Result<i64> {
     if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
         return Ok(d.and_hms_opt(0, 0, 0).expect("midnight").and_utc().timestamp_micros());
     }
-    if let Ok(t) = quiver::sdk::rows::parse_instant(text) {
-        return Ok(t);
+    let expected = "expected an RFC 3339 time (2026-11-30T12:00:00Z), a date (2026-11-30) or a duration before now (90m, 2h, 7d)";
+    match quiver::sdk::rows::parse_instant(text) {
+        Ok(t) => return Ok(t),
+        // Looks like a time: its own message (e.g. a missing zone) says more.
+        Err(e) if text.contains(':') => anyhow::bail!("{flag} `{text}`: {e}"),
+        Err(_) => {}
+    }
+    // A duration needs its unit: a bare number could as well be epoch seconds.
+    if !text.trim_end().ends_with(|c: char| c.is_ascii_alphabetic()) {
+        anyhow::bail!("{flag} `{text}`: {expected}");
     }
     match quiver::sdk::Ttl::parse(text) {
         Ok(ttl) if !ttl.is_unbounded() => Ok(now.saturating_sub(i64::try_from(ttl.secs()).unwrap_or(i64::MAX / 1_000_000).saturating_mul(1_000_000))),
-        _ => anyhow::bail!("{flag} `{text}`: expected an RFC 3339 time (2026-11-30T12:00:00Z), a date (2026-11-30) or a duration before now (90m, 2h, 7d)"),
+        _ => anyhow::bail!("{flag} `{text}`: {expected}"),
     }
 }
 
@@ -901,7 +918,16 @@ fn cmd_serve(dir: &Path, host: Option<String>, port: Option<u16>) -> anyhow::Res
         }
         serve(state, addr).await.with_context(|| format!("serving on {addr}"))?;
         if let Some(log) = &log {
-            log.flush().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            // The last batch; a store that is briefly down gets a few more tries.
+            let mut tries = 0;
+            while let Err(e) = log.flush().await {
+                tries += 1;
+                if tries == 5 {
+                    anyhow::bail!("serving log: the last batch was not written: {e}");
+                }
+                eprintln!("serving log: {e}; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
         }
         println!("stopped");
         anyhow::Ok(())

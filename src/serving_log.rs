@@ -2,9 +2,10 @@
 //! [`DeltaServingLog::log`] (a non-blocking queue send), and a background task turns
 //! answers into log rows and appends them to the log's Delta table in batches
 //! (`serving_log.batch_rows` rows or `batch_ms` after a batch's first row, whichever
-//! comes first). When the queue is full the record is dropped and counted: logging
-//! never slows or fails a request. A failed append is retried with the next batch;
-//! rows beyond ten batches' worth waiting are dropped and counted.
+//! comes first). When the queue holds [`QUEUE_ROWS`] entity rows the record is dropped
+//! and counted: logging never slows or fails a request. A failed append is retried no
+//! sooner than `batch_ms` later; rows beyond ten batches' worth waiting are dropped
+//! (oldest requests first) and counted.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,8 +16,9 @@ use quiver_online::serving_log::{LogRow, Served, ServingLog, log_rows};
 use quiver_sdk::config::ServingLogConfig;
 use tokio::sync::{mpsc, oneshot};
 
-/// Answers waiting for the writer; beyond this many, records are dropped.
-const QUEUE: usize = 8192;
+/// Entity rows of answers waiting for the writer; an answer that would go beyond this
+/// is dropped (it bounds the queue's memory by rows, not by requests).
+pub const QUEUE_ROWS: usize = 1_000_000;
 
 enum Message {
     Served(Served, u64),
@@ -36,7 +38,9 @@ struct Counters {
 /// The serving log, writing to its Delta table from a background task.
 #[derive(Debug)]
 pub struct DeltaServingLog {
-    tx: mpsc::Sender<Message>,
+    tx: mpsc::UnboundedSender<Message>,
+    /// Entity rows queued and not yet taken by the writer.
+    queued: Arc<AtomicU64>,
     sample_rate: f64,
     seq: AtomicU64,
     counters: Arc<Counters>,
@@ -48,12 +52,13 @@ impl DeltaServingLog {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn start(config: &ServingLogConfig) -> Arc<DeltaServingLog> {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let (tx, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
+        let queued = Arc::new(AtomicU64::new(0));
         // Request ids: this server's start time, then a sequence number.
         let server = format!("{:x}", chrono::Utc::now().timestamp_micros());
-        tokio::spawn(writer(config.clone(), server, rx, counters.clone()));
-        Arc::new(DeltaServingLog { tx, sample_rate: config.sample_rate, seq: AtomicU64::new(0), counters })
+        tokio::spawn(writer(config.clone(), server, rx, counters.clone(), queued.clone()));
+        Arc::new(DeltaServingLog { tx, queued, sample_rate: config.sample_rate, seq: AtomicU64::new(0), counters })
     }
 
     /// Writes everything logged so far and waits for the commit.
@@ -62,7 +67,7 @@ impl DeltaServingLog {
     /// The append's error, when the table cannot be written.
     pub async fn flush(&self) -> Result<(), String> {
         let (ack, done) = oneshot::channel();
-        self.tx.send(Message::Flush(ack)).await.map_err(|_| "the serving log writer stopped".to_string())?;
+        self.tx.send(Message::Flush(ack)).map_err(|_| "the serving log writer stopped".to_string())?;
         done.await.map_err(|_| "the serving log writer stopped".to_string())?
     }
 }
@@ -86,13 +91,13 @@ impl ServingLog for DeltaServingLog {
         if !sampled(seq, self.sample_rate) {
             return;
         }
-        match self.tx.try_send(Message::Served(served, seq)) {
-            Ok(()) => {
-                self.counters.requests.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(_) => {
-                self.counters.requests_dropped.fetch_add(1, Ordering::Relaxed);
-            }
+        let rows = served.columns.first().map_or(0, |c| c.values.len()).max(1) as u64;
+        let before = self.queued.fetch_add(rows, Ordering::Relaxed);
+        if before + rows > QUEUE_ROWS as u64 || self.tx.send(Message::Served(served, seq)).is_err() {
+            self.queued.fetch_sub(rows, Ordering::Relaxed);
+            self.counters.requests_dropped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -113,9 +118,17 @@ impl ServingLog for DeltaServingLog {
     }
 }
 
-async fn writer(config: ServingLogConfig, server: String, mut rx: mpsc::Receiver<Message>, counters: Arc<Counters>) {
+async fn writer(
+    config: ServingLogConfig,
+    server: String,
+    mut rx: mpsc::UnboundedReceiver<Message>,
+    counters: Arc<Counters>,
+    queued: Arc<AtomicU64>,
+) {
     let mut pending: Vec<(String, LogRow)> = Vec::new();
     let mut first_at: Option<Instant> = None;
+    // After a failed append, a full batch waits for the timer instead of retrying at once.
+    let mut failed_at: Option<Instant> = None;
     let wait = Duration::from_millis(config.batch_ms);
     loop {
         let message = match first_at {
@@ -123,7 +136,7 @@ async fn writer(config: ServingLogConfig, server: String, mut rx: mpsc::Receiver
                 Ok(m) => m,
                 Err(_) => {
                     // The batch is due.
-                    let _ = write(&config, &mut pending, &counters).await;
+                    failed_at = write(&config, &mut pending, &counters).await.err().map(|_| Instant::now());
                     first_at = (!pending.is_empty()).then(Instant::now);
                     continue;
                 }
@@ -132,18 +145,21 @@ async fn writer(config: ServingLogConfig, server: String, mut rx: mpsc::Receiver
         };
         match message {
             Some(Message::Served(served, seq)) => {
+                let rows = served.columns.first().map_or(0, |c| c.values.len()).max(1) as u64;
+                queued.fetch_sub(rows, Ordering::Relaxed);
                 let id = format!("{server}-{seq}");
                 pending.extend(log_rows(&served).into_iter().map(|r| (id.clone(), r)));
                 if first_at.is_none() && !pending.is_empty() {
                     first_at = Some(Instant::now());
                 }
-                if pending.len() >= config.batch_rows {
-                    let _ = write(&config, &mut pending, &counters).await;
+                if pending.len() >= config.batch_rows && failed_at.is_none_or(|t| t.elapsed() >= wait) {
+                    failed_at = write(&config, &mut pending, &counters).await.err().map(|_| Instant::now());
                     first_at = (!pending.is_empty()).then(Instant::now);
                 }
             }
             Some(Message::Flush(ack)) => {
                 let result = write(&config, &mut pending, &counters).await;
+                failed_at = result.as_ref().err().map(|_| Instant::now());
                 first_at = (!pending.is_empty()).then(Instant::now);
                 let _ = ack.send(result);
             }
@@ -161,7 +177,16 @@ async fn write(config: &ServingLogConfig, pending: &mut Vec<(String, LogRow)>, c
     if pending.is_empty() {
         return Ok(());
     }
-    let batch = to_batch(pending).map_err(|e| e.to_string())?;
+    let batch = match to_batch(pending) {
+        Ok(b) => b,
+        Err(e) => {
+            // Rows that cannot form a batch never will: drop them, counted.
+            counters.write_errors.fetch_add(1, Ordering::Relaxed);
+            counters.rows_dropped.fetch_add(pending.len() as u64, Ordering::Relaxed);
+            pending.clear();
+            return Err(format!("serving log {}: {e}", config.location));
+        }
+    };
     match quiver_offline::serving_log::append(&config.location, batch).await {
         Ok(_) => {
             counters.rows_written.fetch_add(pending.len() as u64, Ordering::Relaxed);
@@ -174,7 +199,11 @@ async fn write(config: &ServingLogConfig, pending: &mut Vec<(String, LogRow)>, c
             tracing::warn!(error = %e, rows = pending.len(), "serving log append failed; retrying with the next batch");
             let keep = config.batch_rows.saturating_mul(10);
             if pending.len() > keep {
-                let drop = pending.len() - keep;
+                // Whole requests, oldest first: a request is logged complete or not at all.
+                let mut drop = pending.len() - keep;
+                while drop < pending.len() && pending[drop].0 == pending[drop - 1].0 {
+                    drop += 1;
+                }
                 pending.drain(..drop);
                 counters.rows_dropped.fetch_add(drop as u64, Ordering::Relaxed);
             }

@@ -168,7 +168,9 @@ pub struct LogReport {
 }
 
 /// Replays the answers logged with `since <= request time < until` (UTC microseconds)
-/// through the offline point-in-time join, per feature view, and compares.
+/// through the offline point-in-time join, per feature view, and compares. With
+/// `created_cutoff`, only rows created by each request time count (as `historical
+/// --created-cutoff`: for models trained that way, and to tell backfills apart).
 ///
 /// # Errors
 /// An unreadable log or table, or a kernel failure.
@@ -177,6 +179,7 @@ pub async fn verify_log(
     defs: &Definitions,
     since: i64,
     until: i64,
+    created_cutoff: bool,
     kernel: &dyn quiver_gpu_join::AsOfKernel,
 ) -> Result<LogReport> {
     use std::collections::{BTreeMap, BTreeSet};
@@ -191,14 +194,14 @@ pub async fn verify_log(
         statuses: serde_json::Map<String, serde_json::Value>,
     }
     let mut by_view: BTreeMap<String, Vec<Logged>> = BTreeMap::new();
-    let mut requests = BTreeSet::new();
+    let mut request_ids = BTreeSet::new();
     for b in &batches {
         let text = |i: usize| b.column(i).as_string::<i32>().clone();
         let (ids, views, entities, values, statuses) = (text(0), text(2), text(3), text(5), text(6));
         let times = b.column(1).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
         let served_ts = b.column(4).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
         for r in 0..b.num_rows() {
-            requests.insert(ids.value(r).to_string());
+            request_ids.insert(ids.value(r).to_string());
             let object = |s: &str| match serde_json::from_str::<serde_json::Value>(s) {
                 Ok(serde_json::Value::Object(m)) => m,
                 _ => serde_json::Map::new(),
@@ -212,7 +215,7 @@ pub async fn verify_log(
             });
         }
     }
-    report.requests = requests.len() as u64;
+    report.requests = request_ids.len() as u64;
     for (name, logged) in by_view {
         report.rows += logged.len() as u64;
         let Some(view) = defs.feature_view(&name) else {
@@ -251,6 +254,7 @@ pub async fn verify_log(
         if unparsed > 0 {
             report.skipped.push(format!("{unparsed} rows of `{name}` whose entity does not match the view's join keys"));
         }
+        let mut skipped = Vec::new();
         let mut reports: Vec<FeatureReport> = features
             .iter()
             .map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() })
@@ -267,14 +271,18 @@ pub async fn verify_log(
             v.ttl = quiver_sdk::Ttl::UNBOUNDED;
         }
         let refs: Vec<FeatureRef> = features.iter().map(|f| FeatureRef::new(&name, &f.name)).collect();
-        let requests = quiver_offline::historical::resolve(&unbounded, &refs)?;
+        let resolved = quiver_offline::historical::resolve(&unbounded, &refs)?;
         let joined = quiver_offline::historical::historical(
             config,
             &unbounded,
             std::path::Path::new("serving log"),
             &spine,
-            &requests,
-            quiver_offline::historical::HistoricalOptions { event_times: true, ..Default::default() },
+            &resolved,
+            quiver_offline::historical::HistoricalOptions {
+                event_times: true,
+                // Views without a created time have nothing to cut by.
+                created_cutoff: created_cutoff && view.source.created_timestamp_field.is_some(),
+            },
             kernel,
             &|_, _| {},
         )
@@ -285,8 +293,14 @@ pub async fn verify_log(
         for (k, feature) in features.iter().enumerate() {
             let column = joined.column(first + k);
             let report = &mut reports[k];
+            let mut unreadable = 0;
             for (j, l) in kept.iter().enumerate() {
                 let Some(served_status) = l.statuses.get(&feature.name).and_then(|s| s.as_str()).and_then(quiver_online::serving_log::parse_status) else {
+                    // Not asked for in this request (another feature of the view was), or
+                    // a status the log should not hold.
+                    if l.statuses.contains_key(&feature.name) {
+                        unreadable += 1;
+                    }
                     continue;
                 };
                 let served_value = l.values.get(&feature.name).map(|v| v.to_string()).unwrap_or_else(|| "null".into());
@@ -295,7 +309,10 @@ pub async fn verify_log(
                     (Status::NotFound, "null".to_string(), None)
                 } else {
                     let ts = offline_ts.value(j);
-                    if ttl_us.is_some_and(|ttl| l.time.saturating_sub(ts) > ttl) {
+                    if quiver_sdk::encoding::expire_at_ms(view, ts).is_some_and(|at| l.time.div_euclid(1000) >= at) {
+                        // Past the TTL and the key's grace period: the store has dropped it.
+                        (Status::NotFound, "null".to_string(), None)
+                    } else if ttl_us.is_some_and(|ttl| l.time.saturating_sub(ts) > ttl) {
                         (Status::OutsideMaxAge, "null".to_string(), Some(ts))
                     } else {
                         match value_at(column.as_ref(), j, feature.dtype) {
@@ -313,6 +330,10 @@ pub async fn verify_log(
                 let kind = if served == expected {
                     report.matches += 1;
                     continue;
+                } else if served.2.is_some_and(|t| t > l.time) {
+                    // The online store held a row from after the request: never right.
+                    report.mismatches += 1;
+                    "mismatch (served a row from after the request)"
                 } else if served.0 == Status::NotFound {
                     report.missing_online += 1;
                     "missing online"
@@ -328,7 +349,11 @@ pub async fn verify_log(
                     report.examples.push(example);
                 }
             }
+            if unreadable > 0 {
+                skipped.push(format!("{unreadable} logged values of `{name}:{}` with an unknown status", feature.name));
+            }
         }
+        report.skipped.append(&mut skipped);
         report.features.extend(reports);
     }
     Ok(report)

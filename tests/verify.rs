@@ -153,9 +153,10 @@ async fn verify_since_replays_the_serving_log() {
     assert!(out.contains(": 2 requests, "), "{out}");
     // 11 entity rows per request, two requests: every feature compared 22 times, all equal
     // (5555 is NOT_FOUND on both sides).
-    let n = numbers(&out, "driver_hourly:conv_rate");
-    assert_eq!(n, vec![22, 22, 0, 0, 0], "{out}");
-    assert!(out.contains("0 of "), "{out}");
+    for feature in ["driver_hourly:conv_rate", "customer_profile:embedding", "driver_customer:rides_together"] {
+        assert_eq!(numbers(&out, feature), vec![22, 22, 0, 0, 0], "{feature}: {out}");
+    }
+    assert!(out.contains("0 of ") && !out.contains("skipped"), "{out}");
 
     // Three real inconsistencies, with the server stopped (the embedded store is one
     // process's file): a different value for 1001, same times ...
@@ -201,6 +202,11 @@ async fn verify_since_replays_the_serving_log() {
     let bad = quiver(&repo, &["verify", "--since", "yesterday"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(text(&bad).1.contains("--since `yesterday`: expected an RFC 3339 time"), "{:?}", text(&bad));
+    // A bare number is not taken for seconds ago; a time without a zone says so.
+    let bare = quiver(&repo, &["verify", "--since", "1735689600"]);
+    assert!(text(&bare).1.contains("--since `1735689600`: expected an RFC 3339 time"), "{:?}", text(&bare));
+    let naive = quiver(&repo, &["verify", "--since", "2026-11-30T10:00:00"]);
+    assert!(text(&naive).1.contains("zone"), "{:?}", text(&naive));
 }
 
 /// The replay decides statuses as the online lookup does, at each request's own time:
@@ -236,32 +242,46 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
         serving_log: Some(log.clone()),
     });
     let body = r#"{"entities": {"driver_id": [1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010]}, "features": ["driver_hourly:conv_rate", "driver_hourly:avg_daily_trips"]}"#;
-    for at in [now, now + 3 * hour, now - 5 * hour] {
+    let ask = |at: i64| {
         clock.store(at, Ordering::SeqCst);
-        let req = axum::http::Request::builder().method("POST").uri("/get-online-features").header("content-type", "application/json");
-        let resp = router(state.clone()).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
-        assert_eq!(resp.status(), 200);
+        let state = state.clone();
+        async move {
+            let req = axum::http::Request::builder().method("POST").uri("/get-online-features").header("content-type", "application/json");
+            let resp = router(state).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+        }
+    };
+    // Every demo driver's latest row is at the same hour (the demo's last).
+    let first = ask(now).await;
+    let latest = first["results"][1]["event_timestamps"][0].as_str().unwrap();
+    let latest = chrono::DateTime::parse_from_rfc3339(latest).unwrap().timestamp_micros();
+    for at in [now + 3 * hour, now - 5 * hour, latest + 2 * hour, latest + 2 * hour + 1] {
+        ask(at).await;
     }
     log.flush().await.unwrap();
     let req = axum::http::Request::builder().uri("/metrics").body(axum::body::Body::empty()).unwrap();
     let metrics = router(state.clone()).oneshot(req).await.unwrap().into_body();
     let metrics = String::from_utf8(http_body_util::BodyExt::collect(metrics).await.unwrap().to_bytes().to_vec()).unwrap();
-    assert!(metrics.contains("quiver_serving_log_requests_total 3\n") && metrics.contains("quiver_serving_log_rows_written_total 30\n"), "{metrics}");
+    assert!(metrics.contains("quiver_serving_log_requests_total 5\n") && metrics.contains("quiver_serving_log_rows_written_total 50\n"), "{metrics}");
     // The stale answers are in the log as such.
     let logged = quiver::offline::serving_log::read(&repo.config.serving_log.location, now - 6 * hour, now + 4 * hour).await.unwrap();
     let statuses: Vec<String> = logged.iter().flat_map(|b| {
         let c = arrow::array::AsArray::as_string::<i32>(b.column(6)).clone();
         (0..b.num_rows()).map(move |r| c.value(r).to_string()).collect::<Vec<_>>()
     }).collect();
-    assert_eq!(statuses.len(), 30);
-    assert_eq!(statuses.iter().filter(|s| s.contains("OUTSIDE_MAX_AGE")).count(), 10, "{statuses:?}");
+    assert_eq!(statuses.len(), 50);
+    // Stale at now + 3h and one microsecond past the 2h TTL; not at exactly 2h.
+    assert_eq!(statuses.iter().filter(|s| s.contains("OUTSIDE_MAX_AGE")).count(), 20, "{statuses:?}");
 
-    let report = quiver::verify::verify_log(&repo.config, &defs, now - 6 * hour, now + 4 * hour, &quiver::gpu_join::CpuKernel::new()).await.unwrap();
-    assert_eq!(report.requests, 3);
+    let report = quiver::verify::verify_log(&repo.config, &defs, now - 6 * hour, now + 4 * hour, false, &quiver::gpu_join::CpuKernel::new()).await.unwrap();
+    assert_eq!(report.requests, 5);
     let trips = report.features.iter().find(|f| f.feature == "driver_hourly:avg_daily_trips").unwrap();
-    assert_eq!((trips.compared, trips.matches, trips.mismatches, trips.missing_online, trips.missing_offline), (30, 20, 10, 0, 0), "{trips:?}");
-    assert!(trips.examples.iter().all(|e| e.starts_with("mismatch: ")), "{:?}", trips.examples);
+    assert_eq!((trips.compared, trips.matches, trips.mismatches, trips.missing_online, trips.missing_offline), (50, 40, 10, 0, 0), "{trips:?}");
+    // Five hours back the store served rows from after the request.
+    assert!(trips.examples.iter().all(|e| e.starts_with("mismatch (served a row from after the request): ")), "{:?}", trips.examples);
     // Only the past window disagrees.
-    let agree = quiver::verify::verify_log(&repo.config, &defs, now, now + 4 * hour, &quiver::gpu_join::CpuKernel::new()).await.unwrap();
-    assert!(agree.features.iter().all(|f| f.compared == 20 && f.matches == 20), "{:?}", agree.features);
+    let agree = quiver::verify::verify_log(&repo.config, &defs, now, now + 4 * hour, false, &quiver::gpu_join::CpuKernel::new()).await.unwrap();
+    assert!(agree.features.iter().all(|f| f.compared == 40 && f.matches == 40), "{:?}", agree.features);
 }

@@ -138,3 +138,67 @@ pub fn parse_status(text: &str) -> Option<Status> {
         .into_iter()
         .find(|s| s.as_str() == text)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use quiver_sdk::encoding::Value;
+    use quiver_sdk::{DType, Definitions, Entity, FeatureRef, FeatureView, KeyType};
+
+    use super::{LogRow, Served, log_rows, value_json};
+    use crate::lookup::{Column, Status};
+
+    fn column(name: &str, values: Vec<Value>, statuses: Vec<Status>, ts: Vec<Option<i64>>) -> Column {
+        Column { name: name.into(), values, statuses, event_ts: ts }
+    }
+
+    /// A request naming view `v` twice around view `w` (one row per view and entity row,
+    /// each feature once), a string key that needs escaping and an int64 key past 2^53.
+    #[test]
+    fn one_row_per_view_and_entity_row_with_the_answer_as_json() {
+        let defs = Definitions::default()
+            .with_entity(Entity::new("user").with_join_key("user_id", KeyType::String))
+            .with_entity(Entity::new("item").with_join_key("item_id", KeyType::Int64))
+            .with_feature_view(FeatureView::new("v").with_entity("user").with_feature("a", DType::Float64).with_feature("b", DType::Int64))
+            .with_feature_view(FeatureView::new("w").with_entity("item").with_feature("x", DType::String));
+        let refs: Vec<FeatureRef> = ["v:a", "w:x", "v:b", "v:a"].iter().map(|r| r.parse().unwrap()).collect();
+        let big = (1i64 << 53) + 1;
+        let served = Served {
+            request_time: 42,
+            defs: Arc::new(defs),
+            refs,
+            n_keys: 2,
+            columns: vec![
+                column("user_id", vec![Value::String("q\"u".into()), Value::String("u2".into())], vec![Status::Present; 2], vec![None; 2]),
+                column("item_id", vec![Value::Int64(big), Value::Int64(7)], vec![Status::Present; 2], vec![None; 2]),
+                column("a", vec![Value::Float64(50.0), Value::Null], vec![Status::Present, Status::NotFound], vec![Some(5), None]),
+                column("x", vec![Value::Null, Value::String("s".into())], vec![Status::OutsideMaxAge, Status::Present], vec![Some(1), Some(2)]),
+                column("b", vec![Value::Int64(3), Value::Null], vec![Status::Present, Status::NotFound], vec![Some(5), None]),
+                column("a", vec![Value::Float64(50.0), Value::Null], vec![Status::Present, Status::NotFound], vec![Some(5), None]),
+            ],
+        };
+        let rows = log_rows(&served);
+        let row = |view: &str, entity: &str, ts, values: &str, statuses: &str| LogRow {
+            request_time: 42,
+            view: view.into(),
+            entity: entity.into(),
+            event_ts: ts,
+            values: values.into(),
+            statuses: statuses.into(),
+        };
+        assert_eq!(
+            rows,
+            vec![
+                row("v", r#"{"user_id":"q\"u"}"#, Some(5), r#"{"a":50.0,"b":3}"#, r#"{"a":"PRESENT","b":"PRESENT"}"#),
+                row("v", r#"{"user_id":"u2"}"#, None, r#"{"a":null,"b":null}"#, r#"{"a":"NOT_FOUND","b":"NOT_FOUND"}"#),
+                row("w", &format!(r#"{{"item_id":{big}}}"#), Some(1), r#"{"x":null}"#, r#"{"x":"OUTSIDE_MAX_AGE"}"#),
+                row("w", r#"{"item_id":7}"#, Some(2), r#"{"x":"s"}"#, r#"{"x":"PRESENT"}"#),
+            ]
+        );
+        // What verify parses back: the same JSON values.
+        let parsed: serde_json::Value = serde_json::from_str(&rows[2].entity).unwrap();
+        assert_eq!(parsed["item_id"].as_i64(), Some(big));
+        assert_eq!(value_json(&Value::Float32(0.1)), serde_json::to_string(&f64::from(0.1f32)).unwrap());
+    }
+}

@@ -117,7 +117,7 @@ def test_torch_loader_yields_every_row_once_across_ranks_and_workers(exported):
         for rank in range(world):
             ds = ts.to_torch(batch_size=16, shuffle_shards=True, seed=5, rank=rank, world_size=world)
             for batch in DataLoader(ds, batch_size=None, num_workers=workers):
-                assert sorted(batch) == sorted(numeric), sorted(batch)
+                assert list(batch) == numeric, list(batch)
                 assert all(len(t) <= 16 for t in batch.values())
                 seen += _rows({c: batch[c].tolist() for c in numeric}, len(batch["driver_id"]))
         assert sorted(seen) == want, (world, workers)
@@ -171,3 +171,31 @@ def test_readme_torch_loop_runs(exported, tmp_path, monkeypatch, capsys):
     exec(compile(block, "README.md", "exec"), {"__name__": "__main__"})
     out = capsys.readouterr().out
     assert "epoch 0: 500 rows" in out and "epoch 1: 500 rows" in out, out
+
+
+def test_to_tensors_types_nulls_and_packing():
+    torch = _torch()
+    table = pa.table({
+        "id": pa.array([1, 2, 3], pa.int64()),
+        "maybe": pa.array([1, None, 3], pa.int64()),
+        "flag": pa.array([True, False, True]),
+        "flag_or_null": pa.array([True, None, False]),
+        "x": pa.array([0.5, None, 2.0], pa.float32()),
+        "emb": pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], pa.list_(pa.float32())),
+        "ragged": pa.array([[1.0], [], [2.0, 3.0]], pa.list_(pa.float64())),
+        "empty": pa.array([[], [], []], pa.list_(pa.float64())),
+        "name": pa.array(["a", "b", "c"]),
+    })
+    for pack in (False, True):
+        t = qv.to_tensors(table, torch, pack=pack)
+        assert list(t) == ["id", "maybe", "flag", "flag_or_null", "x", "emb"], (pack, list(t))
+        assert t["id"].dtype == torch.int64 and t["id"].tolist() == [1, 2, 3]
+        assert t["maybe"].dtype == torch.float64 and _rows({"m": t["maybe"].tolist()}, 3) == _rows({"m": [1, None, 3]}, 3)
+        assert t["flag"].dtype == torch.bool and t["flag"].tolist() == [True, False, True]
+        assert t["flag_or_null"].dtype == torch.float32 and _rows({"f": t["flag_or_null"].tolist()}, 3) == _rows({"f": [1.0, None, 0.0]}, 3)
+        assert t["x"].dtype == torch.float32 and t["emb"].tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+        assert all(v.is_contiguous() for v in t.values())
+    # Packed, the two float32 columns share one buffer; unpacked they do not.
+    packed, loose = qv.to_tensors(table, torch, pack=True), qv.to_tensors(table, torch)
+    same = lambda t: t["x"].untyped_storage().data_ptr() == t["flag_or_null"].untyped_storage().data_ptr()  # noqa: E731
+    assert same(packed) and not same(loose)
