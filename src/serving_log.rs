@@ -5,14 +5,15 @@
 //! comes first). When the queue holds [`QUEUE_ROWS`] entity rows the record is dropped
 //! and counted: logging never slows or fails a request. A failed append is retried no
 //! sooner than `batch_ms` later; rows beyond ten batches' worth waiting are dropped
-//! (oldest requests first) and counted.
+//! and counted.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow::array::{ArrayRef, RecordBatch, StringArray, TimestampMicrosecondArray};
-use quiver_online::serving_log::{LogRow, Served, ServingLog, log_rows};
+use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use quiver_online::serving_log::{LogColumns, Served, ServingLog, TextColumn, append_log_rows};
 use quiver_sdk::config::ServingLogConfig;
 use tokio::sync::{mpsc, oneshot};
 
@@ -125,7 +126,8 @@ async fn writer(
     counters: Arc<Counters>,
     queued: Arc<AtomicU64>,
 ) {
-    let mut pending: Vec<(String, LogRow)> = Vec::new();
+    let mut pending = LogColumns::default();
+    let mut table = quiver_offline::serving_log::LogTable::new(config.location.clone());
     let mut first_at: Option<Instant> = None;
     // After a failed append, a full batch waits for the timer instead of retrying at once.
     let mut failed_at: Option<Instant> = None;
@@ -136,7 +138,7 @@ async fn writer(
                 Ok(m) => m,
                 Err(_) => {
                     // The batch is due.
-                    failed_at = write(&config, &mut pending, &counters).await.err().map(|_| Instant::now());
+                    failed_at = write(&config, &mut table, &mut pending, &counters).await.err().map(|_| Instant::now());
                     first_at = (!pending.is_empty()).then(Instant::now);
                     continue;
                 }
@@ -147,81 +149,89 @@ async fn writer(
             Some(Message::Served(served, seq)) => {
                 let rows = served.columns.first().map_or(0, |c| c.values.len()).max(1) as u64;
                 queued.fetch_sub(rows, Ordering::Relaxed);
-                let id = format!("{server}-{seq}");
-                pending.extend(log_rows(&served).into_iter().map(|r| (id.clone(), r)));
+                append_log_rows(&served, &format!("{server}-{seq}"), &mut pending);
+                drop(served);
                 if first_at.is_none() && !pending.is_empty() {
                     first_at = Some(Instant::now());
                 }
-                if pending.len() >= config.batch_rows && failed_at.is_none_or(|t| t.elapsed() >= wait) {
-                    failed_at = write(&config, &mut pending, &counters).await.err().map(|_| Instant::now());
+                let full = pending.len() >= config.batch_rows || pending.bytes() >= MAX_BATCH_BYTES;
+                if full && failed_at.is_none_or(|t| t.elapsed() >= wait) {
+                    failed_at = write(&config, &mut table, &mut pending, &counters).await.err().map(|_| Instant::now());
                     first_at = (!pending.is_empty()).then(Instant::now);
                 }
             }
             Some(Message::Flush(ack)) => {
-                let result = write(&config, &mut pending, &counters).await;
+                let result = write(&config, &mut table, &mut pending, &counters).await;
                 failed_at = result.as_ref().err().map(|_| Instant::now());
                 first_at = (!pending.is_empty()).then(Instant::now);
                 let _ = ack.send(result);
             }
             None => {
-                let _ = write(&config, &mut pending, &counters).await;
+                let _ = write(&config, &mut table, &mut pending, &counters).await;
                 return;
             }
         }
     }
 }
 
-/// Appends the pending rows as one commit; on failure keeps them for the next try, up
-/// to ten batches' worth.
-async fn write(config: &ServingLogConfig, pending: &mut Vec<(String, LogRow)>, counters: &Counters) -> Result<(), String> {
+/// Appends the pending rows as one commit. On failure they wait for the next try, up to
+/// ten batches' worth; beyond that they are dropped, counted.
+async fn write(
+    config: &ServingLogConfig,
+    table: &mut quiver_offline::serving_log::LogTable,
+    pending: &mut LogColumns,
+    counters: &Counters,
+) -> Result<(), String> {
     if pending.is_empty() {
         return Ok(());
     }
+    let rows = pending.len() as u64;
     let batch = match to_batch(pending) {
         Ok(b) => b,
         Err(e) => {
             // Rows that cannot form a batch never will: drop them, counted.
             counters.write_errors.fetch_add(1, Ordering::Relaxed);
-            counters.rows_dropped.fetch_add(pending.len() as u64, Ordering::Relaxed);
-            pending.clear();
+            counters.rows_dropped.fetch_add(rows, Ordering::Relaxed);
+            *pending = LogColumns::default();
             return Err(format!("serving log {}: {e}", config.location));
         }
     };
-    match quiver_offline::serving_log::append(&config.location, batch).await {
+    match table.append(batch).await {
         Ok(_) => {
-            counters.rows_written.fetch_add(pending.len() as u64, Ordering::Relaxed);
+            counters.rows_written.fetch_add(rows, Ordering::Relaxed);
             counters.commits.fetch_add(1, Ordering::Relaxed);
-            pending.clear();
+            *pending = LogColumns::default();
             Ok(())
         }
         Err(e) => {
             counters.write_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, rows = pending.len(), "serving log append failed; retrying with the next batch");
-            let keep = config.batch_rows.saturating_mul(10);
-            if pending.len() > keep {
-                // Whole requests, oldest first: a request is logged complete or not at all.
-                let mut drop = pending.len() - keep;
-                while drop < pending.len() && pending[drop].0 == pending[drop - 1].0 {
-                    drop += 1;
-                }
-                pending.drain(..drop);
-                counters.rows_dropped.fetch_add(drop as u64, Ordering::Relaxed);
+            tracing::warn!(error = %e, rows, "serving log append failed; retrying with the next batch");
+            if pending.len() > config.batch_rows.saturating_mul(10) || pending.bytes() >= 4 * MAX_BATCH_BYTES {
+                counters.rows_dropped.fetch_add(rows, Ordering::Relaxed);
+                *pending = LogColumns::default();
             }
             Err(format!("serving log {}: {e}", config.location))
         }
     }
 }
 
-fn to_batch(rows: &[(String, LogRow)]) -> Result<RecordBatch, arrow::error::ArrowError> {
-    let text = |f: &dyn Fn(&(String, LogRow)) -> &str| -> ArrayRef { Arc::new(rows.iter().map(|r| Some(f(r))).collect::<StringArray>()) };
+/// A batch is written once a text column holds this many bytes, whatever its rows.
+const MAX_BATCH_BYTES: usize = 256 << 20;
+
+/// The pending rows as the log table's batch; the text columns' buffers are copied once.
+fn to_batch(rows: &LogColumns) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let text = |c: &TextColumn| -> Result<ArrayRef, arrow::error::ArrowError> {
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(c.offsets.clone()));
+        Ok(Arc::new(StringArray::try_new(offsets, Buffer::from(c.bytes.as_slice()), None)?))
+    };
     let columns: Vec<ArrayRef> = vec![
-        text(&|r| &r.0),
-        Arc::new(TimestampMicrosecondArray::from_iter_values(rows.iter().map(|r| r.1.request_time)).with_timezone("UTC")),
-        text(&|r| &r.1.view),
-        text(&|r| &r.1.entity),
-        Arc::new(rows.iter().map(|r| r.1.event_ts).collect::<TimestampMicrosecondArray>().with_timezone("UTC")),
-        text(&|r| &r.1.values),
-        text(&|r| &r.1.statuses),
+        text(&rows.request_id)?,
+        Arc::new(TimestampMicrosecondArray::from(rows.request_time.clone()).with_timezone("UTC")),
+        text(&rows.view)?,
+        text(&rows.entity)?,
+        Arc::new(TimestampMicrosecondArray::from(rows.event_ts.clone()).with_timezone("UTC")),
+        text(&rows.values)?,
+        text(&rows.statuses)?,
     ];
     RecordBatch::try_new(quiver_offline::serving_log::schema(), columns)
 }

@@ -34,22 +34,46 @@ pub fn schema() -> SchemaRef {
     ]))
 }
 
-/// Appends `batch` (in [`schema`]) as one commit, creating the table if needed; returns
-/// the version committed.
-///
-/// # Errors
-/// [`Error::Delta`] when the table cannot be created or written.
-pub async fn append(location: &StoreLocation, batch: RecordBatch) -> Result<u64> {
-    ensure_table(location, &schema(), "serving_log").await?;
-    let table = open_table(location)
-        .await?
-        .ok_or_else(|| Error::Request(format!("serving log {location} vanished while writing")))?;
-    let table = table
-        .write(vec![batch])
-        .with_save_mode(SaveMode::Append)
-        .await
-        .map_err(|e| Error::delta(location, e))?;
-    Ok(table.version().unwrap_or(0) as u64)
+/// The log table, kept open between appends (opening reads the Delta log, which grows
+/// by a commit per batch).
+#[derive(Debug)]
+pub struct LogTable {
+    location: StoreLocation,
+    table: Option<deltalake::DeltaTable>,
+}
+
+impl LogTable {
+    pub fn new(location: StoreLocation) -> LogTable {
+        LogTable { location, table: None }
+    }
+
+    /// Appends `batch` (in [`schema`]) as one commit, creating the table if needed;
+    /// returns the version committed. Concurrent appenders (other servers) are fine:
+    /// blind appends retry at the next version.
+    ///
+    /// # Errors
+    /// [`Error::Delta`] when the table cannot be created or written.
+    pub async fn append(&mut self, batch: RecordBatch) -> Result<u64> {
+        let location = &self.location;
+        let table = match self.table.take() {
+            Some(t) => t,
+            None => {
+                ensure_table(location, &schema(), "serving_log").await?;
+                open_table(location)
+                    .await?
+                    .ok_or_else(|| Error::Request(format!("serving log {location} vanished while writing")))?
+            }
+        };
+        // On failure the handle is dropped: the next append opens the table afresh.
+        let table = table
+            .write(vec![batch])
+            .with_save_mode(SaveMode::Append)
+            .await
+            .map_err(|e| Error::delta(location, e))?;
+        let version = table.version().unwrap_or(0) as u64;
+        self.table = Some(table);
+        Ok(version)
+    }
 }
 
 /// The rows logged with `since <= request_time < until` (UTC microseconds), ordered by

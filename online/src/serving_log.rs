@@ -1,7 +1,8 @@
 //! The serving log's records: what `/get-online-features` answered, handed to a
 //! [`ServingLog`] after the answer is written, so logging costs the request a move into
 //! a queue. The Delta writer behind the trait lives above this crate (it knows no
-//! Delta); [`log_rows`] turns one answer into the log's rows.
+//! Delta); [`append_log_rows`] turns one answer into the log's rows, laid out as
+//! columns.
 
 use std::sync::Arc;
 
@@ -37,6 +38,7 @@ pub trait ServingLog: Send + Sync {
 /// One row of the log: one entity row of one feature view in one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogRow {
+    pub request_id: String,
     pub request_time: i64,
     pub view: String,
     /// The view's join keys as a JSON object, in definition order: `{"driver_id":1001}`.
@@ -49,13 +51,85 @@ pub struct LogRow {
     pub statuses: String,
 }
 
-/// The log rows of one answer: per feature view asked for, one row per entity row.
-/// Views whose keys the answer lacks (it cannot happen for a successful lookup) are
-/// skipped.
-pub fn log_rows(served: &Served) -> Vec<LogRow> {
+/// Text values laid out as Arrow lays out a string column: the bytes one after the
+/// other and where each ends, so a batch of them becomes a column without a copy.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TextColumn {
+    pub bytes: Vec<u8>,
+    /// `offsets[i]..offsets[i + 1]` is value `i`; starts with 0 once a value is added.
+    pub offsets: Vec<i32>,
+}
+
+impl TextColumn {
+    fn start(&mut self) {
+        if self.offsets.is_empty() {
+            self.offsets.push(0);
+        }
+    }
+
+    fn end(&mut self) {
+        self.offsets.push(i32::try_from(self.bytes.len()).expect("a log batch under 2 GiB per column"));
+    }
+
+    fn push(&mut self, text: &str) {
+        self.start();
+        self.bytes.extend_from_slice(text.as_bytes());
+        self.end();
+    }
+
+    /// Value `i` as text.
+    pub fn value(&self, i: usize) -> &str {
+        std::str::from_utf8(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize]).expect("JSON is UTF-8")
+    }
+}
+
+/// Log rows, column by column (the log table's columns), built without a per-row
+/// allocation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogColumns {
+    pub request_id: TextColumn,
+    pub request_time: Vec<i64>,
+    pub view: TextColumn,
+    pub entity: TextColumn,
+    pub event_ts: Vec<Option<i64>>,
+    pub values: TextColumn,
+    pub statuses: TextColumn,
+}
+
+impl LogColumns {
+    pub fn len(&self) -> usize {
+        self.request_time.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.request_time.is_empty()
+    }
+
+    /// The largest text column's bytes.
+    pub fn bytes(&self) -> usize {
+        self.values.bytes.len().max(self.statuses.bytes.len()).max(self.entity.bytes.len())
+    }
+
+    /// Row `i`, for reading back.
+    pub fn row(&self, i: usize) -> LogRow {
+        LogRow {
+            request_id: self.request_id.value(i).to_string(),
+            request_time: self.request_time[i],
+            view: self.view.value(i).to_string(),
+            entity: self.entity.value(i).to_string(),
+            event_ts: self.event_ts[i],
+            values: self.values.value(i).to_string(),
+            statuses: self.statuses.value(i).to_string(),
+        }
+    }
+}
+
+/// Appends the log rows of one answer to `out`: per feature view asked for, one row
+/// per entity row. Views whose keys the answer lacks (it cannot happen for a
+/// successful lookup) are skipped.
+pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) {
     let keys = &served.columns[..served.n_keys.min(served.columns.len())];
     let n = keys.first().map_or(0, |c| c.values.len());
-    let mut out = Vec::new();
     let mut views: Vec<&str> = Vec::new();
     for r in &served.refs {
         if !views.contains(&r.view.as_str()) {
@@ -80,48 +154,57 @@ pub fn log_rows(served: &Served) -> Vec<LogRow> {
                 }
             }
         }
+        // Each feature's `"name":` once, written before every value.
+        let labels: Vec<Vec<u8>> = features
+            .iter()
+            .map(|(f, _)| {
+                let mut label = Vec::new();
+                crate::server::json_str(&mut label, f);
+                label.push(b':');
+                label
+            })
+            .collect();
         for row in 0..n {
-            let mut entity = Vec::with_capacity(32);
-            entity.push(b'{');
+            out.request_id.push(request_id);
+            out.request_time.push(served.request_time);
+            out.view.push(name);
+            out.event_ts.push(features.first().and_then(|(_, c)| c.event_ts[row]));
+            let entity = &mut out.entity;
+            entity.start();
+            entity.bytes.push(b'{');
             for (i, c) in key_columns.iter().enumerate() {
                 if i > 0 {
-                    entity.push(b',');
+                    entity.bytes.push(b',');
                 }
-                crate::server::json_str(&mut entity, &c.name);
-                entity.push(b':');
-                crate::server::write_value(&mut entity, &c.values[row]);
+                crate::server::json_str(&mut entity.bytes, &c.name);
+                entity.bytes.push(b':');
+                crate::server::write_value(&mut entity.bytes, &c.values[row]);
             }
-            entity.push(b'}');
-            let mut values = Vec::with_capacity(16 * features.len());
-            let mut statuses = Vec::with_capacity(24 * features.len());
-            values.push(b'{');
-            statuses.push(b'{');
-            for (i, (feature, c)) in features.iter().enumerate() {
+            entity.bytes.push(b'}');
+            entity.end();
+            let (values, statuses) = (&mut out.values, &mut out.statuses);
+            values.start();
+            statuses.start();
+            values.bytes.push(b'{');
+            statuses.bytes.push(b'{');
+            for (i, (_, c)) in features.iter().enumerate() {
                 if i > 0 {
-                    values.push(b',');
-                    statuses.push(b',');
+                    values.bytes.push(b',');
+                    statuses.bytes.push(b',');
                 }
-                crate::server::json_str(&mut values, feature);
-                values.push(b':');
-                crate::server::write_value(&mut values, &c.values[row]);
-                crate::server::json_str(&mut statuses, feature);
-                statuses.push(b':');
-                crate::server::json_str(&mut statuses, c.statuses[row].as_str());
+                values.bytes.extend_from_slice(&labels[i]);
+                crate::server::write_value(&mut values.bytes, &c.values[row]);
+                statuses.bytes.extend_from_slice(&labels[i]);
+                statuses.bytes.push(b'"');
+                statuses.bytes.extend_from_slice(c.statuses[row].as_str().as_bytes());
+                statuses.bytes.push(b'"');
             }
-            values.push(b'}');
-            statuses.push(b'}');
-            let text = |b: Vec<u8>| String::from_utf8(b).expect("JSON is UTF-8");
-            out.push(LogRow {
-                request_time: served.request_time,
-                view: name.to_string(),
-                entity: text(entity),
-                event_ts: features.first().and_then(|(_, c)| c.event_ts[row]),
-                values: text(values),
-                statuses: text(statuses),
-            });
+            values.bytes.push(b'}');
+            statuses.bytes.push(b'}');
+            values.end();
+            statuses.end();
         }
     }
-    out
 }
 
 /// A value as the server writes it in JSON (floats keep a decimal point; non-finite
@@ -146,7 +229,7 @@ mod tests {
     use quiver_sdk::encoding::Value;
     use quiver_sdk::{DType, Definitions, Entity, FeatureRef, FeatureView, KeyType};
 
-    use super::{LogRow, Served, log_rows, value_json};
+    use super::{LogColumns, LogRow, Served, append_log_rows, value_json};
     use crate::lookup::{Column, Status};
 
     fn column(name: &str, values: Vec<Value>, statuses: Vec<Status>, ts: Vec<Option<i64>>) -> Column {
@@ -178,8 +261,11 @@ mod tests {
                 column("a", vec![Value::Float64(50.0), Value::Null], vec![Status::Present, Status::NotFound], vec![Some(5), None]),
             ],
         };
-        let rows = log_rows(&served);
+        let mut columns = LogColumns::default();
+        append_log_rows(&served, "r-1", &mut columns);
+        let rows: Vec<LogRow> = (0..columns.len()).map(|i| columns.row(i)).collect();
         let row = |view: &str, entity: &str, ts, values: &str, statuses: &str| LogRow {
+            request_id: "r-1".into(),
             request_time: 42,
             view: view.into(),
             entity: entity.into(),

@@ -145,7 +145,7 @@ pub struct ServingLogConfig {
     pub location: StoreLocation,
     /// The share of requests logged, in (0, 1]; default 1.
     pub sample_rate: f64,
-    /// A batch is written when it holds this many rows (default 10,000) ...
+    /// A batch is written when it holds this many rows (default 100,000) ...
     pub batch_rows: usize,
     /// ... or this many milliseconds after its first row (default 1,000).
     pub batch_ms: u64,
@@ -427,7 +427,7 @@ fn serving_log(repo: &Path, offline_root: &StoreLocation, raw: RawServingLog) ->
         enabled,
         location,
         sample_rate,
-        batch_rows: usize::try_from(positive("batch_rows", raw.batch_rows, 10_000)?).unwrap_or(usize::MAX),
+        batch_rows: usize::try_from(positive("batch_rows", raw.batch_rows, 100_000)?).unwrap_or(usize::MAX),
         batch_ms: positive("batch_ms", raw.batch_ms, 1_000)?,
     })
 }
@@ -508,7 +508,7 @@ mod tests {
         let c = parse("project: demo\n", &[]).unwrap();
         assert!(!c.serving_log.enabled);
         assert_eq!(c.serving_log.location, StoreLocation::Local("/repo/data/_serving_log".into()));
-        assert_eq!((c.serving_log.sample_rate, c.serving_log.batch_rows, c.serving_log.batch_ms), (1.0, 10_000, 1_000));
+        assert_eq!((c.serving_log.sample_rate, c.serving_log.batch_rows, c.serving_log.batch_ms), (1.0, 100_000, 1_000));
         let c = parse(
             "project: demo\nserving_log: {enabled: true, path: logs/served, sample_rate: 0.25, batch_ms: 200}\n",
             &[("QUIVER_SERVING_LOG_BATCH_ROWS", "50")],
