@@ -16,11 +16,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use quiver::Repo;
-use quiver::online::server::{Metrics, RegistryCache, ServerState, router, system_clock};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{enable_serving_log, post, step};
+use common::{enable_serving_log, post, serve_in_process, step};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -96,19 +95,7 @@ async fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     let log = quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log);
     let serving_began = chrono::Utc::now().timestamp_micros();
-    let state = Arc::new(ServerState {
-        store: store.clone(),
-        registry: RegistryCache::new(repo.config.registry_path.clone(), &repo.config.project)?,
-        project: repo.config.project.clone(),
-        auth_token: None,
-        metrics: Metrics::default(),
-        clock: system_clock(),
-        offline: Some(Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
-        serving_log: Some(log.clone()),
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    let addr = serve_in_process(quiver::server::server_state(&repo.config, store.clone(), Some(log.clone()))?).await?;
     // Ride requests as a ranking model sends them: one driver, ten candidate riders.
     let queries: Vec<String> = (0..200)
         .map(|i| {

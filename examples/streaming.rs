@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use quiver::Repo;
-use quiver::online::server::{Metrics, RegistryCache, ServerState, router, system_clock};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -28,7 +27,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{enable_serving_log, post, step};
+use common::{enable_serving_log, post, serve_in_process, step};
 
 const EVENTS: i64 = 20_000;
 const BAD: i64 = 20;
@@ -87,19 +86,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let log = quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log);
     let serving_began = chrono::Utc::now().timestamp_micros();
-    let state = Arc::new(ServerState {
-        store: store.clone(),
-        registry: RegistryCache::new(repo.config.registry_path.clone(), &repo.config.project)?,
-        project: repo.config.project.clone(),
-        auth_token: None,
-        metrics: Metrics::default(),
-        clock: system_clock(),
-        offline: None,
-        serving_log: Some(log.clone()),
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    let addr = serve_in_process(quiver::server::server_state(&repo.config, store.clone(), Some(log.clone()))?).await?;
     step("start", t, format!("topic with 3 partitions, consumer group quiver-{}, server on http://{addr}", repo.config.project));
 
     // Events: driver 1001 + i % 10, stamped when produced, with a trip count that tells

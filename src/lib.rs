@@ -13,6 +13,7 @@ pub mod export;
 pub mod init;
 pub mod materialize;
 pub mod repo;
+pub mod server;
 pub mod serving_log;
 pub mod verify;
 

@@ -886,7 +886,7 @@ fn cmd_materialize_incremental(dir: &Path, end: &str) -> anyhow::Result<()> {
 }
 
 fn cmd_serve(dir: &Path, host: Option<String>, port: Option<u16>) -> anyhow::Result<()> {
-    use quiver::online::server::{Metrics, RegistryCache, ServerState, serve, system_clock};
+    use quiver::online::server::serve;
     let repo = Repo::open(dir)?;
     // Precedence: flag > environment > file > default (the config holds the last three).
     let host = host.unwrap_or_else(|| repo.config.server.host.clone());
@@ -902,16 +902,7 @@ fn cmd_serve(dir: &Path, host: Option<String>, port: Option<u16>) -> anyhow::Res
     rt.block_on(async {
         let store = quiver::online::open_store(&repo.config.online_store).await?;
         let log = repo.config.serving_log.enabled.then(|| quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log));
-        let state = std::sync::Arc::new(ServerState {
-            store,
-            registry: RegistryCache::new(repo.config.registry_path.clone(), &repo.config.project)?,
-            project: repo.config.project.clone(),
-            auth_token: repo.config.server.auth_token.clone(),
-            metrics: Metrics::default(),
-            clock: system_clock(),
-            offline: Some(std::sync::Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
-            serving_log: log.clone().map(|l| l as std::sync::Arc<dyn quiver::online::serving_log::ServingLog>),
-        });
+        let state = std::sync::Arc::new(quiver::server::server_state(&repo.config, store, log.clone())?);
         println!("serving project `{}` on http://{addr} (Ctrl-C to stop)", repo.config.project);
         if log.is_some() {
             println!("logging answers to {} (serving_log in quiver.yaml)", repo.config.serving_log.location);
