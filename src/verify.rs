@@ -182,59 +182,44 @@ pub async fn verify_log(
     created_cutoff: bool,
     kernel: &dyn quiver_gpu_join::AsOfKernel,
 ) -> Result<LogReport> {
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::{BTreeSet, HashMap, HashSet};
+    use arrow::datatypes::TimestampMicrosecondType as Micros;
     let batches = quiver_offline::serving_log::read(&config.serving_log.location, since, until).await?;
     let mut report = LogReport::default();
-    // Log rows per view, in log order.
-    struct Logged {
-        time: i64,
-        entity: String,
-        event_ts: Option<i64>,
-        values: serde_json::Map<String, serde_json::Value>,
-        statuses: serde_json::Map<String, serde_json::Value>,
-    }
-    let mut by_view: BTreeMap<String, Vec<Logged>> = BTreeMap::new();
-    let mut request_ids = BTreeSet::new();
-    for b in &batches {
-        let text = |i: usize| b.column(i).as_string::<i32>().clone();
-        let (ids, views, entities, values, statuses) = (text(0), text(2), text(3), text(5), text(6));
-        let times = b.column(1).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
-        let served_ts = b.column(4).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+    // Log rows per view as (batch, row), borrowing the batches' text: millions of rows
+    // must not become millions of small allocations.
+    let mut by_view: HashMap<&str, Vec<(usize, usize)>> = HashMap::new();
+    let mut request_ids: HashSet<&str> = HashSet::new();
+    for (bi, b) in batches.iter().enumerate() {
+        let (ids, views) = (b.column(0).as_string::<i32>(), b.column(2).as_string::<i32>());
         for r in 0..b.num_rows() {
-            request_ids.insert(ids.value(r).to_string());
-            let object = |s: &str| match serde_json::from_str::<serde_json::Value>(s) {
-                Ok(serde_json::Value::Object(m)) => m,
-                _ => serde_json::Map::new(),
-            };
-            by_view.entry(views.value(r).to_string()).or_default().push(Logged {
-                time: times.value(r),
-                entity: entities.value(r).to_string(),
-                event_ts: served_ts.is_valid(r).then(|| served_ts.value(r)),
-                values: object(values.value(r)),
-                statuses: object(statuses.value(r)),
-            });
+            request_ids.insert(ids.value(r));
+            by_view.entry(views.value(r)).or_default().push((bi, r));
         }
     }
     report.requests = request_ids.len() as u64;
-    for (name, logged) in by_view {
+    let text = |bi: usize, column: usize, r: usize| batches[bi].column(column).as_string::<i32>().value(r);
+    let time = |bi: usize, r: usize| batches[bi].column(1).as_primitive::<Micros>().value(r);
+    let served_ts = |bi: usize, r: usize| {
+        let c = batches[bi].column(4).as_primitive::<Micros>();
+        c.is_valid(r).then(|| c.value(r))
+    };
+    let mut names: Vec<&str> = by_view.keys().copied().collect();
+    names.sort_unstable();
+    for name in names {
+        let logged = &by_view[name];
         report.rows += logged.len() as u64;
-        let Some(view) = defs.feature_view(&name) else {
+        let Some(view) = defs.feature_view(name) else {
             report.skipped.push(format!("{} rows of feature view `{name}`, which is no longer defined", logged.len()));
             continue;
         };
-        // The features logged for this view that it still has, in view order.
-        let logged_features: BTreeSet<&str> = logged.iter().flat_map(|l| l.statuses.keys().map(String::as_str)).collect();
-        for gone in logged_features.iter().filter(|f| view.feature(f).is_none()) {
-            report.skipped.push(format!("feature `{name}:{gone}` is logged but no longer defined"));
-        }
-        let features: Vec<&quiver_sdk::Feature> = view.features.iter().filter(|f| logged_features.contains(f.name.as_str())).collect();
         // The spine: each logged row's keys at its request time.
         let keys = defs.join_keys(view);
         let mut parsed: Vec<Vec<KeyValue>> = Vec::with_capacity(logged.len());
-        let mut kept: Vec<&Logged> = Vec::with_capacity(logged.len());
+        let mut kept: Vec<(usize, usize)> = Vec::with_capacity(logged.len());
         let mut unparsed = 0;
-        for l in &logged {
-            let entity: serde_json::Value = serde_json::from_str(&l.entity).unwrap_or_default();
+        for &(bi, r) in logged {
+            let entity: serde_json::Value = serde_json::from_str(text(bi, 3, r)).unwrap_or_default();
             let values: Option<Vec<KeyValue>> = keys
                 .iter()
                 .map(|k| match (k.dtype, entity.get(&k.name)) {
@@ -246,7 +231,7 @@ pub async fn verify_log(
             match values {
                 Some(v) => {
                     parsed.push(v);
-                    kept.push(l);
+                    kept.push((bi, r));
                 }
                 None => unparsed += 1,
             }
@@ -254,23 +239,23 @@ pub async fn verify_log(
         if unparsed > 0 {
             report.skipped.push(format!("{unparsed} rows of `{name}` whose entity does not match the view's join keys"));
         }
-        let mut skipped = Vec::new();
+        let features: Vec<&quiver_sdk::Feature> = view.features.iter().collect();
         let mut reports: Vec<FeatureReport> = features
             .iter()
             .map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() })
             .collect();
-        if kept.is_empty() || features.is_empty() {
-            report.features.extend(reports);
+        if kept.is_empty() {
             continue;
         }
-        let spine = spine_batch(&keys, &parsed, kept.iter().map(|l| l.time))?;
+        let spine = spine_batch(&keys, &parsed, kept.iter().map(|&(bi, r)| time(bi, r)))?;
+        drop(parsed);
         // Unbounded TTL in the join, so a stale row is still found: the status is decided
         // here, as the online lookup decides it.
         let mut unbounded = defs.clone();
         for v in unbounded.feature_views.iter_mut().filter(|v| v.name == name) {
             v.ttl = quiver_sdk::Ttl::UNBOUNDED;
         }
-        let refs: Vec<FeatureRef> = features.iter().map(|f| FeatureRef::new(&name, &f.name)).collect();
+        let refs: Vec<FeatureRef> = features.iter().map(|f| FeatureRef::new(name, &f.name)).collect();
         let resolved = quiver_offline::historical::resolve(&unbounded, &refs)?;
         let joined = quiver_offline::historical::historical(
             config,
@@ -288,49 +273,53 @@ pub async fn verify_log(
         )
         .await?;
         let first = spine.num_columns();
-        let offline_ts = joined.column(first + features.len()).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+        let offline_ts = joined.column(first + features.len()).as_primitive::<Micros>();
         let ttl_us = view.ttl_us();
-        for (k, feature) in features.iter().enumerate() {
-            let column = joined.column(first + k);
-            let report = &mut reports[k];
-            let mut unreadable = 0;
-            for (j, l) in kept.iter().enumerate() {
-                let Some(served_status) = l.statuses.get(&feature.name).and_then(|s| s.as_str()).and_then(quiver_online::serving_log::parse_status) else {
-                    // Not asked for in this request (another feature of the view was), or
-                    // a status the log should not hold.
-                    if l.statuses.contains_key(&feature.name) {
-                        unreadable += 1;
-                    }
+        let mut unreadable = vec![0u64; features.len()];
+        let mut gone: BTreeSet<String> = BTreeSet::new();
+        for (j, &(bi, r)) in kept.iter().enumerate() {
+            // Each row's JSON parsed once, for all of its features.
+            let object = |column| match serde_json::from_str::<serde_json::Value>(text(bi, column, r)) {
+                Ok(serde_json::Value::Object(m)) => m,
+                _ => serde_json::Map::new(),
+            };
+            let (values, statuses) = (object(5), object(6));
+            for logged in statuses.keys().filter(|f| view.feature(f).is_none()) {
+                gone.insert(logged.clone());
+            }
+            let (request_time, event_ts) = (time(bi, r), served_ts(bi, r));
+            // The offline expectation, up to the value: the row's event time and status.
+            let found = (!offline_ts.is_null(j)).then(|| offline_ts.value(j));
+            for (k, feature) in features.iter().enumerate() {
+                let Some(status) = statuses.get(&feature.name) else {
+                    continue; // not asked for in this request
+                };
+                let Some(served_status) = status.as_str().and_then(quiver_online::serving_log::parse_status) else {
+                    unreadable[k] += 1;
                     continue;
                 };
-                let served_value = l.values.get(&feature.name).map(|v| v.to_string()).unwrap_or_else(|| "null".into());
-                let served = (served_status, served_value, l.event_ts);
-                let expected = if offline_ts.is_null(j) {
-                    (Status::NotFound, "null".to_string(), None)
-                } else {
-                    let ts = offline_ts.value(j);
-                    if quiver_sdk::encoding::expire_at_ms(view, ts).is_some_and(|at| l.time.div_euclid(1000) >= at) {
-                        // Past the TTL and the key's grace period: the store has dropped it.
+                let served_value = values.get(&feature.name).map_or_else(|| "null".to_string(), ToString::to_string);
+                let served = (served_status, served_value, event_ts);
+                let expected = match found {
+                    None => (Status::NotFound, "null".to_string(), None),
+                    // Past the TTL and the key's grace period: the store has dropped it.
+                    Some(ts) if quiver_sdk::encoding::expire_at_ms(view, ts).is_some_and(|at| request_time.div_euclid(1000) >= at) => {
                         (Status::NotFound, "null".to_string(), None)
-                    } else if ttl_us.is_some_and(|ttl| l.time.saturating_sub(ts) > ttl) {
-                        (Status::OutsideMaxAge, "null".to_string(), Some(ts))
-                    } else {
-                        match value_at(column.as_ref(), j, feature.dtype) {
-                            Value::Null => (Status::NullValue, "null".to_string(), Some(ts)),
-                            v => (Status::Present, quiver_online::serving_log::value_json(&v), Some(ts)),
-                        }
                     }
+                    Some(ts) if ttl_us.is_some_and(|ttl| request_time.saturating_sub(ts) > ttl) => {
+                        (Status::OutsideMaxAge, "null".to_string(), Some(ts))
+                    }
+                    Some(ts) => match value_at(joined.column(first + k).as_ref(), j, feature.dtype) {
+                        Value::Null => (Status::NullValue, "null".to_string(), Some(ts)),
+                        v => (Status::Present, quiver_online::serving_log::value_json(&v), Some(ts)),
+                    },
                 };
+                let report = &mut reports[k];
                 report.compared += 1;
-                let at = || format!("{} at {}", l.entity, micros_text(l.time));
-                let describe = |(status, value, ts): &(Status, String, Option<i64>)| match ts {
-                    Some(ts) => format!("{} {value} (event {})", status.as_str(), micros_text(*ts)),
-                    None => status.as_str().to_string(),
-                };
                 let kind = if served == expected {
                     report.matches += 1;
                     continue;
-                } else if served.2.is_some_and(|t| t > l.time) {
+                } else if served.2.is_some_and(|t| t > request_time) {
                     // The online store held a row from after the request: never right.
                     report.mismatches += 1;
                     "mismatch (served a row from after the request)"
@@ -344,17 +333,30 @@ pub async fn verify_log(
                     report.mismatches += 1;
                     "mismatch"
                 };
-                let example = format!("{kind}: {}: served {}, offline {}", at(), describe(&served), describe(&expected));
+                let describe = |(status, value, ts): &(Status, String, Option<i64>)| match ts {
+                    Some(ts) => format!("{} {value} (event {})", status.as_str(), micros_text(*ts)),
+                    None => status.as_str().to_string(),
+                };
+                let example = format!(
+                    "{kind}: {} at {}: served {}, offline {}",
+                    text(bi, 3, r),
+                    micros_text(request_time),
+                    describe(&served),
+                    describe(&expected)
+                );
                 if report.examples.iter().filter(|e| e.starts_with(kind)).count() < EXAMPLES && !report.examples.contains(&example) {
                     report.examples.push(example);
                 }
             }
-            if unreadable > 0 {
-                skipped.push(format!("{unreadable} logged values of `{name}:{}` with an unknown status", feature.name));
-            }
         }
-        report.skipped.append(&mut skipped);
-        report.features.extend(reports);
+        for gone in gone {
+            report.skipped.push(format!("feature `{name}:{gone}` is logged but no longer defined"));
+        }
+        for (k, n) in unreadable.into_iter().enumerate().filter(|(_, n)| *n > 0) {
+            report.skipped.push(format!("{n} logged values of `{name}:{}` with an unknown status", features[k].name));
+        }
+        // Features never asked for in the window are not reported.
+        report.features.extend(reports.into_iter().filter(|f| f.compared > 0));
     }
     Ok(report)
 }

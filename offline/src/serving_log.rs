@@ -76,8 +76,8 @@ impl LogTable {
     }
 }
 
-/// The rows logged with `since <= request_time < until` (UTC microseconds), ordered by
-/// request time; empty when there is no log.
+/// The rows logged with `since <= request_time < until` (UTC microseconds), in no
+/// particular order; empty when there is no log.
 ///
 /// # Errors
 /// [`Error::Delta`]/[`Error::Query`] when the table cannot be read.
@@ -101,8 +101,6 @@ pub async fn read(location: &StoreLocation, since: i64, until: i64) -> Result<Ve
         .filter(ident("request_time").gt_eq(at(since)).and(ident("request_time").lt(at(until))))
         .map_err(query)?
         .select(columns)
-        .map_err(query)?
-        .sort(vec![ident("request_time").sort(true, false), ident("request_id").sort(true, false)])
         .map_err(query)?
         .collect()
         .await
