@@ -170,9 +170,15 @@ async fn verify_since_replays_the_serving_log() {
     }
     // ... a driver only the offline store has ...
     let fresh = (chrono::Utc::now() - chrono::TimeDelta::seconds(30)).to_rfc3339();
+    // (6666 is a backfill: created an hour from now, so not known at request time.)
+    let later = (chrono::Utc::now() + chrono::TimeDelta::hours(1)).to_rfc3339();
     std::fs::write(
         repo.join("offline_only.jsonl"),
-        format!(r#"{{"driver_id": 7777, "event_timestamp": "{fresh}", "created_timestamp": "{fresh}", "conv_rate": 0.5, "acc_rate": 0.5, "avg_daily_trips": 5}}"#),
+        format!(
+            "{}\n{}\n",
+            format_args!(r#"{{"driver_id": 7777, "event_timestamp": "{fresh}", "created_timestamp": "{fresh}", "conv_rate": 0.5, "acc_rate": 0.5, "avg_daily_trips": 5}}"#),
+            format_args!(r#"{{"driver_id": 6666, "event_timestamp": "{fresh}", "created_timestamp": "{later}", "conv_rate": 0.5, "acc_rate": 0.5, "avg_daily_trips": 5}}"#)
+        ),
     )
     .unwrap();
     let pushed = quiver(&repo, &["push", "driver_hourly", "offline_only.jsonl", "--to", "offline"]);
@@ -182,19 +188,23 @@ async fn verify_since_replays_the_serving_log() {
     let push_online = format!(
         r#"{{"feature_view": "driver_hourly", "to": "online", "df": {{"driver_id": [8888], "event_timestamp": ["{fresh}"], "created_timestamp": ["{fresh}"], "conv_rate": [0.25], "acc_rate": [0.5], "avg_daily_trips": [3]}}}}"#
     );
-    let ask = r#"{"entities": {"driver_id": [1001, 1002, 7777, 8888]}, "features": ["driver_hourly:conv_rate", "driver_hourly:acc_rate"]}"#;
+    let ask = r#"{"entities": {"driver_id": [1001, 1002, 7777, 8888, 6666]}, "features": ["driver_hourly:conv_rate", "driver_hourly:acc_rate"]}"#;
     let answers = serve_and_ask(&repo, &[push_online, ask.to_string()]);
     assert_eq!(answers[1]["results"][1]["values"][0], 42.0);
     let wrong = quiver(&repo, &["verify", "--since", &began.to_rfc3339()]);
     let (out, err) = text(&wrong);
     assert_eq!(wrong.status.code(), Some(1), "{out}{err}");
     assert!(err.contains("over --max-mismatch 0"), "{err}");
-    assert_eq!(numbers(&out, "driver_hourly:conv_rate"), vec![4, 1, 1, 1, 1], "{out}");
-    // acc_rate of 1001 was not touched: only the two missing rows disagree.
-    assert_eq!(numbers(&out, "driver_hourly:acc_rate"), vec![4, 2, 0, 1, 1], "{out}");
+    assert_eq!(numbers(&out, "driver_hourly:conv_rate"), vec![5, 1, 1, 2, 1], "{out}");
+    // acc_rate of 1001 was not touched: only the missing rows disagree.
+    assert_eq!(numbers(&out, "driver_hourly:acc_rate"), vec![5, 2, 0, 2, 1], "{out}");
     assert!(out.contains(r#"mismatch: {"driver_id":1001} at "#) && out.contains("served PRESENT 42.0 (event "), "{out}");
     assert!(out.contains(r#"missing online: {"driver_id":7777} at "#) && out.contains("served NOT_FOUND, offline PRESENT 0.5"), "{out}");
     assert!(out.contains(r#"missing offline: {"driver_id":8888} at "#) && out.contains("served PRESENT 0.25 (event"), "{out}");
+    // Judged by what was known at each request (created time), the backfill of 6666 is
+    // no longer missing online.
+    let known = quiver(&repo, &["verify", "--since", &began.to_rfc3339(), "--created-cutoff"]);
+    assert_eq!(numbers(&text(&known).0, "driver_hourly:conv_rate"), vec![5, 2, 1, 1, 1], "{:?}", text(&known));
     // The first window still agrees; a 50% allowance passes; bad times are refused.
     let until = began.to_rfc3339();
     assert!(quiver(&repo, &["verify", "--since", "1d", "--until", &until]).status.success());
