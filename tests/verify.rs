@@ -295,3 +295,41 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
     let agree = quiver::verify::verify_log(&repo.config, &defs, now, now + 4 * hour, false, &quiver::gpu_join::CpuKernel::new()).await.unwrap();
     assert!(agree.features.iter().all(|f| f.compared == 40 && f.matches == 40), "{:?}", agree.features);
 }
+
+/// A log that cannot be written never fails a request: answers stay 200 while appends
+/// fail (counted), the rows wait, and they are written once the table can be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_serving_log_never_fails_a_request_and_keeps_its_rows() {
+    use std::sync::Arc;
+    use quiver::online::serving_log::ServingLog;
+    use tower::ServiceExt;
+    let tmp = tempfile::tempdir().unwrap();
+    assert!(quiver(tmp.path(), &["init", "demo", "--demo"]).status.success());
+    let dir = tmp.path().join("demo");
+    assert!(quiver(&dir, &["apply"]).status.success());
+    let repo = quiver::Repo::open(&dir).unwrap();
+    // The log's folder is under a plain file: nothing can be created there.
+    std::fs::write(dir.join("blocker"), "not a folder").unwrap();
+    let mut config = repo.config.serving_log.clone();
+    config.location = quiver::sdk::StoreLocation::Local(dir.join("blocker/log"));
+    let log = quiver::serving_log::DeltaServingLog::start(&config);
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    let state = Arc::new(quiver::server::server_state(&repo.config, store, Some(log.clone())).unwrap());
+    let body = r#"{"entities": {"driver_id": [1001, 1002, 1003]}, "features": ["driver_hourly:conv_rate"]}"#;
+    for _ in 0..4 {
+        let req = axum::http::Request::builder().method("POST").uri("/get-online-features").header("content-type", "application/json");
+        let resp = quiver::online::server::router(state.clone()).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let err = log.flush().await.unwrap_err();
+    assert!(err.contains("blocker/log"), "{err}");
+    let metrics = log.metrics_text();
+    assert!(metrics.contains("quiver_serving_log_write_errors_total 1\n") && metrics.contains("quiver_serving_log_rows_written_total 0\n"), "{metrics}");
+    // The way is clear again: the 12 waiting rows are written, none lost.
+    std::fs::remove_file(dir.join("blocker")).unwrap();
+    log.flush().await.unwrap();
+    let metrics = log.metrics_text();
+    assert!(metrics.contains("quiver_serving_log_rows_written_total 12\n") && metrics.contains("quiver_serving_log_rows_dropped_total 0\n"), "{metrics}");
+    let rows: usize = quiver::offline::serving_log::read(&config.location, i64::MIN, i64::MAX).await.unwrap().iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 12);
+}
