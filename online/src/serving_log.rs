@@ -148,10 +148,11 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
         // This view's feature columns, each feature once.
         let mut features: Vec<(&str, &Column)> = Vec::new();
         for (i, r) in served.refs.iter().enumerate() {
-            if r.view == name && !features.iter().any(|(f, _)| *f == r.feature) {
-                if let Some(c) = served.columns.get(served.n_keys + i) {
-                    features.push((&r.feature, c));
-                }
+            if r.view == name
+                && !features.iter().any(|(f, _)| *f == r.feature)
+                && let Some(c) = served.columns.get(served.n_keys + i)
+            {
+                features.push((&r.feature, c));
             }
         }
         // Each feature's `"name":` once, written before every value.
