@@ -10,7 +10,8 @@
 //! server (serving log on) in-process, produces 20,000 driver events and 20 malformed
 //! messages, waits until the last event of every driver is served, then stops the
 //! consumer and checks: every good event appended to Delta exactly once, the malformed
-//! ones dead-lettered, and the served answers replayed through the offline join agree.
+//! ones dead-lettered, and the served answers replayed through the offline join: those
+//! answered while events were in flight lag it (reported), the last one agrees exactly.
 //! The online store is the embedded one unless `QUIVER_ONLINE_STORE_TYPE=redis` (and
 //! `QUIVER_ONLINE_STORE_URL`) say otherwise.
 
