@@ -290,8 +290,8 @@ fn cmd_verify_log(dir: &Path, since: &str, until: Option<&str>, max_mismatch: f6
         repo.config.serving_log.location,
         report.requests,
         report.rows,
-        micros_text(since_us),
-        micros_text(until_us)
+        quiver::sdk::rows::format_instant(since_us),
+        quiver::sdk::rows::format_instant(until_us)
     );
     for s in &report.skipped {
         println!("skipped: {s}");
@@ -299,8 +299,8 @@ fn cmd_verify_log(dir: &Path, since: &str, until: Option<&str>, max_mismatch: f6
     if report.rows == 0 {
         anyhow::bail!(
             "verify: nothing logged between {} and {} (is `serving_log: {{enabled: true}}` set in quiver.yaml, and has the server answered since?)",
-            micros_text(since_us),
-            micros_text(until_us)
+            quiver::sdk::rows::format_instant(since_us),
+            quiver::sdk::rows::format_instant(until_us)
         );
     }
     if report.features.iter().all(|f| f.compared == 0) {
@@ -936,7 +936,7 @@ fn show_value(v: &quiver::sdk::encoding::Value) -> String {
         Value::Bool(x) => x.to_string(),
         Value::String(x) => format!("{x:?}"),
         Value::Bytes(x) => format!("<{} bytes>", x.len()),
-        Value::Timestamp(x) => micros_text(*x),
+        Value::Timestamp(x) => quiver::sdk::rows::format_instant(*x),
         Value::ListInt64(x) => format!("{x:?}"),
         Value::ListFloat32(x) => format!("{x:?}"),
         Value::ListFloat64(x) => format!("{x:?}"),
@@ -944,11 +944,6 @@ fn show_value(v: &quiver::sdk::encoding::Value) -> String {
     }
 }
 
-fn micros_text(us: i64) -> String {
-    chrono::DateTime::from_timestamp_micros(us)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
-        .unwrap_or_else(|| us.to_string())
-}
 
 fn cmd_online(dir: &Path, features: &[String], entities: &[String]) -> anyhow::Result<()> {
     use quiver::sdk::encoding::KeyValue;
@@ -999,7 +994,7 @@ fn cmd_online(dir: &Path, features: &[String], entities: &[String]) -> anyhow::R
             column.name,
             show_value(&column.values[0]),
             column.statuses[0].as_str(),
-            column.event_ts[0].map(micros_text).unwrap_or_default()
+            column.event_ts[0].map(quiver::sdk::rows::format_instant).unwrap_or_default()
         );
     }
     Ok(())

@@ -334,13 +334,13 @@ pub async fn verify_log(
                     "mismatch"
                 };
                 let describe = |(status, value, ts): &(Status, String, Option<i64>)| match ts {
-                    Some(ts) => format!("{} {value} (event {})", status.as_str(), micros_text(*ts)),
+                    Some(ts) => format!("{} {value} (event {})", status.as_str(), quiver_sdk::rows::format_instant(*ts)),
                     None => status.as_str().to_string(),
                 };
                 let example = format!(
                     "{kind}: {} at {}: served {}, offline {}",
                     text(bi, 3, r),
-                    micros_text(request_time),
+                    quiver_sdk::rows::format_instant(request_time),
                     describe(&served),
                     describe(&expected)
                 );
@@ -367,21 +367,12 @@ fn spine_batch(
     rows: &[Vec<KeyValue>],
     times: impl Iterator<Item = i64>,
 ) -> Result<arrow::array::RecordBatch> {
-    use arrow::array::{ArrayRef, Int64Array, StringArray, TimestampMicrosecondArray};
+    use arrow::array::{ArrayRef, TimestampMicrosecondArray};
     use arrow::datatypes::{Field, Schema};
     let mut fields = Vec::new();
     let mut columns: Vec<ArrayRef> = Vec::new();
     for (i, k) in keys.iter().enumerate() {
-        let column: ArrayRef = match k.dtype {
-            KeyType::Int64 => Arc::new(rows.iter().map(|r| match &r[i] {
-                KeyValue::Int(v) => Some(*v),
-                KeyValue::Str(_) => None,
-            }).collect::<Int64Array>()),
-            KeyType::String => Arc::new(rows.iter().map(|r| match &r[i] {
-                KeyValue::Str(s) => Some(s.as_str()),
-                KeyValue::Int(_) => None,
-            }).collect::<StringArray>()),
-        };
+        let column = quiver_offline::schema::key_array(k.dtype, rows.iter().map(|r| &r[i]));
         fields.push(Field::new(&k.name, column.data_type().clone(), false));
         columns.push(column);
     }
@@ -391,8 +382,3 @@ fn spine_batch(
     Ok(arrow::array::RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
 }
 
-fn micros_text(us: i64) -> String {
-    chrono::DateTime::from_timestamp_micros(us)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
-        .unwrap_or_else(|| us.to_string())
-}

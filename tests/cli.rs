@@ -648,42 +648,20 @@ fn materialize_then_online_lookup_from_the_shell() {
     fails(&repo, &["online", "--features", "driver_hourly:acc_rate", "--entity", "rider=1"], 1, &["`rider` is not a join key"]);
 }
 
-/// One HTTP/1.1 request over a plain socket; returns (status line, body).
-fn http(port: u16, method: &str, path: &str, body: &str) -> (String, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_string(), body.to_string())
-}
-
 #[test]
 fn serve_answers_over_http_and_stops_gracefully() {
     let (_tmp, repo) = demo_repo();
     ok(&repo, &["apply"]);
     ok(&repo, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]);
     ok(&repo, &["materialize", "2000-01-01T00:00:00Z", "now"]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(env!("CARGO_BIN_EXE_quiver"))
-        .current_dir(&repo)
-        .args(["serve", "--port", &port.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(started.elapsed().as_secs() < 30, "server did not start");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let (status, body) = http(port, "POST", "/get-online-features", r#"{"entities": {"driver_id": [1001, 999]}, "features": ["driver_hourly:conv_rate"], "full_feature_names": true}"#);
+    let (child, port) = common::spawn_serve(&repo);
+    let (status, body) = common::http(port, "POST", "/get-online-features", r#"{"entities": {"driver_id": [1001, 999]}, "features": ["driver_hourly:conv_rate"], "full_feature_names": true}"#);
     assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["metadata"]["feature_names"], serde_json::json!(["driver_id", "driver_hourly__conv_rate"]));
     assert_eq!(answer["results"][1]["statuses"], serde_json::json!(["PRESENT", "NOT_FOUND"]));
     assert!(answer["results"][1]["values"][0].is_f64());
-    let (status, _) = http(port, "POST", "/get-online-features", "{}");
+    let (status, _) = common::http(port, "POST", "/get-online-features", "{}");
     assert_eq!(status, "HTTP/1.1 400 Bad Request");
     // SIGTERM: the server finishes and exits cleanly.
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();

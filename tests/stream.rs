@@ -26,6 +26,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+mod common;
+
 const BASE_TS: i64 = 1_735_689_600_000_000; // 2025-01-01T00:00:00Z
 const DRIVERS: i64 = 40;
 const WAIT: Duration = Duration::from_secs(150);
@@ -304,15 +306,11 @@ async fn assert_online(s: &Setup, produced: std::ops::Range<i64>) {
     }
 }
 
-/// A plain HTTP/1.1 GET on loopback, the body as text.
+/// A GET on loopback that must answer 200; the body as text.
 fn http_get(port: u16, path: &str) -> String {
-    use std::io::Write;
-    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(conn, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
-    text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+    let (status, body) = common::http(port, "GET", path, "");
+    assert!(status.starts_with("HTTP/1.1 200"), "{status} {body}");
+    body
 }
 
 /// Reads the dead-letter topic: (source partition, source offset) -> reason.

@@ -67,38 +67,17 @@ async fn verify_finds_what_the_online_store_gets_wrong() {
     assert!(allowed.status.success(), "{:?}", text(&allowed));
 }
 
-/// One HTTP/1.1 request over a plain socket; returns (status line, body).
-fn http(port: u16, path: &str, body: &str) -> (String, serde_json::Value) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_string(), serde_json::from_str(body).unwrap())
-}
-
 /// `quiver serve` with the serving log on, until `requests` have been answered; SIGTERM
 /// flushes the log.
 fn serve_and_ask(repo: &Path, requests: &[String]) -> Vec<serde_json::Value> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("QUIVER_")) {
-        cmd.env_remove(k);
-    }
-    let child = cmd.current_dir(repo).args(["serve", "--port", &port.to_string()]).stdout(std::process::Stdio::piped()).spawn().unwrap();
-    let started = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(started.elapsed().as_secs() < 30, "server did not start");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let (child, port) = common::spawn_serve(repo);
     let answers = requests
         .iter()
         .map(|r| {
             let path = if r.contains("\"df\"") { "/push" } else { "/get-online-features" };
-            let (status, body) = http(port, path, r);
+            let (status, body) = common::http(port, "POST", path, r);
             assert_eq!(status, "HTTP/1.1 200 OK", "{r}: {body}");
-            body
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()
         })
         .collect();
     std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();

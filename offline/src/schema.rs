@@ -117,29 +117,16 @@ pub fn value_at(array: &dyn arrow::array::Array, row: usize, dtype: DType) -> qu
 /// Typed rows (from JSON: files, messages, pushes) as the columns of
 /// [`view_columns`], in that order, ready for [`crate::ingest::append`].
 pub fn rows_to_columns(view: &FeatureView, rows: &[quiver_sdk::rows::ViewRow]) -> Vec<arrow::array::ArrayRef> {
-    use arrow::array::{ArrayRef, Int64Array, StringArray, TimestampMicrosecondArray};
+    use arrow::array::{ArrayRef, TimestampMicrosecondArray};
     use quiver_sdk::encoding::KeyValue;
     let n_keys = rows.first().map_or(0, |r| r.keys.len());
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(n_keys + 2 + view.features.len());
     for k in 0..n_keys {
-        columns.push(match &rows[0].keys[k] {
-            KeyValue::Int(_) => Arc::new(
-                rows.iter()
-                    .map(|r| match &r.keys[k] {
-                        KeyValue::Int(i) => *i,
-                        KeyValue::Str(_) => unreachable!("one key type per column"),
-                    })
-                    .collect::<Int64Array>(),
-            ),
-            KeyValue::Str(_) => Arc::new(
-                rows.iter()
-                    .map(|r| match &r.keys[k] {
-                        KeyValue::Str(s) => Some(s.as_str()),
-                        KeyValue::Int(_) => unreachable!("one key type per column"),
-                    })
-                    .collect::<StringArray>(),
-            ),
-        });
+        let dtype = match &rows[0].keys[k] {
+            KeyValue::Int(_) => KeyType::Int64,
+            KeyValue::Str(_) => KeyType::String,
+        };
+        columns.push(key_array(dtype, rows.iter().map(|r| &r.keys[k])));
     }
     let times = |f: &dyn Fn(&quiver_sdk::rows::ViewRow) -> i64| -> ArrayRef {
         Arc::new(TimestampMicrosecondArray::from_iter_values(rows.iter().map(f)).with_timezone("UTC"))
@@ -152,6 +139,20 @@ pub fn rows_to_columns(view: &FeatureView, rows: &[quiver_sdk::rows::ViewRow]) -
         columns.push(values_to_array(f.dtype, rows.iter().map(|r| &r.values[i])));
     }
     columns
+}
+
+/// Values of one join key as an array of its Arrow type ([`key_type`]); a value of the
+/// other kind is null.
+pub fn key_array<'a>(
+    dtype: KeyType,
+    values: impl Iterator<Item = &'a quiver_sdk::encoding::KeyValue>,
+) -> arrow::array::ArrayRef {
+    use arrow::array::{Int64Array, StringArray};
+    use quiver_sdk::encoding::KeyValue;
+    match dtype {
+        KeyType::Int64 => Arc::new(values.map(|v| if let KeyValue::Int(i) = v { Some(*i) } else { None }).collect::<Int64Array>()),
+        KeyType::String => Arc::new(values.map(|v| if let KeyValue::Str(s) = v { Some(s.as_str()) } else { None }).collect::<StringArray>()),
+    }
 }
 
 /// Values of one feature as an array of its Arrow type ([`arrow_type`]); a value of

@@ -182,6 +182,14 @@ pub fn from_json(v: &Json, dtype: DType) -> Option<Value> {
     })
 }
 
+/// UTC microseconds as RFC 3339 text with as many fraction digits as it needs
+/// (`2026-11-30T12:00:00Z`, `...:00.123Z`); the inverse of [`parse_instant`].
+pub fn format_instant(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+        .unwrap_or_else(|| us.to_string())
+}
+
 /// RFC 3339 text (`T` or a space between date and time) as UTC microseconds. Text
 /// without a zone is refused, never guessed.
 ///
