@@ -13,24 +13,19 @@ last export back with `quiver.TrainingSet(...).iter_batches` for batches/s.
 """
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from benchlib import time_v
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def timed(cmd, cwd=None):
-    p = subprocess.run(["/usr/bin/time", "-v"] + cmd, cwd=cwd, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{p.stdout}\n{p.stderr[-2000:]}")
-    m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", p.stderr)
-    parts = [float(x) for x in m.group(1).split(":")]
-    wall = sum(v * 60 ** (len(parts) - 1 - i) for i, v in enumerate(parts))
-    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr).group(1)) * 1024
+    """(wall s, peak RSS bytes) of cmd."""
+    wall, _, rss, _, _ = time_v(cmd, cwd)
     return wall, rss
 
 

@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from benchlib import time_v
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -44,22 +45,12 @@ VIEWS = ["driver_hourly", "driver_daily", "customer_profile"]
 
 def timed(cmd, cwd=None):
     """Runs cmd under /usr/bin/time -v; returns (wall s, cpu s, peak RSS bytes, stdout)."""
-    full = ["/usr/bin/time", "-v"] + cmd
-    p = subprocess.run(full, cwd=cwd, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout}\n{p.stderr[-3000:]}")
-    se = p.stderr
-    m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", se)
-    parts = [float(x) for x in m.group(1).split(":")]
-    wall = sum(v * 60 ** (len(parts) - 1 - i) for i, v in enumerate(parts))
-    user = float(re.search(r"User time \(seconds\): (\S+)", se).group(1))
-    sys_ = float(re.search(r"System time \(seconds\): (\S+)", se).group(1))
-    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", se).group(1)) * 1024
+    wall, cpu, rss, out, se = time_v(cmd, cwd)
     # The CUDA engine's phase times (QUIVER_LOG=quiver_gpu_join=info), passed through.
     for line in se.splitlines():
         if "cuda join" in line:
             print("   ", re.sub(r"\x1b\[[0-9;]*m", "", line.strip()), flush=True)
-    return wall, user + sys_, rss, p.stdout
+    return wall, cpu, rss, out
 
 
 def gb(b):

@@ -25,7 +25,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,20 +34,13 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 import requests
+from benchlib import free_port
 
 VIEWS = {
     "driver_a": [f"a{i}" for i in range(10)],
     "driver_b": [f"b{i}" for i in range(10)],
 }
 INT_FEATURES = {"a7", "a8", "a9", "b7", "b8", "b9"}
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def wait_http(url, what, timeout=60):

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,24 +32,7 @@ from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def wait_port(port, what):
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    sys.exit(f"{what} did not start on port {port}")
+from benchlib import free_port, wait_port
 
 
 def metrics(port):
