@@ -57,7 +57,7 @@ async fn main() -> anyhow::Result<()> {
     let mut rows = 0;
     for view in &defs.feature_views {
         let file = dir.join(format!("sample_data/{}.parquet", view.name));
-        rows += quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, &|_, _| {}).await?.rows;
+        rows += quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, repo.config.event_horizon(chrono::Utc::now().timestamp_micros()), &|_, _| {}).await?.rows;
     }
     step("ingest", t, format!("{rows} rows into {} Delta tables", defs.feature_views.len()));
 
@@ -86,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
     step("historical", t, format!("{} rows x {} features, point in time -> training.parquet", training.num_rows(), service.features.len()));
 
     let t = Instant::now();
-    let store: Arc<dyn quiver::online::OnlineStore> = quiver::online::open_store(&repo.config.online_store).await?;
+    let store: Arc<dyn quiver::online::OnlineStore> = quiver::online::open_store(&repo.config).await?;
     let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
     let reports = quiver::materialize::materialize_incremental(&repo.config, &defs, &views, now.timestamp_micros(), store.as_ref(), &|_, _| {}).await?;
     let written: usize = reports.iter().map(|r| r.written).sum();
@@ -152,7 +152,7 @@ async fn main() -> anyhow::Result<()> {
         shard_rows: 25_000,
         created_cutoff: false,
     };
-    let manifest = quiver::export::export(&repo, &spine_path, &out, options, &quiver::gpu_join::CpuKernel::new(), &|_, _| {}).await?;
+    let manifest = quiver::export::export(&repo, &spine_path, &out, options, &quiver::gpu_join::CpuKernel::new(), &|_, _| {}).await?.manifest;
     step("export", t, format!("{} rows in {} shards, training set {}", manifest.rows, manifest.shards.len(), &manifest.training_set_id[..12]));
 
     let t = Instant::now();

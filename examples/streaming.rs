@@ -61,8 +61,8 @@ async fn main() -> anyhow::Result<()> {
     let defs = Arc::new(repo.applied()?.definitions);
     let view = defs.feature_view("driver_hourly").expect("demo view");
     let file = dir.join("sample_data/driver_hourly.parquet");
-    let history = quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, &|_, _| {}).await?.rows;
-    let store: Arc<dyn quiver::online::OnlineStore> = quiver::online::open_store(&repo.config.online_store).await?;
+    let history = quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, repo.config.event_horizon(chrono::Utc::now().timestamp_micros()), &|_, _| {}).await?.rows;
+    let store: Arc<dyn quiver::online::OnlineStore> = quiver::online::open_store(&repo.config).await?;
     quiver::materialize::materialize_incremental(&repo.config, &defs, &[view], now.timestamp_micros(), store.as_ref(), &|_, _| {}).await?;
     step("setup", t, format!("demo repo, driver_hourly <- topic {topic}; {history} historical rows ingested and materialized ({})", store.name()));
 

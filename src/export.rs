@@ -11,7 +11,6 @@
 //! shard (`_progress.json`).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
@@ -114,20 +113,12 @@ fn out_err(path: &Path, message: impl std::fmt::Display) -> Error {
     Error::Init { path: path.to_path_buf(), message: message.to_string() }
 }
 
-/// Writes `bytes` to `path` atomically (temp file, fsync, rename); the facade's one
-/// way of replacing a small file (manifests, progress, materialization state).
+/// Writes `bytes` to `path` atomically and durably ([`quiver_sdk::files::write_atomic`]:
+/// temp file, fsync, rename, fsync of the folder), as the registry is written; the
+/// facade's one way of replacing a file (shards, manifests, progress, materialization
+/// state).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
+    quiver_sdk::files::write_atomic(path, bytes).map_err(|e| Error::io(path, e))
 }
 
 fn encode(batch: &RecordBatch, format: ShardFormat) -> Result<Vec<u8>> {
@@ -235,38 +226,76 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
     })
 }
 
-/// Runs the export into `out`, resuming a run of the same training set that stopped.
-async fn run(repo: &Repo, plan: Plan, out: &Path, kernel: &dyn AsOfKernel, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<Manifest> {
+/// What [`export`] or [`reproduce`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exported {
+    pub manifest: Manifest,
+    /// Shards that were in the folder but damaged (their bytes no longer matched the
+    /// manifest) and were written again.
+    pub repaired: Vec<String>,
+    /// Shards joined in this run (the rest were already there, intact).
+    pub joined: usize,
+}
+
+/// Runs the export into `out`. A folder holding this training set already (complete, or
+/// an unfinished run) is completed: intact shards stay, damaged or missing ones are
+/// joined again. A folder holding anything else is refused before anything is written.
+/// With `expected` (a reproduction), every shard is joined again and must hash to the
+/// expected shard's SHA-256 before it is written; a file already equal to it is left.
+async fn run(
+    repo: &Repo,
+    plan: Plan,
+    out: &Path,
+    kernel: &dyn AsOfKernel,
+    progress: &(dyn Fn(u64, u64) + Sync),
+    expected: Option<&[Shard]>,
+) -> Result<Exported> {
     let Plan { mut manifest, spine, defs } = plan;
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let manifest_path = out.join(MANIFEST);
-    if manifest_path.exists() {
+    let progress_path = out.join(PROGRESS);
+    let id = manifest.training_set_id.clone();
+    // What the folder holds of this training set: shards it listed as finished.
+    let listed: Vec<Shard> = if manifest_path.exists() {
         let existing: Manifest = serde_json::from_slice(&std::fs::read(&manifest_path).map_err(|e| Error::io(&manifest_path, e))?)
             .map_err(|e| out_err(&manifest_path, format!("unreadable manifest: {e}")))?;
-        if existing.training_set_id == manifest.training_set_id {
-            return Ok(existing);
+        if existing.training_set_id != id {
+            return Err(out_err(out, format!(
+                "holds another training set ({}); export into an empty folder",
+                existing.training_set_id
+            )));
         }
-        return Err(out_err(out, format!(
-            "holds another training set ({}); export into an empty folder",
-            existing.training_set_id
-        )));
-    }
-    let progress_path = out.join(PROGRESS);
-    let mut done: Vec<Shard> = match std::fs::read(&progress_path) {
-        Ok(bytes) => match serde_json::from_slice::<Progress>(&bytes) {
-            Ok(p) if p.training_set_id == manifest.training_set_id => p.shards,
-            Ok(p) => {
-                return Err(out_err(out, format!(
-                    "holds an unfinished export of another training set ({}); export into an empty folder",
-                    p.training_set_id
-                )));
-            }
-            Err(e) => return Err(out_err(&progress_path, format!("unreadable: {e}"))),
-        },
-        Err(_) => Vec::new(),
+        if expected.is_none() {
+            manifest.schema = existing.schema.clone();
+        }
+        existing.shards
+    } else {
+        match std::fs::read(&progress_path) {
+            Ok(bytes) => match serde_json::from_slice::<Progress>(&bytes) {
+                Ok(p) if p.training_set_id == id => p.shards,
+                Ok(p) => {
+                    return Err(out_err(out, format!(
+                        "holds an unfinished export of another training set ({}); export into an empty folder",
+                        p.training_set_id
+                    )));
+                }
+                Err(e) => return Err(out_err(&progress_path, format!("unreadable: {e}"))),
+            },
+            Err(_) => Vec::new(),
+        }
     };
-    // Keep only finished shards whose files are still intact.
-    done.retain(|s| std::fs::read(out.join(&s.file)).is_ok_and(|b| sha256_hex(&b) == s.sha256));
+    check_folder(out, &listed)?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    // Finished shards whose files are still intact; the others are damaged.
+    let intact = |s: &Shard| std::fs::read(out.join(&s.file)).is_ok_and(|b| sha256_hex(&b) == s.sha256);
+    let mut done: Vec<Shard> = Vec::new();
+    let mut damaged: Vec<String> = Vec::new();
+    for s in listed {
+        if intact(&s) {
+            done.push(s);
+        } else {
+            damaged.push(s.file);
+        }
+    }
 
     let defs = &defs;
     let service = defs.feature_service(&manifest.options.service).expect("planned");
@@ -276,9 +305,11 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, kernel: &dyn AsOfKernel, progr
     let n_shards = n.div_ceil(per).max(1);
     let abort_after: Option<usize> = std::env::var("QUIVER_EXPORT_ABORT_AFTER_SHARDS").ok().and_then(|v| v.parse().ok());
     let mut written_now = 0usize;
+    let mut joined_now = 0usize;
+    let mut repaired = Vec::new();
     for k in 0..n_shards {
         let file = format!("part-{k:05}.{}", manifest.options.format.extension());
-        if done.iter().any(|s| s.file == file) {
+        if expected.is_none() && done.iter().any(|s| s.file == file) {
             progress(k + 1, n_shards);
             continue;
         }
@@ -297,14 +328,38 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, kernel: &dyn AsOfKernel, progr
             &|_, _| {},
         )
         .await?;
+        joined_now += 1;
         if manifest.schema.is_empty() {
             manifest.schema = joined.schema().fields().iter().map(|f| (f.name().clone(), f.data_type().to_string())).collect();
         }
         let bytes = encode(&joined, manifest.options.format)?;
-        write_atomic(&out.join(&file), &bytes)?;
-        done.push(Shard { file, rows: joined.num_rows() as u64, sha256: sha256_hex(&bytes) });
-        let record = Progress { training_set_id: manifest.training_set_id.clone(), shards: done.clone() };
-        write_atomic(&progress_path, &serde_json::to_vec_pretty(&record).expect("progress serialises"))?;
+        let shard = Shard { file, rows: joined.num_rows() as u64, sha256: sha256_hex(&bytes) };
+        if let Some(expected) = expected {
+            let Some(want) = expected.iter().find(|s| s.file == shard.file) else {
+                return Err(out_err(out, format!("cannot reproduce: {} is not in the manifest (a different number of shards)", shard.file)));
+            };
+            if *want != shard {
+                return Err(out_err(&out.join(&shard.file), format!(
+                    "does not reproduce {} (sha256 {} vs {}); nothing written",
+                    want.file, shard.sha256, want.sha256
+                )));
+            }
+            done.retain(|s| s.file != shard.file);
+            if intact(&shard) {
+                done.push(shard);
+                progress(k + 1, n_shards);
+                continue;
+            }
+        }
+        write_atomic(&out.join(&shard.file), &bytes)?;
+        if damaged.contains(&shard.file) {
+            repaired.push(shard.file.clone());
+        }
+        done.push(shard);
+        let record = Progress { training_set_id: id.clone(), shards: done.clone() };
+        if !manifest_path.exists() {
+            write_atomic(&progress_path, &serde_json::to_vec_pretty(&record).expect("progress serialises"))?;
+        }
         progress(k + 1, n_shards);
         written_now += 1;
         if abort_after.is_some_and(|a| written_now >= a) {
@@ -323,7 +378,43 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, kernel: &dyn AsOfKernel, progr
     manifest.shards = done;
     write_atomic(&manifest_path, &serde_json::to_vec_pretty(&manifest).expect("manifest serialises"))?;
     let _ = std::fs::remove_file(&progress_path);
-    Ok(manifest)
+    Ok(Exported { manifest, repaired, joined: joined_now })
+}
+
+/// Refuses an output folder that holds anything but this training set: its manifest,
+/// its progress file, the shards they list, and temp files of an interrupted write
+/// (removed). A `part-*` file nothing lists would otherwise be overwritten.
+fn check_folder(out: &Path, listed: &[Shard]) -> Result<()> {
+    let entries = match std::fs::read_dir(out) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            return Err(out_err(out, "is a file, not a folder"));
+        }
+        Err(e) => return Err(Error::io(out, e)),
+    };
+    let mut foreign = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(out, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(entry.path());
+            continue;
+        }
+        if name == MANIFEST || name == PROGRESS || listed.iter().any(|s| s.file == name) {
+            continue;
+        }
+        foreign.push(name);
+    }
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    foreign.sort();
+    let more = if foreign.len() > 3 { format!(" and {} more", foreign.len() - 3) } else { String::new() };
+    Err(out_err(out, format!(
+        "is not empty and holds no export of this training set (found {}{more}); export into an empty folder, nothing written",
+        foreign.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+    )))
 }
 
 fn shard_schema(path: &Path, format: ShardFormat) -> Result<Vec<(String, String)>> {
@@ -350,24 +441,26 @@ pub async fn export(
     options: ExportOptions,
     kernel: &dyn AsOfKernel,
     progress: &(dyn Fn(u64, u64) + Sync),
-) -> Result<Manifest> {
+) -> Result<Exported> {
     let plan = plan(repo, spine, options, None).await?;
-    run(repo, plan, out, kernel, progress).await
+    run(repo, plan, out, kernel, progress, None).await
 }
 
 /// Rebuilds the training set of `manifest_path` into `out`: the same Delta versions,
-/// spine (checked by hash) and options; every shard must match the manifest's SHA-256.
+/// spine (checked by hash) and options. Every shard is joined again and must match the
+/// manifest's SHA-256 before it is written; into the original folder, intact shards
+/// are left as they are and damaged ones are written again (reported as repaired).
 ///
 /// # Errors
 /// As [`export`], plus a spine that changed, a registry at another version, or a
-/// shard that does not reproduce.
+/// shard that does not reproduce (nothing of it written).
 pub async fn reproduce(
     repo: &Repo,
     manifest_path: &Path,
     out: &Path,
     kernel: &dyn AsOfKernel,
     progress: &(dyn Fn(u64, u64) + Sync),
-) -> Result<Manifest> {
+) -> Result<Exported> {
     let original: Manifest = serde_json::from_slice(&std::fs::read(manifest_path).map_err(|e| Error::io(manifest_path, e))?)
         .map_err(|e| out_err(manifest_path, format!("unreadable manifest: {e}")))?;
     let spine = PathBuf::from(&original.spine.path);
@@ -381,14 +474,13 @@ pub async fn reproduce(
             plan.manifest.registry_version, original.registry_version
         )));
     }
-    let rebuilt = run(repo, plan, out, kernel, progress).await?;
-    for (a, b) in original.shards.iter().zip(&rebuilt.shards) {
-        if a != b {
-            return Err(out_err(&out.join(&b.file), format!("does not reproduce {} (sha256 {} vs {})", a.file, b.sha256, a.sha256)));
-        }
-    }
-    if original.shards.len() != rebuilt.shards.len() {
-        return Err(out_err(out, "a different number of shards than the manifest"));
+    let rebuilt = run(repo, plan, out, kernel, progress, Some(&original.shards)).await?;
+    if original.shards != rebuilt.manifest.shards {
+        return Err(out_err(out, format!(
+            "{} shards rebuilt, the manifest lists {}",
+            rebuilt.manifest.shards.len(),
+            original.shards.len()
+        )));
     }
     Ok(rebuilt)
 }

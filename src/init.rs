@@ -52,6 +52,11 @@ kafka:
 server:
   host: 127.0.0.1
   port: 6566
+  # auth_token: set QUIVER_SERVER_AUTH_TOKEN instead: this file is meant to be committed
+  # max_cells: 1000000                 # entity rows x features per lookup (413 beyond)
+  # request_timeout: 10s               # a request's headers, then its body, within this
+  # max_connections: 1024
+# max_future_skew: 5m                  # event times later than now + this are refused
 "#
     )
 }

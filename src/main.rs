@@ -157,8 +157,9 @@ enum Command {
     Push {
         view: String,
         file: PathBuf,
-        #[arg(long, value_enum, default_value = "online-and-offline")]
-        to: PushTarget,
+        /// Default: both stores for an online view, offline for a view with `online: false`.
+        #[arg(long, value_enum)]
+        to: Option<PushTarget>,
     },
     /// Compare the online store with the offline store; non-zero exit over the threshold.
     Verify {
@@ -264,7 +265,7 @@ fn cmd_verify(dir: &Path, n: u64, max_mismatch: f64) -> anyhow::Result<()> {
     let rt = runtime()?;
     let now = chrono::Utc::now().timestamp_micros();
     let reports = rt.block_on(async {
-        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let store = quiver::online::open_store(&repo.config).await?;
         anyhow::Ok(quiver::verify::verify_sample(&repo.config, &defs, store.as_ref(), n as usize, now, now as u64).await?)
     })?;
     print_verify(&reports, max_mismatch)
@@ -378,7 +379,7 @@ fn cmd_doctor(dir: &Path, compile_kernels: bool) -> anyhow::Result<()> {
             }
             let rt = runtime()?;
             match rt.block_on(async {
-                let store = quiver::online::open_store(&repo.config.online_store).await?;
+                let store = quiver::online::open_store(&repo.config).await?;
                 store.read(&["quiver:doctor:probe".to_string()]).await?;
                 anyhow::Ok(store.name())
             }) {
@@ -541,11 +542,13 @@ fn cmd_ingest(dir: &Path, view: &str, file: &Path) -> anyhow::Result<()> {
     let rt = runtime()?;
     let bar = progress_bar();
     let progress = |phase: &str, rows: u64| bar.set_message(format!("{phase} {rows} rows"));
+    let latest = repo.config.event_horizon(chrono::Utc::now().timestamp_micros());
     let report = rt.block_on(quiver::offline::ingest::ingest(
         &repo.config.view_table(view),
         &doc.definitions,
         view,
         file,
+        latest,
         &progress,
     ))?;
     bar.finish_and_clear();
@@ -556,20 +559,21 @@ fn cmd_ingest(dir: &Path, view: &str, file: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn cmd_push(dir: &Path, view: &str, file: &Path, to: PushTarget) -> anyhow::Result<()> {
+fn cmd_push(dir: &Path, view: &str, file: &Path, to: Option<PushTarget>) -> anyhow::Result<()> {
     use quiver::streaming::Target;
     let repo = Repo::open(dir)?;
     let doc = repo.applied()?;
     let view = applied_view(&doc.definitions, view)?;
     let target = match to {
-        PushTarget::Online => Target::Online,
-        PushTarget::Offline => Target::Offline,
-        PushTarget::OnlineAndOffline => Target::OnlineAndOffline,
+        Some(PushTarget::Online) => Target::Online,
+        Some(PushTarget::Offline) => Target::Offline,
+        Some(PushTarget::OnlineAndOffline) => Target::OnlineAndOffline,
+        None => Target::default_for(view),
     };
     let began = std::time::Instant::now();
     let rt = runtime()?;
     let report = rt.block_on(async {
-        let store = if target.online() { Some(quiver::online::open_store(&repo.config.online_store).await?) } else { None };
+        let store = if target.online() { Some(quiver::online::open_store(&repo.config).await?) } else { None };
         anyhow::Ok(
             quiver::streaming::write::push_file(&repo.config, &doc.definitions, view, file, target, store.as_deref()).await?,
         )
@@ -599,7 +603,7 @@ fn cmd_stream(dir: &Path, views: &[String], batch_rows: usize, batch_ms: u64, me
     options.batch_rows = batch_rows;
     options.batch_interval = std::time::Duration::from_millis(batch_ms);
     let rt = runtime()?;
-    let store = rt.block_on(quiver::online::open_store(&repo.config.online_store))?;
+    let store = rt.block_on(quiver::online::open_store(&repo.config))?;
     let metrics = Arc::new(quiver::streaming::Metrics::default());
     let shutdown = Arc::new(AtomicBool::new(false));
     {
@@ -619,12 +623,24 @@ fn cmd_stream(dir: &Path, views: &[String], batch_rows: usize, batch_ms: u64, me
             .parse()
             .map_err(|e| anyhow::anyhow!("metrics address `{}:{port}`: {e}", repo.config.server.host))?;
         let listener = rt.block_on(tokio::net::TcpListener::bind(addr)).with_context(|| format!("binding {addr}"))?;
+        warn_exposure(&repo.config, &addr, "stream --metrics-port");
         let metrics = metrics.clone();
+        let token = repo.config.server.auth_token.clone();
+        // The same rules as `quiver serve`: with server.auth_token set, a bearer token.
         let app = axum::Router::new().route(
             "/metrics",
-            axum::routing::get(move || {
+            axum::routing::get(move |headers: axum::http::HeaderMap| {
                 let metrics = metrics.clone();
-                async move { metrics.render() }
+                let token = token.clone();
+                async move {
+                    use axum::response::IntoResponse;
+                    let given = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+                    match (&token, given) {
+                        (Some(t), Some(g)) if quiver::online::server::constant_time_eq(g, t.as_bytes()) => metrics.render().into_response(),
+                        (Some(_), _) => (axum::http::StatusCode::UNAUTHORIZED, "{\"error\": \"missing or wrong bearer token\"}").into_response(),
+                        (None, _) => metrics.render().into_response(),
+                    }
+                }
             }),
         );
         rt.spawn(async move { axum::serve(listener, app).await });
@@ -665,7 +681,8 @@ fn cmd_export(
     let rt = runtime()?;
     let bar = progress_bar();
     let progress = |k: u64, n: u64| bar.set_message(format!("shard {k} of {n}"));
-    let manifest = match reproduce {
+    let reproducing = reproduce.is_some();
+    let exported = match reproduce {
         Some(manifest) => {
             let (kernel, _) = pick_engine(engine, 0)?;
             rt.block_on(quiver::export::reproduce(&repo, &manifest, out, kernel.as_ref(), &progress))?
@@ -686,13 +703,19 @@ fn cmd_export(
         }
     };
     bar.finish_and_clear();
+    for file in &exported.repaired {
+        eprintln!("repaired {}: it no longer matched the manifest; written again from the reproduced rows", out.join(file).display());
+    }
+    let manifest = &exported.manifest;
     println!(
-        "exported training set {}: {} rows in {} shards to {} in {:.2} s",
+        "{} training set {}: {} rows in {} shards to {} in {:.2} s{}",
+        if reproducing { "reproduced" } else { "exported" },
         manifest.training_set_id,
         manifest.rows,
         manifest.shards.len(),
         out.display(),
-        began.elapsed().as_secs_f64()
+        began.elapsed().as_secs_f64(),
+        if reproducing { ", every shard identical to the manifest" } else { "" }
     );
     Ok(())
 }
@@ -843,7 +866,7 @@ fn cmd_materialize(dir: &Path, start: &str, end: &str, names: &[String]) -> anyh
     let bar = progress_bar();
     let progress = |phase: &str, rows: u64| bar.set_message(format!("{phase}: {rows} rows"));
     let reports = rt.block_on(async {
-        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let store = quiver::online::open_store(&repo.config).await?;
         quiver::materialize::materialize(&repo.config, defs, &views, start, end, store.as_ref(), &progress).await
     })?;
     bar.finish_and_clear();
@@ -877,12 +900,29 @@ fn cmd_materialize_incremental(dir: &Path, end: &str) -> anyhow::Result<()> {
     let bar = progress_bar();
     let progress = |phase: &str, rows: u64| bar.set_message(format!("{phase}: {rows} rows"));
     let reports = rt.block_on(async {
-        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let store = quiver::online::open_store(&repo.config).await?;
         quiver::materialize::materialize_incremental(&repo.config, defs, &views, end, store.as_ref(), &progress).await
     })?;
     bar.finish_and_clear();
     print_materialized(&reports, began);
     Ok(())
+}
+
+/// Warnings for a listener reachable from other machines without a token, and for a
+/// token written into `quiver.yaml` (a file that is easily committed).
+fn warn_exposure(config: &quiver::sdk::Config, addr: &std::net::SocketAddr, what: &str) {
+    if !addr.ip().is_loopback() && config.server.auth_token.is_none() {
+        eprintln!(
+            "warning: {what} listens on {addr}, reachable from other machines, with no server.auth_token: anyone who can connect can read{}",
+            if what == "serve" { " and push features" } else { " the metrics" }
+        );
+    }
+    if config.server.auth_token_in_file {
+        eprintln!(
+            "warning: {} holds server.auth_token; keep it out of version control (add it to .gitignore) or set QUIVER_SERVER_AUTH_TOKEN instead",
+            config.repo.join(quiver::sdk::config::CONFIG_FILE).display()
+        );
+    }
 }
 
 fn cmd_serve(dir: &Path, host: Option<String>, port: Option<u16>) -> anyhow::Result<()> {
@@ -900,9 +940,10 @@ fn cmd_serve(dir: &Path, host: Option<String>, port: Option<u16>) -> anyhow::Res
         .map_err(|e| anyhow::anyhow!("server address `{host}:{port}`: {e}"))?;
     let rt = runtime()?;
     rt.block_on(async {
-        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let store = quiver::online::open_store(&repo.config).await?;
         let log = repo.config.serving_log.enabled.then(|| quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log));
         let state = std::sync::Arc::new(quiver::server::server_state(&repo.config, store, log.clone())?);
+        warn_exposure(&repo.config, &addr, "serve");
         println!("serving project `{}` on http://{addr} (Ctrl-C to stop)", repo.config.project);
         if log.is_some() {
             println!("logging answers to {} (serving_log in quiver.yaml)", repo.config.serving_log.location);
@@ -976,7 +1017,7 @@ fn cmd_online(dir: &Path, features: &[String], entities: &[String]) -> anyhow::R
     }
     let rt = runtime()?;
     let result = rt.block_on(async {
-        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let store = quiver::online::open_store(&repo.config).await?;
         quiver::online::lookup::get_online_features(
             store.as_ref(),
             &repo.config.project,

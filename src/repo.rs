@@ -11,26 +11,113 @@ use quiver_sdk::{Config, Definitions, FileRegistry, Plan, RegistryDoc};
 use crate::error::Result;
 
 impl Repo {
-    /// Two views writing one Delta table would corrupt each other's reads.
+    /// Two views writing one Delta table would corrupt each other's reads, however the
+    /// path is spelled (`./data/t/`, `data//t`, a symlink, `file:///.../t`); a view's
+    /// table inside another's folder, or at the serving log's table, likewise.
     fn check_tables_distinct(&self, defs: &Definitions) -> Result<()> {
-        let mut seen: Vec<(String, &str)> = Vec::new();
+        let refuse = |source: quiver_sdk::DefinitionError| -> crate::Error {
+            quiver_sdk::Error::Definition { file: Some(self.definitions_path.clone()), source }.into()
+        };
+        let log = table_identity(&self.config.serving_log.location);
+        let mut seen: Vec<(String, &str, String)> = Vec::new();
         for view in &defs.feature_views {
-            let location = self.config.view_table(view).to_string();
-            if let Some((_, other)) = seen.iter().find(|(l, _)| *l == location) {
-                return Err(quiver_sdk::Error::Definition {
-                    file: Some(self.definitions_path.clone()),
-                    source: quiver_sdk::DefinitionError::SharedTable {
+            let location = self.config.view_table(view);
+            let id = table_identity(&location);
+            if id == log || id.starts_with(&format!("{log}/")) || log.starts_with(&format!("{id}/")) {
+                return Err(refuse(quiver_sdk::DefinitionError::ServingLogTable {
+                    view: view.name.clone(),
+                    table: location.to_string(),
+                }));
+            }
+            for (other_id, other, other_location) in &seen {
+                if *other_id == id {
+                    return Err(refuse(quiver_sdk::DefinitionError::SharedTable {
                         first: other.to_string(),
                         second: view.name.clone(),
-                        table: location,
-                    },
+                        table: location.to_string(),
+                    }));
                 }
-                .into());
+                // (outer view, inner view, outer table, inner table)
+                let nested = if id.starts_with(&format!("{other_id}/")) {
+                    Some((*other, view.name.as_str(), other_location.clone(), location.to_string()))
+                } else if other_id.starts_with(&format!("{id}/")) {
+                    Some((view.name.as_str(), *other, location.to_string(), other_location.clone()))
+                } else {
+                    None
+                };
+                if let Some((first, second, outer, table)) = nested {
+                    return Err(refuse(quiver_sdk::DefinitionError::NestedTable {
+                        first: first.to_string(),
+                        second: second.to_string(),
+                        outer,
+                        table,
+                    }));
+                }
             }
-            seen.push((location, &view.name));
+            seen.push((id, &view.name, location.to_string()));
         }
         Ok(())
     }
+}
+
+/// One spelling per table location: local paths absolute, `.` and `..` resolved,
+/// symlinks of the part that exists followed, no trailing slash (`file://` URIs are
+/// local paths); object-store URIs with the scheme and host lowercased and repeated or
+/// trailing slashes dropped.
+pub fn table_identity(location: &quiver_sdk::config::StoreLocation) -> String {
+    use quiver_sdk::config::StoreLocation;
+    match location {
+        StoreLocation::Local(path) => local_identity(path),
+        StoreLocation::Uri(uri) => match uri.strip_prefix("file://") {
+            Some(path) => local_identity(Path::new(path)),
+            None => {
+                let (scheme, rest) = uri.split_once("://").unwrap_or(("", uri));
+                let mut parts = rest.split('/').filter(|p| !p.is_empty() && *p != ".");
+                let host = parts.next().unwrap_or("").to_ascii_lowercase();
+                let mut path: Vec<&str> = Vec::new();
+                for p in parts {
+                    if p == ".." {
+                        path.pop();
+                    } else {
+                        path.push(p);
+                    }
+                }
+                format!("{}://{host}/{}", scheme.to_ascii_lowercase(), path.join("/"))
+            }
+        },
+    }
+}
+
+fn local_identity(path: &Path) -> String {
+    use std::path::Component;
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut clean = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            Component::ParentDir => {
+                clean.pop();
+            }
+            Component::CurDir => {}
+            other => clean.push(other),
+        }
+    }
+    // Follow symlinks of the longest part that exists.
+    let mut existing = clean.clone();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.file_name().map(std::ffi::OsStr::to_os_string), existing.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                existing = parent.to_path_buf();
+            }
+            _ => break,
+        }
+    }
+    let mut out = std::fs::canonicalize(&existing).unwrap_or(existing);
+    for name in rest.into_iter().rev() {
+        out.push(name);
+    }
+    out.to_string_lossy().trim_end_matches('/').to_string()
 }
 
 /// What [`Repo::apply`] did.

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use quiver_online::OnlineStore;
-use quiver_online::server::{Metrics, RegistryCache, ServerState, system_clock};
+use quiver_online::server::{Limits, Metrics, RegistryCache, ServerState, system_clock};
 use quiver_sdk::Config;
 
 use crate::error::Result;
@@ -25,5 +25,6 @@ pub fn server_state(config: &Config, store: Arc<dyn OnlineStore>, log: Option<Ar
         clock: system_clock(),
         offline: Some(Arc::new(quiver_streaming::write::DeltaWriter { config: config.clone() })),
         serving_log: log.map(|l| l as Arc<dyn quiver_online::serving_log::ServingLog>),
+        limits: Limits::of(&config.server, config.max_future_skew),
     })
 }

@@ -22,7 +22,7 @@ use arrow::datatypes::Int64Type;
 use quiver_offline::historical::{Window, latest_per_entity};
 use quiver_offline::schema::value_at;
 use quiver_online::OnlineStore;
-use quiver_online::lookup::{Status, get_online_features};
+use quiver_online::lookup::{Status, expected_status, get_online_features};
 use quiver_sdk::encoding::{KeyValue, Value};
 use quiver_sdk::{Config, Definitions, FeatureRef, KeyType};
 use rand::SeedableRng;
@@ -105,17 +105,16 @@ pub async fn verify_sample(
         let online = get_online_features(store, &config.project, defs, &refs, &entities, now, false).await?;
         let ts = batch.column(keys.len()).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
         let first_feature = keys.len() + 1 + usize::from(view.source.created_timestamp_field.is_some());
-        let ttl_us = view.ttl_us();
         for (k, feature) in view.features.iter().enumerate() {
             let column = &online[keys.len() + k];
             let report = &mut per_feature[k];
             for (j, &r) in rows.iter().enumerate() {
-                let stale = ttl_us.is_some_and(|ttl| now.saturating_sub(ts.value(r)) > ttl);
+                // Judged as the lookup answers: an expired key is NOT_FOUND, not missing.
                 let offline = value_at(batch.column(first_feature + k).as_ref(), r, feature.dtype);
-                let expected = match (&offline, stale) {
-                    (_, true) => (Status::OutsideMaxAge, Value::Null),
-                    (Value::Null, false) => (Status::NullValue, Value::Null),
-                    (v, false) => (Status::Present, v.clone()),
+                let expected = match (expected_status(view, Some(ts.value(r)), now), &offline) {
+                    (Status::Present, Value::Null) => (Status::NullValue, Value::Null),
+                    (Status::Present, v) => (Status::Present, v.clone()),
+                    (status, _) => (status, Value::Null),
                 };
                 let got = (column.statuses[j], column.values[j].clone());
                 report.compared += 1;
@@ -274,7 +273,6 @@ pub async fn verify_log(
         .await?;
         let first = spine.num_columns();
         let offline_ts = joined.column(first + features.len()).as_primitive::<Micros>();
-        let ttl_us = view.ttl_us();
         let mut unreadable = vec![0u64; features.len()];
         let mut gone: BTreeSet<String> = BTreeSet::new();
         for (j, &(bi, r)) in kept.iter().enumerate() {
@@ -300,16 +298,11 @@ pub async fn verify_log(
                 };
                 let served_value = values.get(&feature.name).map_or_else(|| "null".to_string(), ToString::to_string);
                 let served = (served_status, served_value, event_ts);
-                let expected = match found {
-                    None => (Status::NotFound, "null".to_string(), None),
-                    // Past the TTL and the key's grace period: the store has dropped it.
-                    Some(ts) if quiver_sdk::encoding::expire_at_ms(view, ts).is_some_and(|at| request_time.div_euclid(1000) >= at) => {
-                        (Status::NotFound, "null".to_string(), None)
-                    }
-                    Some(ts) if ttl_us.is_some_and(|ttl| request_time.saturating_sub(ts) > ttl) => {
-                        (Status::OutsideMaxAge, "null".to_string(), Some(ts))
-                    }
-                    Some(ts) => match value_at(joined.column(first + k).as_ref(), j, feature.dtype) {
+                let expected = match (expected_status(view, found, request_time), found) {
+                    // No row, or past the TTL and the key's grace period: the store dropped it.
+                    (Status::NotFound, _) | (_, None) => (Status::NotFound, "null".to_string(), None),
+                    (Status::OutsideMaxAge, ts) => (Status::OutsideMaxAge, "null".to_string(), ts),
+                    (_, Some(ts)) => match value_at(joined.column(first + k).as_ref(), j, feature.dtype) {
                         Value::Null => (Status::NullValue, "null".to_string(), Some(ts)),
                         v => (Status::Present, quiver_online::serving_log::value_json(&v), Some(ts)),
                     },

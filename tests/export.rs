@@ -163,3 +163,49 @@ fn export_refuses_what_cannot_be_done() {
     std::fs::copy(repo.join("sample_data/driver_hourly.parquet"), repo.join("spine2.parquet")).unwrap();
     fails(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "ts2"], "the spine changed since the export");
 }
+
+/// Issue 14: `--reproduce` into the original folder rebuilds every shard and checks it
+/// against the manifest; a shard damaged since (truncated here) is written again from
+/// the reproduced rows and reported, never passed over.
+#[test]
+fn reproducing_into_the_original_folder_checks_and_repairs_every_shard() {
+    let (_tmp, repo) = demo();
+    let args = ["export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "ts", "--shard-rows", "100"];
+    ok(&repo, &args);
+    let m = manifest(&repo.join("ts"));
+    let damaged = repo.join("ts/part-00001.parquet");
+    let bytes = std::fs::read(&damaged).unwrap();
+    std::fs::write(&damaged, &bytes[..bytes.len() / 2]).unwrap();
+    let untouched = std::fs::metadata(repo.join("ts/part-00000.parquet")).unwrap().modified().unwrap();
+    let out = quiver(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "ts"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("repaired") && stderr.contains("part-00001.parquet"), "{stderr}");
+    assert!(!stderr.contains("part-00000"), "intact shards are not reported: {stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("every shard identical to the manifest"));
+    assert_eq!(sha256(&damaged), m["shards"][1]["sha256"].as_str().unwrap(), "the shard is whole again");
+    assert_eq!(std::fs::read(&damaged).unwrap(), bytes);
+    assert_eq!(std::fs::metadata(repo.join("ts/part-00000.parquet")).unwrap().modified().unwrap(), untouched, "intact shards are left");
+    // A plain export into the same folder finds a damaged shard too, and repairs it.
+    std::fs::write(&damaged, b"garbage").unwrap();
+    ok(&repo, &args);
+    assert_eq!(std::fs::read(&damaged).unwrap(), bytes);
+}
+
+/// Issue 14: an export into a folder that holds files of no export of this training set
+/// (a stray `part-00000.parquet`, say) is refused before anything is written.
+#[test]
+fn export_refuses_a_folder_holding_other_files() {
+    let (_tmp, repo) = demo();
+    std::fs::create_dir_all(repo.join("busy")).unwrap();
+    std::fs::write(repo.join("busy/part-00000.parquet"), b"someone else's shard").unwrap();
+    std::fs::write(repo.join("busy/notes.txt"), b"keep me").unwrap();
+    let args = ["export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "busy"];
+    fails(&repo, &args, "is not empty and holds no export of this training set (found notes.txt, part-00000.parquet)");
+    assert_eq!(std::fs::read(repo.join("busy/part-00000.parquet")).unwrap(), b"someone else's shard");
+    assert!(!repo.join("busy/manifest.json").exists() && !repo.join("busy/_progress.json").exists());
+    // And reproducing into it is refused the same way.
+    ok(&repo, &["export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "ts"]);
+    fails(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "busy"], "is not empty");
+    assert_eq!(std::fs::read(repo.join("busy/part-00000.parquet")).unwrap(), b"someone else's shard");
+}

@@ -27,7 +27,7 @@ async fn ingest(repo: &Repo, view: &str, name: &str, csv: &str) {
     std::fs::write(&path, csv).unwrap();
     let defs = repo.applied().unwrap().definitions;
     let v = defs.feature_view(view).unwrap();
-    quiver::offline::ingest::ingest(&repo.config.view_table(v), &defs, v, &path, &|_, _| {}).await.unwrap();
+    quiver::offline::ingest::ingest(&repo.config.view_table(v), &defs, v, &path, repo.config.event_horizon(chrono::Utc::now().timestamp_micros()), &|_, _| {}).await.unwrap();
 }
 
 async fn scores(repo: &Repo, store: &dyn OnlineStore, users: &[i64]) -> Vec<Option<f64>> {

@@ -29,7 +29,7 @@ async fn check(store: Arc<dyn OnlineStore>) {
     let defs = repo.applied().unwrap().definitions;
     for view in &defs.feature_views {
         let file = dir.join(format!("sample_data/{}.parquet", view.name));
-        quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, &|_, _| {}).await.unwrap();
+        quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, repo.config.event_horizon(chrono::Utc::now().timestamp_micros()), &|_, _| {}).await.unwrap();
     }
     let views: Vec<_> = defs.feature_views.iter().collect();
     let now_us = now.timestamp_micros();

@@ -32,6 +32,10 @@ pub enum Error {
     Output { file: PathBuf, message: String },
     #[error(transparent)]
     Kernel(#[from] quiver_gpu_join::KernelError),
+    /// Another writer recorded progress in the table since this one read it: the
+    /// append was refused and nothing written.
+    #[error("delta table {table}: `{app}` is at version {recorded:?}, expected {expected:?}: another writer took over; nothing appended")]
+    Fenced { table: String, app: String, expected: Option<i64>, recorded: Option<i64> },
 }
 
 impl Error {

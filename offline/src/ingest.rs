@@ -46,11 +46,12 @@ pub async fn ingest(
     defs: &Definitions,
     view: &FeatureView,
     file: &Path,
+    latest_event: i64,
     progress: Progress<'_>,
 ) -> Result<IngestReport> {
     let start = Instant::now();
     let batches = read_file(file, defs, view)?;
-    let mut report = append(location, defs, view, file, batches, Vec::new(), progress).await?;
+    let mut report = append(location, defs, view, file, batches, AppendOptions::new(Some(latest_event)), progress).await?;
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -60,23 +61,60 @@ pub async fn ingest(
 /// appended, so a replay after a crash can tell what the table already holds.
 pub type AppTxn = (String, i64);
 
+/// How an [`append`] checks and commits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use]
+pub struct AppendOptions {
+    /// Event times after this (UTC microseconds: the wall clock plus
+    /// `max_future_skew`) are refused; `None` for rows already checked where they were
+    /// read.
+    pub latest_event: Option<i64>,
+    /// `txn` actions committed atomically with the rows.
+    pub txns: Vec<AppTxn>,
+    /// The `txn` versions the table must hold when the rows are committed (`None`:
+    /// no version recorded for that app); anything else — another writer recorded
+    /// progress meanwhile — refuses the append with [`Error::Fenced`] and writes
+    /// nothing. The check and the commit are one step: the commit must land on the
+    /// version the check read.
+    pub expected_txns: Vec<(String, Option<i64>)>,
+}
+
+impl AppendOptions {
+    pub fn new(latest_event: Option<i64>) -> AppendOptions {
+        AppendOptions { latest_event, ..AppendOptions::default() }
+    }
+
+    pub fn with_txns(mut self, txns: Vec<AppTxn>) -> AppendOptions {
+        self.txns = txns;
+        self
+    }
+
+    pub fn with_expected_txns(mut self, expected: Vec<(String, Option<i64>)>) -> AppendOptions {
+        self.expected_txns = expected;
+        self
+    }
+}
+
 /// Appends rows of `view` to its table in one commit, creating the table if missing:
 /// the shared write path of `ingest`, `push` and `stream`. `source` names where the
-/// rows came from in errors; `txns` are committed atomically with the rows.
+/// rows came from in errors; `options` bounds the event times and carries the `txn`
+/// actions committed atomically with the rows and the versions they must follow.
 ///
 /// # Errors
-/// [`Error::Input`] when a batch does not fit the view; [`Error::Delta`] when the commit
-/// fails (a concurrent writer included: the commit does not retry past another version,
-/// see below). Either way the table is unchanged.
+/// [`Error::Input`] when a batch does not fit the view; [`Error::Fenced`] when the
+/// table's `txn` versions are not the expected ones; [`Error::Delta`] when the commit
+/// fails (after starting over [`COMMIT_TRIES`] times when other writers keep committing
+/// first). Either way the table is unchanged.
 pub async fn append(
     location: &StoreLocation,
     defs: &Definitions,
     view: &FeatureView,
     source: &Path,
     batches: Vec<RecordBatch>,
-    txns: Vec<AppTxn>,
+    options: AppendOptions,
     progress: Progress<'_>,
 ) -> Result<IngestReport> {
+    let AppendOptions { latest_event, txns, expected_txns } = options;
     let start = Instant::now();
     let file = source;
     let wanted: Vec<Wanted> = view_columns(defs, view);
@@ -88,7 +126,7 @@ pub async fn append(
 
     // Check every row and sort, all before touching the table.
     let schema = table_schema(defs, view);
-    let conformed: Vec<Vec<ArrayRef>> = conform_batches(defs, view, file, &batches)?
+    let conformed: Vec<Vec<ArrayRef>> = conform_batches(defs, view, file, &batches, latest_event)?
         .into_iter()
         .map(|b| b.columns().to_vec())
         .collect();
@@ -99,44 +137,23 @@ pub async fn append(
     progress("sorted", rows as u64);
 
     ensure_table(location, &schema, &view.name).await?;
-    let table = open_table(location)
-        .await?
-        .ok_or_else(|| Error::Request(format!("delta table {location} vanished while ingesting")))?;
-    let next_version = table.version().map_or(0, |v| v + 1);
-    // Ingestion order: later ingests (higher versions) and later rows win ties. The
-    // commit below must land as exactly `next_version` for that to hold, so it does not
-    // retry past a concurrent writer; re-running the ingest is then safe.
-    let seq_base = (next_version as i64) << 32;
-    let mut batches_out = Vec::with_capacity(sorted.len());
-    let mut at = 0usize;
-    for columns in sorted {
-        let m = columns.first().map_or(0, |c| c.len());
-        let seq: Int64Array = order[at..at + m].iter().map(|&i| seq_base + i64::from(i)).collect();
-        let mut columns = columns;
-        columns.push(Arc::new(seq) as ArrayRef);
-        batches_out.push(RecordBatch::try_new(schema.clone(), columns)?);
-        at += m;
-    }
-
-    let table = table
-        .write(batches_out)
-        .with_save_mode(SaveMode::Append)
-        .with_commit_properties(
-            CommitProperties::default()
-                .with_max_retries(0)
-                .with_application_transactions(txns.into_iter().map(|(app, v)| Transaction::new(app, v)).collect()),
-        )
-        // A view that gained features since its table was created gains the columns.
-        .with_schema_mode(SchemaMode::Merge)
-        .await
-        .map_err(|e| Error::delta(location, e))?;
-    let version = table.version().unwrap_or(0);
-    if version != next_version {
-        // Cannot happen without retries; kept as a guard on the seq invariant.
-        return Err(Error::Request(format!(
-            "delta table {location}: committed version {version}, expected {next_version}"
-        )));
-    }
+    // Ingestion order: later ingests (higher versions) and later rows win ties. A
+    // commit must land as exactly the version its seq numbers were made for, so it
+    // never retries past a concurrent writer inside deltalake; it starts over here
+    // instead (the table read again, the fence checked again, new seq numbers).
+    let mut attempt = 0u32;
+    let version = loop {
+        attempt += 1;
+        match commit_once(location, &schema, &sorted, &order, &txns, &expected_txns).await {
+            Err(CommitError::Lost(e)) if attempt < COMMIT_TRIES => {
+                tracing::debug!(table = %location, attempt, error = %e, "another writer committed first; appending again");
+                tokio::time::sleep(std::time::Duration::from_millis(5 * u64::from(attempt) + u64::from(attempt * 7 % 11))).await;
+            }
+            Err(CommitError::Lost(e)) => return Err(Error::delta(location, e)),
+            Err(CommitError::Other(e)) => return Err(e),
+            Ok(version) => break version,
+        }
+    };
     progress("written", rows as u64);
     Ok(IngestReport {
         rows,
@@ -145,19 +162,118 @@ pub async fn append(
     })
 }
 
+/// How often an append starts over after other writers committed first (concurrent
+/// pushes, a stream and an ingest on one table).
+const COMMIT_TRIES: u32 = 50;
+
+/// Why one commit attempt failed.
+enum CommitError {
+    /// Another writer took the version this commit was made for: try again.
+    Lost(deltalake::DeltaTableError),
+    Other(Error),
+}
+
+impl From<Error> for CommitError {
+    fn from(e: Error) -> Self {
+        CommitError::Other(e)
+    }
+}
+
+impl From<arrow::error::ArrowError> for CommitError {
+    fn from(e: arrow::error::ArrowError) -> Self {
+        CommitError::Other(e.into())
+    }
+}
+
+/// One try at committing the sorted rows as the table's next version, after checking
+/// the `txn` fence on the snapshot it lands on. Returns the version committed.
+async fn commit_once(
+    location: &StoreLocation,
+    schema: &arrow::datatypes::SchemaRef,
+    sorted: &[Vec<ArrayRef>],
+    order: &[u32],
+    txns: &[AppTxn],
+    expected_txns: &[(String, Option<i64>)],
+) -> std::result::Result<u64, CommitError> {
+    use deltalake::DeltaTableError;
+    use deltalake::kernel::transaction::TransactionError;
+    let table = open_table(location)
+        .await?
+        .ok_or_else(|| Error::Request(format!("delta table {location} vanished while ingesting")))?;
+    let next_version = table.version().map_or(0, |v| v + 1);
+    if !expected_txns.is_empty() {
+        // Read from the snapshot this commit lands on top of: a writer that recorded
+        // progress after it makes the commit fail instead, and the check run again.
+        let snapshot = table.snapshot().map_err(|e| Error::delta(location, e))?;
+        for (app, expected) in expected_txns {
+            let recorded = snapshot
+                .transaction_version(table.log_store().as_ref(), app)
+                .await
+                .map_err(|e| Error::delta(location, e))?;
+            if recorded != *expected {
+                return Err(Error::Fenced { table: location.to_string(), app: app.clone(), expected: *expected, recorded }.into());
+            }
+        }
+    }
+    let seq_base = (next_version as i64) << 32;
+    let mut batches_out = Vec::with_capacity(sorted.len());
+    let mut at = 0usize;
+    for columns in sorted {
+        let m = columns.first().map_or(0, |c| c.len());
+        let seq: Int64Array = order[at..at + m].iter().map(|&i| seq_base + i64::from(i)).collect();
+        let mut columns = columns.clone();
+        columns.push(Arc::new(seq) as ArrayRef);
+        batches_out.push(RecordBatch::try_new(schema.clone(), columns)?);
+        at += m;
+    }
+    let written = table
+        .write(batches_out)
+        .with_save_mode(SaveMode::Append)
+        .with_commit_properties(
+            CommitProperties::default()
+                .with_max_retries(0)
+                .with_application_transactions(txns.iter().map(|(app, v)| Transaction::new(app.clone(), *v)).collect()),
+        )
+        // A view that gained features since its table was created gains the columns.
+        .with_schema_mode(SchemaMode::Merge)
+        .await;
+    let table = match written {
+        Ok(t) => t,
+        Err(
+            e @ DeltaTableError::Transaction {
+                source: TransactionError::MaxCommitAttempts(_) | TransactionError::VersionAlreadyExists(_) | TransactionError::CommitConflict(_),
+            },
+        ) => return Err(CommitError::Lost(e)),
+        Err(e) => return Err(Error::delta(location, e).into()),
+    };
+    let version = table.version().unwrap_or(0);
+    if version != next_version {
+        // Cannot happen without retries; kept as a guard on the seq invariant.
+        return Err(Error::Request(format!("delta table {location}: committed version {version}, expected {next_version}")).into());
+    }
+    Ok(version)
+}
+
 /// Checks `batches` against the view and converts them to its table columns
 /// ([`view_columns`], without the ingestion-order column): safe widening only, UTC
-/// times, no missing keys or times. `source` names the input in errors, with the row.
+/// times, no missing keys or times, no event time after `latest_event`. `source`
+/// names the input in errors, with the row.
 ///
 /// # Errors
 /// [`Error::Input`] naming `source`, the column and the first bad row.
-pub fn conform_batches(defs: &Definitions, view: &FeatureView, source: &Path, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+pub fn conform_batches(
+    defs: &Definitions,
+    view: &FeatureView,
+    source: &Path,
+    batches: &[RecordBatch],
+    latest_event: Option<i64>,
+) -> Result<Vec<RecordBatch>> {
     let wanted: Vec<Wanted> = view_columns(defs, view);
     let schema = Arc::new(Schema::new(wanted.iter().map(|(f, _)| f.clone()).collect::<Vec<_>>()));
     let mut out = Vec::with_capacity(batches.len());
     let mut row0 = 0usize;
     for batch in batches {
-        out.push(RecordBatch::try_new(schema.clone(), conform(source, batch, &wanted, row0)?)?);
+        out.push(RecordBatch::try_new(schema.clone(), conform(source, batch, &wanted, row0, latest_event)?)?);
         row0 += batch.num_rows();
     }
     Ok(out)

@@ -162,16 +162,20 @@ fn is_time(t: &DataType) -> bool {
 }
 
 /// Conforms one input batch to the wanted columns, in their order. `row0` is the
-/// number of rows before this batch in the file (for messages).
+/// number of rows before this batch in the file (for messages). With `latest_event`,
+/// an event time after it (UTC microseconds: the wall clock plus `max_future_skew`) is
+/// refused.
 ///
 /// # Errors
 /// [`Error::Input`]: a missing column, a type that cannot be widened safely, a naive
-/// timestamp, or a null key or time, naming the column and the first bad row.
+/// timestamp, a null key or time, or an event time from the future, naming the column
+/// and the first bad row.
 pub fn conform(
     path: &Path,
     batch: &RecordBatch,
     wanted: &[Wanted],
     row0: usize,
+    latest_event: Option<i64>,
 ) -> Result<Vec<ArrayRef>> {
     let mut out = Vec::with_capacity(wanted.len());
     for (field, role) in wanted {
@@ -212,6 +216,13 @@ pub fn conform(
                     row0 + row + 1
                 ),
             ));
+        }
+        if let (Role::EventTime, Some(latest)) = (role, latest_event) {
+            let times = converted.as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+            if let Some(row) = times.values().iter().position(|&t| t > latest) {
+                let message = quiver_sdk::rows::check_event_time(name, times.value(row), latest).expect_err("checked");
+                return Err(Error::input(path, format!("row {}: column {message}", row0 + row + 1)));
+            }
         }
         out.push(converted);
     }
@@ -344,9 +355,9 @@ mod tests {
             ])
             .unwrap()
         };
-        let err = conform(Path::new("in.parquet"), &batch("", "y"), &wanted, 10).unwrap_err().to_string();
+        let err = conform(Path::new("in.parquet"), &batch("", "y"), &wanted, 10, None).unwrap_err().to_string();
         assert_eq!(err, "in.parquet: row 12: column `k` is an empty string (join keys must be set)");
-        assert!(conform(Path::new("in.parquet"), &batch("b", ""), &wanted, 0).is_ok());
+        assert!(conform(Path::new("in.parquet"), &batch("b", ""), &wanted, 0, None).is_ok());
     }
 
     #[test]

@@ -322,7 +322,7 @@ async fn historical_matches_the_row_by_row_oracle() {
                 "csv" => write_csv(&path, view_name, &rows),
                 _ => write_jsonl(&path, view_name, &rows),
             }
-            let report = ingest(&config.view_table(view), &defs, view, &path, &noop).await.unwrap();
+            let report = ingest(&config.view_table(view), &defs, view, &path, i64::MAX, &noop).await.unwrap();
             assert_eq!(report.rows, rows.len(), "{}", path.display());
             all.entry(view_name).or_default().extend(rows);
         }

@@ -6,12 +6,13 @@
 //! key-value job; sled's format is not stable.
 //!
 //! Each value is the expiry (8 bytes, ms since the epoch, 0 = none) followed by the
-//! packed row. Expired keys read as absent, as they do in Redis.
+//! packed row. Expired keys read as absent, as they do in Redis. Nothing is ever
+//! evicted: the file grows with the keys of views without a TTL.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use quiver_sdk::encoding::replaces;
+use quiver_sdk::encoding::replaces_before;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::error::{Error, Result};
@@ -24,6 +25,8 @@ const ROWS: TableDefinition<&str, &[u8]> = TableDefinition::new("rows");
 pub struct EmbeddedStore {
     path: PathBuf,
     db: Arc<Database>,
+    /// A stored row dated more than this after the clock never blocks a write.
+    max_future_skew_us: i64,
 }
 
 fn now_ms() -> i64 {
@@ -52,7 +55,16 @@ impl EmbeddedStore {
         Ok(EmbeddedStore {
             path: path.to_path_buf(),
             db: Arc::new(db),
+            max_future_skew_us: crate::store::DEFAULT_MAX_FUTURE_SKEW_US,
         })
+    }
+
+    /// How far after the clock a stored row's event time may be and still block older
+    /// writes (the project's `max_future_skew`; default 5 minutes).
+    #[must_use]
+    pub fn with_max_future_skew(mut self, skew: std::time::Duration) -> EmbeddedStore {
+        self.max_future_skew_us = i64::try_from(skew.as_micros()).unwrap_or(i64::MAX);
+        self
     }
 
     fn fail(&self, e: impl std::fmt::Display) -> Error {
@@ -64,6 +76,7 @@ impl EmbeddedStore {
 
     fn write_blocking(&self, rows: &[WriteRow]) -> Result<usize> {
         let now = now_ms();
+        let horizon = now.saturating_mul(1000).saturating_add(self.max_future_skew_us);
         let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
         let mut written = 0;
         {
@@ -73,7 +86,7 @@ impl EmbeddedStore {
                     Some(stored) => {
                         let stored = stored.value();
                         let live = expiry(stored).is_none_or(|at| at > now);
-                        !live || replaces(&stored[8..], &r.row)
+                        !live || replaces_before(&stored[8..], &r.row, horizon)
                     }
                     None => true,
                 };

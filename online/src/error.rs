@@ -9,6 +9,10 @@ pub enum Error {
     /// A request that does not fit the registry (HTTP 400 material).
     #[error("{0}")]
     Request(String),
+    /// The store is set up in a way that would break the guarded write (Redis evicting
+    /// keys without expiry).
+    #[error("online store {store}: {message}")]
+    Misconfigured { store: String, message: String },
     /// The store's file or data is unusable.
     #[error("online store {store}: {message}")]
     Corrupt { store: String, message: String },

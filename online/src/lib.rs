@@ -13,6 +13,7 @@
 
 mod embedded;
 mod error;
+mod listen;
 pub mod lookup;
 mod redis_store;
 pub mod server;

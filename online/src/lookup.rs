@@ -29,6 +29,23 @@ impl Status {
     }
 }
 
+/// What the online store answers at `at` (UTC microseconds) for an entity whose latest
+/// row has event time `event_ts` (`None`: no row was ever written): [`Status::NotFound`]
+/// once the key has expired (the TTL plus [`quiver_sdk::encoding::KEY_GRACE_MS`] after
+/// the event, as both stores expire keys), [`Status::OutsideMaxAge`] past the TTL, else
+/// [`Status::Present`] (or [`Status::NullValue`], which depends on the value). The rule
+/// `verify` judges the stores by.
+pub fn expected_status(view: &quiver_sdk::FeatureView, event_ts: Option<i64>, at: i64) -> Status {
+    let Some(ts) = event_ts else { return Status::NotFound };
+    if quiver_sdk::encoding::expire_at_ms(view, ts).is_some_and(|expire| at.div_euclid(1000) >= expire) {
+        return Status::NotFound;
+    }
+    if view.ttl_us().is_some_and(|ttl| at.saturating_sub(ts) > ttl) {
+        return Status::OutsideMaxAge;
+    }
+    Status::Present
+}
+
 /// One output column: a join key or a feature, one entry per entity row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Column {
@@ -37,6 +54,42 @@ pub struct Column {
     pub statuses: Vec<Status>,
     /// Event time of each value (UTC microseconds); `None` for keys and missing rows.
     pub event_ts: Vec<Option<i64>>,
+}
+
+/// Earlier layouts of one view met in a lookup: for each schema fingerprint, where each
+/// current feature sits in the old row (`None`: the feature is new, or its type
+/// changed: it reads as null).
+#[derive(Default)]
+struct Layouts(HashMap<u64, Option<Vec<Option<usize>>>>);
+
+impl Layouts {
+    /// `row` (written under another schema of `view`) in the view's current feature
+    /// order; `None` when the registry does not know the schema it was written under.
+    fn conform(&mut self, defs: &Definitions, view: &quiver_sdk::FeatureView, row: OnlineRow) -> Option<OnlineRow> {
+        let positions = self
+            .0
+            .entry(row.fingerprint)
+            .or_insert_with(|| {
+                let old = defs.online_layout(row.fingerprint)?;
+                Some(
+                    view.features
+                        .iter()
+                        .map(|f| old.iter().position(|o| o.name == f.name && o.dtype == f.dtype))
+                        .collect(),
+                )
+            })
+            .as_ref()?;
+        let width = defs.online_layout(row.fingerprint).map_or(0, <[_]>::len);
+        if row.values.len() != width {
+            return None;
+        }
+        let mut values = row.values;
+        let conformed = positions
+            .iter()
+            .map(|p| p.map_or(Value::Null, |i| std::mem::replace(&mut values[i], Value::Null)))
+            .collect();
+        Some(OnlineRow { values: conformed, fingerprint: fingerprint(view), ..row })
+    }
 }
 
 /// The entity rows of a request, column-major: each join key and its values.
@@ -103,13 +156,16 @@ pub async fn get_online_features(
     for (i, name) in views.iter().enumerate() {
         let view = defs.feature_view(name).expect("checked");
         let print = fingerprint(view);
+        let mut layouts = Layouts::default();
         let decoded = stored[i * n..(i + 1) * n]
             .iter()
             .map(|b| {
-                b.as_ref()
-                    .and_then(|b| OnlineRow::decode(b).ok())
-                    // A row written under another schema of the view is not an answer.
-                    .filter(|r| r.fingerprint == print && r.values.len() == view.features.len())
+                let row = OnlineRow::decode(b.as_ref()?).ok()?;
+                if row.fingerprint == print && row.values.len() == view.features.len() {
+                    return Some(row);
+                }
+                // A row written before the view's features changed: read by name.
+                layouts.conform(defs, view, row)
             })
             .collect();
         rows.insert(name, decoded);

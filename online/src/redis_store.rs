@@ -8,27 +8,40 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::error::{Error, Result};
 use crate::store::{OnlineStore, WriteRow};
 
-/// The guarded write, for any number of keys. ARGV holds (row, expire-at ms or 0) per
-/// key. A row replaces the stored one unless the stored header (first 16 bytes: event
-/// time then created time, order-preserving) is greater; equal replaces. The bytes are
-/// compared with `string.byte`, so the server's locale plays no part.
+/// The guarded write, for any number of keys. ARGV[1] is the horizon (the writer's
+/// clock plus `max_future_skew`, as the 8 order-preserving bytes of an event time),
+/// then (row, expire-at ms or 0) per key. A row replaces the stored one unless the
+/// stored header (first 16 bytes: event time then created time, order-preserving) is
+/// greater; equal replaces; a stored event time after the horizon never blocks. The
+/// bytes are compared with `string.byte`, so the server's locale plays no part.
 const GUARDED_WRITE: &str = r#"
+local horizon = ARGV[1]
 local written = 0
 for i, key in ipairs(KEYS) do
-  local new = ARGV[2 * i - 1]
+  local new = ARGV[2 * i]
   local cur = redis.call('GET', key)
   local take = true
   if cur and #cur >= 16 then
-    for j = 1, 16 do
-      local a, b = string.byte(cur, j), string.byte(new, j)
-      if a ~= b then
-        take = (b ~= nil) and (b > a)
+    local future = false
+    for j = 1, 8 do
+      local a, h = string.byte(cur, j), string.byte(horizon, j)
+      if a ~= h then
+        future = a > h
         break
+      end
+    end
+    if not future then
+      for j = 1, 16 do
+        local a, b = string.byte(cur, j), string.byte(new, j)
+        if a ~= b then
+          take = (b ~= nil) and (b > a)
+          break
+        end
       end
     end
   end
   if take then
-    local expire_at = tonumber(ARGV[2 * i])
+    local expire_at = tonumber(ARGV[2 * i + 1])
     if expire_at > 0 then
       redis.call('SET', key, new, 'PXAT', expire_at)
     else
@@ -54,6 +67,8 @@ pub struct RedisStore {
     url: String,
     conn: ConnectionManager,
     script: redis::Script,
+    /// A stored row dated more than this after the clock never blocks a write.
+    max_future_skew_us: i64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -81,11 +96,49 @@ impl RedisStore {
         let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(unavailable)?;
-        Ok(RedisStore {
+        let store = RedisStore {
             url: url.to_string(),
             conn,
             script: redis::Script::new(GUARDED_WRITE),
-        })
+            max_future_skew_us: crate::store::DEFAULT_MAX_FUTURE_SKEW_US,
+        };
+        store.check_eviction_policy().await?;
+        Ok(store)
+    }
+
+    /// How far after the clock a stored row's event time may be and still block older
+    /// writes (the project's `max_future_skew`; default 5 minutes).
+    #[must_use]
+    pub fn with_max_future_skew(mut self, skew: Duration) -> RedisStore {
+        self.max_future_skew_us = i64::try_from(skew.as_micros()).unwrap_or(i64::MAX);
+        self
+    }
+
+    /// Refuses a Redis whose `maxmemory-policy` evicts any key (`allkeys-*`): an evicted
+    /// key lets an older row win the guarded write, and a view without a TTL would lose
+    /// values silently. `volatile-*` policies evict only keys with an expiry (views with
+    /// a TTL, whose evicted keys read NOT_FOUND) and `noeviction` refuses writes when
+    /// full (the writers retry). A Redis that hides `CONFIG` (a managed service) is
+    /// accepted with a warning in the log.
+    async fn check_eviction_policy(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let answer: redis::RedisResult<Vec<String>> =
+            redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut conn).await;
+        match answer {
+            Ok(pair) => match pair.get(1) {
+                Some(policy) if policy.starts_with("allkeys-") => Err(Error::Misconfigured {
+                    store: redact(&self.url),
+                    message: format!(
+                        "maxmemory-policy is `{policy}`: Redis may evict any key, and an evicted key lets an older row win the guarded write (views without a TTL would lose values silently); set `maxmemory-policy noeviction` or a `volatile-*` policy"
+                    ),
+                }),
+                _ => Ok(()),
+            },
+            Err(e) => {
+                tracing::warn!(store = %redact(&self.url), error = %e, "cannot read maxmemory-policy (CONFIG GET refused); make sure Redis does not evict keys without expiry (allkeys-*)");
+                Ok(())
+            }
+        }
     }
 
     fn unavailable(&self, e: redis::RedisError) -> Error {
@@ -96,12 +149,17 @@ impl RedisStore {
     }
 
     async fn write_pipeline(&self, rows: &[WriteRow]) -> redis::RedisResult<usize> {
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let horizon = quiver_sdk::encoding::event_order_bytes(now_us.saturating_add(self.max_future_skew_us));
         let mut pipe = redis::pipe();
         for chunk in rows.chunks(KEYS_PER_CALL) {
             let cmd = pipe.cmd("EVALSHA").arg(self.script.get_hash()).arg(chunk.len());
             for r in chunk {
                 cmd.arg(&r.key);
             }
+            cmd.arg(&horizon[..]);
             for r in chunk {
                 cmd.arg(&r.row[..]).arg(r.expire_at_ms.unwrap_or(0));
             }

@@ -1,11 +1,14 @@
 //! The HTTP feature server (SPEC §6), in Feast's wire shape so Feast clients work.
 //!
-//! `router(state)` builds the axum `Router`; `serve` binds it with graceful shutdown.
-//! Routes: `POST /get-online-features`, `GET /health`, `GET /metrics` (Prometheus
-//! text), `GET /registry`. Errors are JSON `{"error": "..."}` with 400 (bad request,
-//! unknown feature), 404 (unknown feature service), 413 (too large), 503 (store
-//! unavailable or slow); store calls time out, and nothing panics on bad input. The
-//! registry is re-read when its file changes, without a restart.
+//! `router(state)` builds the axum `Router`; [`serve`] (in `listen`) binds it with the
+//! connection limits and graceful shutdown. Routes: `POST /get-online-features`,
+//! `POST /push`, `GET /health`, `GET /metrics` (Prometheus text), `GET /registry`.
+//! Errors are JSON `{"error": "..."}` with 400 (bad request, unknown or duplicate
+//! feature, a view that is not online), 401 (token), 404 (unknown feature service), 408
+//! (body not sent in time), 413 (too large: body, entity rows, or entity rows x features
+//! over `max_cells`), 503 (store unavailable or slow); store calls time out, and nothing
+//! panics on bad input. The registry is re-read when its file changes, without a
+//! restart; a registry that cannot be read keeps the last good definitions.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -25,6 +28,7 @@ use quiver_sdk::{Definitions, FeatureRef, FileRegistry};
 use serde_json::{Value as Json_, json};
 
 use crate::error::Error;
+pub use crate::listen::{serve, serve_until, shutdown_signal};
 use crate::lookup::{Column, get_online_features};
 use crate::serving_log::{Served, ServingLog};
 use crate::store::OnlineStore;
@@ -37,42 +41,160 @@ pub const MAX_ENTITY_ROWS: usize = 10_000;
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The definitions the server answers from, re-read when the registry file changes.
+///
+/// A registry that cannot be read (half-written by hand, deleted, another project's)
+/// never takes the server down: the last good definitions stay, the failure is logged
+/// once per change of the file and counted (`quiver_registry_errors_total`), and
+/// `quiver_registry_stale` is 1 until a good registry is read again.
 #[derive(Debug)]
 pub struct RegistryCache {
     registry: FileRegistry,
     project: String,
-    cached: RwLock<(Option<SystemTime>, Arc<Definitions>)>,
+    cached: RwLock<Cached>,
+    errors: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Cached {
+    /// The file's modification time when last looked at (`None`: missing).
+    mtime: Option<SystemTime>,
+    defs: Arc<Definitions>,
+    /// The registry version `defs` came from (0: nothing applied yet).
+    version: u64,
+    /// Why the file's current content is not in use, when it is not.
+    stale: Option<String>,
 }
 
 impl RegistryCache {
     /// # Errors
-    /// When the registry cannot be read.
+    /// When the registry exists and cannot be read (at start, there is no last good).
     pub fn new(path: PathBuf, project: &str) -> quiver_sdk::Result<RegistryCache> {
-        let cache = RegistryCache {
-            registry: FileRegistry::new(path),
+        let registry = FileRegistry::new(path);
+        let mtime = mtime_of(registry.path());
+        let doc = registry.load_or_empty(project)?;
+        Ok(RegistryCache {
+            registry,
             project: project.to_string(),
-            cached: RwLock::new((None, Arc::new(Definitions::default()))),
-        };
-        cache.current()?;
-        Ok(cache)
+            cached: RwLock::new(Cached { mtime, defs: Arc::new(doc.definitions), version: doc.version, stale: None }),
+            errors: AtomicU64::new(0),
+        })
     }
 
-    /// The current definitions: re-read when the file's modification time changed.
-    ///
-    /// # Errors
-    /// When a changed registry cannot be read (the server keeps the old definitions).
-    pub fn current(&self) -> quiver_sdk::Result<Arc<Definitions>> {
-        let mtime = std::fs::metadata(self.registry.path()).and_then(|m| m.modified()).ok();
+    /// The current definitions: re-read when the file's modification time changed;
+    /// the last good ones when the file cannot be read.
+    pub fn current(&self) -> Arc<Definitions> {
+        let mtime = mtime_of(self.registry.path());
         {
             let cached = self.cached.read().expect("registry lock");
-            if cached.0.is_some() && cached.0 == mtime {
-                return Ok(cached.1.clone());
+            if cached.mtime == mtime {
+                return cached.defs.clone();
             }
         }
-        let doc = self.registry.load_or_empty(&self.project)?;
-        let defs = Arc::new(doc.definitions);
-        *self.cached.write().expect("registry lock") = (mtime, defs.clone());
-        Ok(defs)
+        let mut cached = self.cached.write().expect("registry lock");
+        if cached.mtime == mtime {
+            return cached.defs.clone();
+        }
+        cached.mtime = mtime;
+        let loaded = match mtime {
+            // A registry that was applied to does not become "nothing applied".
+            None if cached.version > 0 => Err("the file is missing".to_string()),
+            _ => self.registry.load_or_empty(&self.project).map_err(|e| e.to_string()),
+        };
+        match loaded {
+            Ok(doc) => {
+                cached.defs = Arc::new(doc.definitions);
+                cached.version = doc.version;
+                cached.stale = None;
+            }
+            Err(e) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    registry = %self.registry.path().display(),
+                    error = %e,
+                    version = cached.version,
+                    "registry cannot be read; serving on with the last good definitions"
+                );
+                cached.stale = Some(e);
+            }
+        }
+        cached.defs.clone()
+    }
+
+    /// Why the registry file is not in use (`None`: it is).
+    pub fn stale(&self) -> Option<String> {
+        self.cached.read().expect("registry lock").stale.clone()
+    }
+
+    fn metrics_text(&self) -> String {
+        let stale = u8::from(self.stale().is_some());
+        format!(
+            "# TYPE quiver_registry_errors_total counter\nquiver_registry_errors_total {}\n# TYPE quiver_registry_stale gauge\nquiver_registry_stale {stale}\n# TYPE quiver_registry_version gauge\nquiver_registry_version {}\n",
+            self.errors.load(Ordering::Relaxed),
+            self.cached.read().expect("registry lock").version
+        )
+    }
+}
+
+fn mtime_of(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The bounds the server enforces (SPEC §13; `server:` and `max_future_skew` in
+/// `quiver.yaml`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Entity rows x features above which `/get-online-features` answers 413.
+    pub max_cells: usize,
+    /// Headers, and then the body, must arrive within this.
+    pub request_timeout: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// How far after the server's clock a pushed event time may be, microseconds.
+    pub max_future_skew_us: i64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits::of(&quiver_sdk::config::ServerConfig::new("127.0.0.1", 0), Duration::from_secs(quiver_sdk::config::DEFAULT_MAX_FUTURE_SKEW_SECS))
+    }
+}
+
+impl Limits {
+    /// The limits of a server config, with the project's `max_future_skew`.
+    pub fn of(server: &quiver_sdk::config::ServerConfig, max_future_skew: Duration) -> Limits {
+        Limits {
+            max_cells: server.max_cells,
+            request_timeout: server.request_timeout,
+            max_connections: server.max_connections,
+            max_future_skew_us: i64::try_from(max_future_skew.as_micros()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+/// The limits whose refusals `/metrics` counts (`quiver_limit_refusals_total{limit}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    MaxCells,
+    MaxEntityRows,
+    MaxBody,
+    RequestTimeout,
+    MaxConnections,
+    MaxFutureSkew,
+}
+
+impl Limit {
+    const ALL: [Limit; 6] =
+        [Limit::MaxCells, Limit::MaxEntityRows, Limit::MaxBody, Limit::RequestTimeout, Limit::MaxConnections, Limit::MaxFutureSkew];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Limit::MaxCells => "max_cells",
+            Limit::MaxEntityRows => "max_entity_rows",
+            Limit::MaxBody => "max_body_bytes",
+            Limit::RequestTimeout => "request_timeout",
+            Limit::MaxConnections => "max_connections",
+            Limit::MaxFutureSkew => "max_future_skew",
+        }
     }
 }
 
@@ -86,11 +208,25 @@ pub struct Metrics {
     latency_sum_us: AtomicU64,
     latency_count: AtomicU64,
     store_errors: AtomicU64,
+    /// Refusals per [`Limit`], in [`Limit::ALL`] order.
+    refusals: [AtomicU64; 6],
+    connections: AtomicU64,
 }
 
 const BUCKETS: [f64; 10] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0];
 
 impl Metrics {
+    /// One request or connection refused by `limit`.
+    pub fn refused(&self, limit: Limit) {
+        let i = Limit::ALL.iter().position(|l| *l == limit).expect("listed");
+        self.refusals[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections open now.
+    pub fn connections_open(&self, n: usize) {
+        self.connections.store(n as u64, Ordering::Relaxed);
+    }
+
     fn record(&self, route: &str, status: u16, elapsed: Duration) {
         *self
             .requests
@@ -131,6 +267,12 @@ impl Metrics {
         out.push_str(&format!("quiver_request_seconds_count{{route=\"/get-online-features\"}} {count}\n"));
         out.push_str("# TYPE quiver_store_errors_total counter\n");
         out.push_str(&format!("quiver_store_errors_total {}\n", self.store_errors.load(Ordering::Relaxed)));
+        out.push_str("# TYPE quiver_limit_refusals_total counter\n");
+        for (limit, n) in Limit::ALL.iter().zip(&self.refusals) {
+            out.push_str(&format!("quiver_limit_refusals_total{{limit=\"{}\"}} {}\n", limit.as_str(), n.load(Ordering::Relaxed)));
+        }
+        out.push_str("# TYPE quiver_connections_open gauge\n");
+        out.push_str(&format!("quiver_connections_open {}\n", self.connections.load(Ordering::Relaxed)));
         out
     }
 }
@@ -149,6 +291,8 @@ pub struct ServerState {
     pub offline: Option<Arc<dyn OfflineWriter>>,
     /// Where answers are logged (`serving_log` in quiver.yaml); `None`: not logged.
     pub serving_log: Option<Arc<dyn ServingLog>>,
+    /// The bounds of SPEC §13.
+    pub limits: Limits,
 }
 
 impl std::fmt::Debug for ServerState {
@@ -193,7 +337,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .with_state(state)
 }
 
-/// Bearer-token check and metrics around every route.
+/// Bearer-token check, the body's deadline and size, and metrics around every route.
 async fn guard(State(state): State<Arc<ServerState>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     // Known routes by name; anything else counts as `other` (bounded metric labels).
@@ -207,34 +351,69 @@ async fn guard(State(state): State<Arc<ServerState>>, request: Request, next: Ne
         Some(token) if route != "/health" && !authorized(request.headers(), token) => {
             ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response()
         }
-        _ => next.run(request).await,
+        _ => match read_body(&state, request).await {
+            Ok(request) => next.run(request).await,
+            Err(refusal) => refusal.into_response(),
+        },
     };
     state.metrics.record(&route, response.status().as_u16(), started.elapsed());
     response
 }
 
+/// The whole body, read within `request_timeout` (408 after) and up to
+/// [`MAX_BODY_BYTES`] (413 beyond), so a slow or endless body never holds a handler.
+async fn read_body(state: &ServerState, request: Request) -> Result<Request, ApiError> {
+    let (parts, body) = request.into_parts();
+    let timeout = state.limits.request_timeout;
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+        Ok(Ok(bytes)) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
+        Ok(Err(_)) => {
+            state.metrics.refused(Limit::MaxBody);
+            Err(ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("{} {}: the body is over {MAX_BODY_BYTES} bytes (or broken off)", parts.method, parts.uri.path()),
+            ))
+        }
+        Err(_) => {
+            state.metrics.refused(Limit::RequestTimeout);
+            Err(ApiError(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("{} {}: the body did not arrive within {timeout:?} (server.request_timeout)", parts.method, parts.uri.path()),
+            ))
+        }
+    }
+}
+
+/// Whether the request carries `Authorization: Bearer <token>`, compared in constant
+/// time (the time taken does not tell how much of a guess was right).
 fn authorized(headers: &HeaderMap, token: &str) -> bool {
     headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|given| given == token)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .is_some_and(|given| constant_time_eq(given, token.as_bytes()))
+}
+
+/// Byte strings compared without an early exit; only the lengths leak.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
 }
 
 async fn metrics(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
     let mut text = state.metrics.render();
+    text.push_str(&state.registry.metrics_text());
     if let Some(log) = &state.serving_log {
         text.push_str(&log.metrics_text());
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
-async fn registry(State(state): State<Arc<ServerState>>) -> Result<Json<Json_>, ApiError> {
-    let defs = state
-        .registry
-        .current()
-        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
-    Ok(Json(serde_json::to_value(defs.as_ref()).expect("definitions serialise")))
+async fn registry(State(state): State<Arc<ServerState>>) -> Json<Json_> {
+    let defs = state.registry.current();
+    Json(serde_json::to_value(defs.as_ref()).expect("definitions serialise"))
 }
 
 /// The entity map of a request, in the order the client wrote it (the answer echoes
@@ -282,10 +461,7 @@ async fn get_features(
 ) -> Result<Response, ApiError> {
     let request: FeaturesRequest =
         serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid request: {e}")))?;
-    let defs = state
-        .registry
-        .current()
-        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let defs = state.registry.current();
     // Features: a list of `view:feature`, or a feature service. Unknown fields are ignored.
     let refs: Vec<FeatureRef> = match (&request.features, &request.feature_service) {
         (Some(features), _) if !features.is_null() => {
@@ -307,6 +483,14 @@ async fn get_features(
         }
         _ => return Err(bad("the request needs `features` or `feature_service`")),
     };
+    if let Some(dup) = refs.iter().enumerate().find_map(|(i, r)| refs[..i].contains(r).then_some(r)) {
+        return Err(bad(format!("feature `{dup}` is asked for twice")));
+    }
+    for r in &refs {
+        if let Some(view) = defs.feature_view(&r.view).filter(|v| !v.online) {
+            return Err(bad(format!("feature `{r}`: feature view `{}` is offline only (`online: false`)", view.name)));
+        }
+    }
     let full_names = request.full_feature_names.as_ref().and_then(Json_::as_bool).unwrap_or(false);
     let entities = request
         .entities
@@ -315,9 +499,23 @@ async fn get_features(
     for (name, values) in &entities.0 {
         let values = values.as_array().ok_or_else(|| bad(format!("entity `{name}` must be a list of values")))?;
         if values.len() > MAX_ENTITY_ROWS {
+            state.metrics.refused(Limit::MaxEntityRows);
             return Err(ApiError(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("{} entity rows; at most {MAX_ENTITY_ROWS} per request", values.len()),
+            ));
+        }
+        let cells = values.len().saturating_mul(refs.len());
+        if cells > state.limits.max_cells {
+            state.metrics.refused(Limit::MaxCells);
+            return Err(ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "{} entity rows x {} features = {cells} values; at most {} per request (server.max_cells)",
+                    values.len(),
+                    refs.len(),
+                    state.limits.max_cells
+                ),
             ));
         }
         let keys = values
@@ -547,17 +745,20 @@ async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) ->
         serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
     let target: quiver_sdk::rows::Target = request.to.as_deref().unwrap_or("online").parse().map_err(bad)?;
     let (online, offline) = (target.online(), target.offline());
-    let defs = state
-        .registry
-        .current()
-        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let defs = state.registry.current();
     let name = request
         .feature_view
         .or(request.push_source_name)
         .ok_or_else(|| bad("the push needs `feature_view` (or `push_source_name`)"))?;
     let view = defs.feature_view(&name).ok_or_else(|| bad(format!("unknown feature view `{name}`")))?;
+    if online && !view.online {
+        return Err(bad(format!(
+            "feature view `{name}` is offline only (`online: false`): it takes no online writes (push with \"to\": \"offline\")"
+        )));
+    }
     let n = request.df.values().next().map_or(0, Vec::len);
     if n > MAX_ENTITY_ROWS {
+        state.metrics.refused(Limit::MaxEntityRows);
         return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, format!("{n} rows; at most {MAX_ENTITY_ROWS} per push")));
     }
     if n == 0 {
@@ -567,6 +768,7 @@ async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) ->
         return Err(bad(format!("df column `{c}` has {} values, another has {n}", v.len())));
     }
     // A column the view needs must be there (a typo would otherwise push nulls).
+    let latest = (state.clock)().saturating_add(state.limits.max_future_skew_us);
     let reader = quiver_sdk::rows::RowReader::new(&defs, view);
     let mut needed: Vec<&str> = reader.keys.iter().map(|k| k.name.as_str()).collect();
     needed.push(&view.source.timestamp_field);
@@ -577,11 +779,12 @@ async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) ->
     }
     let mut rows = Vec::with_capacity(n);
     for i in 0..n {
-        rows.push(
-            reader
-                .from_fields(|c| request.df.get(c).map(|v| &v[i]))
-                .map_err(|m| bad(format!("row {}: {m}", i + 1)))?,
-        );
+        let row = reader.from_fields(|c| request.df.get(c).map(|v| &v[i])).map_err(|m| bad(format!("row {}: {m}", i + 1)))?;
+        if let Err(m) = quiver_sdk::rows::check_event_time(&view.source.timestamp_field, row.event_ts, latest) {
+            state.metrics.refused(Limit::MaxFutureSkew);
+            return Err(bad(format!("row {}: {m}", i + 1)));
+        }
+        rows.push(row);
     }
     let mut answer = serde_json::Map::new();
     answer.insert("rows".into(), json!(n));
@@ -623,27 +826,16 @@ pub trait OfflineWriter: Send + Sync {
     async fn append(&self, defs: &Definitions, view: &quiver_sdk::FeatureView, rows: &[ViewRow]) -> Result<u64, String>;
 }
 
-/// Serves `router` on `addr` until SIGINT or SIGTERM, then finishes open requests.
-///
-/// # Errors
-/// When the address cannot be bound.
-pub async fn serve(state: Arc<ServerState>, addr: std::net::SocketAddr) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async {
-            let ctrl_c = tokio::signal::ctrl_c();
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("SIGTERM handler");
-            tokio::select! {
-                _ = ctrl_c => {},
-                _ = term.recv() => {},
-            }
-        })
-        .await
-}
-
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(super::constant_time_eq(b"s3cret", b"s3cret"));
+        assert!(!super::constant_time_eq(b"s3cres", b"s3cret"));
+        assert!(!super::constant_time_eq(b"s3cre", b"s3cret"));
+        assert!(!super::constant_time_eq(b"", b"s3cret"));
+    }
+
     #[test]
     fn timestamps_print_as_rfc3339() {
         assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use quiver_sdk::OnlineStoreConfig;
+use quiver_sdk::{Config, OnlineStoreConfig};
 
 use crate::error::Result;
 
@@ -40,8 +40,10 @@ pub trait OnlineStore: Send + Sync + std::fmt::Debug {
     fn name(&self) -> String;
 
     /// Guarded writes: each row replaces its key's row unless the stored row has a
-    /// greater (event_ts, created_ts); an equal one is replaced. Returns how many rows
-    /// were written (the rest were older than what is stored).
+    /// greater (event_ts, created_ts); an equal one is replaced, and so is a stored row
+    /// dated more than the store's `max_future_skew` after its clock (it should never
+    /// have been written, and would otherwise block the key until its time came).
+    /// Returns how many rows were written (the rest were older than what is stored).
     ///
     /// # Errors
     /// [`crate::Error::Unavailable`] when the store cannot be reached.
@@ -54,13 +56,18 @@ pub trait OnlineStore: Send + Sync + std::fmt::Debug {
     async fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>>;
 }
 
-/// Opens the store the config names.
+/// The `max_future_skew` a store uses unless told otherwise: 5 minutes, microseconds.
+pub const DEFAULT_MAX_FUTURE_SKEW_US: i64 = 300_000_000;
+
+/// Opens the online store the project's config names, with its `max_future_skew`.
 ///
 /// # Errors
-/// When the embedded file cannot be opened or Redis cannot be reached.
-pub async fn open_store(config: &OnlineStoreConfig) -> Result<Arc<dyn OnlineStore>> {
-    Ok(match config {
-        OnlineStoreConfig::Embedded { path } => Arc::new(crate::EmbeddedStore::open(path)?),
-        OnlineStoreConfig::Redis { url } => Arc::new(crate::RedisStore::connect(url).await?),
+/// When the embedded file cannot be opened, Redis cannot be reached, or Redis evicts
+/// keys that have no expiry ([`crate::RedisStore::connect`]).
+pub async fn open_store(config: &Config) -> Result<Arc<dyn OnlineStore>> {
+    let skew = config.max_future_skew;
+    Ok(match &config.online_store {
+        OnlineStoreConfig::Embedded { path } => Arc::new(crate::EmbeddedStore::open(path)?.with_max_future_skew(skew)),
+        OnlineStoreConfig::Redis { url } => Arc::new(crate::RedisStore::connect(url).await?.with_max_future_skew(skew)),
     })
 }

@@ -70,6 +70,7 @@ async fn fixture(store: Option<Arc<dyn OnlineStore>>, token: Option<&str>) -> Fi
         clock: Box::new(|| NOW),
         offline: None,
         serving_log: None,
+        limits: quiver_online::server::Limits::default(),
     });
     Fixture { _dir: dir, registry_path, state }
 }

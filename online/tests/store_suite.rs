@@ -160,6 +160,40 @@ async fn expiry(store: &dyn OnlineStore, p: &str) {
     assert_eq!(value_of(&store.read(&[gone]).await.unwrap()[0]), Some(9));
 }
 
+/// A stored row dated after the store's clock plus `max_future_skew` (written before
+/// writers refused such rows, or by a writer whose clock was far off) never blocks its
+/// key: the next write replaces it. Rows within the skew still guard as usual.
+async fn future_rows_never_block(store: &dyn OnlineStore, p: &str) {
+    let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64;
+    let k = store_key(p, "future", &[KeyValue::Int(1)]);
+    let year_9999 = 253_402_300_799_000_000;
+    assert_eq!(store.write(&[row(&k, year_9999, 0, 1)]).await.unwrap(), 1);
+    assert_eq!(store.write(&[row(&k, now_us, 0, 2)]).await.unwrap(), 1, "a real update replaces the year-9999 row");
+    assert_eq!(value_of(&store.read(&[k.clone()]).await.unwrap()[0]), Some(2));
+    // A minute ahead is within the default 5 minutes: it guards.
+    let k2 = store_key(p, "future", &[KeyValue::Int(2)]);
+    store.write(&[row(&k2, now_us + 60_000_000, 0, 1)]).await.unwrap();
+    assert_eq!(store.write(&[row(&k2, now_us, 0, 2)]).await.unwrap(), 0);
+    assert_eq!(value_of(&store.read(&[k2]).await.unwrap()[0]), Some(1));
+}
+
+/// Rows dated before 1970 of a view with a TTL have long expired: both stores read
+/// them as absent (Redis used to keep such keys forever: a negative expiry was taken
+/// for none), and the expiry [`quiver_sdk::encoding::expire_at_ms`] gives is never 0.
+async fn rows_before_1970_expire(store: &dyn OnlineStore, p: &str) {
+    let view = quiver_sdk::FeatureView::new("old").with_feature("a", quiver_sdk::DType::Int64).with_ttl(quiver_sdk::Ttl::from_secs(3600));
+    let k = store_key(p, "old", &[KeyValue::Int(1)]);
+    let event_ts = -86_400_000_000 * 30; // 1969-12-02
+    let expire_at_ms = quiver_sdk::encoding::expire_at_ms(&view, event_ts);
+    assert!(expire_at_ms.is_some_and(|at| at > 0));
+    store.write(&[WriteRow { key: k.clone(), row: packed(event_ts, 0, 1), expire_at_ms }]).await.unwrap();
+    assert_eq!(store.read(&[k]).await.unwrap(), vec![None]);
+    // Without a TTL a row from 1969 stays, in both stores.
+    let kept = store_key(p, "old", &[KeyValue::Int(2)]);
+    store.write(&[WriteRow { key: kept.clone(), row: packed(event_ts, 0, 2), expire_at_ms: None }]).await.unwrap();
+    assert_eq!(value_of(&store.read(&[kept]).await.unwrap()[0]), Some(2));
+}
+
 async fn large_batches(store: &dyn OnlineStore, p: &str) {
     let keys: Vec<String> = (0..25_000).map(|i| store_key(p, "big", &[KeyValue::Int(i)])).collect();
     let rows: Vec<WriteRow> = keys.iter().enumerate().map(|(i, k)| row(k, 1, 0, i as i64)).collect();
@@ -175,6 +209,8 @@ async fn suite(store: Arc<dyn OnlineStore>, name: &str) {
     out_of_order_writes(store.as_ref(), &p).await;
     concurrent_writers(store.clone(), &p).await;
     expiry(store.as_ref(), &p).await;
+    future_rows_never_block(store.as_ref(), &p).await;
+    rows_before_1970_expire(store.as_ref(), &p).await;
     large_batches(store.as_ref(), &p).await;
 }
 

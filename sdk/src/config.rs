@@ -20,16 +20,17 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("offline_store", &["path"]),
     ("online_store", &["type", "path", "url"]),
     ("kafka", &["brokers"]),
-    ("server", &["host", "port", "auth_token"]),
+    ("server", &["host", "port", "auth_token", "max_cells", "request_timeout", "max_connections"]),
     ("serving_log", &["enabled", "path", "sample_rate", "batch_rows", "batch_ms"]),
 ];
-const TOP_LEVEL: &[&str] = &["project", "registry"];
+const TOP_LEVEL: &[&str] = &["project", "registry", "max_future_skew"];
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     project: Option<String>,
     registry: Option<String>,
+    max_future_skew: Option<Value>,
     #[serde(default)]
     offline_store: RawOffline,
     #[serde(default)]
@@ -79,6 +80,9 @@ struct RawServer {
     host: Option<String>,
     port: Option<Value>,
     auth_token: Option<String>,
+    max_cells: Option<Value>,
+    request_timeout: Option<Value>,
+    max_connections: Option<Value>,
 }
 
 /// Where the offline Delta tables live.
@@ -126,13 +130,40 @@ pub enum OnlineStoreConfig {
     Redis { url: String },
 }
 
-/// The HTTP server's settings.
+/// The HTTP server's settings, with the bounds of SPEC §13.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
     pub host: String,
     pub port: u16,
     /// When set, requests need `Authorization: Bearer <token>`.
     pub auth_token: Option<String>,
+    /// Whether the token is written in `quiver.yaml` itself (rather than coming from
+    /// `QUIVER_SERVER_AUTH_TOKEN`): a secret in a file that is easily committed.
+    pub auth_token_in_file: bool,
+    /// Entity rows x features above which `/get-online-features` answers 413 before
+    /// any work (default 1,000,000).
+    pub max_cells: usize,
+    /// A connection that has not sent a complete request (headers and body) this long
+    /// after it opened or after its last answer is closed (default 10 s).
+    pub request_timeout: std::time::Duration,
+    /// Connections served at once (default 1,024); beyond them a connection gets one
+    /// short answer (`/health` still answers, the rest 503) and is closed.
+    pub max_connections: usize,
+}
+
+impl ServerConfig {
+    /// The defaults, on `host:port`.
+    pub fn new(host: impl Into<String>, port: u16) -> ServerConfig {
+        ServerConfig {
+            host: host.into(),
+            port,
+            auth_token: None,
+            auth_token_in_file: false,
+            max_cells: DEFAULT_MAX_CELLS,
+            request_timeout: std::time::Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
 }
 
 /// The serving log (`serving_log:` in `quiver.yaml`): what the server answered, appended
@@ -164,6 +195,10 @@ pub struct Config {
     pub kafka_brokers: String,
     pub server: ServerConfig,
     pub serving_log: ServingLogConfig,
+    /// How far after the wall clock an event time may be (`max_future_skew`, default
+    /// 5m): ingest, push, `/push` and the stream refuse later rows, and the guarded
+    /// online write lets any write replace a stored row dated later than that.
+    pub max_future_skew: std::time::Duration,
 }
 
 /// The serving log's table under the offline root when no path is given.
@@ -175,6 +210,10 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 pub const DEFAULT_KAFKA_BROKERS: &str = "127.0.0.1:9092";
 pub const DEFAULT_HOST: &str = "127.0.0.1";
 pub const DEFAULT_PORT: u16 = 6566;
+pub const DEFAULT_MAX_CELLS: usize = 1_000_000;
+pub const DEFAULT_REQUEST_TIMEOUT_SECS: u64 = 10;
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1_024;
+pub const DEFAULT_MAX_FUTURE_SKEW_SECS: u64 = 300;
 
 impl Config {
     /// Loads `<repo>/quiver.yaml` with the process environment's overrides.
@@ -230,6 +269,10 @@ impl Config {
         if !value.is_mapping() {
             return Err(bad("expected a mapping of settings".to_string()));
         }
+        let token_in_file = value
+            .get("server")
+            .and_then(|s| s.get("auth_token"))
+            .is_some_and(|t| t.as_str().is_some_and(|t| !t.is_empty()));
         let mut env: Vec<(String, String)> = env.into_iter().collect();
         env.sort();
         for (var, val) in &env {
@@ -237,7 +280,16 @@ impl Config {
         }
         let raw: RawConfig =
             serde_yaml::from_value(value).map_err(|e| bad(crate::yaml::yaml_message(&e)))?;
-        validate(repo, raw).map_err(bad)
+        let mut config = validate(repo, raw).map_err(bad)?;
+        // The environment's token replaces the file's: only then is the file's not used.
+        config.server.auth_token_in_file = token_in_file
+            && !env.iter().any(|(k, v)| k.eq_ignore_ascii_case("QUIVER_SERVER_AUTH_TOKEN") && !v.is_empty());
+        Ok(config)
+    }
+
+    /// The latest event time accepted at wall-clock time `now` (UTC microseconds).
+    pub fn event_horizon(&self, now: i64) -> i64 {
+        now.saturating_add(i64::try_from(self.max_future_skew.as_micros()).unwrap_or(i64::MAX))
     }
 
     /// The Delta table location of a view: its source path if set (relative paths are
@@ -364,6 +416,33 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
         }
     };
     let serving_log = serving_log(repo, &offline_root, raw.serving_log)?;
+    let duration = |name: &str, v: Option<&Value>, default: u64, allow_zero: bool| -> std::result::Result<std::time::Duration, String> {
+        let Some(text) = v.map(scalar_text) else {
+            return Ok(std::time::Duration::from_secs(default));
+        };
+        match crate::Ttl::parse(&text) {
+            Ok(d) if allow_zero || !d.is_unbounded() => Ok(std::time::Duration::from_secs(d.secs())),
+            _ => Err(format!("{name} `{text}`: expected a duration such as 30s, 5m or 1h{}", if allow_zero { "" } else { " above 0" })),
+        }
+    };
+    let count = |name: &str, v: Option<&Value>, default: usize| -> std::result::Result<usize, String> {
+        let Some(text) = v.map(scalar_text) else { return Ok(default) };
+        text.replace('_', "")
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("{name} `{text}`: expected a whole number above 0"))
+    };
+    let max_future_skew = duration("max_future_skew", raw.max_future_skew.as_ref(), DEFAULT_MAX_FUTURE_SKEW_SECS, true)?;
+    let server = ServerConfig {
+        host,
+        port,
+        auth_token: raw.server.auth_token.filter(|t| !t.is_empty()),
+        auth_token_in_file: false,
+        max_cells: count("server.max_cells", raw.server.max_cells.as_ref(), DEFAULT_MAX_CELLS)?,
+        request_timeout: duration("server.request_timeout", raw.server.request_timeout.as_ref(), DEFAULT_REQUEST_TIMEOUT_SECS, false)?,
+        max_connections: count("server.max_connections", raw.server.max_connections.as_ref(), DEFAULT_MAX_CONNECTIONS)?,
+    };
     Ok(Config {
         repo: repo.to_path_buf(),
         project,
@@ -371,12 +450,9 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
         offline_root,
         online_store,
         kafka_brokers,
-        server: ServerConfig {
-            host,
-            port,
-            auth_token: raw.server.auth_token.filter(|t| !t.is_empty()),
-        },
+        server,
         serving_log,
+        max_future_skew,
     })
 }
 
@@ -501,6 +577,38 @@ mod tests {
         assert!(err("project: demo\nserving_log: {enabled: maybe}\n", &[]).contains("serving_log.enabled `maybe`"));
         assert!(err("project: demo\nserving_log: {sample_rate: 0}\n", &[]).contains("serving_log.sample_rate `0`"));
         assert!(err("project: demo\n", &[("QUIVER_SERVING_LOG_BATCH_ROWS", "-3")]).contains("serving_log.batch_rows `-3`"));
+        assert!(err("project: demo\nmax_future_skew: soon\n", &[]).contains("max_future_skew `soon`"));
+        assert!(err("project: demo\nserver: {max_cells: 0}\n", &[]).contains("server.max_cells `0`"));
+        assert!(err("project: demo\nserver: {request_timeout: 0}\n", &[]).contains("server.request_timeout `0`"));
+        assert!(err("project: demo\n", &[("QUIVER_SERVER_MAX_CONNECTIONS", "many")]).contains("server.max_connections `many`"));
+    }
+
+    #[test]
+    fn limits_have_defaults_and_can_be_set() {
+        let c = parse("project: demo\n", &[]).unwrap();
+        assert_eq!(c.max_future_skew, std::time::Duration::from_secs(300));
+        assert_eq!((c.server.max_cells, c.server.max_connections), (1_000_000, 1_024));
+        assert_eq!(c.server.request_timeout, std::time::Duration::from_secs(10));
+        assert_eq!(c.event_horizon(1_000_000), 301_000_000);
+        let c = parse(
+            "project: demo\nmax_future_skew: 0\nserver: {max_cells: 5_000, request_timeout: 2s, max_connections: 8}\n",
+            &[("QUIVER_MAX_FUTURE_SKEW", "1h")],
+        )
+        .unwrap();
+        assert_eq!(c.max_future_skew, std::time::Duration::from_secs(3600), "the environment wins");
+        assert_eq!((c.server.max_cells, c.server.max_connections), (5_000, 8));
+        assert_eq!(c.server.request_timeout, std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_token_in_the_file_is_flagged_one_from_the_environment_is_not() {
+        let c = parse("project: demo\nserver: {auth_token: s3cret}\n", &[]).unwrap();
+        assert!(c.server.auth_token_in_file);
+        let c = parse("project: demo\nserver: {auth_token: s3cret}\n", &[("QUIVER_SERVER_AUTH_TOKEN", "other")]).unwrap();
+        assert!(!c.server.auth_token_in_file);
+        assert_eq!(c.server.auth_token.as_deref(), Some("other"));
+        let c = parse("project: demo\n", &[("QUIVER_SERVER_AUTH_TOKEN", "other")]).unwrap();
+        assert!(!c.server.auth_token_in_file);
     }
 
     #[test]

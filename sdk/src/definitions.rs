@@ -220,9 +220,22 @@ pub struct Definitions {
     pub feature_views: Vec<FeatureView>,
     #[serde(default)]
     pub feature_services: Vec<FeatureService>,
+    /// The features of online rows written under earlier definitions of a view, by the
+    /// rows' schema fingerprint (16 hex digits, [`crate::encoding::fingerprint`]): a
+    /// lookup reads such a row by feature name and type, so a feature added by `apply`
+    /// never blanks the features already served. Kept by the registry on every apply
+    /// that changes a view's features; never written by hand, not part of a plan.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub online_layouts: BTreeMap<String, Vec<Feature>>,
 }
 
 impl Definitions {
+    /// The features of rows written under the schema `fingerprint` of a view, when the
+    /// registry kept them ([`Definitions::online_layouts`]).
+    pub fn online_layout(&self, fingerprint: u64) -> Option<&[Feature]> {
+        self.online_layouts.get(&format!("{fingerprint:016x}")).map(Vec::as_slice)
+    }
+
     pub fn entity(&self, name: &str) -> Option<&Entity> {
         self.entities.iter().find(|e| e.name == name)
     }

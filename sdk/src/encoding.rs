@@ -23,11 +23,13 @@ const FORMAT: u8 = 1;
 pub const KEY_GRACE_MS: i64 = 24 * 3600 * 1000;
 
 /// When the online key of a row with event time `event_ts` (UTC microseconds) expires,
-/// in milliseconds since the epoch: the TTL plus [`KEY_GRACE_MS`] after the event;
+/// in milliseconds since the epoch: the TTL plus [`KEY_GRACE_MS`] after the event, and
+/// never before 1 ms after the epoch (Redis takes no expiry at or before it, and 0
+/// means "none" to the stores: a row dated before 1970 has long expired in both);
 /// `None` (never) for a view without a TTL.
 pub fn expire_at_ms(view: &FeatureView, event_ts: i64) -> Option<i64> {
     let ttl_ms = i64::try_from(view.ttl.as_duration()?.as_millis()).ok()?;
-    Some(event_ts.div_euclid(1000).saturating_add(ttl_ms).saturating_add(KEY_GRACE_MS))
+    Some(event_ts.div_euclid(1000).saturating_add(ttl_ms).saturating_add(KEY_GRACE_MS).max(1))
 }
 
 /// One join-key value.
@@ -282,6 +284,25 @@ impl OnlineRow {
     }
 }
 
+/// An event time as the 8 order-preserving bytes that start a packed row's header
+/// (compare them as unsigned bytes to compare the times).
+pub fn event_order_bytes(event_ts: i64) -> [u8; 8] {
+    order_bytes(event_ts)
+}
+
+/// The guarded write's rule with a horizon (UTC microseconds: the writer's clock plus
+/// `max_future_skew`): a stored row dated after it is one that should never have been
+/// written, and any write replaces it; otherwise [`replaces`].
+pub fn replaces_before(stored: &[u8], incoming: &[u8], horizon: i64) -> bool {
+    if incoming.len() < ORDER_HEADER_LEN {
+        return false;
+    }
+    match stored.get(..8) {
+        Some(ts) if ts > &order_bytes(horizon)[..] => true,
+        _ => replaces(stored, incoming),
+    }
+}
+
 /// The guarded write's rule on two packed rows: `incoming` replaces `stored` unless
 /// `stored` has a greater (event_ts, created_ts). Rows shorter than the header never win.
 pub fn replaces(stored: &[u8], incoming: &[u8]) -> bool {
@@ -385,6 +406,30 @@ mod tests {
             }
         }
         assert!(!replaces(&row(0, 0).encode(), &[1, 2, 3]));
+    }
+
+    #[test]
+    fn a_stored_row_beyond_the_horizon_never_blocks_a_write() {
+        let future = row(253_402_300_799_000_000, 0).encode(); // 9999-12-31T23:59:59Z
+        let now = 1_700_000_000_000_000;
+        assert!(!replaces(&future, &row(now, 0).encode()));
+        assert!(replaces_before(&future, &row(now, 0).encode(), now + 300_000_000));
+        // At or before the horizon the plain rule holds.
+        let soon = row(now + 300_000_000, 0).encode();
+        assert!(!replaces_before(&soon, &row(now, 0).encode(), now + 300_000_000));
+        assert!(replaces_before(&row(now, 0).encode(), &row(now, 1).encode(), now));
+        assert!(!replaces_before(&row(now, 1).encode(), &row(now, 0).encode(), now));
+        assert!(!replaces_before(&future, &[1, 2, 3], now));
+    }
+
+    #[test]
+    fn keys_of_rows_before_1970_expire_at_once() {
+        let v = FeatureView::new("v").with_feature("a", DType::Int64).with_ttl(crate::Ttl::from_secs(3600));
+        assert_eq!(expire_at_ms(&v, -10 * 86_400_000_000), Some(1), "clamped past the epoch, never 0 (= no expiry)");
+        let exactly_zero = -(3600 * 1000 + KEY_GRACE_MS) * 1000;
+        assert_eq!(expire_at_ms(&v, exactly_zero), Some(1));
+        assert_eq!(expire_at_ms(&v, 0), Some(3600 * 1000 + KEY_GRACE_MS));
+        assert_eq!(expire_at_ms(&FeatureView::new("u").with_feature("a", DType::Int64), -1), None);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! - [`registry`]: the versioned registry document, the plan/apply diff and its atomic
 //!   file store.
 //! - [`config`]: `quiver.yaml` with environment overrides.
+//! - [`files`]: atomic, durable small-file writes and the apply lock.
 //!
 //! Invariant: the sdk never talks to a store or the network. Its only I/O is reading
 //! and writing the repository's own small files (`quiver.yaml`, `features.yaml`, the
@@ -31,6 +32,7 @@ pub mod config;
 pub mod definitions;
 pub mod encoding;
 pub mod error;
+pub mod files;
 pub mod registry;
 pub mod rows;
 pub mod types;

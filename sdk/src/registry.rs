@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -16,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::definitions::{Definitions, FeatureView};
+use crate::encoding::fingerprint;
 use crate::error::{Error, Result};
 
 /// The registry file format this version reads and writes.
@@ -454,6 +454,14 @@ impl RegistryDoc {
         next.version += 1;
         next.updated_at = Some(now);
         next.definitions = new.clone();
+        // Online rows written under the views' current features stay readable by name.
+        next.definitions.online_layouts = self.definitions.online_layouts.clone();
+        for old in &self.definitions.feature_views {
+            let (before, after) = (fingerprint(old), new.feature_view(&old.name).map(fingerprint));
+            if after.is_some_and(|after| after != before) {
+                next.definitions.online_layouts.insert(format!("{before:016x}"), old.features.clone());
+            }
+        }
         for change in &plan.changes {
             let key = change.key();
             match change.op {
@@ -561,33 +569,39 @@ impl FileRegistry {
     /// # Errors
     /// [`Error::Io`]; the old file is then untouched and the temp file removed.
     pub fn save(&self, doc: &RegistryDoc) -> Result<()> {
-        let dir = match self.path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        let file_name = self
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "registry.json".to_string());
-        let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
         let mut text = serde_json::to_string_pretty(doc).expect("registry serialises");
         text.push('\n');
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.path)?;
-            // Make the rename itself durable.
-            std::fs::File::open(&dir)?.sync_all()
-        };
-        write().map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            Error::io(&self.path, e)
+        crate::files::write_atomic(&self.path, text.as_bytes()).map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// The lock that serialises applies to this registry (`<registry>.lock`): a second
+    /// `apply` waits for the first up to `wait`, then fails naming the lock.
+    ///
+    /// # Errors
+    /// [`Error::Registry`] when another apply still holds it; [`Error::Io`] when the
+    /// lock file cannot be opened.
+    pub fn lock(&self, wait: std::time::Duration) -> Result<crate::files::FileLock> {
+        let mut name = self.path.as_os_str().to_os_string();
+        name.push(".lock");
+        let lock = PathBuf::from(name);
+        crate::files::FileLock::acquire(&lock, wait).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => Error::Registry {
+                file: self.path.clone(),
+                message: format!(
+                    "another `quiver apply` holds {} (waited {wait:?}); try again when it is done",
+                    lock.display()
+                ),
+            },
+            _ => Error::io(&lock, e),
         })
     }
 }
+
+/// How long an `apply` waits for another one to finish.
+pub const APPLY_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What [`apply`] did.
 #[derive(Debug, Clone)]
@@ -633,6 +647,9 @@ pub fn apply_with(
     now: DateTime<Utc>,
     before_write: &mut dyn FnMut() -> Result<()>,
 ) -> Result<ApplyOutcome> {
+    // Load, check and write under one lock: two applies never both read version N and
+    // write N + 1 (the second waits and applies on top of the first).
+    let _lock = registry.lock(APPLY_LOCK_WAIT)?;
     let doc = registry.load_or_empty(project)?;
     let plan = doc.plan(new);
     if plan.is_empty() {

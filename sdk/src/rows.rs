@@ -23,6 +23,12 @@ pub enum Target {
 }
 
 impl Target {
+    /// Where a push goes unless told: both stores for an online view, offline only
+    /// for a view with `online: false`.
+    pub fn default_for(view: &FeatureView) -> Target {
+        if view.online { Target::OnlineAndOffline } else { Target::Offline }
+    }
+
     pub fn online(self) -> bool {
         self != Target::Offline
     }
@@ -58,14 +64,26 @@ pub struct ViewRow {
 
 /// A view's row layout, resolved once for many rows.
 #[derive(Debug, Clone)]
-pub struct RowReader<'a> {
-    pub view: &'a FeatureView,
+pub struct RowReader {
+    pub view: FeatureView,
     pub keys: Vec<JoinKey>,
+    /// The latest event time accepted (UTC microseconds): the wall clock plus
+    /// `max_future_skew` (SPEC §13). `None` accepts any time.
+    pub latest_event: Option<i64>,
 }
 
-impl<'a> RowReader<'a> {
-    pub fn new(defs: &Definitions, view: &'a FeatureView) -> RowReader<'a> {
-        RowReader { view, keys: defs.join_keys(view) }
+impl RowReader {
+    /// A reader that accepts rows of `view` with any event time; see
+    /// [`RowReader::with_latest_event`].
+    pub fn new(defs: &Definitions, view: &FeatureView) -> RowReader {
+        RowReader { view: view.clone(), keys: defs.join_keys(view), latest_event: None }
+    }
+
+    /// Refuses rows whose event time is after `latest` (UTC microseconds).
+    #[must_use]
+    pub fn with_latest_event(mut self, latest: i64) -> RowReader {
+        self.latest_event = Some(latest);
+        self
     }
 
     /// Reads one message or line: it must be a JSON object.
@@ -116,6 +134,9 @@ impl<'a> RowReader<'a> {
             }
         };
         let event_ts = time(&self.view.source.timestamp_field)?;
+        if let Some(latest) = self.latest_event {
+            check_event_time(&self.view.source.timestamp_field, event_ts, latest)?;
+        }
         let created_ts = match &self.view.source.created_timestamp_field {
             Some(c) => Some(time(c)?),
             None => None,
@@ -143,6 +164,22 @@ impl ViewRow {
         };
         (store_key(project, &view.name, &self.keys), row.encode(), expire_at_ms(view, self.event_ts))
     }
+}
+
+/// Refuses an event time after `latest` (the wall clock plus `max_future_skew`): a row
+/// from the future would win every guarded write of its key until its time came.
+///
+/// # Errors
+/// The reason, naming `field`, the time and the limit.
+pub fn check_event_time(field: &str, event_ts: i64, latest: i64) -> Result<(), String> {
+    if event_ts <= latest {
+        return Ok(());
+    }
+    Err(format!(
+        "`{field}` {} is in the future (later than {}, now + max_future_skew); a future event would block every later update of its key",
+        format_instant(event_ts),
+        format_instant(latest)
+    ))
 }
 
 /// A JSON value as a value of `dtype`; `None` when it does not fit without loss.
@@ -290,5 +327,19 @@ mod tests {
             let err = r.from_slice(input).unwrap_err();
             assert!(err.contains(want), "{}: {err}", String::from_utf8_lossy(input));
         }
+    }
+
+    #[test]
+    fn event_times_after_the_horizon_are_refused() {
+        let defs = defs();
+        let latest = 1_704_067_500_000_000; // 2024-01-01T00:05:00Z
+        let r = RowReader::new(&defs, &defs.feature_views[0]).with_latest_event(latest);
+        assert!(r.from_slice(br#"{"driver_id": 7, "event_timestamp": "2024-01-01T00:05:00Z"}"#).is_ok(), "the limit itself is accepted");
+        let err = r.from_slice(br#"{"driver_id": 7, "event_timestamp": "2024-01-01T00:05:00.000001Z"}"#).unwrap_err();
+        assert!(err.contains("`event_timestamp` 2024-01-01T00:05:00.000001Z is in the future") && err.contains("max_future_skew"), "{err}");
+        let err = r.from_slice(br#"{"driver_id": 7, "event_timestamp": "9999-12-31T23:59:59Z"}"#).unwrap_err();
+        assert!(err.contains("9999-12-31T23:59:59Z"), "{err}");
+        let open = RowReader::new(&defs, &defs.feature_views[0]);
+        assert!(open.from_slice(br#"{"driver_id": 7, "event_timestamp": "9999-12-31T23:59:59Z"}"#).is_ok());
     }
 }

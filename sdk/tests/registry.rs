@@ -127,9 +127,34 @@ fn apply_writes_versions_and_is_a_no_op_when_nothing_changed() {
     assert_eq!(doc.history.len(), 2);
     assert_eq!(doc.history[1].changes, ["~ feature_service ranker (features)"]);
     assert_eq!(doc.updated_at, Some(t(3)));
-    // No temp files are left behind.
-    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(names, ["registry.json"]);
+    // No temp files are left behind (the apply lock's file stays, empty).
+    let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["registry.json", "registry.json.lock"]);
+}
+
+/// An apply that changes a view's features keeps the layout rows were written under
+/// before, by fingerprint, so the online lookup can still read them; it is not part of
+/// the plan (a second apply of the same definitions is a no-op).
+#[test]
+fn changed_features_keep_the_earlier_online_layout() {
+    use quiver_sdk::encoding::fingerprint;
+    let dir = tempfile::tempdir().unwrap();
+    let reg = FileRegistry::new(dir.path().join("registry.json"));
+    let probe = Holding::new(&["stats"]);
+    apply(&reg, "demo", &defs(BASE), &probe, false, t(1)).unwrap();
+    let before = reg.load().unwrap().unwrap();
+    assert!(before.definitions.online_layouts.is_empty());
+    let old_view = before.definitions.feature_view("stats").unwrap().clone();
+    let added = changed("{name: trips, dtype: int64}]", "{name: tip, dtype: float64}, {name: trips, dtype: int64}]");
+    assert_ne!(added, defs(BASE), "the change applies");
+    let outcome = apply(&reg, "demo", &added, &probe, false, t(2)).unwrap();
+    assert!(outcome.written && outcome.forced.is_empty(), "adding a feature needs no --force");
+    let doc = reg.load().unwrap().unwrap();
+    assert_eq!(doc.definitions.online_layout(fingerprint(&old_view)), Some(old_view.features.as_slice()));
+    assert_eq!(doc.definitions.online_layouts.len(), 1);
+    let again = apply(&reg, "demo", &added, &probe, false, t(3)).unwrap();
+    assert!(!again.written, "the layouts are not a change");
 }
 
 #[test]

@@ -22,6 +22,17 @@ pub struct Metrics {
     /// Failed store or broker calls (each retried).
     pub retries: AtomicU64,
     pub batches: AtomicU64,
+    /// Batches (per view) refused by Delta because another consumer had appended past
+    /// this one's progress (it lost its partitions while holding the batch).
+    pub fenced: AtomicU64,
+    /// Batches dropped unwritten because the partitions were lost before the flush.
+    pub lost_batches: AtomicU64,
+    /// Dead letters the dead-letter topic refused whole, sent with the payload cut short.
+    pub dead_letters_truncated: AtomicU64,
+    /// Registry changes picked up while running.
+    pub registry_reloads: AtomicU64,
+    /// Registry changes that could not be read (the last good definitions stay).
+    pub registry_errors: AtomicU64,
     /// (topic, partition) -> messages behind the high watermark.
     pub lag: Mutex<BTreeMap<(String, i32), i64>>,
     buckets: [AtomicU64; 19],
@@ -59,6 +70,11 @@ impl Metrics {
         counter(&mut out, "quiver_stream_skipped_replayed_total", "Replayed messages the Delta table already held.", &self.skipped_replayed);
         counter(&mut out, "quiver_stream_retries_total", "Store or broker calls that failed and were retried.", &self.retries);
         counter(&mut out, "quiver_stream_batches_total", "Micro-batches committed.", &self.batches);
+        counter(&mut out, "quiver_stream_fenced_total", "View batches refused by Delta: another consumer appended these partitions first.", &self.fenced);
+        counter(&mut out, "quiver_stream_lost_batches_total", "Batches dropped unwritten: their partitions were lost before the flush.", &self.lost_batches);
+        counter(&mut out, "quiver_stream_dead_letters_truncated_total", "Dead letters refused whole by the dead-letter topic, sent with the payload cut short.", &self.dead_letters_truncated);
+        counter(&mut out, "quiver_stream_registry_reloads_total", "Registry changes picked up while running.", &self.registry_reloads);
+        counter(&mut out, "quiver_stream_registry_errors_total", "Registry changes that could not be read (the last good definitions stay).", &self.registry_errors);
         let _ = writeln!(out, "# HELP quiver_stream_lag Messages behind the high watermark, per partition.\n# TYPE quiver_stream_lag gauge");
         for ((topic, partition), lag) in self.lag.lock().expect("metrics lock").iter() {
             let _ = writeln!(out, "quiver_stream_lag{{topic=\"{topic}\",partition=\"{partition}\"}} {lag}");

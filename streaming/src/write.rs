@@ -13,7 +13,7 @@ use std::path::Path;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
-use quiver_offline::ingest::{AppTxn, IngestReport, append};
+use quiver_offline::ingest::{AppendOptions, IngestReport, append};
 use quiver_offline::schema::{rows_to_columns, table_schema, value_at};
 use quiver_online::{OnlineStore, WriteRow};
 use quiver_sdk::encoding::{KeyValue, OnlineRow, expire_at_ms, fingerprint, store_key};
@@ -78,17 +78,19 @@ pub async fn write_online(project: &str, view: &FeatureView, rows: &[ViewRow], s
     Ok(store.write(&WriteRow::of_rows(project, view, rows)).await?)
 }
 
-/// Appends typed rows to the view's Delta table in one commit with `txns`.
+/// Appends typed rows to the view's Delta table in one commit, as `options` says
+/// (`txn` actions, the versions they must follow). The rows' event times were checked
+/// where they were read ([`quiver_sdk::rows::RowReader::with_latest_event`]).
 ///
 /// # Errors
-/// [`Error::Offline`] when the commit fails; the table is then unchanged.
+/// [`Error::Offline`] when the commit fails or is fenced; the table is then unchanged.
 pub async fn write_offline(
     config: &Config,
     defs: &Definitions,
     view: &FeatureView,
     source: &Path,
     rows: &[ViewRow],
-    txns: Vec<AppTxn>,
+    options: AppendOptions,
 ) -> Result<IngestReport> {
     let schema = table_schema(defs, view);
     let fields: Vec<_> = schema.fields().iter().take(schema.fields().len() - 1).cloned().collect();
@@ -97,7 +99,7 @@ pub async fn write_offline(
         rows_to_columns(view, rows),
     )
     .map_err(|e| Error::Offline(quiver_offline::Error::Arrow(e)))?;
-    Ok(append(&config.view_table(view), defs, view, source, vec![batch], txns, &|_, _| {}).await?)
+    Ok(append(&config.view_table(view), defs, view, source, vec![batch], options, &|_, _| {}).await?)
 }
 
 /// What a push did.
@@ -111,9 +113,11 @@ pub struct PushReport {
 }
 
 /// Pushes a file (Parquet, CSV, JSON lines) of `view`'s rows to `target`, checked by
-/// the same code as `ingest` before anything is written.
+/// the same code as `ingest` before anything is written (event times after the wall
+/// clock plus `max_future_skew` included).
 ///
 /// # Errors
+/// [`Error::Config`] for an online push to a view with `online: false`;
 /// [`Error::Offline`] naming the file, column and row for input that does not fit; the
 /// failing store's error otherwise.
 pub async fn push_file(
@@ -142,10 +146,12 @@ pub async fn push_batches(
     target: Target,
     store: Option<&dyn OnlineStore>,
 ) -> Result<PushReport> {
-    let conformed = quiver_offline::ingest::conform_batches(defs, view, source, &batches)?;
+    check_target(view, target).map_err(Error::Config)?;
+    let latest = config.event_horizon(chrono::Utc::now().timestamp_micros());
+    let conformed = quiver_offline::ingest::conform_batches(defs, view, source, &batches, Some(latest))?;
     let rows = conformed.iter().map(RecordBatch::num_rows).sum();
     let offline_version = if target.offline() {
-        Some(append(&config.view_table(view), defs, view, source, conformed.clone(), Vec::new(), &|_, _| {}).await?.version)
+        Some(append(&config.view_table(view), defs, view, source, conformed.clone(), AppendOptions::new(None), &|_, _| {}).await?.version)
     } else {
         None
     };
@@ -163,6 +169,21 @@ pub async fn push_batches(
     Ok(PushReport { rows, online_written, offline_version })
 }
 
+/// Refuses an online write to a view with `online: false` (SPEC §13: such a view takes
+/// no online writes).
+///
+/// # Errors
+/// The reason, naming the view.
+pub fn check_target(view: &FeatureView, target: Target) -> std::result::Result<(), String> {
+    if target.online() && !view.online {
+        return Err(format!(
+            "feature view `{}` is offline only (`online: false`): it takes no online writes (push to offline)",
+            view.name
+        ));
+    }
+    Ok(())
+}
+
 /// The server's `/push` offline half: appends to the view's Delta table through
 /// [`write_offline`].
 #[derive(Debug, Clone)]
@@ -173,7 +194,7 @@ pub struct DeltaWriter {
 #[async_trait::async_trait]
 impl quiver_online::server::OfflineWriter for DeltaWriter {
     async fn append(&self, defs: &Definitions, view: &FeatureView, rows: &[ViewRow]) -> std::result::Result<u64, String> {
-        write_offline(&self.config, defs, view, Path::new("/push request"), rows, Vec::new())
+        write_offline(&self.config, defs, view, Path::new("/push request"), rows, AppendOptions::new(None))
             .await
             .map(|r| r.version)
             .map_err(|e| e.to_string())

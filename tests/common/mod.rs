@@ -49,3 +49,56 @@ pub fn spawn_serve(dir: &Path) -> (std::process::Child, u16) {
     }
     (child, port)
 }
+
+/// Runs `quiver` in `dir`; it must succeed. Its stdout.
+#[allow(dead_code)]
+pub fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = quiver(dir, args, &[]);
+    assert!(out.status.success(), "quiver {args:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs `quiver` in `dir`; it must exit 1 with a one-line `error: ...` containing every
+/// one of `parts`. The error line.
+#[allow(dead_code)]
+pub fn fails(dir: &Path, args: &[&str], parts: &[&str]) -> String {
+    let out = quiver(dir, args, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "quiver {args:?}: {}{err}", String::from_utf8_lossy(&out.stdout));
+    let line = err.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("no error line: {err}"));
+    assert_eq!(err.lines().filter(|l| l.starts_with("error: ")).count(), 1, "{err}");
+    for p in parts {
+        assert!(line.contains(p), "error {line:?} lacks {p:?}");
+    }
+    line.to_string()
+}
+
+/// One HTTP/1.1 request with extra headers; returns (status code, body).
+#[allow(dead_code)]
+pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut bytes = Vec::new();
+    s.read_to_end(&mut bytes).unwrap();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, body.to_string())
+}
+
+/// Redis for end-to-end tests (`QUIVER_TEST_REDIS_URL`); `None` with a visible SKIPPED
+/// line when there is none, a failure when `QUIVER_REQUIRE_REDIS` is set.
+#[allow(dead_code)]
+pub fn redis_url(test: &str) -> Option<String> {
+    match std::env::var("QUIVER_TEST_REDIS_URL") {
+        Ok(url) => Some(url),
+        Err(_) => {
+            assert!(std::env::var("QUIVER_REQUIRE_REDIS").is_err(), "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_URL is not");
+            eprintln!("SKIPPED {test}: no Redis (set QUIVER_TEST_REDIS_URL, or use ./run test)");
+            None
+        }
+    }
+}

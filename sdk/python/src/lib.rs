@@ -49,7 +49,7 @@ fn kind(cause: &(dyn std::error::Error + 'static), text: &str) -> Option<Kind> {
         quiver::online::Error::Unavailable { .. } => Kind::Unavailable,
         quiver::online::Error::Request(m) if m.contains("unknown") => Kind::NotFound,
         quiver::online::Error::Request(_) => Kind::Validation,
-        quiver::online::Error::Corrupt { .. } => Kind::Other,
+        quiver::online::Error::Corrupt { .. } | quiver::online::Error::Misconfigured { .. } => Kind::Other,
     };
     let offline = |o: &quiver::offline::Error| match o {
         quiver::offline::Error::Input { .. } => Kind::Validation,
@@ -191,7 +191,7 @@ fn ingest(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>)
             view,
             Path::new("table"),
             batches,
-            Vec::new(),
+            quiver::offline::ingest::AppendOptions::new(Some(repo.config.event_horizon(chrono::Utc::now().timestamp_micros()))),
             &|_, _| {},
         )
         .await?;
@@ -268,7 +268,7 @@ fn materialize(
         let repo = open(&repo)?;
         let defs = applied(&repo)?;
         let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
-        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let store = quiver::online::open_store(&repo.config).await?;
         let reports =
             quiver::materialize::materialize(&repo.config, &defs, &views, micros(start), micros(end), store.as_ref(), &|_, _| {}).await?;
         Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written)).collect())
@@ -282,7 +282,7 @@ fn materialize_incremental(py: Python<'_>, repo: String, end: chrono::DateTime<c
         let repo = open(&repo)?;
         let defs = applied(&repo)?;
         let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
-        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let store = quiver::online::open_store(&repo.config).await?;
         let reports =
             quiver::materialize::materialize_incremental(&repo.config, &defs, &views, micros(end), store.as_ref(), &|_, _| {}).await?;
         Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written)).collect())
@@ -320,7 +320,7 @@ fn get_online_features(
                 .collect::<anyhow::Result<Vec<_>>>()?;
             columns.push((name, keys));
         }
-        let store = quiver::online::open_store(&repo.config.online_store).await?;
+        let store = quiver::online::open_store(&repo.config).await?;
         let now = chrono::Utc::now().timestamp_micros();
         let result = quiver::online::lookup::get_online_features(
             store.as_ref(),
@@ -368,18 +368,19 @@ fn value_json(v: &quiver::sdk::encoding::Value) -> serde_json::Value {
 }
 
 /// Writes a table of `view`'s rows through the streaming write path to `to` (online,
-/// offline or online_and_offline). Returns (rows, online written or None, offline
-/// version or None).
+/// offline or online_and_offline; default both for an online view, offline for an
+/// offline-only one). Returns (rows, online written or None, offline version or None).
 #[pyfunction]
-#[pyo3(signature = (repo, view, table, to = "online_and_offline"))]
-fn push(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>, to: &str) -> PyResult<(usize, Option<usize>, Option<u64>)> {
-    let target: quiver::streaming::Target = to.parse().map_err(ValidationError::new_err)?;
+#[pyo3(signature = (repo, view, table, to = None))]
+fn push(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>, to: Option<String>) -> PyResult<(usize, Option<usize>, Option<u64>)> {
+    let target: Option<quiver::streaming::Target> = to.map(|t| t.parse()).transpose().map_err(ValidationError::new_err)?;
     let batches = batches(table.0);
     run(py, async move {
         let repo = open(&repo)?;
         let defs = applied(&repo)?;
         let view = defs.feature_view(&view).ok_or_else(|| NotFound(format!("unknown feature view `{view}`")))?;
-        let store = if target.online() { Some(quiver::online::open_store(&repo.config.online_store).await?) } else { None };
+        let target = target.unwrap_or_else(|| quiver::streaming::Target::default_for(view));
+        let store = if target.online() { Some(quiver::online::open_store(&repo.config).await?) } else { None };
         let report = quiver::streaming::write::push_batches(&repo.config, &defs, view, Path::new("table"), batches, target, store.as_deref()).await?;
         Ok((report.rows, report.online_written, report.offline_version))
     })

@@ -350,8 +350,10 @@ class FeatureStore:
             out = _quiver.get_online_features(self.repo_path, json.dumps(columns), list(features), None, full_feature_names)
         return OnlineResponse(out)
 
-    def push(self, view: str, table: Any, to: str = "online_and_offline") -> Dict[str, Any]:
+    def push(self, view: str, table: Any, to: Optional[str] = None) -> Dict[str, Any]:
         """Writes rows through the streaming write path (offline first, then the
-        guarded online write)."""
+        guarded online write). `to`: "online", "offline" or "online_and_offline";
+        default both for an online view, offline for a view with `online=False`
+        (which takes no online writes)."""
         rows, written, version = _quiver.push(self.repo_path, view, _to_arrow(table, "table"), to)
         return {"rows": rows, "online_written": written, "offline_version": version}
