@@ -389,6 +389,9 @@ fn cmd_doctor(dir: &Path, compile_kernels: bool) -> anyhow::Result<()> {
                     failed.push("online store");
                 }
             }
+            if repo.config.server.auth_token_in_file {
+                note("auth", format!("{} holds server.auth_token; keep it out of version control or set QUIVER_SERVER_AUTH_TOKEN instead", dir.join(quiver::sdk::config::CONFIG_FILE).display()));
+            }
             let brokers = &repo.config.kafka_brokers;
             let reachable: Vec<String> = brokers
                 .split(',')

@@ -587,6 +587,9 @@ impl FileRegistry {
         let mut name = self.path.as_os_str().to_os_string();
         name.push(".lock");
         let lock = PathBuf::from(name);
+        if let Some(dir) = lock.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
         crate::files::FileLock::acquire(&lock, wait).map_err(|e| match e.kind() {
             std::io::ErrorKind::WouldBlock => Error::Registry {
                 file: self.path.clone(),
