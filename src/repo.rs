@@ -37,19 +37,18 @@ impl Repo {
                         table: location.to_string(),
                     }));
                 }
-                // (outer view, inner view, outer table, inner table)
+                // (outer view, inner view, inner table)
                 let nested = if id.starts_with(&format!("{other_id}/")) {
-                    Some((*other, view.name.as_str(), other_location.clone(), location.to_string()))
+                    Some((*other, view.name.as_str(), location.to_string()))
                 } else if other_id.starts_with(&format!("{id}/")) {
-                    Some((view.name.as_str(), *other, location.to_string(), other_location.clone()))
+                    Some((view.name.as_str(), *other, other_location.clone()))
                 } else {
                     None
                 };
-                if let Some((first, second, outer, table)) = nested {
+                if let Some((first, second, table)) = nested {
                     return Err(refuse(quiver_sdk::DefinitionError::NestedTable {
                         first: first.to_string(),
                         second: second.to_string(),
-                        outer,
                         table,
                     }));
                 }

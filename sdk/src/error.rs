@@ -87,11 +87,10 @@ pub enum DefinitionError {
         second: String,
         table: String,
     },
-    #[error("feature view `{second}`'s table {table} is inside feature view `{first}`'s table {outer} (each view needs a folder of its own)")]
+    #[error("feature view `{second}`'s table {table} is inside feature view `{first}`'s table (each view needs a folder of its own)")]
     NestedTable {
         first: String,
         second: String,
-        outer: String,
         table: String,
     },
     #[error("feature view `{view}` uses the serving log's table {table} (serving_log.path in quiver.yaml; name the view or its source.path otherwise)")]

@@ -811,10 +811,10 @@ pub fn run(
         }
         {
             let mut p = pipeline.lock().expect("pipeline lock");
-            if p.due() {
-                if let Err(e) = p.flush(&consumer) {
-                    p.fatal.get_or_insert(e);
-                }
+            if p.due()
+                && let Err(e) = p.flush(&consumer)
+            {
+                p.fatal.get_or_insert(e);
             }
             if let Some(e) = p.fatal.take() {
                 failed = Some(e);
