@@ -10,6 +10,17 @@ pub enum Error {
     Offline(#[from] quiver_offline::Error),
     #[error(transparent)]
     Online(#[from] quiver_online::Error),
+    #[error(transparent)]
+    Streaming(#[from] quiver_streaming::Error),
+    /// Bad input to an operation (a time argument, a reference, a setting).
+    #[error("{0}")]
+    Invalid(String),
+    /// An unknown view, feature or service.
+    #[error("{0}")]
+    NotFound(String),
+    /// A join engine that cannot run here (`--engine gpu` without a GPU).
+    #[error("{0}")]
+    Engine(String),
     #[error("{path}: {message}", path = path.display())]
     Init { path: PathBuf, message: String },
     #[error("{path}: {source}", path = path.display())]
@@ -29,6 +40,22 @@ pub enum Error {
 }
 
 impl Error {
+    /// What kind of failure this is, looking through the crates' errors: the one thing
+    /// the CLI, the server and Python map.
+    pub fn kind(&self) -> quiver_sdk::ErrorKind {
+        use quiver_sdk::ErrorKind as K;
+        match self {
+            Error::Sdk(e) => e.kind(),
+            Error::Offline(e) => e.kind(),
+            Error::Online(e) => e.kind(),
+            Error::Streaming(e) => e.kind(),
+            Error::Invalid(_) | Error::Engine(_) | Error::Init { .. } => K::Invalid,
+            Error::NotFound(_) => K::NotFound,
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => K::NotFound,
+            Error::Io { .. } | Error::Parquet { .. } | Error::Arrow(_) => K::Internal,
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),

@@ -157,7 +157,13 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
     let defs = &doc.definitions;
     let service = defs
         .feature_service(&options.service)
-        .ok_or_else(|| Error::Offline(quiver_offline::Error::Request(format!("unknown feature service `{}`", options.service))))?;
+        .ok_or_else(|| {
+            Error::NotFound(format!(
+                "unknown feature service `{}` (known: {})",
+                options.service,
+                crate::ops::known(defs.feature_services.iter().map(|s| s.name.as_str()))
+            ))
+        })?;
     let requests = resolve(defs, &service.features)?;
     let views: Vec<_> = requests.iter().map(|r| r.view).collect();
     let delta_versions = match pinned {

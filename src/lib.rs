@@ -2,8 +2,9 @@
 //! (`quiver-sdk`), the offline store (`quiver-offline`), the online store
 //! (`quiver-online`), streaming (`quiver-streaming`) and the GPU join
 //! (`quiver-gpu-join`) — and holds what needs more than one of them: opening a
-//! repository, `init`, and the demo repository. The `quiver` binary is a thin CLI over
-//! this library.
+//! repository, `init`, the demo repository, and [`ops`]: every operation on a
+//! repository, once, as a builder on [`Repo`]. The `quiver` binary, the Python
+//! extension and the examples are thin front ends over [`ops`].
 //!
 //! Nothing depends on this crate; it depends on all of them.
 
@@ -12,6 +13,7 @@ pub mod error;
 pub mod export;
 pub mod init;
 pub mod materialize;
+pub mod ops;
 pub mod repo;
 pub mod server;
 pub mod serving_log;

@@ -82,14 +82,16 @@ fn devices() -> Result<Vec<(String, (i32, i32), usize)>, String> {
 ///
 /// # Errors
 /// [`KernelError::Engine`] when NVRTC is missing or the source does not compile.
-pub fn compile_ptx(arch: Option<&'static str>) -> Result<String, KernelError> {
+pub fn compile_ptx(arch: Option<&str>) -> Result<String, KernelError> {
     // SAFETY: only tries to dlopen the library names.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(engine(
             "NVRTC (libnvrtc.so) not found: install the nvidia-cuda-nvrtc-cu12 wheel and put its nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH",
         ));
     }
-    let opts = cudarc::nvrtc::CompileOptions { arch, name: Some("asof.cu".into()), ..Default::default() };
+    // The architecture as an option of its own: cudarc's `arch` field wants a `'static`.
+    let options = arch.map(|a| vec![format!("--gpu-architecture={a}")]).unwrap_or_default();
+    let opts = cudarc::nvrtc::CompileOptions { options, name: Some("asof.cu".into()), ..Default::default() };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts).map_err(|e| engine(format!("NVRTC: {e:?}")))?;
     Ok(ptx.to_src())
 }
@@ -315,11 +317,8 @@ impl CudaKernel {
         }
         let ctx = CudaContext::new(0).map_err(|e| engine(format!("device 0: {e}")))?;
         let device = ctx.name().unwrap_or_else(|_| "device 0".into());
-        let arch = ctx
-            .compute_capability()
-            .ok()
-            .map(|(major, minor)| &*Box::leak(format!("compute_{major}{minor}").into_boxed_str()));
-        let ptx = compile_ptx(arch)?;
+        let arch = ctx.compute_capability().ok().map(|(major, minor)| format!("compute_{major}{minor}"));
+        let ptx = compile_ptx(arch.as_deref())?;
         let module = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
             .map_err(|e| engine(format!("loading the kernels: {e}")))?;

@@ -16,10 +16,13 @@ pub enum Error {
     /// Bad user input: a file that cannot be read or does not fit the view.
     #[error("{file}: {message}", file = file.display())]
     Input { file: PathBuf, message: String },
-    /// A request that does not fit the registry (unknown view or feature, a spine
-    /// without a needed key).
+    /// A request that does not fit the registry (a spine without a needed key, a
+    /// feature asked for twice).
     #[error("{0}")]
     Request(String),
+    /// An unknown feature view, feature or service.
+    #[error("{0}")]
+    Unknown(String),
     #[error("query of {table}: {source}")]
     Query {
         table: String,
@@ -39,6 +42,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> quiver_sdk::ErrorKind {
+        use quiver_sdk::ErrorKind as K;
+        match self {
+            Error::Input { .. } | Error::Request(_) => K::Invalid,
+            Error::Unknown(_) => K::NotFound,
+            Error::Delta { .. } | Error::Location { .. } => K::Unavailable,
+            Error::Fenced { .. } => K::Conflict,
+            Error::Query { .. } | Error::Arrow(_) | Error::Output { .. } | Error::Kernel(_) => K::Internal,
+        }
+    }
+
     pub(crate) fn input(file: &Path, message: impl Into<String>) -> Self {
         Error::Input {
             file: file.to_path_buf(),

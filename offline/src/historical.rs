@@ -45,7 +45,8 @@ pub struct ViewRequest<'a> {
 /// Checks feature references against the registry and groups them by view.
 ///
 /// # Errors
-/// [`Error::Request`] naming an unknown view or feature, or a duplicate.
+/// [`Error::Unknown`] naming an unknown view or feature, [`Error::Request`] for a
+/// duplicate.
 pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<ViewRequest<'a>>> {
     let mut out: Vec<ViewRequest<'a>> = Vec::new();
     if refs.is_empty() {
@@ -54,7 +55,7 @@ pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<Vie
     for (position, r) in refs.iter().enumerate() {
         let Some(view) = defs.feature_view(&r.view) else {
             let known: Vec<&str> = defs.feature_views.iter().map(|v| v.name.as_str()).collect();
-            return Err(Error::Request(format!(
+            return Err(Error::Unknown(format!(
                 "unknown feature view `{}` in `{r}` (known: {})",
                 r.view,
                 if known.is_empty() { "none".to_string() } else { known.join(", ") }
@@ -62,7 +63,7 @@ pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<Vie
         };
         let Some(feature) = view.feature(&r.feature) else {
             let known: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
-            return Err(Error::Request(format!(
+            return Err(Error::Unknown(format!(
                 "unknown feature `{r}` (feature view `{}` has: {})",
                 view.name,
                 known.join(", ")

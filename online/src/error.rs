@@ -9,6 +9,9 @@ pub enum Error {
     /// A request that does not fit the registry (HTTP 400 material).
     #[error("{0}")]
     Request(String),
+    /// An unknown feature view or feature.
+    #[error("{0}")]
+    Unknown(String),
     /// The store is set up in a way that would break the guarded write (Redis evicting
     /// keys without expiry).
     #[error("online store {store}: {message}")]
@@ -16,6 +19,19 @@ pub enum Error {
     /// The store's file or data is unusable.
     #[error("online store {store}: {message}")]
     Corrupt { store: String, message: String },
+}
+
+impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> quiver_sdk::ErrorKind {
+        use quiver_sdk::ErrorKind as K;
+        match self {
+            Error::Unavailable { .. } => K::Unavailable,
+            Error::Request(_) | Error::Misconfigured { .. } => K::Invalid,
+            Error::Unknown(_) => K::NotFound,
+            Error::Corrupt { .. } => K::Internal,
+        }
+    }
 }
 
 /// The online store's result type.

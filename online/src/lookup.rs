@@ -100,8 +100,8 @@ pub type EntityColumns = Vec<(String, Vec<KeyValue>)>;
 /// named `view__feature` with `full_names`, else `feature`.
 ///
 /// # Errors
-/// [`Error::Request`] for an unknown view or feature, a missing or mistyped join key,
-/// or key columns of different lengths; [`Error::Unavailable`] from the store.
+/// [`Error::Unknown`] for an unknown view or feature; [`Error::Request`] for a missing
+/// or mistyped join key, or key columns of different lengths; [`Error::Unavailable`] from the store.
 pub async fn get_online_features(
     store: &dyn OnlineStore,
     project: &str,
@@ -123,11 +123,11 @@ pub async fn get_online_features(
     let mut views: Vec<&str> = Vec::new();
     for r in refs {
         let Some(view) = defs.feature_view(&r.view) else {
-            return Err(bad(format!("unknown feature view `{}` in `{r}`", r.view)));
+            return Err(Error::Unknown(format!("unknown feature view `{}` in `{r}`", r.view)));
         };
         if view.feature(&r.feature).is_none() {
             let known: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
-            return Err(bad(format!("unknown feature `{r}` (feature view `{}` has: {})", view.name, known.join(", "))));
+            return Err(Error::Unknown(format!("unknown feature `{r}` (feature view `{}` has: {})", view.name, known.join(", "))));
         }
         if !views.contains(&view.name.as_str()) {
             views.push(&view.name);

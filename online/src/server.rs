@@ -27,7 +27,6 @@ use quiver_sdk::rows::ViewRow;
 use quiver_sdk::{Definitions, FeatureRef, FileRegistry};
 use serde_json::{Value as Json_, json};
 
-use crate::error::Error;
 pub use crate::listen::{serve, serve_until, shutdown_signal};
 use crate::lookup::{Column, get_online_features};
 use crate::serving_log::{Served, ServingLog};
@@ -301,6 +300,27 @@ impl std::fmt::Debug for ServerState {
     }
 }
 
+impl ServerState {
+    /// One online-store call under [`STORE_TIMEOUT`], its error mapped once: a
+    /// request that does not fit the registry is 400, a store that failed or is slow
+    /// 503 (counted, the detail logged, not sent).
+    async fn store_call<T>(&self, call: impl std::future::Future<Output = crate::Result<T>>) -> Result<T, ApiError> {
+        match tokio::time::timeout(STORE_TIMEOUT, call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if matches!(e.kind(), quiver_sdk::ErrorKind::Invalid | quiver_sdk::ErrorKind::NotFound) => Err(bad(e.to_string())),
+            Ok(Err(e)) => Err(self.unavailable("online store", &e)),
+            Err(_) => Err(self.unavailable("online store", &"timed out")),
+        }
+    }
+
+    /// A 503 for `store`, counted; the detail goes to the log.
+    fn unavailable(&self, store: &str, e: &dyn std::fmt::Display) -> ApiError {
+        self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(error = %e, "{store} failed");
+        ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("{store} unavailable"))
+    }
+}
+
 /// The system clock in UTC microseconds.
 pub fn system_clock() -> Box<dyn Fn() -> i64 + Send + Sync> {
     Box::new(|| {
@@ -335,6 +355,25 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// A router with `/metrics` alone, answering `render()`, behind the same bearer-token
+/// rule as the server (for `quiver stream --metrics-port`).
+pub fn metrics_router(render: impl Fn() -> String + Clone + Send + Sync + 'static, token: Option<String>) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move |headers: HeaderMap| {
+            let (render, token) = (render.clone(), token.clone());
+            async move {
+                match &token {
+                    Some(t) if !authorized(&headers, t) => {
+                        ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response()
+                    }
+                    _ => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render()).into_response(),
+                }
+            }
+        }),
+    )
 }
 
 /// Bearer-token check, the body's deadline and size, and metrics around every route.
@@ -530,24 +569,9 @@ async fn get_features(
         columns.push((name.clone(), keys));
     }
     let now = (state.clock)();
-    let looked_up = tokio::time::timeout(
-        STORE_TIMEOUT,
-        get_online_features(state.store.as_ref(), &state.project, &defs, &refs, &columns, now, full_names),
-    )
-    .await;
-    let result = match looked_up {
-        Err(_) => {
-            state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-            return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store timed out".into()));
-        }
-        Ok(Err(Error::Request(m))) => return Err(bad(m)),
-        Ok(Err(e)) => {
-            state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, "online store failed");
-            return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store unavailable".into()));
-        }
-        Ok(Ok(r)) => r,
-    };
+    let result = state
+        .store_call(get_online_features(state.store.as_ref(), &state.project, &defs, &refs, &columns, now, full_names))
+        .await?;
     let body = response_json(&result);
     if let Some(log) = &state.serving_log {
         // After the answer is written: the log gets the columns, the client the bytes.
@@ -792,27 +816,12 @@ async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) ->
         let Some(writer) = &state.offline else {
             return Err(ApiError(StatusCode::NOT_IMPLEMENTED, "this server has no offline store to push to".into()));
         };
-        let version = writer.append(&defs, view, &rows).await.map_err(|e| {
-            state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(error = %e, "offline append failed");
-            ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("offline store: {e}"))
-        })?;
+        let version = writer.append(&defs, view, &rows).await.map_err(|e| state.unavailable("offline store", &e))?;
         answer.insert("offline_version".into(), json!(version));
     }
     if online {
         let writes = crate::store::WriteRow::of_rows(&state.project, view, &rows);
-        let written = match tokio::time::timeout(STORE_TIMEOUT, state.store.write(&writes)).await {
-            Ok(Ok(w)) => w,
-            Ok(Err(e)) => {
-                state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, "online store failed");
-                return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store unavailable".into()));
-            }
-            Err(_) => {
-                state.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, "online store timed out".into()));
-            }
-        };
+        let written = state.store_call(state.store.write(&writes)).await?;
         answer.insert("written".into(), json!(written));
     }
     Ok(Json(Json_::Object(answer)))

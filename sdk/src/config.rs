@@ -236,10 +236,7 @@ impl Config {
         let file = repo.join(CONFIG_FILE);
         let text = std::fs::read_to_string(&file).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
-                Error::Config {
-                    file: file.clone(),
-                    message: "not found: not a quiver repository (run `quiver init DIR` or pass --repo DIR)".to_string(),
-                }
+                Error::NoRepository { file: file.clone() }
             } else {
                 Error::io(&file, e)
             }

@@ -99,9 +99,28 @@ pub enum DefinitionError {
     Yaml(String),
 }
 
+/// What kind of failure an error is: the one thing front ends map (an HTTP status, a
+/// Python exception class), so that none of them reads messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Bad input or definitions: fix the request, file or config.
+    Invalid,
+    /// An unknown repository, view, feature or service.
+    NotFound,
+    /// A store or broker that cannot be reached or answered with an error.
+    Unavailable,
+    /// Someone else changed the thing first (a fenced writer, a lock held).
+    Conflict,
+    /// Everything else: a bug or a damaged file.
+    Internal,
+}
+
 /// Everything that can go wrong in the sdk.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// No `quiver.yaml` where a repository was expected.
+    #[error("{file}: not found: not a quiver repository (run `quiver init DIR` or pass --repo DIR)", file = file.display())]
+    NoRepository { file: PathBuf },
     /// A definition problem, located in a file (or in builder code when `file` is empty).
     #[error("{}{source}", location(file))]
     Definition {
@@ -115,6 +134,9 @@ pub enum Error {
     /// A registry file that exists but cannot be used.
     #[error("registry {file}: {message}", file = file.display())]
     Registry { file: PathBuf, message: String },
+    /// Another `apply` holds the registry's lock.
+    #[error("another `quiver apply` holds {lock} (waited {wait:?}); try again when it is done", lock = lock.display())]
+    Locked { lock: PathBuf, wait: std::time::Duration },
     /// `apply` refused a breaking change to a view that holds data.
     #[error("refusing to apply: {0}; pass --force to apply it anyway")]
     Breaking(String),
@@ -145,6 +167,22 @@ impl From<DefinitionError> for Error {
 }
 
 impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::NoRepository { .. } => ErrorKind::NotFound,
+            Error::Definition { .. } | Error::Config { .. } | Error::Breaking(_) => ErrorKind::Invalid,
+            Error::Registry { .. } => ErrorKind::Internal,
+            Error::Locked { .. } => ErrorKind::Conflict,
+            Error::Store(_) => ErrorKind::Unavailable,
+            Error::Io { source, .. } => match source.kind() {
+                std::io::ErrorKind::NotFound => ErrorKind::NotFound,
+                std::io::ErrorKind::WouldBlock => ErrorKind::Conflict,
+                _ => ErrorKind::Internal,
+            },
+        }
+    }
+
     /// Attaches a file to a definition error that has none.
     pub fn in_file(self, path: impl Into<PathBuf>) -> Self {
         match self {

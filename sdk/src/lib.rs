@@ -44,6 +44,6 @@ pub use definitions::{
     Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source,
     StreamFormat, StreamSource,
 };
-pub use error::{DefinitionError, Error, Result};
+pub use error::{DefinitionError, Error, ErrorKind, Result};
 pub use registry::{DataProbe, FileRegistry, Plan, RegistryDoc};
 pub use types::{DType, KeyType, ListElement, Ttl};

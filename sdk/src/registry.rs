@@ -581,8 +581,8 @@ impl FileRegistry {
     /// `apply` waits for the first up to `wait`, then fails naming the lock.
     ///
     /// # Errors
-    /// [`Error::Registry`] when another apply still holds it; [`Error::Io`] when the
-    /// lock file cannot be opened.
+    /// [`Error::Locked`] when another apply still holds it; [`Error::Io`] when the lock
+    /// file cannot be opened.
     pub fn lock(&self, wait: std::time::Duration) -> Result<crate::files::FileLock> {
         let mut name = self.path.as_os_str().to_os_string();
         name.push(".lock");
@@ -591,13 +591,7 @@ impl FileRegistry {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
         crate::files::FileLock::acquire(&lock, wait).map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock => Error::Registry {
-                file: self.path.clone(),
-                message: format!(
-                    "another `quiver apply` holds {} (waited {wait:?}); try again when it is done",
-                    lock.display()
-                ),
-            },
+            std::io::ErrorKind::WouldBlock => Error::Locked { lock: lock.clone(), wait },
             _ => Error::io(&lock, e),
         })
     }

@@ -15,5 +15,17 @@ pub enum Error {
     Config(String),
 }
 
+impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> quiver_sdk::ErrorKind {
+        match self {
+            Error::Offline(e) => e.kind(),
+            Error::Online(e) => e.kind(),
+            Error::Kafka { .. } => quiver_sdk::ErrorKind::Unavailable,
+            Error::Config(_) => quiver_sdk::ErrorKind::Invalid,
+        }
+    }
+}
+
 /// Streaming's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

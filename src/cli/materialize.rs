@@ -1,0 +1,60 @@
+//! `quiver materialize START END [VIEW...]` and `quiver materialize-incremental END`.
+
+use quiver::materialize::ViewReport;
+use quiver::ops::{now_us, parse_time};
+
+use super::{Ctx, progress_bar, progress_on, runtime};
+
+/// Load the latest values between START and END from the offline into the online store.
+#[derive(Debug, clap::Args)]
+pub struct Materialize {
+    start: String,
+    end: String,
+    views: Vec<String>,
+}
+
+/// Load what arrived since the last materialization, up to END.
+#[derive(Debug, clap::Args)]
+pub struct MaterializeIncremental {
+    end: String,
+}
+
+impl Materialize {
+    pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
+        let began = std::time::Instant::now();
+        let now = now_us();
+        let (start, end) = (parse_time("START", &self.start, now)?, parse_time("END", &self.end, now)?);
+        let repo = ctx.open()?;
+        let rt = runtime()?;
+        let bar = progress_bar();
+        let reports = rt.block_on(async { repo.materialize(start, end).with_views(self.views).with_progress(progress_on(&bar)).await })?;
+        bar.finish_and_clear();
+        print_materialized(&reports, began);
+        Ok(())
+    }
+}
+
+impl MaterializeIncremental {
+    pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
+        let began = std::time::Instant::now();
+        let end = parse_time("END", &self.end, now_us())?;
+        let repo = ctx.open()?;
+        let rt = runtime()?;
+        let bar = progress_bar();
+        let reports = rt.block_on(async { repo.materialize_incremental(end).with_progress(progress_on(&bar)).await })?;
+        bar.finish_and_clear();
+        print_materialized(&reports, began);
+        Ok(())
+    }
+}
+
+/// A line per view, then the total with the rate.
+fn print_materialized(reports: &[ViewReport], began: std::time::Instant) {
+    let mut total = 0;
+    for r in reports {
+        println!("{}: {} entities, {} written", r.view, r.entities, r.written);
+        total += r.entities;
+    }
+    let secs = began.elapsed().as_secs_f64();
+    println!("materialized {total} rows from {} views in {secs:.2} s ({:.0} rows/s)", reports.len(), total as f64 / secs.max(1e-9));
+}

@@ -1,0 +1,73 @@
+//! `quiver online --features ... --entity KEY=VALUE...`: one lookup from the shell.
+
+use quiver::sdk::encoding::{KeyValue, Value};
+
+use super::{Ctx, runtime};
+
+/// Look up online features for one entity.
+#[derive(Debug, clap::Args)]
+pub struct Online {
+    #[arg(long, value_delimiter = ',', required = true)]
+    features: Vec<String>,
+    /// A join key value, KEY=VALUE; repeat for composite keys.
+    #[arg(long = "entity", required = true)]
+    entities: Vec<String>,
+}
+
+impl Online {
+    pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
+        let repo = ctx.open()?;
+        let defs = repo.defs()?;
+        let mut columns = Vec::new();
+        for e in &self.entities {
+            let Some((name, text)) = e.split_once('=') else {
+                anyhow::bail!("--entity `{e}`: expected KEY=VALUE");
+            };
+            let key_type = defs
+                .feature_views
+                .iter()
+                .flat_map(|v| defs.join_keys(v))
+                .find(|k| k.name == name)
+                .map(|k| k.dtype)
+                .ok_or_else(|| anyhow::anyhow!("--entity `{e}`: `{name}` is not a join key of any feature view"))?;
+            let value = match key_type {
+                quiver::sdk::KeyType::Int64 => KeyValue::Int(
+                    text.parse().map_err(|_| anyhow::anyhow!("--entity `{e}`: `{name}` is int64, `{text}` is not an integer"))?,
+                ),
+                quiver::sdk::KeyType::String => KeyValue::Str(text.to_string()),
+            };
+            columns.push((name.to_string(), vec![value]));
+        }
+        let n_keys = columns.len();
+        let rt = runtime()?;
+        let result = rt.block_on(async { repo.lookup(columns).with_features(self.features).with_full_names(true).await })?;
+        for column in result.iter().skip(n_keys) {
+            println!(
+                "{:<36} {:<24} {:<16} {}",
+                column.name,
+                show_value(&column.values[0]),
+                column.statuses[0].as_str(),
+                column.event_ts[0].map(quiver::sdk::rows::format_instant).unwrap_or_default()
+            );
+        }
+        Ok(())
+    }
+}
+
+fn show_value(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Int32(x) => x.to_string(),
+        Value::Int64(x) => x.to_string(),
+        Value::Float32(x) => format!("{x:?}"),
+        Value::Float64(x) => format!("{x:?}"),
+        Value::Bool(x) => x.to_string(),
+        Value::String(x) => format!("{x:?}"),
+        Value::Bytes(x) => format!("<{} bytes>", x.len()),
+        Value::Timestamp(x) => quiver::sdk::rows::format_instant(*x),
+        Value::ListInt64(x) => format!("{x:?}"),
+        Value::ListFloat32(x) => format!("{x:?}"),
+        Value::ListFloat64(x) => format!("{x:?}"),
+        Value::ListString(x) => format!("{x:?}"),
+    }
+}

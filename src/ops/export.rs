@@ -1,0 +1,122 @@
+//! `export`: a sharded, reproducible training set (the work is in [`crate::export`]).
+
+use std::future::IntoFuture;
+use std::path::PathBuf;
+
+use super::{Engine, OpFuture, Progress, no_progress, pick_engine};
+use crate::error::Result;
+use crate::export::{ExportOptions, Exported, ShardFormat};
+use crate::repo::Repo;
+
+
+/// Exports a feature service's point-in-time join of a spine ([`Repo::export`]).
+#[derive(Debug)]
+#[must_use]
+pub struct Export<'a> {
+    repo: &'a Repo,
+    spine: PathBuf,
+    out: PathBuf,
+    options: ExportOptions,
+    engine: Engine,
+    progress: Progress,
+}
+
+/// Rebuilds the training set of a manifest ([`Repo::reproduce`]).
+#[derive(Debug)]
+#[must_use]
+pub struct Reproduce<'a> {
+    repo: &'a Repo,
+    manifest: PathBuf,
+    out: PathBuf,
+    engine: Engine,
+    progress: Progress,
+}
+
+impl Repo {
+    /// Exports `service` joined with `spine` into the folder `out` (Parquet shards of
+    /// 500,000 spine rows unless set otherwise).
+    pub fn export(&self, service: &str, spine: impl Into<PathBuf>, out: impl Into<PathBuf>) -> Export<'_> {
+        Export {
+            repo: self,
+            spine: spine.into(),
+            out: out.into(),
+            options: ExportOptions { service: service.to_string(), format: ShardFormat::Parquet, shard_rows: 500_000, created_cutoff: false },
+            engine: Engine::Auto,
+            progress: no_progress(),
+        }
+    }
+
+    /// Rebuilds the training set `manifest` describes into `out`, checking every shard.
+    pub fn reproduce(&self, manifest: impl Into<PathBuf>, out: impl Into<PathBuf>) -> Reproduce<'_> {
+        Reproduce { repo: self, manifest: manifest.into(), out: out.into(), engine: Engine::Auto, progress: no_progress() }
+    }
+}
+
+impl<'a> Export<'a> {
+    pub fn with_format(mut self, format: ShardFormat) -> Self {
+        self.options.format = format;
+        self
+    }
+
+    /// Spine rows per shard (bounds memory: one shard's result at a time).
+    pub fn with_shard_rows(mut self, rows: u64) -> Self {
+        self.options.shard_rows = rows;
+        self
+    }
+
+    pub fn with_created_cutoff(mut self, on: bool) -> Self {
+        self.options.created_cutoff = on;
+        self
+    }
+
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    pub fn with_progress(mut self, progress: Progress) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    async fn run(self) -> Result<Exported> {
+        // The engine is chosen by the shard size: one shard is joined at a time.
+        let (kernel, _) = pick_engine(self.engine, usize::try_from(self.options.shard_rows).unwrap_or(usize::MAX))?;
+        let progress = self.progress.clone();
+        crate::export::export(self.repo, &self.spine, &self.out, self.options, kernel.as_ref(), &move |k, n| progress.report(&format!("shard {k} of {n}"), k)).await
+    }
+}
+
+impl<'a> IntoFuture for Export<'a> {
+    type Output = Result<Exported>;
+    type IntoFuture = OpFuture<'a, Exported>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}
+
+impl<'a> Reproduce<'a> {
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    pub fn with_progress(mut self, progress: Progress) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    async fn run(self) -> Result<Exported> {
+        let (kernel, _) = pick_engine(self.engine, 0)?;
+        let progress = self.progress.clone();
+        crate::export::reproduce(self.repo, &self.manifest, &self.out, kernel.as_ref(), &move |k, n| progress.report(&format!("shard {k} of {n}"), k)).await
+    }
+}
+
+impl<'a> IntoFuture for Reproduce<'a> {
+    type Output = Result<Exported>;
+    type IntoFuture = OpFuture<'a, Exported>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}

@@ -1,0 +1,170 @@
+//! `historical`: the point-in-time join of a spine with features (SPEC §3).
+
+use std::collections::BTreeMap;
+use std::future::IntoFuture;
+use std::path::{Path, PathBuf};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::DataType;
+use quiver_offline::historical::{self, HistoricalOptions};
+use quiver_sdk::FeatureRef;
+
+use super::{Engine, Features, OpFuture, Progress, no_progress, pick_engine};
+use crate::error::Result;
+use crate::repo::Repo;
+
+/// The entity dataframe of a join: a file (Parquet or CSV), or rows in memory.
+#[derive(Debug, Clone)]
+pub enum Spine {
+    File(PathBuf),
+    /// Rows in memory, and the name errors call them by (`entity_df`).
+    Batch(RecordBatch, String),
+}
+
+impl Spine {
+    pub fn file(path: impl Into<PathBuf>) -> Spine {
+        Spine::File(path.into())
+    }
+
+    /// Where the spine came from, for messages.
+    fn label(&self) -> PathBuf {
+        match self {
+            Spine::File(p) => p.clone(),
+            Spine::Batch(_, name) => PathBuf::from(name),
+        }
+    }
+
+    /// The rows, read as the join keys' types where the spine is a file.
+    fn read(self, key_types: &[(String, DataType)]) -> Result<RecordBatch> {
+        match self {
+            Spine::File(path) => Ok(historical::read_spine(&path, key_types)?),
+            Spine::Batch(batch, _) => Ok(batch),
+        }
+    }
+}
+
+/// What a join gave: the spine's rows with one column per feature, the references in
+/// output order, and which engine ran.
+#[derive(Debug, Clone)]
+pub struct Joined {
+    pub batch: RecordBatch,
+    pub refs: Vec<FeatureRef>,
+    pub engine_note: String,
+}
+
+/// The point-in-time join ([`Repo::historical`]).
+#[derive(Debug)]
+#[must_use]
+pub struct Historical<'a> {
+    repo: &'a Repo,
+    spine: Spine,
+    features: Features,
+    engine: Engine,
+    options: HistoricalOptions,
+    versions: BTreeMap<String, u64>,
+    progress: Progress,
+}
+
+impl Repo {
+    /// Joins `spine` point in time with the features asked for by
+    /// [`Historical::with_features`] or [`Historical::with_service`].
+    pub fn historical(&self, spine: Spine) -> Historical<'_> {
+        Historical {
+            repo: self,
+            spine,
+            features: Features::None,
+            engine: Engine::Auto,
+            options: HistoricalOptions::default(),
+            versions: BTreeMap::new(),
+            progress: no_progress(),
+        }
+    }
+}
+
+impl<'a> Historical<'a> {
+    /// `view:feature` references.
+    pub fn with_features<S: Into<String>>(mut self, refs: impl IntoIterator<Item = S>) -> Self {
+        self.features = Features::Refs(refs.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// A feature service's references.
+    pub fn with_service(mut self, name: impl Into<String>) -> Self {
+        self.features = Features::Service(name.into());
+        self
+    }
+
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// Only rows created by each spine time are candidates (SPEC §3.5).
+    pub fn with_created_cutoff(mut self, on: bool) -> Self {
+        self.options.created_cutoff = on;
+        self
+    }
+
+    /// After the features, each view's winning event time (`view__event_timestamp`).
+    pub fn with_event_times(mut self, on: bool) -> Self {
+        self.options.event_times = on;
+        self
+    }
+
+    /// Reads the views' tables at these Delta versions (time travel).
+    pub fn with_versions(mut self, versions: BTreeMap<String, u64>) -> Self {
+        self.versions = versions;
+        self
+    }
+
+    pub fn with_progress(mut self, progress: Progress) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    async fn run(self) -> Result<Joined> {
+        let defs = self.repo.defs()?;
+        let refs = self.features.resolve(&defs)?;
+        let requests = historical::resolve(&defs, &refs)?;
+        let key_types: Vec<(String, DataType)> = requests
+            .iter()
+            .flat_map(|r| defs.join_keys(r.view))
+            .map(|k| (k.name.clone(), quiver_offline::schema::key_type(k.dtype)))
+            .collect();
+        let label = self.spine.label();
+        let spine = self.spine.read(&key_types)?;
+        let (kernel, engine_note) = pick_engine(self.engine, spine.num_rows())?;
+        let progress = self.progress.clone();
+        let batch = historical::historical_at(
+            &self.repo.config,
+            &defs,
+            &label,
+            &spine,
+            &requests,
+            self.options,
+            &self.versions,
+            kernel.as_ref(),
+            &move |phase, rows| progress.report(phase, rows),
+        )
+        .await?;
+        Ok(Joined { batch, refs, engine_note })
+    }
+
+    /// Joins and writes the result to a Parquet file at `out` (atomically).
+    ///
+    /// # Errors
+    /// As the join, and when `out` cannot be written.
+    pub async fn write_parquet(self, out: &Path) -> Result<Joined> {
+        let joined = self.run().await?;
+        historical::write_parquet(out, &joined.batch)?;
+        Ok(joined)
+    }
+}
+
+impl<'a> IntoFuture for Historical<'a> {
+    type Output = Result<Joined>;
+    type IntoFuture = OpFuture<'a, Joined>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}

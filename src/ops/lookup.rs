@@ -1,0 +1,72 @@
+//! An online lookup (SPEC §4), as `quiver online` and the Python SDK do it.
+
+use std::future::IntoFuture;
+
+use quiver_online::lookup::{Column, EntityColumns};
+
+use super::{Features, OpFuture, now_us};
+use crate::error::{Error, Result};
+use crate::repo::Repo;
+
+/// Looks up features for entity rows at now ([`Repo::lookup`]).
+#[derive(Debug)]
+#[must_use]
+pub struct Lookup<'a> {
+    repo: &'a Repo,
+    entities: EntityColumns,
+    features: Features,
+    full_names: bool,
+    now: Option<i64>,
+}
+
+impl Repo {
+    /// Features for the entity rows `entities` (each join key and its values).
+    pub fn lookup(&self, entities: EntityColumns) -> Lookup<'_> {
+        Lookup { repo: self, entities, features: Features::None, full_names: false, now: None }
+    }
+}
+
+impl<'a> Lookup<'a> {
+    pub fn with_features<S: Into<String>>(mut self, refs: impl IntoIterator<Item = S>) -> Self {
+        self.features = Features::Refs(refs.into_iter().map(Into::into).collect());
+        self
+    }
+
+    pub fn with_service(mut self, name: impl Into<String>) -> Self {
+        self.features = Features::Service(name.into());
+        self
+    }
+
+    /// Columns named `view__feature` instead of `feature`.
+    pub fn with_full_names(mut self, on: bool) -> Self {
+        self.full_names = on;
+        self
+    }
+
+    /// Answers at `now` (UTC microseconds) instead of the wall clock.
+    pub fn at(mut self, now: i64) -> Self {
+        self.now = Some(now);
+        self
+    }
+
+    async fn run(self) -> Result<Vec<Column>> {
+        let defs = self.repo.defs()?;
+        let refs = self.features.resolve(&defs)?;
+        let store = self.repo.open_store().await?;
+        let now = self.now.unwrap_or_else(now_us);
+        quiver_online::lookup::get_online_features(store.as_ref(), &self.repo.config.project, &defs, &refs, &self.entities, now, self.full_names)
+            .await
+            .map_err(|e| match e {
+                quiver_online::Error::Request(m) => Error::Invalid(m),
+                other => other.into(),
+            })
+    }
+}
+
+impl<'a> IntoFuture for Lookup<'a> {
+    type Output = Result<Vec<Column>>;
+    type IntoFuture = OpFuture<'a, Vec<Column>>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}

@@ -1,0 +1,139 @@
+//! `materialize` and `materialize-incremental`: offline to online (SPEC §4).
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+
+use quiver_online::OnlineStore;
+use quiver_sdk::FeatureView;
+
+use super::{OpFuture, Progress, no_progress, view};
+use crate::error::{Error, Result};
+use crate::materialize::ViewReport;
+use crate::repo::Repo;
+
+/// Loads the latest row per entity with event time in `[start, end]`
+/// ([`Repo::materialize`]).
+#[derive(Debug)]
+#[must_use]
+pub struct Materialize<'a> {
+    repo: &'a Repo,
+    start: i64,
+    end: i64,
+    views: Vec<String>,
+    store: Option<Arc<dyn OnlineStore>>,
+    progress: Progress,
+}
+
+/// Loads what arrived since the last incremental run ([`Repo::materialize_incremental`]).
+#[derive(Debug)]
+#[must_use]
+pub struct MaterializeIncremental<'a> {
+    repo: &'a Repo,
+    end: i64,
+    store: Option<Arc<dyn OnlineStore>>,
+    progress: Progress,
+}
+
+impl Repo {
+    /// Materializes every online view (or those of [`Materialize::with_views`]) for
+    /// event times in `[start, end]`, UTC microseconds.
+    pub fn materialize(&self, start: i64, end: i64) -> Materialize<'_> {
+        Materialize { repo: self, start, end, views: Vec::new(), store: None, progress: no_progress() }
+    }
+
+    /// Materializes, into this store, what arrived since its last incremental run, up
+    /// to `end` (UTC microseconds).
+    pub fn materialize_incremental(&self, end: i64) -> MaterializeIncremental<'_> {
+        MaterializeIncremental { repo: self, end, store: None, progress: no_progress() }
+    }
+}
+
+/// The online views among `names` (all online views when empty).
+fn online_views<'d>(defs: &'d quiver_sdk::Definitions, names: &[String]) -> Result<Vec<&'d FeatureView>> {
+    if names.is_empty() {
+        return Ok(defs.feature_views.iter().filter(|v| v.online).collect());
+    }
+    names
+        .iter()
+        .map(|n| {
+            let v = view(defs, n)?;
+            if !v.online {
+                return Err(Error::Invalid(format!("feature view `{n}` is not online (it has `online: false`)")));
+            }
+            Ok(v)
+        })
+        .collect()
+}
+
+impl<'a> Materialize<'a> {
+    /// Only these views (each must be online).
+    pub fn with_views(mut self, names: Vec<String>) -> Self {
+        self.views = names;
+        self
+    }
+
+    /// Writes into `store` instead of the one `quiver.yaml` names.
+    pub fn with_store(mut self, store: Arc<dyn OnlineStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    pub fn with_progress(mut self, progress: Progress) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    async fn run(self) -> Result<Vec<ViewReport>> {
+        if self.start > self.end {
+            return Err(Error::Invalid("START is after END".into()));
+        }
+        let defs = self.repo.defs()?;
+        let views = online_views(&defs, &self.views)?;
+        let store = match self.store {
+            Some(s) => s,
+            None => self.repo.open_store().await?,
+        };
+        let progress = self.progress.clone();
+        crate::materialize::materialize(&self.repo.config, &defs, &views, self.start, self.end, store.as_ref(), &move |p, n| progress.report(p, n)).await
+    }
+}
+
+impl<'a> IntoFuture for Materialize<'a> {
+    type Output = Result<Vec<ViewReport>>;
+    type IntoFuture = OpFuture<'a, Vec<ViewReport>>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}
+
+impl<'a> MaterializeIncremental<'a> {
+    /// Writes into `store` instead of the one `quiver.yaml` names.
+    pub fn with_store(mut self, store: Arc<dyn OnlineStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    pub fn with_progress(mut self, progress: Progress) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    async fn run(self) -> Result<Vec<ViewReport>> {
+        let defs = self.repo.defs()?;
+        let views = online_views(&defs, &[])?;
+        let store = match self.store {
+            Some(s) => s,
+            None => self.repo.open_store().await?,
+        };
+        let progress = self.progress.clone();
+        crate::materialize::materialize_incremental(&self.repo.config, &defs, &views, self.end, store.as_ref(), &move |p, n| progress.report(p, n)).await
+    }
+}
+
+impl<'a> IntoFuture for MaterializeIncremental<'a> {
+    type Output = Result<Vec<ViewReport>>;
+    type IntoFuture = OpFuture<'a, Vec<ViewReport>>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}

@@ -1,0 +1,86 @@
+//! `stream`: the views' Kafka topics into both stores (the work is in
+//! [`quiver_streaming::consumer`]).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use quiver_streaming::{Metrics, StreamOptions, StreamReport};
+
+use crate::error::{Error, Result};
+use crate::repo::Repo;
+
+/// Consumes the views' topics until shutdown ([`Repo::stream`]).
+#[derive(Debug)]
+#[must_use]
+pub struct Stream<'a> {
+    repo: &'a Repo,
+    views: Vec<String>,
+    batch_rows: usize,
+    batch_interval: Duration,
+    metrics: Arc<Metrics>,
+    shutdown: Arc<AtomicBool>,
+}
+
+impl Repo {
+    /// Streams `views` (every view with a stream source when empty) into both stores.
+    pub fn stream(&self, views: Vec<String>) -> Stream<'_> {
+        Stream {
+            repo: self,
+            views,
+            batch_rows: 10_000,
+            batch_interval: Duration::from_millis(500),
+            metrics: Arc::new(Metrics::default()),
+            shutdown: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl Stream<'_> {
+    /// Flush a micro-batch at this many messages, or when its oldest waited `interval`.
+    pub fn with_batch(mut self, rows: usize, interval: Duration) -> Self {
+        self.batch_rows = rows;
+        self.batch_interval = interval;
+        self
+    }
+
+    /// Counters to fill (for a metrics endpoint).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Set to stop: the current batch is flushed and committed.
+    pub fn with_shutdown(mut self, shutdown: Arc<AtomicBool>) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Checks the views and settings before connecting anywhere.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a batch size or interval of 0, or views that cannot stream.
+    pub fn check(&self) -> Result<()> {
+        if self.batch_rows == 0 || self.batch_interval.is_zero() {
+            return Err(Error::Invalid("--batch-rows and --batch-ms must be at least 1".into()));
+        }
+        let defs = self.repo.defs()?;
+        quiver_streaming::consumer::stream_views(&defs, &self.views)?;
+        Ok(())
+    }
+
+    /// Runs on the calling thread until shutdown; store, Delta and broker work runs on
+    /// `rt` (which must not be the caller's own runtime thread).
+    ///
+    /// # Errors
+    /// As [`quiver_streaming::run`].
+    pub fn run_blocking(self, rt: &tokio::runtime::Runtime) -> Result<StreamReport> {
+        self.check()?;
+        let defs = Arc::new(self.repo.defs()?);
+        let mut options = StreamOptions::new(&self.repo.config);
+        options.batch_rows = self.batch_rows;
+        options.batch_interval = self.batch_interval;
+        let store = rt.block_on(self.repo.open_store())?;
+        Ok(quiver_streaming::run(&self.repo.config, defs, &self.views, store, options, self.metrics, self.shutdown, rt.handle().clone())?)
+    }
+}

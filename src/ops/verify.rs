@@ -1,0 +1,93 @@
+//! `verify`: does the online store agree with the offline store? (the work is in
+//! [`crate::verify`]).
+
+use std::future::IntoFuture;
+
+use super::{Engine, OpFuture, now_us, pick_engine};
+use crate::error::Result;
+use crate::repo::Repo;
+use crate::verify::{FeatureReport, LogReport};
+
+/// Replays the serving log between two times ([`Repo::verify_log`]).
+#[derive(Debug)]
+#[must_use]
+pub struct VerifyLog<'a> {
+    repo: &'a Repo,
+    since: i64,
+    until: i64,
+    created_cutoff: bool,
+    engine: Engine,
+}
+
+/// Compares sampled entities at now ([`Repo::verify_sample`]).
+#[derive(Debug)]
+#[must_use]
+pub struct VerifySample<'a> {
+    repo: &'a Repo,
+    n: usize,
+    now: Option<i64>,
+}
+
+impl Repo {
+    /// Replays the answers logged with `since <= request time < until` (UTC
+    /// microseconds) through the offline join and compares.
+    pub fn verify_log(&self, since: i64, until: i64) -> VerifyLog<'_> {
+        VerifyLog { repo: self, since, until, created_cutoff: false, engine: Engine::Cpu }
+    }
+
+    /// Draws up to `n` entities per online view and compares online with offline.
+    pub fn verify_sample(&self, n: usize) -> VerifySample<'_> {
+        VerifySample { repo: self, n, now: None }
+    }
+}
+
+impl<'a> VerifyLog<'a> {
+    /// Only rows created by each request time count.
+    pub fn with_created_cutoff(mut self, on: bool) -> Self {
+        self.created_cutoff = on;
+        self
+    }
+
+    /// The join engine (default the CPU: verify's spines are the logged requests).
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    async fn run(self) -> Result<LogReport> {
+        let defs = self.repo.defs()?;
+        let (kernel, _) = pick_engine(self.engine, 0)?;
+        crate::verify::verify_log(&self.repo.config, &defs, self.since, self.until, self.created_cutoff, kernel.as_ref()).await
+    }
+}
+
+impl<'a> IntoFuture for VerifyLog<'a> {
+    type Output = Result<LogReport>;
+    type IntoFuture = OpFuture<'a, LogReport>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}
+
+impl<'a> VerifySample<'a> {
+    /// Compares at `now` (UTC microseconds) instead of the wall clock.
+    pub fn at(mut self, now: i64) -> Self {
+        self.now = Some(now);
+        self
+    }
+
+    async fn run(self) -> Result<Vec<FeatureReport>> {
+        let defs = self.repo.defs()?;
+        let store = self.repo.open_store().await?;
+        let now = self.now.unwrap_or_else(now_us);
+        crate::verify::verify_sample(&self.repo.config, &defs, store.as_ref(), self.n, now, now as u64).await
+    }
+}
+
+impl<'a> IntoFuture for VerifySample<'a> {
+    type Output = Result<Vec<FeatureReport>>;
+    type IntoFuture = OpFuture<'a, Vec<FeatureReport>>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}
