@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use quiver::Repo;
+use quiver::ops::{Engine, Rows, Spine};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -57,38 +58,23 @@ async fn main() -> anyhow::Result<()> {
     let mut rows = 0;
     for view in &defs.feature_views {
         let file = dir.join(format!("sample_data/{}.parquet", view.name));
-        rows += quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, repo.config.event_horizon(chrono::Utc::now().timestamp_micros()), &|_, _| {}).await?.rows;
+        rows += repo.ingest(&view.name, Rows::File(file)).await?.rows;
     }
     step("ingest", t, format!("{rows} rows into {} Delta tables", defs.feature_views.len()));
 
     let t = Instant::now();
     let spine_path = dir.join("sample_data/spine.parquet");
-    let service = defs.feature_service("ranker_v1").expect("demo service");
-    let requests = quiver::offline::historical::resolve(&defs, &service.features)?;
-    let key_types: Vec<_> = requests
-        .iter()
-        .flat_map(|r| defs.join_keys(r.view))
-        .map(|k| (k.name.clone(), quiver::offline::schema::key_type(k.dtype)))
-        .collect();
-    let spine = quiver::offline::historical::read_spine(&spine_path, &key_types)?;
-    let training = quiver::offline::historical::historical(
-        &repo.config,
-        &defs,
-        &spine_path,
-        &spine,
-        &requests,
-        Default::default(),
-        &quiver::gpu_join::CpuKernel::new(),
-        &|_, _| {},
-    )
-    .await?;
-    quiver::offline::historical::write_parquet(&dir.join("training.parquet"), &training)?;
-    step("historical", t, format!("{} rows x {} features, point in time -> training.parquet", training.num_rows(), service.features.len()));
+    let training = repo
+        .historical(Spine::File(spine_path.clone()))
+        .with_service("ranker_v1")
+        .with_engine(Engine::Cpu)
+        .write_parquet(&dir.join("training.parquet"))
+        .await?;
+    step("historical", t, format!("{} rows x {} features, point in time -> training.parquet", training.batch.num_rows(), training.refs.len()));
 
     let t = Instant::now();
-    let store: Arc<dyn quiver::online::OnlineStore> = quiver::online::open_store(&repo.config).await?;
-    let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
-    let reports = quiver::materialize::materialize_incremental(&repo.config, &defs, &views, now.timestamp_micros(), store.as_ref(), &|_, _| {}).await?;
+    let store: Arc<dyn quiver::online::OnlineStore> = repo.open_store().await?;
+    let reports = repo.materialize_incremental(now.timestamp_micros()).with_store(store.clone()).await?;
     let written: usize = reports.iter().map(|r| r.written).sum();
     step("materialize", t, format!("{written} latest rows into the embedded online store"));
 
@@ -146,19 +132,13 @@ async fn main() -> anyhow::Result<()> {
 
     let t = Instant::now();
     let out = dir.join("training_set");
-    let options = quiver::export::ExportOptions {
-        service: "ranker_v1".into(),
-        format: quiver::export::ShardFormat::Parquet,
-        shard_rows: 25_000,
-        created_cutoff: false,
-    };
-    let manifest = quiver::export::export(&repo, &spine_path, &out, options, &quiver::gpu_join::CpuKernel::new(), &|_, _| {}).await?.manifest;
+    let manifest = repo.export("ranker_v1", &spine_path, &out).with_shard_rows(25_000).with_engine(Engine::Cpu).await?.manifest;
     step("export", t, format!("{} rows in {} shards, training set {}", manifest.rows, manifest.shards.len(), &manifest.training_set_id[..12]));
 
     let t = Instant::now();
     // Every logged answer, replayed through the offline join at its request time.
     log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
-    let replayed = quiver::verify::verify_log(&repo.config, &defs, serving_began, chrono::Utc::now().timestamp_micros(), false, &quiver::gpu_join::CpuKernel::new()).await?;
+    let replayed = repo.verify_log(serving_began, chrono::Utc::now().timestamp_micros()).await?;
     let compared: u64 = replayed.features.iter().map(|r| r.compared).sum();
     let bad: u64 = replayed.features.iter().map(|r| r.mismatches + r.missing_online + r.missing_offline).sum();
     step("verify --since", t, format!("{} logged requests replayed offline: {compared} values compared, {bad} disagree", replayed.requests));
@@ -166,10 +146,9 @@ async fn main() -> anyhow::Result<()> {
 
     let t = Instant::now();
     // The pushed row is offline too; materialize what arrived, then compare.
-    let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
     let check_now = chrono::Utc::now().timestamp_micros();
-    quiver::materialize::materialize_incremental(&repo.config, &defs, &views, check_now, store.as_ref(), &|_, _| {}).await?;
-    let verified = quiver::verify::verify_sample(&repo.config, &defs, store.as_ref(), 1000, check_now, 7).await?;
+    repo.materialize_incremental(check_now).with_store(store.clone()).await?;
+    let verified = repo.verify_sample(1000).at(check_now).with_store(store.clone()).await?;
     let compared: u64 = verified.iter().map(|r| r.compared).sum();
     let bad: u64 = verified.iter().map(|r| r.mismatches + r.missing_online).sum();
     step("verify --sample", t, format!("1000 entities per view sampled: {compared} values compared online vs offline, {bad} disagree"));

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use quiver::Repo;
+use quiver::ops::Rows;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -61,9 +62,9 @@ async fn main() -> anyhow::Result<()> {
     let defs = Arc::new(repo.applied()?.definitions);
     let view = defs.feature_view("driver_hourly").expect("demo view");
     let file = dir.join("sample_data/driver_hourly.parquet");
-    let history = quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, repo.config.event_horizon(chrono::Utc::now().timestamp_micros()), &|_, _| {}).await?.rows;
-    let store: Arc<dyn quiver::online::OnlineStore> = quiver::online::open_store(&repo.config).await?;
-    quiver::materialize::materialize_incremental(&repo.config, &defs, &[view], now.timestamp_micros(), store.as_ref(), &|_, _| {}).await?;
+    let history = repo.ingest("driver_hourly", Rows::File(file)).await?.rows;
+    let store: Arc<dyn quiver::online::OnlineStore> = repo.open_store().await?;
+    repo.materialize(i64::MIN, now.timestamp_micros()).with_views(vec!["driver_hourly".into()]).with_store(store.clone()).await?;
     step("setup", t, format!("demo repo, driver_hourly <- topic {topic}; {history} historical rows ingested and materialized ({})", store.name()));
 
     let t = Instant::now();
@@ -78,12 +79,17 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = Arc::new(AtomicBool::new(false));
     let stream_metrics = Arc::new(quiver::streaming::Metrics::default());
     let consumer = {
-        let (config, defs, store, shutdown, metrics) = (repo.config.clone(), defs.clone(), store.clone(), shutdown.clone(), stream_metrics.clone());
-        let mut options = quiver::streaming::StreamOptions::new(&repo.config);
-        options.brokers = brokers.clone();
-        options.batch_interval = Duration::from_millis(200);
+        let (repo, store, shutdown, metrics, brokers) = (repo.clone(), store.clone(), shutdown.clone(), stream_metrics.clone(), brokers.clone());
         let handle = tokio::runtime::Handle::current();
-        std::thread::spawn(move || quiver::streaming::run(&config, defs, &[], store, options, metrics, shutdown, handle))
+        std::thread::spawn(move || {
+            repo.stream(Vec::new())
+                .with_batch(10_000, Duration::from_millis(200))
+                .with_brokers(brokers)
+                .with_store(store)
+                .with_metrics(metrics)
+                .with_shutdown(shutdown)
+                .run_blocking(handle)
+        })
     };
     let log = quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log);
     let serving_began = chrono::Utc::now().timestamp_micros();
@@ -169,12 +175,11 @@ async fn main() -> anyhow::Result<()> {
     // poll, after the stream caught up, must agree exactly.
     let t = Instant::now();
     log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
-    let kernel = quiver::gpu_join::CpuKernel::new();
     let until = chrono::Utc::now().timestamp_micros();
-    let during = quiver::verify::verify_log(&repo.config, &defs, serving_began, last_poll, false, &kernel).await?;
+    let during = repo.verify_log(serving_began, last_poll).await?;
     let lagged: u64 = during.features.iter().map(|r| r.compared - r.matches).sum();
     let compared: u64 = during.features.iter().map(|r| r.compared).sum();
-    let after = quiver::verify::verify_log(&repo.config, &defs, last_poll, until, false, &kernel).await?;
+    let after = repo.verify_log(last_poll, until).await?;
     let bad: u64 = after.features.iter().map(|r| r.compared - r.matches).sum();
     let checked: u64 = after.features.iter().map(|r| r.compared).sum();
     step(

@@ -219,14 +219,8 @@ pub async fn verify_log(
         let mut unparsed = 0;
         for &(bi, r) in logged {
             let entity: serde_json::Value = serde_json::from_str(text(bi, 3, r)).unwrap_or_default();
-            let values: Option<Vec<KeyValue>> = keys
-                .iter()
-                .map(|k| match (k.dtype, entity.get(&k.name)) {
-                    (KeyType::Int64, Some(v)) => v.as_i64().map(KeyValue::Int),
-                    (KeyType::String, Some(v)) => v.as_str().map(|s| KeyValue::Str(s.to_string())),
-                    _ => None,
-                })
-                .collect();
+            let values: Option<Vec<KeyValue>> =
+                keys.iter().map(|k| entity.get(&k.name).and_then(|v| KeyValue::from_json_as(v, k.dtype))).collect();
             match values {
                 Some(v) => {
                     parsed.push(v);

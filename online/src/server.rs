@@ -559,12 +559,7 @@ async fn get_features(
         }
         let keys = values
             .iter()
-            .map(|v| match v {
-                Json_::Number(n) => n.as_i64().map(KeyValue::Int),
-                Json_::String(s) => Some(KeyValue::Str(s.clone())),
-                _ => None,
-            }
-            .ok_or_else(|| bad(format!("entity `{name}`: {v} is not an integer or a string"))))
+            .map(|v| KeyValue::from_json(v).ok_or_else(|| bad(format!("entity `{name}`: {v} is not an integer or a string"))))
             .collect::<Result<Vec<_>, _>>()?;
         columns.push((name.clone(), keys));
     }

@@ -39,6 +39,33 @@ pub enum KeyValue {
     Str(String),
 }
 
+impl KeyValue {
+    /// A join-key value from JSON: an integer that fits an int64, or a string; `None`
+    /// for anything else (a float, a bool, null).
+    ///
+    /// ```
+    /// use quiver_sdk::encoding::KeyValue;
+    /// assert_eq!(KeyValue::from_json(&serde_json::json!(7)), Some(KeyValue::Int(7)));
+    /// assert_eq!(KeyValue::from_json(&serde_json::json!("a")), Some(KeyValue::Str("a".into())));
+    /// assert_eq!(KeyValue::from_json(&serde_json::json!(1.5)), None);
+    /// ```
+    pub fn from_json(v: &serde_json::Value) -> Option<KeyValue> {
+        match v {
+            serde_json::Value::Number(n) => n.as_i64().map(KeyValue::Int),
+            serde_json::Value::String(s) => Some(KeyValue::Str(s.clone())),
+            _ => None,
+        }
+    }
+
+    /// As [`KeyValue::from_json`], of the key type `dtype` only.
+    pub fn from_json_as(v: &serde_json::Value, dtype: crate::KeyType) -> Option<KeyValue> {
+        match (dtype, KeyValue::from_json(v)?) {
+            (crate::KeyType::Int64, k @ KeyValue::Int(_)) | (crate::KeyType::String, k @ KeyValue::Str(_)) => Some(k),
+            _ => None,
+        }
+    }
+}
+
 /// The entity part of a store key: each key value as `i<decimal>` or
 /// `s<byte length>:<text>`, joined by `|`. Length prefixes keep it unambiguous whatever
 /// the strings hold.

@@ -54,7 +54,7 @@ impl Stream {
             rt.spawn(async move { axum::serve(listener, app).await });
             eprintln!("metrics on http://{addr}/metrics");
         }
-        let report = op.run_blocking(&rt)?;
+        let report = op.run_blocking(rt.handle().clone())?;
         println!(
             "consumed {} messages: {} written online, {} appended offline, {} dead-lettered",
             report.consumed, report.written_online, report.appended_offline, report.dead_lettered

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use quiver_online::OnlineStore;
 use quiver_streaming::{Metrics, StreamOptions, StreamReport};
 
 use crate::error::{Error, Result};
@@ -20,6 +21,8 @@ pub struct Stream<'a> {
     batch_interval: Duration,
     metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
+    brokers: Option<String>,
+    store: Option<Arc<dyn OnlineStore>>,
 }
 
 impl Repo {
@@ -32,6 +35,8 @@ impl Repo {
             batch_interval: Duration::from_millis(500),
             metrics: Arc::new(Metrics::default()),
             shutdown: Arc::new(AtomicBool::new(false)),
+            brokers: None,
+            store: None,
         }
     }
 }
@@ -56,6 +61,18 @@ impl Stream<'_> {
         self
     }
 
+    /// These bootstrap servers instead of `kafka.brokers`.
+    pub fn with_brokers(mut self, brokers: impl Into<String>) -> Self {
+        self.brokers = Some(brokers.into());
+        self
+    }
+
+    /// Writes online into `store` instead of the one `quiver.yaml` names.
+    pub fn with_store(mut self, store: Arc<dyn OnlineStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
     /// Checks the views and settings before connecting anywhere.
     ///
     /// # Errors
@@ -74,13 +91,19 @@ impl Stream<'_> {
     ///
     /// # Errors
     /// As [`quiver_streaming::run`].
-    pub fn run_blocking(self, rt: &tokio::runtime::Runtime) -> Result<StreamReport> {
+    pub fn run_blocking(self, rt: tokio::runtime::Handle) -> Result<StreamReport> {
         self.check()?;
         let defs = Arc::new(self.repo.defs()?);
         let mut options = StreamOptions::new(&self.repo.config);
         options.batch_rows = self.batch_rows;
         options.batch_interval = self.batch_interval;
-        let store = rt.block_on(self.repo.open_store())?;
-        Ok(quiver_streaming::run(&self.repo.config, defs, &self.views, store, options, self.metrics, self.shutdown, rt.handle().clone())?)
+        if let Some(brokers) = self.brokers {
+            options.brokers = brokers;
+        }
+        let store = match self.store {
+            Some(s) => s,
+            None => rt.block_on(self.repo.open_store())?,
+        };
+        Ok(quiver_streaming::run(&self.repo.config, defs, &self.views, store, options, self.metrics, self.shutdown, rt)?)
     }
 }

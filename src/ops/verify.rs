@@ -2,6 +2,9 @@
 //! [`crate::verify`]).
 
 use std::future::IntoFuture;
+use std::sync::Arc;
+
+use quiver_online::OnlineStore;
 
 use super::{Engine, OpFuture, now_us, pick_engine};
 use crate::error::Result;
@@ -26,6 +29,7 @@ pub struct VerifySample<'a> {
     repo: &'a Repo,
     n: usize,
     now: Option<i64>,
+    store: Option<Arc<dyn OnlineStore>>,
 }
 
 impl Repo {
@@ -37,7 +41,7 @@ impl Repo {
 
     /// Draws up to `n` entities per online view and compares online with offline.
     pub fn verify_sample(&self, n: usize) -> VerifySample<'_> {
-        VerifySample { repo: self, n, now: None }
+        VerifySample { repo: self, n, now: None, store: None }
     }
 }
 
@@ -76,9 +80,18 @@ impl<'a> VerifySample<'a> {
         self
     }
 
+    /// Reads `store` instead of the one `quiver.yaml` names.
+    pub fn with_store(mut self, store: Arc<dyn OnlineStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
     async fn run(self) -> Result<Vec<FeatureReport>> {
         let defs = self.repo.defs()?;
-        let store = self.repo.open_store().await?;
+        let store = match self.store {
+            Some(s) => s,
+            None => self.repo.open_store().await?,
+        };
         let now = self.now.unwrap_or_else(now_us);
         crate::verify::verify_sample(&self.repo.config, &defs, store.as_ref(), self.n, now, now as u64).await
     }

@@ -17,96 +17,37 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use quiver::Repo;
-use quiver::sdk::{Definitions, FeatureRef};
+use quiver::ops::{Engine, Rows, Spine};
+use quiver::sdk::Definitions;
+use quiver::sdk::encoding::KeyValue;
 
 create_exception!(_quiver, QuiverError, PyException, "Every error Quiver raises.");
 create_exception!(_quiver, ValidationError, QuiverError, "Definitions or data that do not fit (bad type, naive time, unknown field).");
 create_exception!(_quiver, NotFoundError, QuiverError, "An unknown feature view, feature, service or repository.");
 create_exception!(_quiver, StoreUnavailableError, QuiverError, "The online or offline store cannot be reached.");
 
-/// Picks the exception class from the error's kind; the message is Rust's, whole.
+/// Picks the exception class from the error's kind (`quiver::sdk::ErrorKind`, looking
+/// through the chain for the first error that has one); the message is Rust's, whole.
 fn py_err(e: impl Into<anyhow::Error>) -> PyErr {
+    use quiver::sdk::ErrorKind;
     let e: anyhow::Error = e.into();
     let text = format!("{e:#}");
-    let class = e.chain().find_map(|cause| kind(cause, &text)).unwrap_or(Kind::Other);
-    match class {
-        Kind::Validation => ValidationError::new_err(text),
-        Kind::NotFound => NotFoundError::new_err(text),
-        Kind::Unavailable => StoreUnavailableError::new_err(text),
-        Kind::Other => QuiverError::new_err(text),
-    }
-}
-
-enum Kind {
-    Validation,
-    NotFound,
-    Unavailable,
-    Other,
-}
-
-fn kind(cause: &(dyn std::error::Error + 'static), text: &str) -> Option<Kind> {
-    let online = |o: &quiver::online::Error| match o {
-        quiver::online::Error::Unavailable { .. } => Kind::Unavailable,
-        quiver::online::Error::Request(m) if m.contains("unknown") => Kind::NotFound,
-        quiver::online::Error::Request(_) => Kind::Validation,
-        quiver::online::Error::Corrupt { .. } | quiver::online::Error::Misconfigured { .. } => Kind::Other,
-    };
-    let offline = |o: &quiver::offline::Error| match o {
-        quiver::offline::Error::Input { .. } => Kind::Validation,
-        quiver::offline::Error::Delta { .. } | quiver::offline::Error::Location { .. } => Kind::Unavailable,
-        quiver::offline::Error::Request(m) if m.contains("unknown") => Kind::NotFound,
-        quiver::offline::Error::Request(_) => Kind::Validation,
-        _ => Kind::Other,
-    };
-    let sdk = |text: &str| {
-        if text.contains("not found") || text.contains("not a quiver repository") {
-            Kind::NotFound
+    let kind = e.chain().find_map(|cause| {
+        if let Some(f) = cause.downcast_ref::<quiver::Error>() {
+            Some(f.kind())
+        } else if let Some(s) = cause.downcast_ref::<quiver::sdk::Error>() {
+            Some(s.kind())
         } else {
-            Kind::Validation
+            cause.downcast_ref::<quiver::online::Error>().map(quiver::online::Error::kind)
         }
-    };
-    if let Some(f) = cause.downcast_ref::<quiver::Error>() {
-        return Some(match f {
-            quiver::Error::Sdk(_) => sdk(text),
-            quiver::Error::Offline(o) => offline(o),
-            quiver::Error::Online(o) => online(o),
-            _ => Kind::Other,
-        });
-    }
-    if let Some(o) = cause.downcast_ref::<quiver::online::Error>() {
-        return Some(online(o));
-    }
-    if let Some(o) = cause.downcast_ref::<quiver::offline::Error>() {
-        return Some(offline(o));
-    }
-    if let Some(s) = cause.downcast_ref::<quiver::streaming::Error>() {
-        return Some(match s {
-            quiver::streaming::Error::Offline(o) => offline(o),
-            quiver::streaming::Error::Online(o) => online(o),
-            quiver::streaming::Error::Kafka { .. } => Kind::Unavailable,
-            quiver::streaming::Error::Config(_) => Kind::Validation,
-        });
-    }
-    if cause.downcast_ref::<quiver::sdk::Error>().is_some() {
-        return Some(sdk(text));
-    }
-    if cause.downcast_ref::<NotFound>().is_some() {
-        return Some(Kind::NotFound);
-    }
-    None
-}
-
-/// An unknown name asked for from Python.
-#[derive(Debug)]
-struct NotFound(String);
-
-impl std::fmt::Display for NotFound {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+    });
+    match kind {
+        Some(ErrorKind::Invalid) => ValidationError::new_err(text),
+        Some(ErrorKind::NotFound) => NotFoundError::new_err(text),
+        Some(ErrorKind::Unavailable) => StoreUnavailableError::new_err(text),
+        _ => QuiverError::new_err(text),
     }
 }
-
-impl std::error::Error for NotFound {}
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
@@ -141,10 +82,6 @@ fn run<T: Send + 'static>(py: Python<'_>, work: impl Future<Output = anyhow::Res
 
 fn open(repo: &str) -> anyhow::Result<Repo> {
     Ok(Repo::open(Path::new(repo))?)
-}
-
-fn applied(repo: &Repo) -> anyhow::Result<Definitions> {
-    Ok(repo.applied()?.definitions)
 }
 
 /// Validates definitions given as JSON (the serde form YAML produces) and records them
@@ -183,41 +120,15 @@ fn ingest(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>)
     let batches = batches(table.0);
     run(py, async move {
         let repo = open(&repo)?;
-        let defs = applied(&repo)?;
-        let view = defs.feature_view(&view).ok_or_else(|| NotFound(format!("unknown feature view `{view}`")))?;
-        let report = quiver::offline::ingest::append(
-            &repo.config.view_table(view),
-            &defs,
-            view,
-            Path::new("table"),
-            batches,
-            quiver::offline::ingest::AppendOptions::new(Some(repo.config.event_horizon(chrono::Utc::now().timestamp_micros()))),
-            &|_, _| {},
-        )
-        .await?;
+        let report = repo.ingest(&view, Rows::Batches(batches, "table".into())).await?;
         Ok((report.rows, report.version))
     })
 }
 
-fn feature_refs(defs: &Definitions, features: Option<Vec<String>>, service: Option<String>) -> anyhow::Result<Vec<FeatureRef>> {
-    match (features, service) {
-        (_, Some(name)) => Ok(defs
-            .feature_service(&name)
-            .ok_or_else(|| NotFound(format!("unknown feature service `{name}`")))?
-            .features
-            .clone()),
-        (Some(list), None) => list
-            .iter()
-            .map(|f| f.parse().map_err(|_| anyhow::anyhow!(NotFound(format!("bad feature reference `{f}` (expected view:feature)")))))
-            .collect(),
-        (None, None) => Err(anyhow::anyhow!("give `features` or `feature_service`")),
-    }
-}
-
 /// The point-in-time join of `entity_df` (a table with the join keys and
-/// `event_timestamp`) with the features; returns a table.
+/// `event_timestamp`) with the features; returns a table. `engine`: auto, cpu or gpu.
 #[pyfunction]
-#[pyo3(signature = (repo, entity_df, features = None, feature_service = None, created_cutoff = false))]
+#[pyo3(signature = (repo, entity_df, features = None, feature_service = None, created_cutoff = false, engine = "auto"))]
 fn get_historical_features(
     py: Python<'_>,
     repo: String,
@@ -225,27 +136,20 @@ fn get_historical_features(
     features: Option<Vec<String>>,
     feature_service: Option<String>,
     created_cutoff: bool,
+    engine: &str,
 ) -> PyResult<PyArrowType<Table>> {
+    let engine: Engine = engine.parse().map_err(ValidationError::new_err)?;
     let (spine_batches, schema) = entity_df.0.into_inner();
     let joined = run(py, async move {
         let repo = open(&repo)?;
-        let defs = applied(&repo)?;
-        let refs = feature_refs(&defs, features, feature_service)?;
-        let requests = quiver::offline::historical::resolve(&defs, &refs)?;
         let spine = concat_batches(&schema, &spine_batches)?;
-        let kernel = quiver::gpu_join::CpuKernel::new();
-        let out = quiver::offline::historical::historical(
-            &repo.config,
-            &defs,
-            Path::new("entity_df"),
-            &spine,
-            &requests,
-            quiver::offline::historical::HistoricalOptions { created_cutoff, ..Default::default() },
-            &kernel,
-            &|_, _| {},
-        )
-        .await?;
-        Ok(out)
+        let mut op = repo.historical(Spine::Batch(spine, "entity_df".into())).with_engine(engine).with_created_cutoff(created_cutoff);
+        op = match (feature_service, features) {
+            (Some(service), _) => op.with_service(service),
+            (None, Some(features)) => op.with_features(features),
+            (None, None) => anyhow::bail!(quiver::Error::Invalid("give `features` or `feature_service`".into())),
+        };
+        Ok(op.await?.batch)
     })?;
     let schema = joined.schema();
     Ok(PyArrowType(Table::try_new(vec![joined], schema).map_err(|e| QuiverError::new_err(e.to_string()))?))
@@ -266,11 +170,7 @@ fn materialize(
 ) -> PyResult<Vec<(String, usize, usize)>> {
     run(py, async move {
         let repo = open(&repo)?;
-        let defs = applied(&repo)?;
-        let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
-        let store = quiver::online::open_store(&repo.config).await?;
-        let reports =
-            quiver::materialize::materialize(&repo.config, &defs, &views, micros(start), micros(end), store.as_ref(), &|_, _| {}).await?;
+        let reports = repo.materialize(micros(start), micros(end)).await?;
         Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written)).collect())
     })
 }
@@ -280,11 +180,7 @@ fn materialize(
 fn materialize_incremental(py: Python<'_>, repo: String, end: chrono::DateTime<chrono::Utc>) -> PyResult<Vec<(String, usize, usize)>> {
     run(py, async move {
         let repo = open(&repo)?;
-        let defs = applied(&repo)?;
-        let views: Vec<_> = defs.feature_views.iter().filter(|v| v.online).collect();
-        let store = quiver::online::open_store(&repo.config).await?;
-        let reports =
-            quiver::materialize::materialize_incremental(&repo.config, &defs, &views, micros(end), store.as_ref(), &|_, _| {}).await?;
+        let reports = repo.materialize_incremental(micros(end)).await?;
         Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written)).collect())
     })
 }
@@ -301,41 +197,25 @@ fn get_online_features(
     feature_service: Option<String>,
     full_feature_names: bool,
 ) -> PyResult<Vec<(String, String, Vec<String>)>> {
-    use quiver::sdk::encoding::KeyValue;
     let entities: Vec<(String, Vec<serde_json::Value>)> =
         serde_json::from_str(&entities_json).map_err(|e| ValidationError::new_err(format!("entity_rows: {e}")))?;
     run(py, async move {
         let repo = open(&repo)?;
-        let defs = applied(&repo)?;
-        let refs = feature_refs(&defs, features, feature_service)?;
         let mut columns = Vec::new();
         for (name, values) in entities {
             let keys = values
                 .iter()
-                .map(|v| match v {
-                    serde_json::Value::Number(n) if n.is_i64() => Ok(KeyValue::Int(n.as_i64().expect("checked"))),
-                    serde_json::Value::String(s) => Ok(KeyValue::Str(s.clone())),
-                    other => Err(anyhow::anyhow!("entity `{name}`: {other} is not an integer or a string")),
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
+                .map(|v| KeyValue::from_json(v).ok_or_else(|| quiver::Error::Invalid(format!("entity `{name}`: {v} is not an integer or a string"))))
+                .collect::<Result<Vec<_>, _>>()?;
             columns.push((name, keys));
         }
-        let store = quiver::online::open_store(&repo.config).await?;
-        let now = chrono::Utc::now().timestamp_micros();
-        let result = quiver::online::lookup::get_online_features(
-            store.as_ref(),
-            &repo.config.project,
-            &defs,
-            &refs,
-            &columns,
-            now,
-            full_feature_names,
-        )
-        .await
-        .map_err(|e| match e {
-            quiver::online::Error::Request(m) if m.contains("unknown") => anyhow::anyhow!(NotFound(m)),
-            other => anyhow::Error::from(other),
-        })?;
+        let mut op = repo.lookup(columns).with_full_names(full_feature_names);
+        op = match (feature_service, features) {
+            (Some(service), _) => op.with_service(service),
+            (None, Some(features)) => op.with_features(features),
+            (None, None) => anyhow::bail!(quiver::Error::Invalid("give `features` or `feature_service`".into())),
+        };
+        let result = op.await?;
         Ok(result
             .into_iter()
             .map(|c| {
@@ -377,11 +257,7 @@ fn push(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>, t
     let batches = batches(table.0);
     run(py, async move {
         let repo = open(&repo)?;
-        let defs = applied(&repo)?;
-        let view = defs.feature_view(&view).ok_or_else(|| NotFound(format!("unknown feature view `{view}`")))?;
-        let target = target.unwrap_or_else(|| quiver::streaming::Target::default_for(view));
-        let store = if target.online() { Some(quiver::online::open_store(&repo.config).await?) } else { None };
-        let report = quiver::streaming::write::push_batches(&repo.config, &defs, view, Path::new("table"), batches, target, store.as_deref()).await?;
+        let report = repo.push(&view, Rows::Batches(batches, "table".into())).with_target(target).await?;
         Ok((report.rows, report.online_written, report.offline_version))
     })
 }

@@ -309,3 +309,15 @@ def test_to_torch_on_cuda_without_a_gpu_is_a_clear_error(store):
         pytest.skip("a CUDA device is present")
     with pytest.raises(qv.ValidationError, match=r"to_torch\(device='cuda'\)"):
         job.to_torch(device="cuda")
+
+
+def test_the_join_engine_can_be_chosen(store):
+    """Python goes through the same operations layer as the CLI: the engine is a choice."""
+    auto = store.get_historical_features(entity_df=spine(), features=["trips:fare"]).to_arrow()
+    cpu = store.get_historical_features(entity_df=spine(), features=["trips:fare"], engine="cpu").to_arrow()
+    assert cpu.equals(auto)
+    with pytest.raises(qv.ValidationError, match="engine `bogus`"):
+        store.get_historical_features(entity_df=spine(), features=["trips:fare"], engine="bogus")
+    if not os.path.exists("/dev/nvidia0"):
+        with pytest.raises(qv.QuiverError, match="--engine gpu"):
+            store.get_historical_features(entity_df=spine(), features=["trips:fare"], engine="gpu")
