@@ -2,7 +2,7 @@
 //!
 //! The Delta version of every view is pinned when the export starts; the spine is cut
 //! into shards of `shard_rows` rows, each joined at the pinned versions
-//! ([`historical_at`]) and written atomically as it is done, so memory holds one shard's
+//! ([`historical`] with pinned versions) and written atomically as it is done, so memory holds one shard's
 //! result at a time. `manifest.json` records the training-set id (a hash of the
 //! registry version, the pinned versions, the spine's content hash and the options),
 //! the feature references with their types, the schema, and each shard's rows and
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
 use quiver_gpu_join::AsOfKernel;
-use quiver_offline::historical::{HistoricalOptions, historical_at, read_spine, resolve, table_versions};
+use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, read_spine, resolve, table_versions};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -322,14 +322,16 @@ async fn run(
         let start = k * per;
         let len = per.min(n - start.min(n));
         let slice = spine.slice(start as usize, len as usize);
-        let joined = historical_at(
+        let joined = historical(
             &repo.config,
             defs,
-            Path::new(&manifest.spine.path),
-            &slice,
+            SpineRows { source: Path::new(&manifest.spine.path), rows: &slice },
             &requests,
-            HistoricalOptions { created_cutoff: manifest.options.created_cutoff, ..Default::default() },
-            &manifest.delta_versions,
+            HistoricalOptions {
+                created_cutoff: manifest.options.created_cutoff,
+                versions: manifest.delta_versions.clone(),
+                ..Default::default()
+            },
             kernel,
             &|_, _| {},
         )

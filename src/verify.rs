@@ -103,14 +103,14 @@ pub async fn verify_sample(
             .collect();
         let refs: Vec<FeatureRef> = view.features.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
         let online = get_online_features(store, &config.project, defs, &refs, &entities, now, false).await?;
-        let ts = batch.column(keys.len()).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
-        let first_feature = keys.len() + 1 + usize::from(view.source.created_timestamp_field.is_some());
+        let layout = quiver_offline::schema::ViewLayout::rows(defs, view);
+        let ts = batch.column(layout.event_time()).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
         for (k, feature) in view.features.iter().enumerate() {
             let column = &online[keys.len() + k];
             let report = &mut per_feature[k];
             for (j, &r) in rows.iter().enumerate() {
                 // Judged as the lookup answers: an expired key is NOT_FOUND, not missing.
-                let offline = value_at(batch.column(first_feature + k).as_ref(), r, feature.dtype);
+                let offline = value_at(batch.column(layout.feature(k)).as_ref(), r, feature.dtype);
                 let expected = match (expected_status(view, Some(ts.value(r)), now), &offline) {
                     (Status::Present, Value::Null) => (Status::NullValue, Value::Null),
                     (Status::Present, v) => (Status::Present, v.clone()),
@@ -253,13 +253,13 @@ pub async fn verify_log(
         let joined = quiver_offline::historical::historical(
             config,
             &unbounded,
-            std::path::Path::new("serving log"),
-            &spine,
+            quiver_offline::historical::SpineRows { source: std::path::Path::new("serving log"), rows: &spine },
             &resolved,
             quiver_offline::historical::HistoricalOptions {
                 event_times: true,
                 // Views without a created time have nothing to cut by.
                 created_cutoff: created_cutoff && view.source.created_timestamp_field.is_some(),
+                ..Default::default()
             },
             kernel,
             &|_, _| {},

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use quiver::Repo;
-use quiver::offline::historical::{HistoricalOptions, historical, resolve};
+use quiver::offline::historical::{HistoricalOptions, SpineRows, historical, resolve};
 use quiver::offline::schema::value_at;
 use quiver::online::lookup::{Status, get_online_features};
 use quiver::online::{EmbeddedStore, OnlineStore, RedisStore};
@@ -71,8 +71,7 @@ async fn check(store: Arc<dyn OnlineStore>) {
         let offline = historical(
             &repo.config,
             &defs,
-            std::path::Path::new("spine"),
-            &spine,
+            SpineRows { source: std::path::Path::new("spine"), rows: &spine },
             &requests,
             HistoricalOptions::default(),
             &quiver::gpu_join::CpuKernel::new(),

@@ -73,6 +73,54 @@ pub fn view_columns(defs: &Definitions, view: &FeatureView) -> Vec<(Field, Role)
     cols
 }
 
+/// Where each role's columns sit in a view's rows: the join keys, the event time, the
+/// created time when the view has one, the ingestion-order column when the rows come
+/// from a scan of the table, then the features. One type instead of column
+/// arithmetic repeated wherever such rows are read (materialization, pushes, the
+/// join's kernel input, `verify`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewLayout {
+    keys: usize,
+    created: bool,
+    seq: bool,
+}
+
+impl ViewLayout {
+    /// Rows as [`view_columns`] lays them out (no ingestion-order column): conformed
+    /// input, pushes, [`crate::historical::latest_per_entity`].
+    pub fn rows(defs: &Definitions, view: &FeatureView) -> ViewLayout {
+        ViewLayout { keys: defs.join_keys(view).len(), created: view.source.created_timestamp_field.is_some(), seq: false }
+    }
+
+    /// Rows as a scan of the table returns them: the ingestion order after the times.
+    pub fn scanned(defs: &Definitions, view: &FeatureView) -> ViewLayout {
+        ViewLayout { seq: true, ..ViewLayout::rows(defs, view) }
+    }
+
+    /// The columns of the join keys, in the view's key order.
+    pub fn keys(&self) -> std::ops::Range<usize> {
+        0..self.keys
+    }
+
+    pub fn event_time(&self) -> usize {
+        self.keys
+    }
+
+    pub fn created_time(&self) -> Option<usize> {
+        self.created.then_some(self.keys + 1)
+    }
+
+    /// The ingestion-order column ([`SEQ_COLUMN`]), in scanned rows.
+    pub fn seq(&self) -> Option<usize> {
+        self.seq.then_some(self.keys + 1 + usize::from(self.created))
+    }
+
+    /// The column of the view's `k`-th feature.
+    pub fn feature(&self, k: usize) -> usize {
+        self.keys + 1 + usize::from(self.created) + usize::from(self.seq) + k
+    }
+}
+
 /// The schema of a view's Delta table.
 pub fn table_schema(defs: &Definitions, view: &FeatureView) -> SchemaRef {
     let mut fields: Vec<Field> = view_columns(defs, view).into_iter().map(|(f, _)| f).collect();

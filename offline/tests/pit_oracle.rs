@@ -16,7 +16,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
 use quiver_gpu_join::CpuKernel;
-use quiver_offline::historical::{HistoricalOptions, historical, resolve};
+use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, resolve};
 use quiver_offline::ingest::ingest;
 use quiver_sdk::yaml::parse_definitions;
 use quiver_sdk::{Config, Definitions, FeatureRef};
@@ -367,8 +367,7 @@ async fn historical_matches_the_row_by_row_oracle() {
         let out = historical(
             &config,
             &defs,
-            Path::new("spine.parquet"),
-            &spine_batch,
+            SpineRows { source: Path::new("spine.parquet"), rows: &spine_batch },
             &requests,
             HistoricalOptions { created_cutoff: cutoff, ..Default::default() },
             &CpuKernel::new(),
@@ -382,8 +381,7 @@ async fn historical_matches_the_row_by_row_oracle() {
         let via_engine_gather = historical(
             &config,
             &defs,
-            Path::new("spine.parquet"),
-            &spine_batch,
+            SpineRows { source: Path::new("spine.parquet"), rows: &spine_batch },
             &requests,
             HistoricalOptions { created_cutoff: cutoff, ..Default::default() },
             &quiver_gpu_join::cuda::HostGather(CpuKernel::new()),
@@ -421,7 +419,7 @@ async fn historical_matches_the_row_by_row_oracle() {
 
     // The cutoff is refused for a view without created timestamps.
     let requests = resolve(&defs, &refs).unwrap();
-    let err = historical(&config, &defs, Path::new("spine.parquet"), &spine_batch, &requests, HistoricalOptions { created_cutoff: true, ..Default::default() }, &CpuKernel::new(), &noop)
+    let err = historical(&config, &defs, SpineRows { source: Path::new("spine.parquet"), rows: &spine_batch }, &requests, HistoricalOptions { created_cutoff: true, ..Default::default() }, &CpuKernel::new(), &noop)
         .await
         .unwrap_err()
         .to_string();

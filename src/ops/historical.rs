@@ -135,14 +135,14 @@ impl<'a> Historical<'a> {
         let spine = self.spine.read(&key_types)?;
         let (kernel, engine_note) = pick_engine(self.engine, spine.num_rows())?;
         let progress = self.progress.clone();
-        let batch = historical::historical_at(
+        let mut options = self.options;
+        options.versions = self.versions;
+        let batch = historical::historical(
             &self.repo.config,
             &defs,
-            &label,
-            &spine,
+            historical::SpineRows { source: &label, rows: &spine },
             &requests,
-            self.options,
-            &self.versions,
+            options,
             kernel.as_ref(),
             &move |phase, rows| progress.report(phase, rows),
         )

@@ -14,7 +14,7 @@ use std::path::Path;
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
 use quiver_offline::ingest::{AppendOptions, IngestReport, append};
-use quiver_offline::schema::{rows_to_columns, table_schema, value_at};
+use quiver_offline::schema::{ViewLayout, rows_to_columns, table_schema, value_at};
 use quiver_online::{OnlineStore, WriteRow};
 use quiver_sdk::encoding::{KeyValue, OnlineRow, expire_at_ms, fingerprint, store_key};
 use quiver_sdk::rows::ViewRow;
@@ -29,14 +29,9 @@ pub use quiver_sdk::rows::Target;
 /// file produce them.
 pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch: &RecordBatch) -> Vec<WriteRow> {
     let keys = defs.join_keys(view);
-    let n_keys = keys.len();
-    let ts = batch.column(n_keys).as_primitive::<TimestampMicrosecondType>();
-    let created = view
-        .source
-        .created_timestamp_field
-        .as_ref()
-        .map(|_| batch.column(n_keys + 1).as_primitive::<TimestampMicrosecondType>());
-    let first_feature = n_keys + 1 + usize::from(created.is_some());
+    let layout = ViewLayout::rows(defs, view);
+    let ts = batch.column(layout.event_time()).as_primitive::<TimestampMicrosecondType>();
+    let created = layout.created_time().map(|c| batch.column(c).as_primitive::<TimestampMicrosecondType>());
     let print = fingerprint(view);
     (0..batch.num_rows())
         .map(|r| {
@@ -57,7 +52,7 @@ pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch:
                     .features
                     .iter()
                     .enumerate()
-                    .map(|(k, f)| value_at(batch.column(first_feature + k).as_ref(), r, f.dtype))
+                    .map(|(k, f)| value_at(batch.column(layout.feature(k)).as_ref(), r, f.dtype))
                     .collect(),
             };
             WriteRow {

@@ -1,0 +1,249 @@
+//! Historical retrieval: the point-in-time join of a spine with feature views (SPEC §3).
+//!
+//! By stage, one module each: [`spine`] reads the spine and its points in time;
+//! `scan` reads each requested view's Delta table with DataFusion, projected to the
+//! columns needed and pruned to `[min spine time - ttl, max spine time]`;
+//! `kernel_input` numbers the entities ([`crate::keys`]) and lays out the kernel's
+//! arrays on all cores; the as-of kernel (any [`AsOfKernel`]) returns one winning row
+//! index per spine row; `gather` turns the winners into feature columns, once per
+//! column; [`output`] writes the result. The output is the spine, unchanged and in
+//! order, followed by one `view__feature` column per requested feature. [`latest`]
+//! is the same scan's other use: each entity's latest row, for materialization.
+
+mod gather;
+mod kernel_input;
+pub mod latest;
+pub mod output;
+mod scan;
+pub mod spine;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::{Field, Schema};
+use quiver_gpu_join::{AsOfInput, AsOfKernel, NO_ROW};
+use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView};
+
+use crate::error::{Error, Result};
+use crate::ingest::Progress;
+use crate::input::widen;
+use crate::keys::EntityIndex;
+use crate::schema::{arrow_type, key_type};
+use kernel_input::KernelColumns;
+use scan::{ScanRange, scan_view_at};
+
+pub use latest::{Latest, Window, latest_per_entity};
+pub use output::write_parquet;
+pub use scan::{read_view, table_versions};
+pub use spine::{SPINE_TIMESTAMP, read_spine};
+
+/// The requested features, grouped by view in order of first mention.
+#[derive(Debug, Clone)]
+pub struct ViewRequest<'a> {
+    pub view: &'a FeatureView,
+    pub features: Vec<&'a str>,
+    /// For each feature, its position in the request (output columns keep that order).
+    pub positions: Vec<usize>,
+}
+
+/// Checks feature references against the registry and groups them by view.
+///
+/// # Errors
+/// [`Error::Unknown`] naming an unknown view or feature, [`Error::Request`] for a
+/// duplicate.
+pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<ViewRequest<'a>>> {
+    let mut out: Vec<ViewRequest<'a>> = Vec::new();
+    if refs.is_empty() {
+        return Err(Error::Request("no features requested".to_string()));
+    }
+    for (position, r) in refs.iter().enumerate() {
+        let Some(view) = defs.feature_view(&r.view) else {
+            let known: Vec<&str> = defs.feature_views.iter().map(|v| v.name.as_str()).collect();
+            return Err(Error::Unknown(format!(
+                "unknown feature view `{}` in `{r}` (known: {})",
+                r.view,
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            )));
+        };
+        let Some(feature) = view.feature(&r.feature) else {
+            let known: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
+            return Err(Error::Unknown(format!(
+                "unknown feature `{r}` (feature view `{}` has: {})",
+                view.name,
+                known.join(", ")
+            )));
+        };
+        let entry = match out.iter_mut().position(|v| v.view.name == view.name) {
+            Some(i) => &mut out[i],
+            None => {
+                out.push(ViewRequest {
+                    view,
+                    features: Vec::new(),
+                    positions: Vec::new(),
+                });
+                out.last_mut().expect("just pushed")
+            }
+        };
+        if entry.features.contains(&feature.name.as_str()) {
+            return Err(Error::Request(format!("feature `{r}` requested twice")));
+        }
+        entry.features.push(&feature.name);
+        entry.positions.push(position);
+    }
+    Ok(out)
+}
+
+/// Options of a historical retrieval.
+#[derive(Debug, Clone, Default)]
+pub struct HistoricalOptions {
+    /// Only rows created by the spine time are candidates (SPEC §3.5).
+    pub created_cutoff: bool,
+    /// After the features, one `view__event_timestamp` column per view: the event time
+    /// of the row each spine row joined (null when none). `verify` uses it to tell a
+    /// stale row from no row.
+    pub event_times: bool,
+    /// The Delta version to read each named view's table at (time travel; the latest
+    /// version for views it does not name), so a training set can be rebuilt exactly
+    /// after more data arrived.
+    pub versions: BTreeMap<String, u64>,
+}
+
+/// A spine: its rows, and where they came from (named in errors).
+#[derive(Debug, Clone, Copy)]
+pub struct SpineRows<'a> {
+    pub source: &'a Path,
+    pub rows: &'a RecordBatch,
+}
+
+/// The point-in-time join of `spine` with the requested views, as one batch: the
+/// spine's columns, then one `view__feature` column per requested feature, in request
+/// order.
+///
+/// # Errors
+/// [`Error::Input`] for a spine without `event_timestamp` or a needed join key, or with
+/// naive or null times; [`Error::Request`] for `created_cutoff` on a view without a
+/// created time; store and kernel errors; a version the table does not have.
+pub async fn historical(
+    config: &Config,
+    defs: &Definitions,
+    spine: SpineRows<'_>,
+    requests: &[ViewRequest<'_>],
+    options: HistoricalOptions,
+    kernel: &dyn AsOfKernel,
+    progress: Progress<'_>,
+) -> Result<RecordBatch> {
+    let times = spine::spine_times(spine.source, spine.rows)?;
+    let n_features: usize = requests.iter().map(|r| r.features.len()).sum();
+    let mut joined: Vec<Option<(Field, ArrayRef)>> = vec![None; n_features];
+    let mut event_times: Vec<(Field, ArrayRef)> = Vec::new();
+    let join = Join { config, defs, spine, times: &times, options: &options, kernel, progress };
+    for request in requests {
+        let view = join.view(request).await?;
+        for (k, column) in view.features.into_iter().enumerate() {
+            joined[request.positions[k]] = Some(column);
+        }
+        event_times.extend(view.event_time);
+    }
+    let mut fields: Vec<Field> = spine.rows.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut columns: Vec<ArrayRef> = spine.rows.columns().to_vec();
+    for (field, column) in joined.into_iter().flatten().chain(event_times) {
+        fields.push(field);
+        columns.push(column);
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+}
+
+/// What one join holds for every view it joins.
+struct Join<'a> {
+    config: &'a Config,
+    defs: &'a Definitions,
+    spine: SpineRows<'a>,
+    times: &'a [i64],
+    options: &'a HistoricalOptions,
+    kernel: &'a dyn AsOfKernel,
+    progress: Progress<'a>,
+}
+
+/// One view's joined columns: each requested feature, and its event times if asked.
+struct ViewJoined {
+    features: Vec<(Field, ArrayRef)>,
+    event_time: Option<(Field, ArrayRef)>,
+}
+
+impl Join<'_> {
+    /// The spine's keys for `view`, in the key types.
+    fn spine_keys(&self, view: &FeatureView) -> Result<Vec<ArrayRef>> {
+        let mut keys = Vec::new();
+        for key in self.defs.join_keys(view) {
+            let Some(column) = self.spine.rows.column_by_name(&key.name) else {
+                return Err(Error::input(
+                    self.spine.source,
+                    format!("missing join key column `{}` needed by feature view `{}`", key.name, view.name),
+                ));
+            };
+            let conformed = widen(column, &key_type(key.dtype))
+                .map_err(|m| Error::input(self.spine.source, format!("join key column `{}`: {m}", key.name)))?;
+            keys.push(conformed);
+        }
+        Ok(keys)
+    }
+
+    /// Scans, runs the kernel on and gathers one requested view.
+    async fn view(&self, request: &ViewRequest<'_>) -> Result<ViewJoined> {
+        let view = request.view;
+        if self.options.created_cutoff && view.source.created_timestamp_field.is_none() {
+            return Err(Error::Request(format!(
+                "--created-cutoff needs a created timestamp, and feature view `{}` has no created_timestamp_field",
+                view.name
+            )));
+        }
+        let index = EntityIndex::build(&self.spine_keys(view)?)?;
+        let (min_t, max_t) = (self.times.iter().min().copied().unwrap_or(0), self.times.iter().max().copied().unwrap_or(0));
+        let ttl_us = view.ttl_us();
+        let range = ScanRange { lo: ttl_us.map(|ttl| min_t.saturating_sub(ttl)), hi: max_t, extra: None, version: self.options.versions.get(&view.name).copied() };
+        let phase = std::time::Instant::now();
+        let scan = scan_view_at(&self.config.view_table(view), self.defs, view, &request.features, range).await?;
+        (self.progress)(&format!("scanned {}", view.name), scan.rows as u64);
+        tracing::debug!(view = %view.name, rows = scan.rows, secs = phase.elapsed().as_secs_f64(), "scanned");
+        let has_created = view.source.created_timestamp_field.is_some();
+        let columns = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
+        // Keep only the feature columns of the scan while the kernel runs.
+        let scan = scan.features_only()?;
+        let input = AsOfInput {
+            spine_entity: &index.spine_ids,
+            spine_ts: self.times,
+            feature_entity: &columns.entity,
+            feature_ts: &columns.ts,
+            feature_created: has_created.then_some(columns.created.as_slice()),
+            feature_seq: &columns.seq,
+            n_entities: index.n_entities,
+            ttl_us,
+            created_cutoff: self.options.created_cutoff,
+        };
+        let phase = std::time::Instant::now();
+        let winners = self.kernel.join(&input)?;
+        tracing::debug!(view = %view.name, engine = self.kernel.name(), secs = phase.elapsed().as_secs_f64(), "kernel");
+        let event_time = self.options.event_times.then(|| {
+            let ts: arrow::array::TimestampMicrosecondArray =
+                winners.iter().map(|&w| (w != NO_ROW).then(|| columns.ts[w as usize])).collect();
+            let field = Field::new(format!("{}__event_timestamp", view.name), crate::schema::timestamp_type(), true);
+            (field, Arc::new(ts.with_timezone("UTC")) as ArrayRef)
+        });
+        drop(columns);
+        (self.progress)(&format!("joined {}", view.name), winners.len() as u64);
+        let phase = std::time::Instant::now();
+        let types: Vec<_> = request.features.iter().map(|f| arrow_type(view.feature(f).expect("resolved").dtype)).collect();
+        let gathered = gather::gather_features(self.kernel, &scan.batches, &scan.feature_columns, &types, &winners)?;
+        tracing::debug!(view = %view.name, secs = phase.elapsed().as_secs_f64(), "gathered");
+        let features = request
+            .features
+            .iter()
+            .zip(types)
+            .zip(gathered)
+            .map(|((feature, dtype), column)| (Field::new(format!("{}__{}", view.name, feature), dtype, true), column))
+            .collect();
+        Ok(ViewJoined { features, event_time })
+    }
+}

@@ -1,0 +1,194 @@
+//! Scanning a view's Delta table with DataFusion: projected to the columns a join
+//! needs, pruned to a time range, at a pinned version when asked.
+
+use std::collections::BTreeMap;
+
+use arrow::array::RecordBatch;
+use datafusion::prelude::{Expr, SessionConfig, SessionContext, ident, lit};
+use datafusion::scalar::ScalarValue;
+use quiver_sdk::{Config, Definitions, FeatureView};
+
+use crate::delta::open_table;
+use crate::error::{Error, Result};
+use crate::schema::SEQ_COLUMN;
+
+/// The scanned rows of one view: keys, event time, created time (if any), seq, then
+/// the requested features that the table has.
+pub(super) struct Scan {
+    pub(super) batches: Vec<RecordBatch>,
+    pub(super) rows: usize,
+    /// The table version read (`None`: no table).
+    pub(super) version: Option<u64>,
+    /// For each requested feature, its column in `batches`, or `None` when the table
+    /// has no such column yet (a feature added after the data was written).
+    pub(super) feature_columns: Vec<Option<usize>>,
+}
+
+impl Scan {
+    /// The scan with only its feature columns (the keys and times, once the kernel's
+    /// input is built, are dropped).
+    pub(super) fn features_only(self) -> Result<Scan> {
+        let present: Vec<usize> = self.feature_columns.iter().flatten().copied().collect();
+        let mut next = 0;
+        Ok(Scan {
+            batches: self.batches.into_iter().map(|b| b.project(&present)).collect::<std::result::Result<_, _>>()?,
+            rows: self.rows,
+            version: None,
+            feature_columns: self
+                .feature_columns
+                .iter()
+                .map(|c| {
+                    c.map(|_| {
+                        next += 1;
+                        next - 1
+                    })
+                })
+                .collect(),
+        })
+    }
+}
+
+pub(super) fn ts_literal(v: i64) -> Expr {
+    lit(ScalarValue::TimestampMicrosecond(Some(v), Some("UTC".into())))
+}
+
+/// Which rows of a table a scan reads: event times in `[lo, hi]` (no lower bound for
+/// `None`), an extra filter, at a Delta version (the latest for `None`).
+#[derive(Debug, Clone)]
+pub(super) struct ScanRange {
+    pub(super) lo: Option<i64>,
+    pub(super) hi: i64,
+    pub(super) extra: Option<Expr>,
+    pub(super) version: Option<u64>,
+}
+
+impl ScanRange {
+    /// Every row, at the latest version.
+    pub(super) fn all() -> ScanRange {
+        ScanRange { lo: None, hi: i64::MAX, extra: None, version: None }
+    }
+}
+
+/// Scans `view`'s table at `location`: keys, event time, created time (if any), seq,
+/// then those of `features` the table has, for the rows of `range`.
+pub(super) async fn scan_view_at(
+    location: &quiver_sdk::StoreLocation,
+    defs: &Definitions,
+    view: &FeatureView,
+    features: &[&str],
+    range: ScanRange,
+) -> Result<Scan> {
+    let ScanRange { lo, hi, extra, version } = range;
+    let name = &location.to_string();
+    let Some(mut table) = open_table(location).await? else {
+        return Ok(Scan {
+            batches: Vec::new(),
+            rows: 0,
+            version: None,
+            feature_columns: vec![None; features.len()],
+        });
+    };
+    if let Some(v) = version {
+        if table.version() != Some(v) {
+            table.load_version(v).await.map_err(|e| Error::delta(name, e))?;
+        }
+    }
+    let query = |source| Error::Query {
+        table: name.to_string(),
+        source,
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut config = SessionConfig::new()
+        .with_target_partitions(threads)
+        .with_batch_size(64 * 1024);
+    config
+        .options_mut()
+        .execution
+        .parquet
+        .schema_force_view_types = false;
+    let ctx = SessionContext::new_with_config(config);
+    table
+        .update_datafusion_session(&ctx.state())
+        .map_err(|e| Error::delta(name, e))?;
+    let provider = table.table_provider().await.map_err(query)?;
+    let df = ctx.read_table(provider).map_err(query)?;
+    let available: Vec<String> = df.schema().fields().iter().map(|f| f.name().clone()).collect();
+
+    let mut select: Vec<String> = defs.join_keys(view).into_iter().map(|k| k.name).collect();
+    let ts = view.source.timestamp_field.clone();
+    select.push(ts.clone());
+    if let Some(created) = &view.source.created_timestamp_field {
+        select.push(created.clone());
+    }
+    select.push(SEQ_COLUMN.to_string());
+    for column in &select {
+        if !available.contains(column) {
+            return Err(Error::Request(format!(
+                "delta table {name} has no column `{column}` (it holds: {})",
+                available.join(", ")
+            )));
+        }
+    }
+    let mut feature_columns = Vec::new();
+    for f in features {
+        if available.iter().any(|a| a == f) {
+            feature_columns.push(Some(select.len()));
+            select.push(f.to_string());
+        } else {
+            feature_columns.push(None);
+        }
+    }
+    let mut filter = ident(&ts).lt_eq(ts_literal(hi));
+    if let Some(lo) = lo {
+        filter = filter.and(ident(&ts).gt_eq(ts_literal(lo)));
+    }
+    if let Some(extra) = extra {
+        filter = filter.and(extra);
+    }
+    let version = table.version();
+    let df = df
+        .filter(filter)
+        .map_err(query)?
+        .select(select.iter().map(ident).collect::<Vec<_>>())
+        .map_err(query)?;
+    let batches: Vec<RecordBatch> = df
+        .collect()
+        .await
+        .map_err(query)?
+        .into_iter()
+        .filter(|b| b.num_rows() > 0)
+        .collect();
+    let rows = batches.iter().map(RecordBatch::num_rows).sum();
+    Ok(Scan {
+        batches,
+        rows,
+        version,
+        feature_columns,
+    })
+}
+
+/// Every row of a view's table: keys, event time, created time (if any), the
+/// ingestion-order column, then the view's features that the table has (in view order).
+/// An empty list when the table does not exist.
+///
+/// # Errors
+/// [`Error::Delta`]/[`Error::Query`] when the table cannot be read.
+pub async fn read_view(config: &Config, defs: &Definitions, view: &FeatureView) -> Result<Vec<RecordBatch>> {
+    let location = config.view_table(view);
+    let features: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
+    Ok(scan_view_at(&location, defs, view, &features, ScanRange::all()).await?.batches)
+}
+
+/// The latest Delta version of each view's table (`None`: no table yet).
+///
+/// # Errors
+/// [`Error::Delta`] when a table cannot be read.
+pub async fn table_versions(config: &Config, views: &[&FeatureView]) -> Result<BTreeMap<String, Option<u64>>> {
+    let mut out = BTreeMap::new();
+    for view in views {
+        let table = open_table(&config.view_table(view)).await?;
+        out.insert(view.name.clone(), table.and_then(|t| t.version()));
+    }
+    Ok(out)
+}
+

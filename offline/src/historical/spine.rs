@@ -1,0 +1,101 @@
+//! Reading a spine, and its points in time.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::compute::concat_batches;
+use arrow::datatypes::{DataType, Field, Schema, TimestampMicrosecondType};
+
+use crate::error::{Error, Result};
+use crate::input::to_utc_micros;
+
+/// The spine column holding each row's point in time.
+pub const SPINE_TIMESTAMP: &str = "event_timestamp";
+
+/// Reads a spine (Parquet, or CSV with a header) into one batch. In CSV, the
+/// `key_types` columns get their key types and `event_timestamp` is read as text (then
+/// parsed as RFC 3339 by the join); other CSV columns are inferred.
+///
+/// # Errors
+/// [`Error::Input`] naming the file.
+pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<RecordBatch> {
+    let fail = |e: &dyn std::fmt::Display| Error::input(path, e.to_string());
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    let batches: Vec<RecordBatch> = match ext.as_str() {
+        "parquet" | "pq" => {
+            let file = File::open(path).map_err(|e| fail(&e))?;
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+                .map_err(|e| fail(&e))?
+                .with_batch_size(64 * 1024)
+                .build()
+                .map_err(|e| fail(&e))?
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| fail(&e))?
+        }
+        "csv" => {
+            let file = File::open(path).map_err(|e| fail(&e))?;
+            let (inferred, _) = arrow::csv::reader::Format::default()
+                .with_header(true)
+                .infer_schema(File::open(path).map_err(|e| fail(&e))?, None)
+                .map_err(|e| fail(&e))?;
+            let fields: Vec<Field> = inferred
+                .fields()
+                .iter()
+                .map(|f| {
+                    let dtype = if f.name() == SPINE_TIMESTAMP {
+                        DataType::Utf8
+                    } else if let Some((_, t)) = key_types.iter().find(|(n, _)| n == f.name()) {
+                        t.clone()
+                    } else {
+                        f.data_type().clone()
+                    };
+                    Field::new(f.name(), dtype, true)
+                })
+                .collect();
+            arrow::csv::ReaderBuilder::new(Arc::new(Schema::new(fields)))
+                .with_header(true)
+                .with_batch_size(64 * 1024)
+                .build(file)
+                .map_err(|e| fail(&e))?
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| fail(&e))?
+        }
+        _ => {
+            return Err(Error::input(
+                path,
+                format!("unknown spine file type `.{ext}` (expected .parquet or .csv)"),
+            ));
+        }
+    };
+    let schema = match batches.first() {
+        Some(b) => b.schema(),
+        None => return Err(Error::input(path, "the spine has no rows")),
+    };
+    Ok(concat_batches(&schema, &batches)?)
+}
+
+/// The spine's points in time, as UTC microseconds (exact: zone-less or sub-microsecond
+/// times are refused, as at ingest).
+pub(super) fn spine_times(path: &Path, spine: &RecordBatch) -> Result<Vec<i64>> {
+    let Some(column) = spine.column_by_name(SPINE_TIMESTAMP) else {
+        return Err(Error::input(
+            path,
+            format!("missing column `{SPINE_TIMESTAMP}` (the point in time of each spine row)"),
+        ));
+    };
+    let ts = to_utc_micros(column).map_err(|(row, msg)| match row {
+        Some(r) => Error::input(path, format!("row {}: column `{SPINE_TIMESTAMP}`: {msg}", r + 1)),
+        None => Error::input(path, format!("column `{SPINE_TIMESTAMP}` {msg}")),
+    })?;
+    let ts = ts.as_primitive::<TimestampMicrosecondType>();
+    if let Some(i) = (0..ts.len()).find(|&i| ts.is_null(i)) {
+        return Err(Error::input(path, format!("row {}: column `{SPINE_TIMESTAMP}` is empty", i + 1)));
+    }
+    Ok(ts.values().to_vec())
+}
+
