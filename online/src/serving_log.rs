@@ -160,7 +160,7 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
             .iter()
             .map(|(f, _)| {
                 let mut label = Vec::new();
-                crate::server::json_str(&mut label, f);
+                crate::server::json::json_str(&mut label, f);
                 label.push(b':');
                 label
             })
@@ -177,9 +177,9 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
                 if i > 0 {
                     entity.bytes.push(b',');
                 }
-                crate::server::json_str(&mut entity.bytes, &c.name);
+                crate::server::json::json_str(&mut entity.bytes, &c.name);
                 entity.bytes.push(b':');
-                crate::server::write_value(&mut entity.bytes, &c.values[row]);
+                crate::server::json::write_value(&mut entity.bytes, &c.values[row]);
             }
             entity.bytes.push(b'}');
             entity.end();
@@ -194,7 +194,7 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
                     statuses.bytes.push(b',');
                 }
                 values.bytes.extend_from_slice(&labels[i]);
-                crate::server::write_value(&mut values.bytes, &c.values[row]);
+                crate::server::json::write_value(&mut values.bytes, &c.values[row]);
                 statuses.bytes.extend_from_slice(&labels[i]);
                 statuses.bytes.push(b'"');
                 statuses.bytes.extend_from_slice(c.statuses[row].as_str().as_bytes());
@@ -212,7 +212,7 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
 /// floats are `null`): the form the log holds, and what `verify` compares.
 pub fn value_json(v: &Value) -> String {
     let mut out = Vec::new();
-    crate::server::write_value(&mut out, v);
+    crate::server::json::write_value(&mut out, v);
     String::from_utf8(out).expect("JSON is UTF-8")
 }
 

@@ -222,10 +222,69 @@ pub fn from_json(v: &Json, dtype: DType) -> Option<Value> {
 /// UTC microseconds as RFC 3339 text with as many fraction digits as it needs
 /// (`2026-11-30T12:00:00Z`, `...:00.123Z`); the inverse of [`parse_instant`].
 pub fn format_instant(us: i64) -> String {
-    chrono::DateTime::from_timestamp_micros(us)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
-        .unwrap_or_else(|| us.to_string())
+    let mut out = Vec::with_capacity(32);
+    write_rfc3339(&mut out, us);
+    String::from_utf8(out).expect("RFC 3339 text is ASCII")
 }
+
+/// UTC microseconds as RFC 3339 (`2024-02-29T12:34:56.123456Z`), with no fraction,
+/// milliseconds or microseconds as the value needs (chrono's `AutoSi`), without the
+/// allocations of a general formatter: the one formatter of instants (the server's
+/// answers, the serving log, the CLI, Python all print through it).
+pub fn write_rfc3339(out: &mut Vec<u8>, us: i64) {
+    let secs = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    if !(0..=9999).contains(&year) {
+        // Outside four-digit years: the general formatter.
+        let text = chrono::DateTime::from_timestamp_micros(us)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+            .unwrap_or_default();
+        out.extend_from_slice(text.as_bytes());
+        return;
+    }
+    fn digits(out: &mut Vec<u8>, n: i64, width: usize) {
+        let mut buf = [b'0'; 6];
+        let mut n = n;
+        for slot in buf[..width].iter_mut().rev() {
+            *slot = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        out.extend_from_slice(&buf[..width]);
+    }
+    digits(out, year, 4);
+    out.push(b'-');
+    digits(out, month, 2);
+    out.push(b'-');
+    digits(out, day, 2);
+    out.push(b'T');
+    digits(out, sod / 3600, 2);
+    out.push(b':');
+    digits(out, sod / 60 % 60, 2);
+    out.push(b':');
+    digits(out, sod % 60, 2);
+    if micros % 1000 == 0 && micros != 0 {
+        out.push(b'.');
+        digits(out, micros / 1000, 3);
+    } else if micros != 0 {
+        out.push(b'.');
+        digits(out, micros, 6);
+    }
+    out.push(b'Z');
+}
+
+
 
 /// RFC 3339 text (`T` or a space between date and time) as UTC microseconds. Text
 /// without a zone is refused, never guessed.
@@ -326,6 +385,37 @@ mod tests {
         for (input, want) in cases {
             let err = r.from_slice(input).unwrap_err();
             assert!(err.contains(want), "{}: {err}", String::from_utf8_lossy(input));
+        }
+    }
+
+    #[test]
+    fn timestamps_print_as_rfc3339() {
+        assert_eq!(super::format_instant(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::format_instant(1_704_067_200_000_000), "2024-01-01T00:00:00Z");
+        assert_eq!(super::format_instant(1_709_210_096_123_456), "2024-02-29T12:34:56.123456Z");
+        assert_eq!(super::format_instant(-1), "1969-12-31T23:59:59.999999Z");
+        assert_eq!(super::format_instant(1_709_210_096_120_000), "2024-02-29T12:34:56.120Z");
+    }
+
+    /// The hand-written formatter against chrono's, over random instants from year 1 to
+    /// 9999 and beyond (where it hands over to chrono), at every sub-second precision.
+    #[test]
+    fn rfc3339_matches_chrono() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let chrono = |us: i64| {
+            chrono::DateTime::from_timestamp_micros(us)
+                .unwrap()
+                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+        };
+        for _ in 0..200_000 {
+            let mut us = rng.random_range(-62_135_596_800_000_000..300_000_000_000_000_000i64);
+            match rng.random_range(0..3) {
+                0 => us -= us.rem_euclid(1_000_000),
+                1 => us -= us.rem_euclid(1_000),
+                _ => {}
+            }
+            assert_eq!(super::format_instant(us), chrono(us), "{us}");
         }
     }
 

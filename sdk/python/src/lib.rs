@@ -219,33 +219,14 @@ fn get_online_features(
         Ok(result
             .into_iter()
             .map(|c| {
-                let values: Vec<serde_json::Value> = c.values.iter().map(value_json).collect();
-                (c.name, serde_json::to_string(&values).expect("json"), c.statuses.iter().map(|s| s.as_str().to_string()).collect())
+                // The server's JSON of each value (floats keep their point, non-finite ones are null).
+                let values: Vec<String> = c.values.iter().map(quiver::online::serving_log::value_json).collect();
+                (c.name, format!("[{}]", values.join(",")), c.statuses.iter().map(|s| s.as_str().to_string()).collect())
             })
             .collect())
     })
 }
 
-fn value_json(v: &quiver::sdk::encoding::Value) -> serde_json::Value {
-    use quiver::sdk::encoding::Value;
-    use serde_json::json;
-    let float = |x: f64| serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number);
-    match v {
-        Value::Null => serde_json::Value::Null,
-        Value::Int32(x) => json!(x),
-        Value::Int64(x) => json!(x),
-        Value::Float32(x) => float(f64::from(*x)),
-        Value::Float64(x) => float(*x),
-        Value::Bool(x) => json!(x),
-        Value::String(x) => json!(x),
-        Value::Bytes(x) => json!(x),
-        Value::Timestamp(x) => json!(chrono::DateTime::from_timestamp_micros(*x).map(|t| t.to_rfc3339()).unwrap_or_default()),
-        Value::ListInt64(x) => json!(x),
-        Value::ListFloat32(x) => serde_json::Value::Array(x.iter().map(|v| float(f64::from(*v))).collect()),
-        Value::ListFloat64(x) => serde_json::Value::Array(x.iter().map(|v| float(*v)).collect()),
-        Value::ListString(x) => json!(x),
-    }
-}
 
 /// Writes a table of `view`'s rows through the streaming write path to `to` (online,
 /// offline or online_and_offline; default both for an online view, offline for an

@@ -1,0 +1,173 @@
+//! The `/get-online-features` answer as JSON bytes, written directly.
+
+use quiver_sdk::encoding::Value;
+use quiver_sdk::rows::write_rfc3339;
+
+use crate::lookup::Column;
+
+/// The `/get-online-features` answer, written straight into one buffer: building a
+/// `serde_json::Value` tree first costs an allocation per value, which dominates the
+/// server's time at 100 entities x 20 features.
+pub(super) fn response_json(columns: &[Column]) -> Vec<u8> {
+    let cells: usize = columns.iter().map(|c| c.values.len()).sum();
+    let mut out = Vec::with_capacity(64 + cells * 48);
+    out.extend_from_slice(br#"{"metadata":{"feature_names":["#);
+    for (i, c) in columns.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json_str(&mut out, &c.name);
+    }
+    out.extend_from_slice(br#"]},"results":["#);
+    let mut previous_times: Option<(usize, std::ops::Range<usize>)> = None;
+    for (i, c) in columns.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#"{"values":["#);
+        for (j, v) in c.values.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            write_value(&mut out, v);
+        }
+        out.extend_from_slice(br#"],"statuses":["#);
+        for (j, s) in c.statuses.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            out.push(b'"');
+            out.extend_from_slice(s.as_str().as_bytes());
+            out.push(b'"');
+        }
+        out.extend_from_slice(br#"],"event_timestamps":["#);
+        // Features of one view share their rows' times: copy the previous column's text.
+        match previous_times {
+            Some((prev, ref range)) if columns[prev].event_ts == c.event_ts => {
+                out.extend_from_within(range.clone());
+            }
+            _ => {
+                let start = out.len();
+                for (j, t) in c.event_ts.iter().enumerate() {
+                    if j > 0 {
+                        out.push(b',');
+                    }
+                    out.push(b'"');
+                    write_rfc3339(&mut out, t.unwrap_or(0));
+                    out.push(b'"');
+                }
+                previous_times = Some((i, start..out.len()));
+            }
+        }
+        out.extend_from_slice(b"]}");
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+pub(crate) fn json_str(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
+}
+
+/// One value as JSON. Floats always carry a decimal point (`50.0`), as Feast's client
+/// infers the type from the JSON form; non-finite floats become `null`.
+pub(crate) fn write_value(out: &mut Vec<u8>, v: &Value) {
+    fn float(out: &mut Vec<u8>, x: f64) {
+        if x.is_finite() {
+            serde_json::to_writer(&mut *out, &x).expect("writing to a Vec cannot fail");
+        } else {
+            out.extend_from_slice(b"null");
+        }
+    }
+    fn list<T>(out: &mut Vec<u8>, items: &[T], mut each: impl FnMut(&mut Vec<u8>, &T)) {
+        out.push(b'[');
+        for (i, x) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            each(out, x);
+        }
+        out.push(b']');
+    }
+    let int = |out: &mut Vec<u8>, x: i64| serde_json::to_writer(&mut *out, &x).expect("writing to a Vec cannot fail");
+    match v {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Int32(x) => int(out, i64::from(*x)),
+        Value::Int64(x) => int(out, *x),
+        Value::Float32(x) => float(out, f64::from(*x)),
+        Value::Float64(x) => float(out, *x),
+        Value::Bool(x) => out.extend_from_slice(if *x { b"true" } else { b"false" }),
+        Value::String(x) => json_str(out, x),
+        Value::Bytes(x) => list(out, x, |out, b| int(out, i64::from(*b))),
+        Value::Timestamp(x) => {
+            out.push(b'"');
+            write_rfc3339(out, *x);
+            out.push(b'"');
+        }
+        Value::ListInt64(x) => list(out, x, |out, v| int(out, *v)),
+        Value::ListFloat32(x) => list(out, x, |out, v| float(out, f64::from(*v))),
+        Value::ListFloat64(x) => list(out, x, |out, v| float(out, *v)),
+        Value::ListString(x) => list(out, x, |out, v| json_str(out, v)),
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    /// The direct writer against a `serde_json::Value` built the plain way, for every
+    /// value kind: same JSON document, and floats keep their decimal point.
+    #[test]
+    fn response_json_matches_serde() {
+        use super::{Column, Value};
+        use crate::lookup::Status;
+        use serde_json::json;
+        let values = vec![
+            Value::Null,
+            Value::Int32(-7),
+            Value::Int64(i64::MIN),
+            Value::Float32(0.1),
+            Value::Float64(50.0),
+            Value::Float64(f64::NAN),
+            Value::Bool(true),
+            Value::String("quote\" and \u{e9}\n".into()),
+            Value::Bytes(vec![0, 255]),
+            Value::Timestamp(1_709_210_096_123_000),
+            Value::ListInt64(vec![1, -2]),
+            Value::ListFloat32(vec![1.0, 0.5]),
+            Value::ListFloat64(vec![2.0, f64::INFINITY]),
+            Value::ListString(vec!["a".into(), "b\"".into()]),
+        ];
+        let n = values.len();
+        let times: Vec<Option<i64>> = (0..n).map(|i| (i % 2 == 0).then_some(i as i64 * 1_000_001)).collect();
+        let column = |name: &str, values: Vec<Value>, times: Vec<Option<i64>>| Column {
+            name: name.into(),
+            values,
+            statuses: vec![Status::Present; n],
+            event_ts: times,
+        };
+        // Two columns with the same times (one view), then one with other times.
+        let columns = vec![
+            column("f\"1", values.clone(), times.clone()),
+            column("g", values.clone(), times.clone()),
+            column("h", values.clone(), times.iter().map(|t| t.map(|t| t + 7)).collect()),
+        ];
+        let text = String::from_utf8(super::response_json(&columns)).unwrap();
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let f = |x: f64| json!(x);
+        let result = |times: &[Option<i64>]| {
+            json!({
+                "values": [null, -7, i64::MIN, f(f64::from(0.1f32)), 50.0, null, true, "quote\" and \u{e9}\n",
+                           [0, 255], "2024-02-29T12:34:56.123Z", [1, -2], [1.0, 0.5], [2.0, null], ["a", "b\""]],
+                "statuses": vec!["PRESENT"; n],
+                "event_timestamps": times.iter().map(|t| quiver_sdk::rows::format_instant(t.unwrap_or(0))).collect::<Vec<_>>(),
+            })
+        };
+        let later: Vec<Option<i64>> = times.iter().map(|t| t.map(|t| t + 7)).collect();
+        let want = json!({
+            "metadata": {"feature_names": ["f\"1", "g", "h"]},
+            "results": [result(&times), result(&times), result(&later)]
+        });
+        assert_eq!(parsed, want);
+        assert!(text.contains("50.0") && text.contains("[1.0,0.5]"), "{text}");
+    }
+}

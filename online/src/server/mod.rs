@@ -1,0 +1,246 @@
+//! The HTTP feature server (SPEC §6), in Feast's wire shape so Feast clients work.
+//!
+//! `router(state)` builds the axum `Router`; [`serve`] (in `listen`) binds it with the
+//! connection limits and graceful shutdown. Routes: `POST /get-online-features`,
+//! `POST /push`, `GET /health`, `GET /metrics` (Prometheus text), `GET /registry`.
+//! Errors are JSON `{"error": "..."}` with 400 (bad request, unknown or duplicate
+//! feature, a view that is not online), 401 (token), 404 (unknown feature service), 408
+//! (body not sent in time), 413 (too large: body, entity rows, or entity rows x features
+//! over `max_cells`), 503 (store unavailable or slow); store calls time out, and nothing
+//! panics on bad input. The registry is re-read when its file changes, without a
+//! restart; a registry that cannot be read keeps the last good definitions.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use quiver_sdk::Definitions;
+use quiver_sdk::rows::ViewRow;
+use serde_json::{Value as Json_, json};
+
+pub use crate::listen::{serve, serve_until, shutdown_signal};
+use crate::serving_log::ServingLog;
+use crate::store::OnlineStore;
+
+mod features;
+pub(crate) mod json;
+mod limits;
+mod metrics;
+mod push;
+mod registry_cache;
+
+pub use limits::{Limit, Limits};
+pub use metrics::Metrics;
+pub use registry_cache::RegistryCache;
+
+/// Largest request body accepted (413 beyond).
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// Most entity rows in one request (413 beyond).
+pub const MAX_ENTITY_ROWS: usize = 10_000;
+/// How long a store call may take before the request fails with 503.
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What every handler shares.
+pub struct ServerState {
+    pub store: Arc<dyn OnlineStore>,
+    pub registry: RegistryCache,
+    pub project: String,
+    /// When set, requests need `Authorization: Bearer <token>`.
+    pub auth_token: Option<String>,
+    pub metrics: Metrics,
+    /// The time lookups are answered at, UTC microseconds (injectable for tests).
+    pub clock: Box<dyn Fn() -> i64 + Send + Sync>,
+    /// Where `/push` with `to: offline` writes; `None` answers those with 501.
+    pub offline: Option<Arc<dyn OfflineWriter>>,
+    /// Where answers are logged (`serving_log` in quiver.yaml); `None`: not logged.
+    pub serving_log: Option<Arc<dyn ServingLog>>,
+    /// The bounds of SPEC §13.
+    pub limits: Limits,
+}
+
+impl std::fmt::Debug for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerState").field("store", &self.store.name()).field("project", &self.project).finish()
+    }
+}
+
+impl ServerState {
+    /// One online-store call under [`STORE_TIMEOUT`], its error mapped once: a
+    /// request that does not fit the registry is 400, a store that failed or is slow
+    /// 503 (counted, the detail logged, not sent).
+    async fn store_call<T>(&self, call: impl std::future::Future<Output = crate::Result<T>>) -> Result<T, ApiError> {
+        match tokio::time::timeout(STORE_TIMEOUT, call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if matches!(e.kind(), quiver_sdk::ErrorKind::Invalid | quiver_sdk::ErrorKind::NotFound) => Err(bad(e.to_string())),
+            Ok(Err(e)) => Err(self.unavailable("online store", &e)),
+            Err(_) => Err(self.unavailable("online store", &"timed out")),
+        }
+    }
+
+    /// A 503 for `store`, counted; the detail goes to the log.
+    fn unavailable(&self, store: &str, e: &dyn std::fmt::Display) -> ApiError {
+        self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(error = %e, "{store} failed");
+        ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("{store} unavailable"))
+    }
+}
+
+/// The system clock in UTC microseconds.
+pub fn system_clock() -> Box<dyn Fn() -> i64 + Send + Sync> {
+    Box::new(|| {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64)
+    })
+}
+
+/// An error answer: a status and a one-line message, as `{"error": "..."}`.
+#[derive(Debug)]
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+/// The router, without binding a socket (tests call it directly).
+pub fn router(state: Arc<ServerState>) -> Router {
+    Router::new()
+        .route("/get-online-features", post(features::get_features))
+        .route("/push", post(push::push))
+        .route("/health", get(|| async { Json(json!({ "status": "ok" })) }))
+        .route("/metrics", get(metrics))
+        .route("/registry", get(registry))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// A router with `/metrics` alone, answering `render()`, behind the same bearer-token
+/// rule as the server (for `quiver stream --metrics-port`).
+pub fn metrics_router(render: impl Fn() -> String + Clone + Send + Sync + 'static, token: Option<String>) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move |headers: HeaderMap| {
+            let (render, token) = (render.clone(), token.clone());
+            async move {
+                match &token {
+                    Some(t) if !authorized(&headers, t) => {
+                        ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response()
+                    }
+                    _ => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render()).into_response(),
+                }
+            }
+        }),
+    )
+}
+
+/// Bearer-token check, the body's deadline and size, and metrics around every route.
+async fn guard(State(state): State<Arc<ServerState>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    // Known routes by name; anything else counts as `other` (bounded metric labels).
+    let path = request.uri().path();
+    let route = match path {
+        "/get-online-features" | "/push" | "/health" | "/metrics" | "/registry" => path.to_string(),
+        _ => "other".to_string(),
+    };
+    let response = match &state.auth_token {
+        // Health checks (load balancers, probes) need no token.
+        Some(token) if route != "/health" && !authorized(request.headers(), token) => {
+            ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response()
+        }
+        _ => match read_body(&state, request).await {
+            Ok(request) => next.run(request).await,
+            Err(refusal) => refusal.into_response(),
+        },
+    };
+    state.metrics.record(&route, response.status().as_u16(), started.elapsed());
+    response
+}
+
+/// The whole body, read within `request_timeout` (408 after) and up to
+/// [`MAX_BODY_BYTES`] (413 beyond), so a slow or endless body never holds a handler.
+async fn read_body(state: &ServerState, request: Request) -> Result<Request, ApiError> {
+    let (parts, body) = request.into_parts();
+    let timeout = state.limits.request_timeout;
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+        Ok(Ok(bytes)) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
+        Ok(Err(_)) => {
+            state.metrics.refused(Limit::MaxBody);
+            Err(ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("{} {}: the body is over {MAX_BODY_BYTES} bytes (or broken off)", parts.method, parts.uri.path()),
+            ))
+        }
+        Err(_) => {
+            state.metrics.refused(Limit::RequestTimeout);
+            Err(ApiError(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("{} {}: the body did not arrive within {timeout:?} (server.request_timeout)", parts.method, parts.uri.path()),
+            ))
+        }
+    }
+}
+
+/// Whether the request carries `Authorization: Bearer <token>`, compared in constant
+/// time (the time taken does not tell how much of a guess was right).
+fn authorized(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .is_some_and(|given| constant_time_eq(given, token.as_bytes()))
+}
+
+/// Byte strings compared without an early exit; only the lengths leak.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+async fn metrics(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
+    let mut text = state.metrics.render();
+    text.push_str(&state.registry.metrics_text());
+    if let Some(log) = &state.serving_log {
+        text.push_str(&log.metrics_text());
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+async fn registry(State(state): State<Arc<ServerState>>) -> Json<Json_> {
+    let defs = state.registry.current();
+    Json(serde_json::to_value(defs.as_ref()).expect("definitions serialise"))
+}
+
+/// Appends pushed rows to a view's offline table; the streaming crate's Delta write
+/// path implements it (this crate knows no Delta).
+#[async_trait::async_trait]
+pub trait OfflineWriter: Send + Sync {
+    /// Appends `rows` of `view` in one commit; returns the table version committed.
+    async fn append(&self, defs: &Definitions, view: &quiver_sdk::FeatureView, rows: &[ViewRow]) -> Result<u64, String>;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(super::constant_time_eq(b"s3cret", b"s3cret"));
+        assert!(!super::constant_time_eq(b"s3cres", b"s3cret"));
+        assert!(!super::constant_time_eq(b"s3cre", b"s3cret"));
+        assert!(!super::constant_time_eq(b"", b"s3cret"));
+    }
+
+}

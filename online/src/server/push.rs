@@ -1,0 +1,90 @@
+//! `POST /push`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde_json::{Value as Json_, json};
+
+use super::{ApiError, Limit, MAX_ENTITY_ROWS, ServerState, bad};
+
+/// A `/push` request: rows of one view, column-major.
+#[derive(Debug, serde::Deserialize)]
+struct PushRequest {
+    #[serde(default)]
+    feature_view: Option<String>,
+    #[serde(default)]
+    push_source_name: Option<String>,
+    df: BTreeMap<String, Vec<Json_>>,
+    #[serde(default)]
+    to: Option<String>,
+}
+
+/// `POST /push`: rows read by the strict row reader shared with ingest and streaming,
+/// written offline (through [`OfflineWriter`], the streaming write path) and then
+/// through the guarded online write, as `to` asks (default `online`).
+pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Json<Json_>, ApiError> {
+    let request: PushRequest =
+        serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
+    let target: quiver_sdk::rows::Target = request.to.as_deref().unwrap_or("online").parse().map_err(bad)?;
+    let (online, offline) = (target.online(), target.offline());
+    let defs = state.registry.current();
+    let name = request
+        .feature_view
+        .or(request.push_source_name)
+        .ok_or_else(|| bad("the push needs `feature_view` (or `push_source_name`)"))?;
+    let view = defs.feature_view(&name).ok_or_else(|| bad(format!("unknown feature view `{name}`")))?;
+    if online && !view.online {
+        return Err(bad(format!(
+            "feature view `{name}` is offline only (`online: false`): it takes no online writes (push with \"to\": \"offline\")"
+        )));
+    }
+    let n = request.df.values().next().map_or(0, Vec::len);
+    if n > MAX_ENTITY_ROWS {
+        state.metrics.refused(Limit::MaxEntityRows);
+        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, format!("{n} rows; at most {MAX_ENTITY_ROWS} per push")));
+    }
+    if n == 0 {
+        return Err(bad("the push has no rows"));
+    }
+    if let Some((c, v)) = request.df.iter().find(|(_, v)| v.len() != n) {
+        return Err(bad(format!("df column `{c}` has {} values, another has {n}", v.len())));
+    }
+    // A column the view needs must be there (a typo would otherwise push nulls).
+    let latest = (state.clock)().saturating_add(state.limits.max_future_skew_us);
+    let reader = quiver_sdk::rows::RowReader::new(&defs, view);
+    let mut needed: Vec<&str> = reader.keys.iter().map(|k| k.name.as_str()).collect();
+    needed.push(&view.source.timestamp_field);
+    needed.extend(view.source.created_timestamp_field.as_deref());
+    needed.extend(view.features.iter().map(|f| f.name.as_str()));
+    if let Some(c) = needed.iter().find(|c| !request.df.contains_key(**c)) {
+        return Err(bad(format!("df lacks column `{c}` of feature view `{name}`")));
+    }
+    let mut rows = Vec::with_capacity(n);
+    for i in 0..n {
+        let row = reader.from_fields(|c| request.df.get(c).map(|v| &v[i])).map_err(|m| bad(format!("row {}: {m}", i + 1)))?;
+        if let Err(m) = quiver_sdk::rows::check_event_time(&view.source.timestamp_field, row.event_ts, latest) {
+            state.metrics.refused(Limit::MaxFutureSkew);
+            return Err(bad(format!("row {}: {m}", i + 1)));
+        }
+        rows.push(row);
+    }
+    let mut answer = serde_json::Map::new();
+    answer.insert("rows".into(), json!(n));
+    if offline {
+        let Some(writer) = &state.offline else {
+            return Err(ApiError(StatusCode::NOT_IMPLEMENTED, "this server has no offline store to push to".into()));
+        };
+        let version = writer.append(&defs, view, &rows).await.map_err(|e| state.unavailable("offline store", &e))?;
+        answer.insert("offline_version".into(), json!(version));
+    }
+    if online {
+        let writes = crate::store::WriteRow::of_rows(&state.project, view, &rows);
+        let written = state.store_call(state.store.write(&writes)).await?;
+        answer.insert("written".into(), json!(written));
+    }
+    Ok(Json(Json_::Object(answer)))
+}
+
