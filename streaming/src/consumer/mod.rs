@@ -1,0 +1,331 @@
+//! `quiver stream`: Kafka topics into both stores, exactly once into Delta.
+//!
+//! One consumer (group `quiver-<project>`, manual offset commits) reads the topics of
+//! the chosen views. Each message is read by the strict row reader shared with ingest
+//! and push ([`quiver_sdk::rows`]). Messages gather in a micro-batch, flushed when it
+//! holds `batch_rows` messages or is `batch_interval` old:
+//!
+//! 1. bad messages go to `<topic>.dlq` with the reason and source in headers;
+//! 2. good rows go through the guarded online write;
+//! 3. good rows are appended to each view's Delta table in one commit that also records,
+//!    as Delta `txn` actions (`quiver-stream/<view>/<topic>/<partition>`), the last
+//!    offset of each partition it covers;
+//! 4. only then are the offsets committed to Kafka.
+//!
+//! A crash anywhere replays from Kafka's committed offsets; messages at offsets the
+//! Delta table already recorded are not appended again (the online write is idempotent
+//! anyway), so no row is lost and none is written twice. A store or broker that fails
+//! is retried with backoff and nothing is committed meanwhile. On a rebalance the batch
+//! is flushed and committed before partitions are given up; on assignment the recorded
+//! offsets are read back from Delta. SIGINT/SIGTERM flush the current batch and stop.
+//!
+//! Faults (SPEC §13):
+//! - A consumer that lost its partitions while holding a batch (paused past the
+//!   session timeout, a store outage longer than it) never appends that batch over
+//!   another member's work: each Delta append states the `txn` versions it follows
+//!   and is refused ("fenced") when another member recorded more; a batch whose
+//!   partitions were reported lost is dropped unwritten. Either way the consumer seeks
+//!   back to the batch's first offsets and nothing is committed, so nothing is lost.
+//! - A dead letter the dead-letter topic refuses (too large with the added headers,
+//!   say) is retried 3 times, then sent with its payload cut to
+//!   [`TRUNCATED_PAYLOAD_BYTES`] and a `quiver.payload.truncated` header giving the
+//!   original size (the full message stays in the source topic at the offset the
+//!   headers name); if even that is refused the stream stops with an error and commits
+//!   nothing. Transient broker errors are retried until they pass.
+//! - Messages with an event time after the wall clock plus `max_future_skew` are dead
+//!   letters; views with `online: false` get no online writes.
+//! - The registry is re-read between batches when its file changes, so a feature added
+//!   by `apply` is streamed without a restart; an unreadable registry keeps the last
+//!   good definitions.
+
+mod dead_letters;
+mod pipeline;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use quiver_online::OnlineStore;
+use quiver_sdk::rows::RowReader;
+use quiver_sdk::{Config, Definitions, FeatureView, FileRegistry};
+use rdkafka::client::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::Message;
+use rdkafka::producer::FutureProducer;
+use rdkafka::Offset;
+use tokio::runtime::Handle;
+
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+pub use dead_letters::TRUNCATED_PAYLOAD_BYTES;
+use dead_letters::ensure_dead_letter_topics;
+use pipeline::Pipeline;
+
+/// How `quiver stream` batches and where it connects.
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    pub brokers: String,
+    /// Default `quiver-<project>`.
+    pub group_id: String,
+    /// Flush when this many messages are pending.
+    pub batch_rows: usize,
+    /// Flush when the oldest pending message waited this long.
+    pub batch_interval: Duration,
+    /// Dead letters of topic `t` go to `t` + this suffix.
+    pub dlq_suffix: String,
+}
+
+impl StreamOptions {
+    pub fn new(config: &Config) -> StreamOptions {
+        StreamOptions {
+            brokers: config.kafka_brokers.clone(),
+            group_id: format!("quiver-{}", config.project),
+            batch_rows: 10_000,
+            batch_interval: Duration::from_millis(500),
+            dlq_suffix: ".dlq".to_string(),
+        }
+    }
+}
+
+/// The views `quiver stream VIEW...` reads: those named, or every view with a stream
+/// source when none is named.
+///
+/// # Errors
+/// [`Error::Config`] for an unknown view, a view without a stream source, or none at all.
+pub fn stream_views<'a>(defs: &'a Definitions, names: &[String]) -> Result<Vec<&'a FeatureView>> {
+    if names.is_empty() {
+        let views: Vec<&FeatureView> = defs.feature_views.iter().filter(|v| v.source.stream.is_some()).collect();
+        if views.is_empty() {
+            return Err(Error::Config(
+                "no feature view has a stream source (add `stream: {topic: ..., format: json}` to a view's source)".into(),
+            ));
+        }
+        return Ok(views);
+    }
+    names
+        .iter()
+        .map(|n| {
+            let view = defs.feature_view(n).ok_or_else(|| Error::Config(format!("unknown feature view `{n}`")))?;
+            if view.source.stream.is_none() {
+                return Err(Error::Config(format!("feature view `{n}` has no stream source")));
+            }
+            Ok(view)
+        })
+        .collect()
+}
+
+/// The Delta `txn` app id under which a view's table records a partition's progress.
+pub fn app_id(view: &str, topic: &str, partition: i32) -> String {
+    format!("quiver-stream/{view}/{topic}/{partition}")
+}
+
+/// What a stream run did, for the final summary line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamReport {
+    pub consumed: u64,
+    pub written_online: u64,
+    pub appended_offline: u64,
+    pub dead_lettered: u64,
+}
+
+/// The consumer's context: flushes and commits before partitions are revoked, reads
+/// the Delta progress of partitions when they are assigned.
+pub struct StreamContext {
+    pipeline: Arc<Mutex<Pipeline>>,
+}
+
+impl std::fmt::Debug for StreamContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamContext").finish_non_exhaustive()
+    }
+}
+
+impl ClientContext for StreamContext {}
+
+impl ConsumerContext for StreamContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let mut pipeline = self.pipeline.lock().expect("pipeline lock");
+            if consumer.assignment_lost() {
+                // Another member may already be writing these partitions.
+                pipeline.drop_lost(tpl);
+                return;
+            }
+            if let Err(e) = pipeline.flush(consumer) {
+                // Nothing of the batch is committed; the loop stops on the same error.
+                pipeline.fatal.get_or_insert(e);
+            }
+            pipeline.revoked(tpl);
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            self.pipeline.lock().expect("pipeline lock").assigned(tpl);
+        }
+    }
+}
+
+/// Consumes the topics of `views` until `shutdown` is set, then flushes the current
+/// batch, commits and returns. Runs on the calling thread; async work (stores, Delta,
+/// the producer) runs on `rt`, which must not be the caller's own runtime thread.
+///
+/// # Errors
+/// [`Error::Kafka`] when the consumer or producer cannot be created, and when a dead
+/// letter is refused even cut short; [`Error::Config`] for views that cannot stream,
+/// and when a registry change removes a streamed view or changes its topic. Other store
+/// and broker failures while running are retried, never returned. Whatever is
+/// returned, nothing of the batch in hand was committed.
+pub fn run(
+    config: &Config,
+    defs: Arc<Definitions>,
+    views: &[String],
+    store: Arc<dyn OnlineStore>,
+    options: StreamOptions,
+    metrics: Arc<Metrics>,
+    shutdown: Arc<AtomicBool>,
+    rt: Handle,
+) -> Result<StreamReport> {
+    let chosen: Vec<usize> = stream_views(&defs, views)?
+        .iter()
+        .map(|v| defs.feature_views.iter().position(|w| w.name == v.name).expect("from defs"))
+        .collect();
+    let mut by_topic: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, &vi) in chosen.iter().enumerate() {
+        let topic = defs.feature_views[vi].source.stream.as_ref().expect("stream views").topic.clone();
+        by_topic.entry(topic).or_default().push(i);
+    }
+    let mut topics: Vec<String> = by_topic.keys().cloned().collect();
+    topics.sort();
+    let kafka = |e: rdkafka::error::KafkaError| Error::Kafka { brokers: options.brokers.clone(), message: e.to_string() };
+    rt.block_on(ensure_dead_letter_topics(&options, &topics))?;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &options.brokers)
+        .set("message.timeout.ms", "10000")
+        .create()
+        .map_err(kafka)?;
+    let readers = chosen.iter().map(|&vi| RowReader::new(&defs, &defs.feature_views[vi])).collect();
+    let registry = FileRegistry::new(config.registry_path.clone());
+    let registry_mtime = std::fs::metadata(registry.path()).and_then(|m| m.modified()).ok();
+    let pipeline = Arc::new(Mutex::new(Pipeline {
+        readers,
+        registry,
+        registry_mtime,
+        first: BTreeMap::new(),
+        fatal: None,
+        config: config.clone(),
+        rows: vec![Vec::new(); chosen.len()],
+        views: chosen,
+        defs,
+        by_topic,
+        store,
+        producer,
+        options: options.clone(),
+        rt: rt.clone(),
+        metrics: metrics.clone(),
+        shutdown: shutdown.clone(),
+        dead: Vec::new(),
+        consumed: BTreeMap::new(),
+        floors: HashMap::new(),
+        pending: 0,
+        started: None,
+        abort_after: std::env::var("QUIVER_STREAM_ABORT_AFTER_DELTA").ok().and_then(|v| v.parse().ok()),
+    }));
+    let consumer: BaseConsumer<StreamContext> = ClientConfig::new()
+        .set("bootstrap.servers", &options.brokers)
+        .set("group.id", &options.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "1000")
+        .create_with_context(StreamContext { pipeline: pipeline.clone() })
+        .map_err(kafka)?;
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&names).map_err(kafka)?;
+    eprintln!("streaming {} into both stores (group {}); Ctrl-C to stop", topics.join(", "), options.group_id);
+
+    let mut last_lag = Instant::now();
+    let mut last_registry_check = Instant::now();
+    let mut failed: Option<Error> = None;
+    while !shutdown.load(Ordering::Relaxed) {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => pipeline.lock().expect("pipeline lock").add(
+                m.topic(),
+                m.partition(),
+                m.offset(),
+                m.key(),
+                m.payload(),
+            ),
+            Some(Err(e)) => {
+                Metrics::add(&metrics.retries, 1);
+                tracing::warn!(error = %e, "consumer error");
+            }
+            None => {}
+        }
+        {
+            let mut p = pipeline.lock().expect("pipeline lock");
+            if p.due()
+                && let Err(e) = p.flush(&consumer)
+            {
+                p.fatal.get_or_insert(e);
+            }
+            if let Some(e) = p.fatal.take() {
+                failed = Some(e);
+                break;
+            }
+            if p.pending == 0 && last_registry_check.elapsed() >= Duration::from_secs(1) {
+                last_registry_check = Instant::now();
+                if let Err(e) = p.reload_registry() {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if last_lag.elapsed() >= Duration::from_secs(5) {
+            update_lag(&consumer, &metrics);
+            last_lag = Instant::now();
+        }
+    }
+    if let Some(e) = failed {
+        // Nothing of the current batch is committed: it is read again on the next start.
+        consumer.unsubscribe();
+        return Err(e);
+    }
+    // Graceful stop: what is pending is written and committed.
+    // (A store that is down now is not waited for: the batch is read again next start.)
+    let clean = pipeline.lock().expect("pipeline lock").flush(&consumer);
+    consumer.unsubscribe();
+    drop(consumer);
+    match clean {
+        Ok(true) => {}
+        Ok(false) => eprintln!("warning: the last batch was not committed; it is read again on the next start"),
+        Err(e) => return Err(e),
+    }
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    Ok(StreamReport {
+        consumed: load(&metrics.consumed),
+        written_online: load(&metrics.written_online),
+        appended_offline: load(&metrics.appended_offline),
+        dead_lettered: load(&metrics.dead_lettered),
+    })
+}
+
+fn update_lag(consumer: &BaseConsumer<StreamContext>, metrics: &Metrics) {
+    let Ok(position) = consumer.position() else { return };
+    let mut lag = BTreeMap::new();
+    for elem in position.elements() {
+        let Ok((_, high)) = consumer.fetch_watermarks(elem.topic(), elem.partition(), Duration::from_millis(500)) else {
+            continue;
+        };
+        let at = match elem.offset() {
+            Offset::Offset(o) => o,
+            _ => continue,
+        };
+        lag.insert((elem.topic().to_string(), elem.partition()), (high - at).max(0));
+    }
+    *metrics.lag.lock().expect("metrics lock") = lag;
+}
+
