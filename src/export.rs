@@ -243,6 +243,28 @@ pub struct Exported {
     pub joined: usize,
 }
 
+/// What the caller hears of an export as it goes.
+#[derive(Clone, Copy)]
+pub struct Hooks<'h> {
+    /// Called with the shards done so far (written now, or found intact) and their count.
+    pub progress: &'h (dyn Fn(u64, u64) + Sync),
+    /// An injected fault: called with the number of shards this run wrote, after each
+    /// one's file and progress record are in place (a crash test aborts the process there).
+    pub shard_written: &'h (dyn Fn(usize) + Sync),
+}
+
+impl std::fmt::Debug for Hooks<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks").finish_non_exhaustive()
+    }
+}
+
+impl Default for Hooks<'_> {
+    fn default() -> Self {
+        Hooks { progress: &|_, _| {}, shard_written: &|_| {} }
+    }
+}
+
 /// Runs the export into `out`. A folder holding this training set already (complete, or
 /// an unfinished run) is completed: intact shards stay, damaged or missing ones are
 /// joined again. A folder holding anything else is refused before anything is written.
@@ -253,89 +275,34 @@ async fn run(
     plan: Plan,
     out: &Path,
     kernel: &dyn AsOfKernel,
-    progress: &(dyn Fn(u64, u64) + Sync),
+    hooks: Hooks<'_>,
     expected: Option<&[Shard]>,
 ) -> Result<Exported> {
     let Plan { mut manifest, spine, defs } = plan;
-    let manifest_path = out.join(MANIFEST);
     let progress_path = out.join(PROGRESS);
-    let id = manifest.training_set_id.clone();
-    // What the folder holds of this training set: shards it listed as finished.
-    let listed: Vec<Shard> = if manifest_path.exists() {
-        let existing: Manifest = serde_json::from_slice(&std::fs::read(&manifest_path).map_err(|e| Error::io(&manifest_path, e))?)
-            .map_err(|e| out_err(&manifest_path, format!("unreadable manifest: {e}")))?;
-        if existing.training_set_id != id {
-            return Err(out_err(out, format!(
-                "holds another training set ({}); export into an empty folder",
-                existing.training_set_id
-            )));
-        }
-        if expected.is_none() {
-            manifest.schema = existing.schema.clone();
-        }
-        existing.shards
-    } else {
-        match std::fs::read(&progress_path) {
-            Ok(bytes) => match serde_json::from_slice::<Progress>(&bytes) {
-                Ok(p) if p.training_set_id == id => p.shards,
-                Ok(p) => {
-                    return Err(out_err(out, format!(
-                        "holds an unfinished export of another training set ({}); export into an empty folder",
-                        p.training_set_id
-                    )));
-                }
-                Err(e) => return Err(out_err(&progress_path, format!("unreadable: {e}"))),
-            },
-            Err(_) => Vec::new(),
-        }
-    };
+    let listed = listed_shards(out, &mut manifest, expected.is_some())?;
     check_folder(out, &listed)?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     // Finished shards whose files are still intact; the others are damaged.
-    let intact = |s: &Shard| std::fs::read(out.join(&s.file)).is_ok_and(|b| sha256_hex(&b) == s.sha256);
-    let mut done: Vec<Shard> = Vec::new();
-    let mut damaged: Vec<String> = Vec::new();
-    for s in listed {
-        if intact(&s) {
-            done.push(s);
-        } else {
-            damaged.push(s.file);
-        }
-    }
-
-    let defs = &defs;
+    let (mut done, damaged): (Vec<Shard>, Vec<Shard>) = listed.into_iter().partition(|s| intact(out, s));
     let service = defs.feature_service(&manifest.options.service).expect("planned");
-    let requests = resolve(defs, &service.features)?;
+    let requests = resolve(&defs, &service.features)?;
     let n = spine.num_rows() as u64;
     let per = manifest.options.shard_rows;
     let n_shards = n.div_ceil(per).max(1);
-    let abort_after: Option<usize> = std::env::var("QUIVER_EXPORT_ABORT_AFTER_SHARDS").ok().and_then(|v| v.parse().ok());
-    let mut written_now = 0usize;
-    let mut joined_now = 0usize;
-    let mut repaired = Vec::new();
+    let (mut written_now, mut joined_now, mut repaired) = (0usize, 0usize, Vec::new());
     for k in 0..n_shards {
         let file = format!("part-{k:05}.{}", manifest.options.format.extension());
         if expected.is_none() && done.iter().any(|s| s.file == file) {
-            progress(k + 1, n_shards);
+            (hooks.progress)(k + 1, n_shards);
             continue;
         }
         let start = k * per;
-        let len = per.min(n - start.min(n));
-        let slice = spine.slice(start as usize, len as usize);
-        let joined = historical(
-            &repo.config,
-            defs,
-            SpineRows { source: Path::new(&manifest.spine.path), rows: &slice },
-            &requests,
-            HistoricalOptions {
-                created_cutoff: manifest.options.created_cutoff,
-                versions: manifest.delta_versions.clone(),
-                ..Default::default()
-            },
-            kernel,
-            &|_, _| {},
-        )
-        .await?;
+        let slice = spine.slice(start as usize, per.min(n - start.min(n)) as usize);
+        let versions = manifest.delta_versions.clone();
+        let options = HistoricalOptions { created_cutoff: manifest.options.created_cutoff, versions, ..Default::default() };
+        let rows = SpineRows { source: Path::new(&manifest.spine.path), rows: &slice };
+        let joined = historical(&repo.config, &defs, rows, &requests, options, kernel, &|_, _| {}).await?;
         joined_now += 1;
         if manifest.schema.is_empty() {
             manifest.schema = joined.schema().fields().iter().map(|f| (f.name().clone(), f.data_type().to_string())).collect();
@@ -343,38 +310,85 @@ async fn run(
         let bytes = encode(&joined, manifest.options.format)?;
         let shard = Shard { file, rows: joined.num_rows() as u64, sha256: sha256_hex(&bytes) };
         if let Some(expected) = expected {
-            let Some(want) = expected.iter().find(|s| s.file == shard.file) else {
-                return Err(out_err(out, format!("cannot reproduce: {} is not in the manifest (a different number of shards)", shard.file)));
-            };
-            if *want != shard {
-                return Err(out_err(&out.join(&shard.file), format!(
-                    "does not reproduce {} (sha256 {} vs {}); nothing written",
-                    want.file, shard.sha256, want.sha256
-                )));
-            }
+            check_reproduces(out, expected, &shard)?;
             done.retain(|s| s.file != shard.file);
-            if intact(&shard) {
+            if intact(out, &shard) {
                 done.push(shard);
-                progress(k + 1, n_shards);
+                (hooks.progress)(k + 1, n_shards);
                 continue;
             }
         }
         write_atomic(&out.join(&shard.file), &bytes)?;
-        if damaged.contains(&shard.file) {
+        if damaged.iter().any(|s| s.file == shard.file) {
             repaired.push(shard.file.clone());
         }
         done.push(shard);
-        let record = Progress { training_set_id: id.clone(), shards: done.clone() };
-        if !manifest_path.exists() {
+        if !out.join(MANIFEST).exists() {
+            let record = Progress { training_set_id: manifest.training_set_id.clone(), shards: done.clone() };
             write_atomic(&progress_path, &serde_json::to_vec_pretty(&record).expect("progress serialises"))?;
         }
-        progress(k + 1, n_shards);
+        (hooks.progress)(k + 1, n_shards);
         written_now += 1;
-        if abort_after.is_some_and(|a| written_now >= a) {
-            eprintln!("aborting after {written_now} shards (QUIVER_EXPORT_ABORT_AFTER_SHARDS)");
-            std::process::abort();
-        }
+        (hooks.shard_written)(written_now);
     }
+    let manifest = finish(out, manifest, done)?;
+    Ok(Exported { manifest, repaired, joined: joined_now })
+}
+
+/// Whether the shard's file in `out` is there with the content it records.
+fn intact(out: &Path, shard: &Shard) -> bool {
+    std::fs::read(out.join(&shard.file)).is_ok_and(|b| sha256_hex(&b) == shard.sha256)
+}
+
+/// The shards `out` lists as finished for this training set: its manifest's, or an
+/// unfinished run's progress record's. A folder of another training set is refused.
+/// An export (not a reproduction) takes the schema of a manifest already there.
+fn listed_shards(out: &Path, manifest: &mut Manifest, reproducing: bool) -> Result<Vec<Shard>> {
+    let (manifest_path, progress_path) = (out.join(MANIFEST), out.join(PROGRESS));
+    let id = &manifest.training_set_id;
+    if manifest_path.exists() {
+        let existing: Manifest = serde_json::from_slice(&std::fs::read(&manifest_path).map_err(|e| Error::io(&manifest_path, e))?)
+            .map_err(|e| out_err(&manifest_path, format!("unreadable manifest: {e}")))?;
+        if existing.training_set_id != *id {
+            return Err(out_err(out, format!(
+                "holds another training set ({}); export into an empty folder",
+                existing.training_set_id
+            )));
+        }
+        if !reproducing {
+            manifest.schema = existing.schema.clone();
+        }
+        return Ok(existing.shards);
+    }
+    match std::fs::read(&progress_path) {
+        Ok(bytes) => match serde_json::from_slice::<Progress>(&bytes) {
+            Ok(p) if p.training_set_id == *id => Ok(p.shards),
+            Ok(p) => Err(out_err(out, format!(
+                "holds an unfinished export of another training set ({}); export into an empty folder",
+                p.training_set_id
+            ))),
+            Err(e) => Err(out_err(&progress_path, format!("unreadable: {e}"))),
+        },
+        Err(_) => Ok(Vec::new()),
+    }
+}
+
+/// A reproduction's shard must be the manifest's, byte for byte (by SHA-256).
+fn check_reproduces(out: &Path, expected: &[Shard], shard: &Shard) -> Result<()> {
+    let Some(want) = expected.iter().find(|s| s.file == shard.file) else {
+        return Err(out_err(out, format!("cannot reproduce: {} is not in the manifest (a different number of shards)", shard.file)));
+    };
+    if want != shard {
+        return Err(out_err(&out.join(&shard.file), format!(
+            "does not reproduce {} (sha256 {} vs {}); nothing written",
+            want.file, shard.sha256, want.sha256
+        )));
+    }
+    Ok(())
+}
+
+/// Writes the manifest of the finished shards (and drops the progress record).
+fn finish(out: &Path, mut manifest: Manifest, mut done: Vec<Shard>) -> Result<Manifest> {
     done.sort_by(|a, b| a.file.cmp(&b.file));
     if manifest.schema.is_empty() {
         // Every shard came from an earlier run: read the schema back from the first.
@@ -384,14 +398,11 @@ async fn run(
     }
     manifest.rows = done.iter().map(|s| s.rows).sum();
     manifest.shards = done;
-    write_atomic(&manifest_path, &serde_json::to_vec_pretty(&manifest).expect("manifest serialises"))?;
-    let _ = std::fs::remove_file(&progress_path);
-    Ok(Exported { manifest, repaired, joined: joined_now })
+    write_atomic(&out.join(MANIFEST), &serde_json::to_vec_pretty(&manifest).expect("manifest serialises"))?;
+    let _ = std::fs::remove_file(out.join(PROGRESS));
+    Ok(manifest)
 }
 
-/// Refuses an output folder that holds anything but this training set: its manifest,
-/// its progress file, the shards they list, and temp files of an interrupted write
-/// (removed). A `part-*` file nothing lists would otherwise be overwritten.
 fn check_folder(out: &Path, listed: &[Shard]) -> Result<()> {
     let entries = match std::fs::read_dir(out) {
         Ok(e) => e,
@@ -448,10 +459,10 @@ pub async fn export(
     out: &Path,
     options: ExportOptions,
     kernel: &dyn AsOfKernel,
-    progress: &(dyn Fn(u64, u64) + Sync),
+    hooks: Hooks<'_>,
 ) -> Result<Exported> {
     let plan = plan(repo, spine, options, None).await?;
-    run(repo, plan, out, kernel, progress, None).await
+    run(repo, plan, out, kernel, hooks, None).await
 }
 
 /// Rebuilds the training set of `manifest_path` into `out`: the same Delta versions,
@@ -467,7 +478,7 @@ pub async fn reproduce(
     manifest_path: &Path,
     out: &Path,
     kernel: &dyn AsOfKernel,
-    progress: &(dyn Fn(u64, u64) + Sync),
+    hooks: Hooks<'_>,
 ) -> Result<Exported> {
     let original: Manifest = serde_json::from_slice(&std::fs::read(manifest_path).map_err(|e| Error::io(manifest_path, e))?)
         .map_err(|e| out_err(manifest_path, format!("unreadable manifest: {e}")))?;
@@ -482,7 +493,7 @@ pub async fn reproduce(
             plan.manifest.registry_version, original.registry_version
         )));
     }
-    let rebuilt = run(repo, plan, out, kernel, progress, Some(&original.shards)).await?;
+    let rebuilt = run(repo, plan, out, kernel, hooks, Some(&original.shards)).await?;
     if original.shards != rebuilt.manifest.shards {
         return Err(out_err(out, format!(
             "{} shards rebuilt, the manifest lists {}",

@@ -26,13 +26,16 @@ pub const KERNEL_SOURCE: &str = include_str!("asof.cu");
 /// The kernels `KERNEL_SOURCE` must define.
 pub const KERNEL_NAMES: [&str; 3] = ["asof_search", "gather_u64", "gather_u32"];
 
+/// A CUDA device: its name, compute capability (major, minor) and memory in bytes.
+pub type Device = (String, (i32, i32), usize);
+
 /// What the machine offers for CUDA.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Probe {
     /// `libcuda` can be loaded.
     pub driver: bool,
     /// The devices the driver reports: name, compute capability, memory in bytes.
-    pub devices: Vec<(String, (i32, i32), usize)>,
+    pub devices: Vec<Device>,
     /// Why the driver could not be used, if it could not.
     pub driver_error: Option<String>,
     /// NVRTC's version, when `libnvrtc` can be loaded.
@@ -41,9 +44,8 @@ pub struct Probe {
 
 /// Looks for the CUDA driver, its devices and NVRTC without ever panicking.
 pub fn probe() -> Probe {
-    let mut p = Probe::default();
     // SAFETY: only tries to dlopen the library names; no symbol is called.
-    p.driver = unsafe { cudarc::driver::sys::is_culib_present() };
+    let mut p = Probe { driver: unsafe { cudarc::driver::sys::is_culib_present() }, ..Probe::default() };
     if p.driver {
         match devices() {
             Ok(d) => p.devices = d,
@@ -64,7 +66,7 @@ pub fn probe() -> Probe {
     p
 }
 
-fn devices() -> Result<Vec<(String, (i32, i32), usize)>, String> {
+fn devices() -> Result<Vec<Device>, String> {
     use cudarc::driver::CudaContext;
     let n = CudaContext::device_count().map_err(|e| format!("CUDA driver: {e}"))?;
     let mut out = Vec::new();

@@ -31,19 +31,15 @@ pub fn table_url(location: &StoreLocation) -> Result<Url> {
 /// # Errors
 /// [`Error::Delta`] when a table is there but cannot be read.
 pub async fn open_table(location: &StoreLocation) -> Result<Option<DeltaTable>> {
-    if let StoreLocation::Local(path) = location {
-        if !path.join("_delta_log").is_dir() {
+    if let StoreLocation::Local(path) = location
+        && !path.join("_delta_log").is_dir() {
             return Ok(None);
         }
-    }
     let url = table_url(location)?;
     match deltalake::open_table(url).await {
         Ok(table) => Ok(Some(table)),
         Err(DeltaTableError::NotATable(_)) => Ok(None),
-        Err(source) => Err(Error::Delta {
-            table: location.to_string(),
-            source,
-        }),
+        Err(source) => Err(Error::delta(location, source)),
     }
 }
 
@@ -55,10 +51,7 @@ pub async fn holds_data(location: &StoreLocation) -> Result<bool> {
     let Some(table) = open_table(location).await? else {
         return Ok(false);
     };
-    let snapshot = table.snapshot().map_err(|source| Error::Delta {
-        table: location.to_string(),
-        source,
-    })?;
+    let snapshot = table.snapshot().map_err(|source| Error::delta(location, source))?;
     Ok(snapshot.log_data().num_files() > 0)
 }
 

@@ -8,8 +8,9 @@ pub enum Error {
     #[error("delta table {table}: {source}")]
     Delta {
         table: String,
+        /// Boxed, as is a query's: the two are most of the enum's size otherwise.
         #[source]
-        source: deltalake::DeltaTableError,
+        source: Box<deltalake::DeltaTableError>,
     },
     #[error("delta table {table}: bad location: {message}")]
     Location { table: String, message: String },
@@ -27,7 +28,7 @@ pub enum Error {
     Query {
         table: String,
         #[source]
-        source: datafusion::error::DataFusionError,
+        source: Box<datafusion::error::DataFusionError>,
     },
     #[error("{0}")]
     Arrow(#[from] arrow::error::ArrowError),
@@ -64,7 +65,14 @@ impl Error {
     pub(crate) fn delta(table: impl std::fmt::Display, source: deltalake::DeltaTableError) -> Self {
         Error::Delta {
             table: table.to_string(),
-            source,
+            source: Box::new(source),
+        }
+    }
+
+    pub(crate) fn query(table: impl std::fmt::Display, source: datafusion::error::DataFusionError) -> Self {
+        Error::Query {
+            table: table.to_string(),
+            source: Box::new(source),
         }
     }
 }

@@ -197,16 +197,14 @@ pub fn conform(
                 Error::input(path, format!("column `{name}`: {msg}"))
             })?
         };
-        if *role == Role::Key {
-            if let Some(strings) = converted.as_string_opt::<i32>() {
-                if let Some(row) = (0..strings.len()).find(|&i| strings.is_valid(i) && strings.value(i).is_empty()) {
+        if *role == Role::Key
+            && let Some(strings) = converted.as_string_opt::<i32>()
+                && let Some(row) = (0..strings.len()).find(|&i| strings.is_valid(i) && strings.value(i).is_empty()) {
                     return Err(Error::input(
                         path,
                         format!("row {}: column `{name}` is an empty string (join keys must be set)", row0 + row + 1),
                     ));
                 }
-            }
-        }
         if *role != Role::Feature && converted.null_count() > 0 {
             let row = (0..converted.len()).find(|&i| converted.is_null(i)).unwrap_or(0);
             return Err(Error::input(

@@ -86,7 +86,7 @@ pub async fn read(location: &StoreLocation, since: i64, until: i64) -> Result<Ve
         return Ok(Vec::new());
     };
     let name = location.to_string();
-    let query = |source| Error::Query { table: name.clone(), source };
+    let query = |source| Error::query(&name, source);
     let mut session = SessionConfig::new();
     // Plain Utf8 columns, as written (not DataFusion's default string views).
     session.options_mut().execution.parquet.schema_force_view_types = false;

@@ -253,7 +253,7 @@ fn write_csv(path: &Path, view: &str, rows: &[Row]) {
 }
 
 /// SPEC §3 for one spine row and one view, by looking at every row.
-fn oracle<'a>(rows: &'a [Row], view: &str, ttl: Option<i64>, has_created: bool, d: i64, c: &str, t: i64, cutoff: bool) -> Option<&'a Row> {
+fn oracle<'a>(rows: &'a [Row], view: &str, ttl: Option<i64>, has_created: bool, (d, c, t): (i64, &str, i64), cutoff: bool) -> Option<&'a Row> {
     rows.iter()
         .filter(|r| match view {
             "dh" => r.driver == Some(d),
@@ -404,7 +404,7 @@ async fn historical_matches_the_row_by_row_oracle() {
             let has_created = view.source.created_timestamp_field.is_some();
             let like = all[r.view.as_str()][0].values[fi].clone();
             for (i, (d, c, t)) in spine.iter().enumerate() {
-                let want = match oracle(&all[r.view.as_str()], &r.view, ttl, has_created, *d, c, *t, cutoff) {
+                let want = match oracle(&all[r.view.as_str()], &r.view, ttl, has_created, (*d, c, *t), cutoff) {
                     Some(row) => {
                         matched += 1;
                         row.values[fi].clone()

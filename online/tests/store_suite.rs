@@ -58,14 +58,14 @@ async fn guarded_write_rules(store: &dyn OnlineStore, p: &str) {
     assert_eq!(store.write(&[row(&k, 99, 50, 2)]).await.unwrap(), 0);
     // Same event time, older created time: ignored.
     assert_eq!(store.write(&[row(&k, 100, 4, 3)]).await.unwrap(), 0);
-    assert_eq!(value_of(&store.read(&[k.clone()]).await.unwrap()[0]), Some(1));
+    assert_eq!(value_of(&store.read(std::slice::from_ref(&k)).await.unwrap()[0]), Some(1));
     // Equal (event, created): replaces.
     assert_eq!(store.write(&[row(&k, 100, 5, 4)]).await.unwrap(), 1);
-    assert_eq!(value_of(&store.read(&[k.clone()]).await.unwrap()[0]), Some(4));
+    assert_eq!(value_of(&store.read(std::slice::from_ref(&k)).await.unwrap()[0]), Some(4));
     // Same event time, newer created time: replaces; newer event time: replaces.
     assert_eq!(store.write(&[row(&k, 100, 6, 5)]).await.unwrap(), 1);
     assert_eq!(store.write(&[row(&k, 101, -1, 6)]).await.unwrap(), 1);
-    assert_eq!(value_of(&store.read(&[k.clone()]).await.unwrap()[0]), Some(6));
+    assert_eq!(value_of(&store.read(std::slice::from_ref(&k)).await.unwrap()[0]), Some(6));
     // Negative (pre-1970) times order correctly too.
     let k2 = store_key(p, "v", &[KeyValue::Int(-1)]);
     store.write(&[row(&k2, -5, 0, 1)]).await.unwrap();
@@ -169,7 +169,7 @@ async fn future_rows_never_block(store: &dyn OnlineStore, p: &str) {
     let year_9999 = 253_402_300_799_000_000;
     assert_eq!(store.write(&[row(&k, year_9999, 0, 1)]).await.unwrap(), 1);
     assert_eq!(store.write(&[row(&k, now_us, 0, 2)]).await.unwrap(), 1, "a real update replaces the year-9999 row");
-    assert_eq!(value_of(&store.read(&[k.clone()]).await.unwrap()[0]), Some(2));
+    assert_eq!(value_of(&store.read(std::slice::from_ref(&k)).await.unwrap()[0]), Some(2));
     // A minute ahead is within the default 5 minutes: it guards.
     let k2 = store_key(p, "future", &[KeyValue::Int(2)]);
     store.write(&[row(&k2, now_us + 60_000_000, 0, 1)]).await.unwrap();

@@ -125,8 +125,10 @@ pub enum Error {
     #[error("{}{source}", location(file))]
     Definition {
         file: Option<PathBuf>,
+        /// Boxed: the definition errors are large, and every `Result` of the sdk (and
+        /// of the crates above it) would carry their size.
         #[source]
-        source: DefinitionError,
+        source: Box<DefinitionError>,
     },
     /// A bad `quiver.yaml` setting.
     #[error("{file}: {message}", file = file.display())]
@@ -162,7 +164,7 @@ fn location(file: &Option<PathBuf>) -> String {
 
 impl From<DefinitionError> for Error {
     fn from(source: DefinitionError) -> Self {
-        Error::Definition { file: None, source }
+        Error::Definition { file: None, source: Box::new(source) }
     }
 }
 

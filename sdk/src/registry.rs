@@ -658,15 +658,14 @@ pub fn apply_with(
         });
     }
     let breaking = doc.breaking_changes(new, probe)?;
-    if let Some(first) = breaking.first() {
-        if !force {
+    if let Some(first) = breaking.first()
+        && !force {
             let more = match breaking.len() {
                 1 => String::new(),
                 n => format!(" (and {} more)", n - 1),
             };
             return Err(Error::Breaking(format!("{first}{more}")));
         }
-    }
     let next = doc.applied(new, &plan, now, force && !breaking.is_empty());
     before_write()?;
     registry.save(&next)?;

@@ -157,13 +157,12 @@ impl Definitions {
                 check_name("feature", &feature.name)?;
             }
             self.check_columns(view)?;
-            if let Some(stream) = &view.source.stream {
-                if stream.topic.trim().is_empty() {
+            if let Some(stream) = &view.source.stream
+                && stream.topic.trim().is_empty() {
                     return Err(DefinitionError::EmptyTopic {
                         view: view.name.clone(),
                     });
                 }
-            }
         }
 
         // Feature services.

@@ -39,6 +39,18 @@ pub struct Export {
     reproduce: Option<PathBuf>,
 }
 
+/// `QUIVER_EXPORT_ABORT_AFTER_SHARDS=N` (for the crash test of resuming) aborts the
+/// process once this run wrote N shards.
+fn abort_after_shards() -> impl Fn(usize) + Send + Sync + 'static {
+    let after: Option<usize> = std::env::var("QUIVER_EXPORT_ABORT_AFTER_SHARDS").ok().and_then(|v| v.parse().ok());
+    move |written| {
+        if after.is_some_and(|a| written >= a) {
+            eprintln!("aborting after {written} shards (QUIVER_EXPORT_ABORT_AFTER_SHARDS)");
+            std::process::abort();
+        }
+    }
+}
+
 impl Export {
     pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
         let began = std::time::Instant::now();
@@ -62,6 +74,7 @@ impl Export {
                         .with_created_cutoff(self.created_cutoff)
                         .with_engine(self.engine.into())
                         .with_progress(progress)
+                        .with_shard_written(abort_after_shards())
                         .await
                 }
             }

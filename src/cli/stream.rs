@@ -24,6 +24,22 @@ pub struct Stream {
     metrics_port: Option<u16>,
 }
 
+/// Events go to stderr as lines. `QUIVER_STREAM_ABORT_AFTER_DELTA=N` (for the crash
+/// tests) aborts the process once the Nth batch is in both stores but before its
+/// offsets are committed to Kafka, the window exactly-once has to get right.
+fn hooks() -> quiver::streaming::Hooks {
+    let hooks = quiver::streaming::Hooks::default().on_event(|event| eprintln!("{event}"));
+    match std::env::var("QUIVER_STREAM_ABORT_AFTER_DELTA").ok().and_then(|v| v.parse::<u64>().ok()) {
+        Some(n) => hooks.before_commit(move |batch| {
+            if batch >= n {
+                eprintln!("aborting before the offset commit (QUIVER_STREAM_ABORT_AFTER_DELTA)");
+                std::process::abort();
+            }
+        }),
+        None => hooks,
+    }
+}
+
 impl Stream {
     pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
         let repo = ctx.open()?;
@@ -33,7 +49,8 @@ impl Stream {
             .stream(self.views)
             .with_batch(self.batch_rows, std::time::Duration::from_millis(self.batch_ms))
             .with_metrics(metrics.clone())
-            .with_shutdown(shutdown.clone());
+            .with_shutdown(shutdown.clone())
+            .with_hooks(hooks());
         // Checked before connecting anywhere.
         op.check()?;
         let rt = runtime()?;

@@ -2,10 +2,11 @@
 
 use std::future::IntoFuture;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::{Engine, OpFuture, Progress, no_progress, pick_engine};
 use crate::error::Result;
-use crate::export::{ExportOptions, Exported, ShardFormat};
+use crate::export::{ExportOptions, Exported, Hooks, ShardFormat};
 use crate::repo::Repo;
 
 
@@ -19,6 +20,17 @@ pub struct Export<'a> {
     options: ExportOptions,
     engine: Engine,
     progress: Progress,
+    shard_written: Option<ShardWritten>,
+}
+
+/// The injected fault of [`Export::with_shard_written`].
+#[derive(Clone)]
+struct ShardWritten(Arc<dyn Fn(usize) + Send + Sync>);
+
+impl std::fmt::Debug for ShardWritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShardWritten(..)")
+    }
 }
 
 /// Rebuilds the training set of a manifest ([`Repo::reproduce`]).
@@ -43,6 +55,7 @@ impl Repo {
             options: ExportOptions { service: service.to_string(), format: ShardFormat::Parquet, shard_rows: 500_000, created_cutoff: false },
             engine: Engine::Auto,
             progress: no_progress(),
+            shard_written: None,
         }
     }
 
@@ -79,11 +92,27 @@ impl<'a> Export<'a> {
         self
     }
 
+    /// An injected fault: `f` is called with the number of shards this run wrote, after
+    /// each one is in place and recorded (a crash test aborts the process there).
+    pub fn with_shard_written(mut self, f: impl Fn(usize) + Send + Sync + 'static) -> Self {
+        self.shard_written = Some(ShardWritten(Arc::new(f)));
+        self
+    }
+
     async fn run(self) -> Result<Exported> {
         // The engine is chosen by the shard size: one shard is joined at a time.
         let (kernel, _) = pick_engine(self.engine, usize::try_from(self.options.shard_rows).unwrap_or(usize::MAX))?;
         let progress = self.progress.clone();
-        crate::export::export(self.repo, &self.spine, &self.out, self.options, kernel.as_ref(), &move |k, n| progress.report(&format!("shard {k} of {n}"), k)).await
+        let shard_written = self.shard_written.clone();
+        let hooks = Hooks {
+            progress: &move |k, n| progress.report(&format!("shard {k} of {n}"), k),
+            shard_written: &move |written| {
+                if let Some(ShardWritten(f)) = &shard_written {
+                    f(written);
+                }
+            },
+        };
+        crate::export::export(self.repo, &self.spine, &self.out, self.options, kernel.as_ref(), hooks).await
     }
 }
 
@@ -109,7 +138,8 @@ impl<'a> Reproduce<'a> {
     async fn run(self) -> Result<Exported> {
         let (kernel, _) = pick_engine(self.engine, 0)?;
         let progress = self.progress.clone();
-        crate::export::reproduce(self.repo, &self.manifest, &self.out, kernel.as_ref(), &move |k, n| progress.report(&format!("shard {k} of {n}"), k)).await
+        let hooks = Hooks { progress: &move |k, n| progress.report(&format!("shard {k} of {n}"), k), ..Hooks::default() };
+        crate::export::reproduce(self.repo, &self.manifest, &self.out, kernel.as_ref(), hooks).await
     }
 }
 

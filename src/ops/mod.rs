@@ -236,7 +236,9 @@ pub fn view<'a>(defs: &'a Definitions, name: &str) -> Result<&'a FeatureView> {
 
 /// Progress of long work: called with a phase (or a shard number) and a count so far.
 #[derive(Clone)]
-pub struct Progress(Arc<dyn Fn(&str, u64) + Send + Sync>);
+pub struct Progress(Arc<ProgressFn>);
+
+type ProgressFn = dyn Fn(&str, u64) + Send + Sync;
 
 impl Progress {
     pub fn new(f: impl Fn(&str, u64) + Send + Sync + 'static) -> Progress {

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use quiver_online::OnlineStore;
-use quiver_streaming::{Metrics, StreamOptions, StreamReport};
+use quiver_streaming::{Hooks, Metrics, StreamOptions, StreamReport};
 
 use crate::error::{Error, Result};
 use crate::repo::Repo;
@@ -21,6 +21,7 @@ pub struct Stream<'a> {
     batch_interval: Duration,
     metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
+    hooks: Hooks,
     brokers: Option<String>,
     store: Option<Arc<dyn OnlineStore>>,
 }
@@ -35,6 +36,7 @@ impl Repo {
             batch_interval: Duration::from_millis(500),
             metrics: Arc::new(Metrics::default()),
             shutdown: Arc::new(AtomicBool::new(false)),
+            hooks: Hooks::default(),
             brokers: None,
             store: None,
         }
@@ -58,6 +60,12 @@ impl Stream<'_> {
     /// Set to stop: the current batch is flushed and committed.
     pub fn with_shutdown(mut self, shutdown: Arc<AtomicBool>) -> Self {
         self.shutdown = shutdown;
+        self
+    }
+
+    /// Where the run's events go (by default `tracing`), and an injected fault.
+    pub fn with_hooks(mut self, hooks: Hooks) -> Self {
+        self.hooks = hooks;
         self
     }
 
@@ -97,6 +105,9 @@ impl Stream<'_> {
         let mut options = StreamOptions::new(&self.repo.config);
         options.batch_rows = self.batch_rows;
         options.batch_interval = self.batch_interval;
+        options.metrics = self.metrics;
+        options.shutdown = self.shutdown;
+        options.hooks = self.hooks;
         if let Some(brokers) = self.brokers {
             options.brokers = brokers;
         }
@@ -104,6 +115,6 @@ impl Stream<'_> {
             Some(s) => s,
             None => rt.block_on(self.repo.open_store())?,
         };
-        Ok(quiver_streaming::run(&self.repo.config, defs, &self.views, store, options, self.metrics, self.shutdown, rt)?)
+        Ok(quiver_streaming::run(&self.repo.config, defs, &self.views, store, options, rt)?)
     }
 }

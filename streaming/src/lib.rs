@@ -15,7 +15,7 @@ mod error;
 pub mod metrics;
 pub mod write;
 
-pub use consumer::{StreamOptions, StreamReport, run};
+pub use consumer::{Event, Hooks, StreamOptions, StreamReport, run};
 pub use error::{Error, Result};
 pub use metrics::Metrics;
 pub use write::{PushReport, Target};

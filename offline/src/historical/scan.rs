@@ -88,15 +88,11 @@ pub(super) async fn scan_view_at(
             feature_columns: vec![None; features.len()],
         });
     };
-    if let Some(v) = version {
-        if table.version() != Some(v) {
+    if let Some(v) = version
+        && table.version() != Some(v) {
             table.load_version(v).await.map_err(|e| Error::delta(name, e))?;
         }
-    }
-    let query = |source| Error::Query {
-        table: name.to_string(),
-        source,
-    };
+    let query = |source| Error::query(name, source);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut config = SessionConfig::new()
         .with_target_partitions(threads)

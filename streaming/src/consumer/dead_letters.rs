@@ -83,10 +83,10 @@ impl Pipeline {
                 if refusals[i] < REFUSED_TRIES {
                     next.push((i, cut));
                 } else if !cut {
-                    eprintln!(
-                        "warning: {}{} refused the dead letter of {}[{}]@{} ({e}); sending it with the payload cut to {TRUNCATED_PAYLOAD_BYTES} bytes (the whole message stays in {} at that offset)",
+                    self.options.hooks.warn(format!(
+                        "{}{} refused the dead letter of {}[{}]@{} ({e}); sending it with the payload cut to {TRUNCATED_PAYLOAD_BYTES} bytes (the whole message stays in {} at that offset)",
                         d.topic, self.options.dlq_suffix, d.topic, d.partition, d.offset, d.topic
-                    );
+                    ));
                     refusals[i] = 0;
                     next.push((i, true));
                 } else {
@@ -105,8 +105,7 @@ impl Pipeline {
             }
             Metrics::add(&self.metrics.retries, 1);
             if let Some(e) = transient {
-                tracing::warn!(error = %e, "sending dead letters failed; retrying in {wait:?}");
-                eprintln!("warning: sending dead letters failed ({e}); retrying in {wait:?}");
+                self.options.hooks.warn(format!("sending dead letters failed ({e}); retrying in {wait:?}"));
             }
             let until = Instant::now() + wait;
             while Instant::now() < until {

@@ -17,7 +17,7 @@
 //! anyway), so no row is lost and none is written twice. A store or broker that fails
 //! is retried with backoff and nothing is committed meanwhile. On a rebalance the batch
 //! is flushed and committed before partitions are given up; on assignment the recorded
-//! offsets are read back from Delta. SIGINT/SIGTERM flush the current batch and stop.
+//! offsets are read back from Delta. Setting `shutdown` (the CLI does on SIGINT/SIGTERM) flushes the current batch and stops.
 //!
 //! Faults (SPEC §13):
 //! - A consumer that lost its partitions while holding a batch (paused past the
@@ -39,6 +39,7 @@
 //!   good definitions.
 
 mod dead_letters;
+mod events;
 mod pipeline;
 
 use std::collections::{BTreeMap, HashMap};
@@ -60,6 +61,7 @@ use tokio::runtime::Handle;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 pub use dead_letters::TRUNCATED_PAYLOAD_BYTES;
+pub use events::{Event, Hooks};
 use dead_letters::ensure_dead_letter_topics;
 use pipeline::Pipeline;
 
@@ -75,6 +77,12 @@ pub struct StreamOptions {
     pub batch_interval: Duration,
     /// Dead letters of topic `t` go to `t` + this suffix.
     pub dlq_suffix: String,
+    /// Counters the run fills (for a metrics endpoint and the final report).
+    pub metrics: Arc<Metrics>,
+    /// Set to stop: the current batch is flushed and committed.
+    pub shutdown: Arc<AtomicBool>,
+    /// Where events go, and the injected fault.
+    pub hooks: Hooks,
 }
 
 impl StreamOptions {
@@ -85,6 +93,9 @@ impl StreamOptions {
             batch_rows: 10_000,
             batch_interval: Duration::from_millis(500),
             dlq_suffix: ".dlq".to_string(),
+            metrics: Arc::new(Metrics::default()),
+            shutdown: Arc::new(AtomicBool::new(false)),
+            hooks: Hooks::default(),
         }
     }
 }
@@ -168,9 +179,9 @@ impl ConsumerContext for StreamContext {
     }
 }
 
-/// Consumes the topics of `views` until `shutdown` is set, then flushes the current
-/// batch, commits and returns. Runs on the calling thread; async work (stores, Delta,
-/// the producer) runs on `rt`, which must not be the caller's own runtime thread.
+/// Consumes the topics of `views` until `options.shutdown` is set, then flushes the
+/// current batch, commits and returns. Runs on the calling thread; async work (stores,
+/// Delta, the producer) runs on `rt`, which must not be the caller's own runtime thread.
 ///
 /// # Errors
 /// [`Error::Kafka`] when the consumer or producer cannot be created, and when a dead
@@ -184,10 +195,42 @@ pub fn run(
     views: &[String],
     store: Arc<dyn OnlineStore>,
     options: StreamOptions,
-    metrics: Arc<Metrics>,
-    shutdown: Arc<AtomicBool>,
     rt: Handle,
 ) -> Result<StreamReport> {
+    let (pipeline, consumer) = connect(config, defs, views, store, &options, rt)?;
+    let outcome = poll_until_shutdown(&pipeline, &consumer, &options);
+    if let Err(e) = outcome {
+        // Nothing of the current batch is committed: it is read again on the next start.
+        consumer.unsubscribe();
+        return Err(e);
+    }
+    // Graceful stop: what is pending is written and committed.
+    // (A store that is down now is not waited for: the batch is read again next start.)
+    let clean = pipeline.lock().expect("pipeline lock").flush(&consumer);
+    consumer.unsubscribe();
+    drop(consumer);
+    if !clean? {
+        options.hooks.warn("the last batch was not committed; it is read again on the next start".into());
+    }
+    let metrics = &options.metrics;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    Ok(StreamReport {
+        consumed: load(&metrics.consumed),
+        written_online: load(&metrics.written_online),
+        appended_offline: load(&metrics.appended_offline),
+        dead_lettered: load(&metrics.dead_lettered),
+    })
+}
+
+/// The pipeline of the chosen views, the dead-letter producer and the subscribed consumer.
+fn connect(
+    config: &Config,
+    defs: Arc<Definitions>,
+    views: &[String],
+    store: Arc<dyn OnlineStore>,
+    options: &StreamOptions,
+    rt: Handle,
+) -> Result<(Arc<Mutex<Pipeline>>, BaseConsumer<StreamContext>)> {
     let chosen: Vec<usize> = stream_views(&defs, views)?
         .iter()
         .map(|v| defs.feature_views.iter().position(|w| w.name == v.name).expect("from defs"))
@@ -200,7 +243,7 @@ pub fn run(
     let mut topics: Vec<String> = by_topic.keys().cloned().collect();
     topics.sort();
     let kafka = |e: rdkafka::error::KafkaError| Error::Kafka { brokers: options.brokers.clone(), message: e.to_string() };
-    rt.block_on(ensure_dead_letter_topics(&options, &topics))?;
+    rt.block_on(ensure_dead_letter_topics(options, &topics))?;
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &options.brokers)
         .set("message.timeout.ms", "10000")
@@ -223,15 +266,14 @@ pub fn run(
         store,
         producer,
         options: options.clone(),
-        rt: rt.clone(),
-        metrics: metrics.clone(),
-        shutdown: shutdown.clone(),
+        rt,
+        metrics: options.metrics.clone(),
+        shutdown: options.shutdown.clone(),
         dead: Vec::new(),
         consumed: BTreeMap::new(),
         floors: HashMap::new(),
         pending: 0,
         started: None,
-        abort_after: std::env::var("QUIVER_STREAM_ABORT_AFTER_DELTA").ok().and_then(|v| v.parse().ok()),
     }));
     let consumer: BaseConsumer<StreamContext> = ClientConfig::new()
         .set("bootstrap.servers", &options.brokers)
@@ -245,12 +287,21 @@ pub fn run(
         .map_err(kafka)?;
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
     consumer.subscribe(&names).map_err(kafka)?;
-    eprintln!("streaming {} into both stores (group {}); Ctrl-C to stop", topics.join(", "), options.group_id);
+    options.hooks.emit(Event::Started { topics, group: options.group_id.clone() });
+    Ok((pipeline, consumer))
+}
 
+/// Reads messages into the pipeline, flushing batches when due and re-reading the
+/// registry between them, until shutdown (`Ok`) or an error the stream cannot go on after.
+fn poll_until_shutdown(
+    pipeline: &Mutex<Pipeline>,
+    consumer: &BaseConsumer<StreamContext>,
+    options: &StreamOptions,
+) -> Result<()> {
+    let metrics = &options.metrics;
     let mut last_lag = Instant::now();
     let mut last_registry_check = Instant::now();
-    let mut failed: Option<Error> = None;
-    while !shutdown.load(Ordering::Relaxed) {
+    while !options.shutdown.load(Ordering::Relaxed) {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => pipeline.lock().expect("pipeline lock").add(
                 m.topic(),
@@ -268,49 +319,24 @@ pub fn run(
         {
             let mut p = pipeline.lock().expect("pipeline lock");
             if p.due()
-                && let Err(e) = p.flush(&consumer)
+                && let Err(e) = p.flush(consumer)
             {
                 p.fatal.get_or_insert(e);
             }
             if let Some(e) = p.fatal.take() {
-                failed = Some(e);
-                break;
+                return Err(e);
             }
             if p.pending == 0 && last_registry_check.elapsed() >= Duration::from_secs(1) {
                 last_registry_check = Instant::now();
-                if let Err(e) = p.reload_registry() {
-                    failed = Some(e);
-                    break;
-                }
+                p.reload_registry()?;
             }
         }
         if last_lag.elapsed() >= Duration::from_secs(5) {
-            update_lag(&consumer, &metrics);
+            update_lag(consumer, metrics);
             last_lag = Instant::now();
         }
     }
-    if let Some(e) = failed {
-        // Nothing of the current batch is committed: it is read again on the next start.
-        consumer.unsubscribe();
-        return Err(e);
-    }
-    // Graceful stop: what is pending is written and committed.
-    // (A store that is down now is not waited for: the batch is read again next start.)
-    let clean = pipeline.lock().expect("pipeline lock").flush(&consumer);
-    consumer.unsubscribe();
-    drop(consumer);
-    match clean {
-        Ok(true) => {}
-        Ok(false) => eprintln!("warning: the last batch was not committed; it is read again on the next start"),
-        Err(e) => return Err(e),
-    }
-    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-    Ok(StreamReport {
-        consumed: load(&metrics.consumed),
-        written_online: load(&metrics.written_online),
-        appended_offline: load(&metrics.appended_offline),
-        dead_lettered: load(&metrics.dead_lettered),
-    })
+    Ok(())
 }
 
 fn update_lag(consumer: &BaseConsumer<StreamContext>, metrics: &Metrics) {

@@ -18,6 +18,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::runtime::Handle;
 
 use super::dead_letters::DeadLetter;
+use super::events::Event;
 use super::{StreamContext, StreamOptions, app_id};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -68,10 +69,6 @@ pub(super) struct Pipeline {
     pub(super) started: Option<Instant>,
     /// An error met in a rebalance callback, which cannot return it: the loop stops.
     pub(super) fatal: Option<Error>,
-    /// Test hook (`QUIVER_STREAM_ABORT_AFTER_DELTA=N`): abort the process after the Nth
-    /// batch is in both stores but before its offsets are committed to Kafka, the window
-    /// that exactly-once has to get right.
-    pub(super) abort_after: Option<u64>,
 }
 
 impl Pipeline {
@@ -137,8 +134,7 @@ impl Pipeline {
                 Ok(v) => return Some(v),
                 Err(e) => {
                     Metrics::add(&self.metrics.retries, 1);
-                    tracing::warn!(error = %e, "{what} failed; retrying in {wait:?}");
-                    eprintln!("warning: {what} failed ({e}); retrying in {wait:?}");
+                    self.options.hooks.warn(format!("{what} failed ({e}); retrying in {wait:?}"));
                     let until = Instant::now() + wait;
                     while Instant::now() < until {
                         if self.shutdown.load(Ordering::Relaxed) {
@@ -166,11 +162,8 @@ impl Pipeline {
         }
         let outcome = self.write_batch();
         let done = matches!(outcome, Ok(Written::All));
-        if done && self.abort_after.is_some_and(|n| self.metrics.batches.load(Ordering::Relaxed) + 1 >= n) {
-            eprintln!("aborting before the offset commit (QUIVER_STREAM_ABORT_AFTER_DELTA)");
-            std::process::abort();
-        }
         if done {
+            self.options.hooks.committing(self.metrics.batches.load(Ordering::Relaxed) + 1);
             let mut tpl = TopicPartitionList::new();
             for ((topic, partition), offset) in &self.consumed {
                 let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(offset + 1));
@@ -217,7 +210,10 @@ impl Pipeline {
     pub(super) fn drop_lost(&mut self, tpl: &TopicPartitionList) {
         if !self.consumed.is_empty() {
             Metrics::add(&self.metrics.lost_batches, 1);
-            eprintln!("warning: partitions lost before the batch was flushed; dropping {} unwritten messages (their new owner reads them)", self.pending);
+            self.options.hooks.warn(format!(
+                "partitions lost before the batch was flushed; dropping {} unwritten messages (their new owner reads them)",
+                self.pending
+            ));
         }
         self.clear();
         self.revoked(tpl);
@@ -239,12 +235,15 @@ impl Pipeline {
             Ok(doc) if doc.version > 0 => doc,
             Ok(_) => {
                 Metrics::add(&self.metrics.registry_errors, 1);
-                eprintln!("warning: registry {} is empty; streaming on with the last good definitions", self.registry.path().display());
+                let registry = self.registry.path().display();
+                self.options.hooks.warn(format!("registry {registry} is empty; streaming on with the last good definitions"));
                 return Ok(());
             }
             Err(e) => {
                 Metrics::add(&self.metrics.registry_errors, 1);
-                eprintln!("warning: registry changed but cannot be read ({e}); streaming on with the last good definitions");
+                self.options.hooks.warn(format!(
+                    "registry changed but cannot be read ({e}); streaming on with the last good definitions"
+                ));
                 return Ok(());
             }
         };
@@ -273,7 +272,7 @@ impl Pipeline {
         self.views = views;
         self.defs = defs;
         Metrics::add(&self.metrics.registry_reloads, 1);
-        eprintln!("registry version {}: definitions reloaded", doc.version);
+        self.options.hooks.emit(Event::Reloaded { version: doc.version });
         Ok(())
     }
 
@@ -343,7 +342,8 @@ impl Pipeline {
             match rt.block_on(write_offline(&self.config, &self.defs, &view, &source, &rows, options)) {
                 Ok(report) => Ok(Some(report.rows)),
                 Err(Error::Offline(e @ quiver_offline::Error::Fenced { .. })) => {
-                    eprintln!("warning: {e}; this consumer's batch of `{}` is dropped and read again", view.name);
+                    let name = &view.name;
+                    self.options.hooks.warn(format!("{e}; this consumer's batch of `{name}` is dropped and read again"));
                     Ok(None)
                 }
                 Err(e) => Err(e),
@@ -408,13 +408,13 @@ impl Pipeline {
                     None => self.floors.remove(&(i, partition)),
                 };
             }
-            eprintln!("assigned {topic}[{partition}]");
+            self.options.hooks.emit(Event::Assigned { topic, partition });
         }
     }
 
     pub(super) fn revoked(&mut self, tpl: &TopicPartitionList) {
         for elem in tpl.elements() {
-            eprintln!("revoked {}[{}]", elem.topic(), elem.partition());
+            self.options.hooks.emit(Event::Revoked { topic: elem.topic().to_string(), partition: elem.partition() });
             let Some(views) = self.by_topic.get(elem.topic()).cloned() else { continue };
             for i in views {
                 self.floors.remove(&(i, elem.partition()));
