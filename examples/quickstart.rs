@@ -52,7 +52,16 @@ async fn main() -> anyhow::Result<()> {
     let (repo2, handle) = (repo.clone(), tokio::runtime::Handle::current());
     let applied = tokio::task::spawn_blocking(move || repo2.apply(false, now, handle)).await??;
     let defs = repo.applied()?.definitions;
-    step("apply", t, format!("registry version {}, {} feature views, {} Delta tables", applied.outcome.version, defs.feature_views.len(), applied.created_tables.len()));
+    step(
+        "apply",
+        t,
+        format!(
+            "registry version {}, {} feature views, {} Delta tables",
+            applied.outcome.version,
+            defs.feature_views.len(),
+            applied.created_tables.len()
+        ),
+    );
 
     let t = Instant::now();
     let mut rows = 0;
@@ -70,7 +79,11 @@ async fn main() -> anyhow::Result<()> {
         .with_engine(Engine::Cpu)
         .write_parquet(&dir.join("training.parquet"))
         .await?;
-    step("historical", t, format!("{} rows x {} features, point in time -> training.parquet", training.batch.num_rows(), training.refs.len()));
+    step(
+        "historical",
+        t,
+        format!("{} rows x {} features, point in time -> training.parquet", training.batch.num_rows(), training.refs.len()),
+    );
 
     let t = Instant::now();
     let store: Arc<dyn quiver::online::OnlineStore> = repo.open_store().await?;
@@ -128,12 +141,20 @@ async fn main() -> anyhow::Result<()> {
     let one = r#"{"entities": {"driver_id": [1001]}, "features": ["driver_hourly:conv_rate"]}"#;
     let after = tokio::task::spawn_blocking(move || post(addr, "/get-online-features", one)).await??;
     anyhow::ensure!(after["results"][1]["values"][0] == 0.99, "the pushed value is not served: {after}");
-    step("push + query", t, format!("served {} right after the push (Delta version {})", after["results"][1]["values"][0], pushed["offline_version"]));
+    step(
+        "push + query",
+        t,
+        format!("served {} right after the push (Delta version {})", after["results"][1]["values"][0], pushed["offline_version"]),
+    );
 
     let t = Instant::now();
     let out = dir.join("training_set");
     let manifest = repo.export("ranker_v1", &spine_path, &out).with_shard_rows(25_000).with_engine(Engine::Cpu).await?.manifest;
-    step("export", t, format!("{} rows in {} shards, training set {}", manifest.rows, manifest.shards.len(), &manifest.training_set_id[..12]));
+    step(
+        "export",
+        t,
+        format!("{} rows in {} shards, training set {}", manifest.rows, manifest.shards.len(), &manifest.training_set_id[..12]),
+    );
 
     let t = Instant::now();
     // Every logged answer, replayed through the offline join at its request time.
@@ -141,7 +162,11 @@ async fn main() -> anyhow::Result<()> {
     let replayed = repo.verify_log(serving_began, chrono::Utc::now().timestamp_micros()).await?;
     let compared: u64 = replayed.features.iter().map(|r| r.compared).sum();
     let bad: u64 = replayed.features.iter().map(|r| r.mismatches + r.missing_online + r.missing_offline).sum();
-    step("verify --since", t, format!("{} logged requests replayed offline: {compared} values compared, {bad} disagree", replayed.requests));
+    step(
+        "verify --since",
+        t,
+        format!("{} logged requests replayed offline: {compared} values compared, {bad} disagree", replayed.requests),
+    );
     anyhow::ensure!(bad == 0 && compared > 0, "online and offline disagree on {bad} of {compared} served values");
 
     let t = Instant::now();
@@ -154,6 +179,12 @@ async fn main() -> anyhow::Result<()> {
     step("verify --sample", t, format!("1000 entities per view sampled: {compared} values compared online vs offline, {bad} disagree"));
     anyhow::ensure!(bad == 0, "online and offline disagree on {bad} values");
 
-    println!("done in {:.2} s: repository {}, training set {}, export {}", began.elapsed().as_secs_f64(), dir.display(), dir.join("training.parquet").display(), out.display());
+    println!(
+        "done in {:.2} s: repository {}, training set {}, export {}",
+        began.elapsed().as_secs_f64(),
+        dir.display(),
+        dir.join("training.parquet").display(),
+        out.display()
+    );
     Ok(())
 }

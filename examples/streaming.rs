@@ -65,12 +65,19 @@ async fn main() -> anyhow::Result<()> {
     let history = repo.ingest("driver_hourly", Rows::File(file)).await?.rows;
     let store: Arc<dyn quiver::online::OnlineStore> = repo.open_store().await?;
     repo.materialize(i64::MIN, now.timestamp_micros()).with_views(vec!["driver_hourly".into()]).with_store(store.clone()).await?;
-    step("setup", t, format!("demo repo, driver_hourly <- topic {topic}; {history} historical rows ingested and materialized ({})", store.name()));
+    step(
+        "setup",
+        t,
+        format!("demo repo, driver_hourly <- topic {topic}; {history} historical rows ingested and materialized ({})", store.name()),
+    );
 
     let t = Instant::now();
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", &brokers).create()?;
     let created = admin
-        .create_topics(&[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
+        .create_topics(
+            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
         .await
         .map_err(|e| anyhow::anyhow!("Kafka at {brokers}: {e} (set QUIVER_KAFKA_BROKERS, or use ./run stream-example)"))?;
     for r in created {
@@ -79,7 +86,8 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = Arc::new(AtomicBool::new(false));
     let stream_metrics = Arc::new(quiver::streaming::Metrics::default());
     let consumer = {
-        let (repo, store, shutdown, metrics, brokers) = (repo.clone(), store.clone(), shutdown.clone(), stream_metrics.clone(), brokers.clone());
+        let (repo, store, shutdown, metrics, brokers) =
+            (repo.clone(), store.clone(), shutdown.clone(), stream_metrics.clone(), brokers.clone());
         let handle = tokio::runtime::Handle::current();
         std::thread::spawn(move || {
             repo.stream(Vec::new())
@@ -129,7 +137,10 @@ async fn main() -> anyhow::Result<()> {
     // seconds to give a new consumer group its partitions).
     let t = Instant::now();
     let drivers: Vec<String> = last.keys().map(ToString::to_string).collect();
-    let ask = format!(r#"{{"entities": {{"driver_id": [{}]}}, "features": ["driver_hourly:avg_daily_trips", "driver_hourly:conv_rate"]}}"#, drivers.join(","));
+    let ask = format!(
+        r#"{{"entities": {{"driver_id": [{}]}}, "features": ["driver_hourly:avg_daily_trips", "driver_hourly:conv_rate"]}}"#,
+        drivers.join(",")
+    );
     let want: Vec<serde_json::Value> = last.values().map(|&i| serde_json::json!(i)).collect();
     let mut polls = 0;
     let mut last_poll;
@@ -147,13 +158,19 @@ async fn main() -> anyhow::Result<()> {
     step(
         "served",
         t,
-        format!("every driver's last event served {:.2} s after producing ended ({polls} polls; {:.0} events/s end to end)", t.elapsed().as_secs_f64(), EVENTS as f64 / (produced + t.elapsed()).as_secs_f64()),
+        format!(
+            "every driver's last event served {:.2} s after producing ended ({polls} polls; {:.0} events/s end to end)",
+            t.elapsed().as_secs_f64(),
+            EVENTS as f64 / (produced + t.elapsed()).as_secs_f64()
+        ),
     );
 
     // Stop the consumer (it flushes and commits), then check both stores.
     let t = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while stream_metrics.appended_offline.load(Ordering::Relaxed) < EVENTS as u64 || stream_metrics.dead_lettered.load(Ordering::Relaxed) < bad as u64 {
+    while stream_metrics.appended_offline.load(Ordering::Relaxed) < EVENTS as u64
+        || stream_metrics.dead_lettered.load(Ordering::Relaxed) < bad as u64
+    {
         anyhow::ensure!(Instant::now() < deadline, "the consumer did not finish: {}", stream_metrics.render());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

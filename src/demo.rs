@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanArray, Float32Array, Float32Builder, Float64Array, Int32Array, Int64Array,
-    ListBuilder, RecordBatch, StringArray, TimestampMicrosecondArray,
+    ArrayRef, BooleanArray, Float32Array, Float32Builder, Float64Array, Int32Array, Int64Array, ListBuilder, RecordBatch, StringArray,
+    TimestampMicrosecondArray,
 };
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use parquet::arrow::ArrowWriter;
@@ -105,7 +105,8 @@ impl Scale {
     pub const SAMPLE: Scale = Scale { drivers: 10, customers: 20, hours: 72, profile_days: 7, rides: 200, ride_days: 20, spine_rows: 500 };
     /// The quick start: 500 drivers and 2,000 riders over 30 days (360,000 hourly
     /// driver rows), 50,000 rides, 100,000 spine rows.
-    pub const MONTH: Scale = Scale { drivers: 500, customers: 2000, hours: 30 * 24, profile_days: 30, rides: 50_000, ride_days: 30, spine_rows: 100_000 };
+    pub const MONTH: Scale =
+        Scale { drivers: 500, customers: 2000, hours: 30 * 24, profile_days: 30, rides: 50_000, ride_days: 30, spine_rows: 100_000 };
 
     fn driver_ids(&self) -> std::ops::RangeInclusive<i64> {
         1001..=1000 + self.drivers
@@ -142,9 +143,7 @@ pub fn write_sample_data(dir: &Path, now: DateTime<Utc>) -> Result<Vec<PathBuf>>
 /// When a file cannot be written.
 pub fn write_sample_data_at(dir: &Path, now: DateTime<Utc>, scale: Scale) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let anchor = now
-        .duration_trunc(TimeDelta::hours(1))
-        .expect("an hour divides any timestamp");
+    let anchor = now.duration_trunc(TimeDelta::hours(1)).expect("an hour divides any timestamp");
     let mut rng = StdRng::seed_from_u64(42);
     let batches = [
         ("driver_hourly", driver_hourly(&mut rng, anchor, &scale)?),
@@ -162,16 +161,10 @@ pub fn write_sample_data_at(dir: &Path, now: DateTime<Utc>, scale: Scale) -> Res
 }
 
 fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
-    let parquet_err = |source| Error::Parquet {
-        path: path.to_path_buf(),
-        source,
-    };
+    let parquet_err = |source| Error::Parquet { path: path.to_path_buf(), source };
     let file = File::create(path).map_err(|e| Error::io(path, e))?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .build();
-    let mut writer =
-        ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(parquet_err)?;
+    let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(parquet_err)?;
     writer.write(batch).map_err(parquet_err)?;
     writer.close().map_err(parquet_err)?;
     Ok(())
@@ -215,9 +208,7 @@ fn customer_profile(rng: &mut StdRng, anchor: DateTime<Utc>, scale: &Scale) -> R
     let (mut age, mut city, mut ltv) = (Vec::new(), Vec::new(), Vec::new());
     let mut embedding = ListBuilder::new(Float32Builder::new());
     let ages: Vec<i32> = (0..customers).map(|_| rng.random_range(18..80)).collect();
-    let homes: Vec<&str> = (0..customers)
-        .map(|_| CITIES[rng.random_range(0..CITIES.len())])
-        .collect();
+    let homes: Vec<&str> = (0..customers).map(|_| CITIES[rng.random_range(0..CITIES.len())]).collect();
     let mut value: Vec<f64> = (0..customers).map(|_| rng.random_range(10.0..500.0)).collect();
     for day in (0..scale.profile_days).rev() {
         let event = anchor - TimeDelta::days(day);
@@ -258,8 +249,7 @@ fn driver_customer(rng: &mut StdRng, anchor: DateTime<Utc>, scale: &Scale) -> Re
         .collect();
     rides.sort_by_key(|r| r.2);
     let mut counts = std::collections::HashMap::new();
-    let (mut drivers, mut customers, mut events, mut created) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut drivers, mut customers, mut events, mut created) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut together, mut rating) = (Vec::new(), Vec::new());
     for (driver, customer, at) in rides {
         let n = counts.entry((driver, customer.clone())).or_insert(0_i64);
@@ -283,8 +273,7 @@ fn driver_customer(rng: &mut StdRng, anchor: DateTime<Utc>, scale: &Scale) -> Re
 
 /// The entity dataframe of a training set: ride requests with a label.
 fn spine(rng: &mut StdRng, anchor: DateTime<Utc>, scale: &Scale) -> Result<RecordBatch> {
-    let (mut drivers, mut customers, mut events, mut labels) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut drivers, mut customers, mut events, mut labels) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..scale.spine_rows {
         drivers.push(rng.random_range(scale.driver_ids()));
         customers.push(customer_id(rng.random_range(0..scale.customers)));

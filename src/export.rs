@@ -155,15 +155,7 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
     let doc = repo.applied()?;
     let registry_version = doc.version;
     let defs = &doc.definitions;
-    let service = defs
-        .feature_service(&options.service)
-        .ok_or_else(|| {
-            Error::NotFound(format!(
-                "unknown feature service `{}` (known: {})",
-                options.service,
-                crate::ops::known(defs.feature_services.iter().map(|s| s.name.as_str()))
-            ))
-        })?;
+    let service = defs.find_service(&options.service).map_err(|e| Error::NotFound(e.0))?;
     let requests = resolve(defs, &service.features)?;
     let views: Vec<_> = requests.iter().map(|r| r.view).collect();
     let delta_versions = match pinned {
@@ -172,7 +164,9 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
             let mut out = BTreeMap::new();
             for (view, version) in table_versions(&repo.config, &views).await? {
                 let version = version.ok_or_else(|| {
-                    Error::Offline(quiver_offline::Error::Request(format!("feature view `{view}` has no Delta table yet (run `quiver apply`)")))
+                    Error::Offline(quiver_offline::Error::Request(format!(
+                        "feature view `{view}` has no Delta table yet (run `quiver apply`)"
+                    )))
                 })?;
                 out.insert(view, version);
             }
@@ -180,11 +174,8 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
         }
     };
     let spine_bytes = std::fs::read(spine_path).map_err(|e| Error::io(spine_path, e))?;
-    let key_types: Vec<(String, arrow::datatypes::DataType)> = requests
-        .iter()
-        .flat_map(|r| defs.join_keys(r.view))
-        .map(|k| (k.name.clone(), quiver_offline::schema::key_type(k.dtype)))
-        .collect();
+    let key_types: Vec<(String, arrow::datatypes::DataType)> =
+        requests.iter().flat_map(|r| defs.join_keys(r.view)).map(|k| (k.name.clone(), quiver_offline::schema::key_type(k.dtype))).collect();
     let spine = read_spine(spine_path, &key_types)?;
     let features: Vec<ManifestFeature> = service
         .features
@@ -350,10 +341,7 @@ fn listed_shards(out: &Path, manifest: &mut Manifest, reproducing: bool) -> Resu
         let existing: Manifest = serde_json::from_slice(&std::fs::read(&manifest_path).map_err(|e| Error::io(&manifest_path, e))?)
             .map_err(|e| out_err(&manifest_path, format!("unreadable manifest: {e}")))?;
         if existing.training_set_id != *id {
-            return Err(out_err(out, format!(
-                "holds another training set ({}); export into an empty folder",
-                existing.training_set_id
-            )));
+            return Err(out_err(out, format!("holds another training set ({}); export into an empty folder", existing.training_set_id)));
         }
         if !reproducing {
             manifest.schema = existing.schema.clone();
@@ -363,10 +351,10 @@ fn listed_shards(out: &Path, manifest: &mut Manifest, reproducing: bool) -> Resu
     match std::fs::read(&progress_path) {
         Ok(bytes) => match serde_json::from_slice::<Progress>(&bytes) {
             Ok(p) if p.training_set_id == *id => Ok(p.shards),
-            Ok(p) => Err(out_err(out, format!(
-                "holds an unfinished export of another training set ({}); export into an empty folder",
-                p.training_set_id
-            ))),
+            Ok(p) => Err(out_err(
+                out,
+                format!("holds an unfinished export of another training set ({}); export into an empty folder", p.training_set_id),
+            )),
             Err(e) => Err(out_err(&progress_path, format!("unreadable: {e}"))),
         },
         Err(_) => Ok(Vec::new()),
@@ -379,10 +367,10 @@ fn check_reproduces(out: &Path, expected: &[Shard], shard: &Shard) -> Result<()>
         return Err(out_err(out, format!("cannot reproduce: {} is not in the manifest (a different number of shards)", shard.file)));
     };
     if want != shard {
-        return Err(out_err(&out.join(&shard.file), format!(
-            "does not reproduce {} (sha256 {} vs {}); nothing written",
-            want.file, shard.sha256, want.sha256
-        )));
+        return Err(out_err(
+            &out.join(&shard.file),
+            format!("does not reproduce {} (sha256 {} vs {}); nothing written", want.file, shard.sha256, want.sha256),
+        ));
     }
     Ok(())
 }
@@ -430,10 +418,13 @@ fn check_folder(out: &Path, listed: &[Shard]) -> Result<()> {
     }
     foreign.sort();
     let more = if foreign.len() > 3 { format!(" and {} more", foreign.len() - 3) } else { String::new() };
-    Err(out_err(out, format!(
-        "is not empty and holds no export of this training set (found {}{more}); export into an empty folder, nothing written",
-        foreign.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
-    )))
+    Err(out_err(
+        out,
+        format!(
+            "is not empty and holds no export of this training set (found {}{more}); export into an empty folder, nothing written",
+            foreign.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+        ),
+    ))
 }
 
 fn shard_schema(path: &Path, format: ShardFormat) -> Result<Vec<(String, String)>> {
@@ -473,13 +464,7 @@ pub async fn export(
 /// # Errors
 /// As [`export`], plus a spine that changed, a registry at another version, or a
 /// shard that does not reproduce (nothing of it written).
-pub async fn reproduce(
-    repo: &Repo,
-    manifest_path: &Path,
-    out: &Path,
-    kernel: &dyn AsOfKernel,
-    hooks: Hooks<'_>,
-) -> Result<Exported> {
+pub async fn reproduce(repo: &Repo, manifest_path: &Path, out: &Path, kernel: &dyn AsOfKernel, hooks: Hooks<'_>) -> Result<Exported> {
     let original: Manifest = serde_json::from_slice(&std::fs::read(manifest_path).map_err(|e| Error::io(manifest_path, e))?)
         .map_err(|e| out_err(manifest_path, format!("unreadable manifest: {e}")))?;
     let spine = PathBuf::from(&original.spine.path);
@@ -488,18 +473,20 @@ pub async fn reproduce(
         return Err(out_err(&spine, "the spine changed since the export (its SHA-256 differs from the manifest's)"));
     }
     if plan.manifest.training_set_id != original.training_set_id {
-        return Err(out_err(manifest_path, format!(
-            "cannot reproduce: the registry is at version {}, the export read version {}",
-            plan.manifest.registry_version, original.registry_version
-        )));
+        return Err(out_err(
+            manifest_path,
+            format!(
+                "cannot reproduce: the registry is at version {}, the export read version {}",
+                plan.manifest.registry_version, original.registry_version
+            ),
+        ));
     }
     let rebuilt = run(repo, plan, out, kernel, hooks, Some(&original.shards)).await?;
     if original.shards != rebuilt.manifest.shards {
-        return Err(out_err(out, format!(
-            "{} shards rebuilt, the manifest lists {}",
-            rebuilt.manifest.shards.len(),
-            original.shards.len()
-        )));
+        return Err(out_err(
+            out,
+            format!("{} shards rebuilt, the manifest lists {}", rebuilt.manifest.shards.len(), original.shards.len()),
+        ));
     }
     Ok(rebuilt)
 }

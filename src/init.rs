@@ -64,19 +64,9 @@ server:
 /// The project name for a folder: its name with anything but letters, digits, `_` and
 /// `-` replaced by `_`.
 pub fn project_name(dir: &Path) -> String {
-    let base = std::path::absolute(dir)
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_default();
-    let name: String = base
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
-        .collect();
-    if name.trim_matches('_').is_empty() {
-        "quiver_repo".to_string()
-    } else {
-        name
-    }
+    let base = std::path::absolute(dir).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_default();
+    let name: String = base.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    if name.trim_matches('_').is_empty() { "quiver_repo".to_string() } else { name }
 }
 
 /// Creates a repository in `dir`: `quiver.yaml`, `features.yaml` and `.gitignore`, and
@@ -92,17 +82,11 @@ pub fn init(dir: &Path, demo: bool, now: DateTime<Utc>) -> Result<Vec<PathBuf>> 
     let project = project_name(dir);
     if dir.exists() {
         if !dir.is_dir() {
-            return Err(Error::Init {
-                path: dir.to_path_buf(),
-                message: "exists and is not a folder".to_string(),
-            });
+            return Err(Error::Init { path: dir.to_path_buf(), message: "exists and is not a folder".to_string() });
         }
         for name in [crate::sdk::config::CONFIG_FILE, DEFINITIONS_FILE] {
             if dir.join(name).exists() {
-                return Err(Error::Init {
-                    path: dir.to_path_buf(),
-                    message: format!("already holds a repository ({name} exists)"),
-                });
+                return Err(Error::Init { path: dir.to_path_buf(), message: format!("already holds a repository ({name} exists)") });
             }
         }
         return write_repo(dir, &project, demo, now);
@@ -115,8 +99,7 @@ pub fn init(dir: &Path, demo: bool, now: DateTime<Utc>) -> Result<Vec<PathBuf>> 
     let tmp = parent.join(format!(".{project}.init-{}.tmp", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    let result = write_repo(&tmp, &project, demo, now)
-        .and_then(|_| std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e)));
+    let result = write_repo(&tmp, &project, demo, now).and_then(|_| std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e)));
     if let Err(e) = result {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
@@ -148,10 +131,7 @@ fn write_repo(dir: &Path, project: &str, demo: bool, now: DateTime<Utc>) -> Resu
     };
     let mut files = vec![
         write(crate::sdk::config::CONFIG_FILE, &config_yaml(project))?,
-        write(
-            DEFINITIONS_FILE,
-            if demo { demo::FEATURES_YAML } else { SKELETON_FEATURES },
-        )?,
+        write(DEFINITIONS_FILE, if demo { demo::FEATURES_YAML } else { SKELETON_FEATURES })?,
     ];
     // Keep an existing .gitignore, adding only the lines it lacks.
     let gitignore = dir.join(".gitignore");

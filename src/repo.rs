@@ -24,10 +24,7 @@ impl Repo {
             let location = self.config.view_table(view);
             let id = table_identity(&location);
             if id == log || id.starts_with(&format!("{log}/")) || log.starts_with(&format!("{id}/")) {
-                return Err(refuse(quiver_sdk::DefinitionError::ServingLogTable {
-                    view: view.name.clone(),
-                    table: location.to_string(),
-                }));
+                return Err(refuse(quiver_sdk::DefinitionError::ServingLogTable { view: view.name.clone(), table: location.to_string() }));
             }
             for (other_id, other, other_location) in &seen {
                 if *other_id == id {
@@ -144,10 +141,7 @@ impl Repo {
     /// When `quiver.yaml` is missing or invalid.
     pub fn open(dir: &Path) -> Result<Repo> {
         let config = Config::load(dir)?;
-        Ok(Repo {
-            definitions_path: dir.join(DEFINITIONS_FILE),
-            config,
-        })
+        Ok(Repo { definitions_path: dir.join(DEFINITIONS_FILE), config })
     }
 
     /// The definitions in `features.yaml`, validated.
@@ -188,12 +182,7 @@ impl Repo {
     /// Invalid definitions, a refused breaking change, or an unreadable registry or
     /// table; the registry is unchanged in each of these cases. Creating a table is
     /// idempotent, so an apply that failed there is completed by running it again.
-    pub fn apply(
-        &self,
-        force: bool,
-        now: DateTime<Utc>,
-        runtime: tokio::runtime::Handle,
-    ) -> Result<Applied> {
+    pub fn apply(&self, force: bool, now: DateTime<Utc>, runtime: tokio::runtime::Handle) -> Result<Applied> {
         self.apply_definitions(self.definitions()?, force, now, runtime)
     }
 
@@ -228,22 +217,11 @@ impl Repo {
             }
             Ok(())
         };
-        let outcome = registry::apply_with(
-            &self.registry(),
-            &self.config.project,
-            &defs,
-            &probe,
-            force,
-            now,
-            &mut ensure_tables,
-        )?;
+        let outcome = registry::apply_with(&self.registry(), &self.config.project, &defs, &probe, force, now, &mut ensure_tables)?;
         if !outcome.written {
             // Nothing changed; still make sure every view has its table.
             ensure_tables()?;
         }
-        Ok(Applied {
-            outcome,
-            created_tables,
-        })
+        Ok(Applied { outcome, created_tables })
     }
 }

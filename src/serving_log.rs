@@ -102,9 +102,8 @@ impl ServingLog for DeltaServingLog {
         }
     }
 
-    fn metrics_text(&self) -> String {
+    fn render_metrics(&self, out: &mut quiver_sdk::metrics::Exposition) {
         let c = &self.counters;
-        let mut out = String::new();
         for (name, help, v) in [
             ("quiver_serving_log_requests_total", "answers queued for the serving log", &c.requests),
             ("quiver_serving_log_requests_dropped_total", "answers dropped because the log's queue was full", &c.requests_dropped),
@@ -113,9 +112,8 @@ impl ServingLog for DeltaServingLog {
             ("quiver_serving_log_commits_total", "Delta commits of the serving log", &c.commits),
             ("quiver_serving_log_write_errors_total", "failed appends (retried with the next batch)", &c.write_errors),
         ] {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n", v.load(Ordering::Relaxed)));
+            out.counter(name, help, v);
         }
-        out
     }
 }
 

@@ -26,8 +26,8 @@ use quiver_online::lookup::{Status, expected_status, get_online_features};
 use quiver_sdk::encoding::{KeyValue, Value};
 use quiver_sdk::{Config, Definitions, FeatureRef, KeyType};
 use rand::SeedableRng;
-use std::sync::Arc;
 use rand::seq::index::sample;
+use std::sync::Arc;
 
 use crate::error::Result;
 
@@ -49,11 +49,7 @@ pub struct FeatureReport {
 impl FeatureReport {
     /// Mismatched or missing rows over rows compared.
     pub fn mismatch_rate(&self) -> f64 {
-        if self.compared == 0 {
-            0.0
-        } else {
-            (self.mismatches + self.missing_online + self.missing_offline) as f64 / self.compared as f64
-        }
+        if self.compared == 0 { 0.0 } else { (self.mismatches + self.missing_online + self.missing_offline) as f64 / self.compared as f64 }
     }
 }
 
@@ -181,8 +177,8 @@ pub async fn verify_log(
     created_cutoff: bool,
     kernel: &dyn quiver_gpu_join::AsOfKernel,
 ) -> Result<LogReport> {
-    use std::collections::{BTreeSet, HashMap, HashSet};
     use arrow::datatypes::TimestampMicrosecondType as Micros;
+    use std::collections::{BTreeSet, HashMap, HashSet};
     let batches = quiver_offline::serving_log::read(&config.serving_log.location, since, until).await?;
     let mut report = LogReport::default();
     // Log rows per view as (batch, row), borrowing the batches' text: millions of rows
@@ -233,10 +229,8 @@ pub async fn verify_log(
             report.skipped.push(format!("{unparsed} rows of `{name}` whose entity does not match the view's join keys"));
         }
         let features: Vec<&quiver_sdk::Feature> = view.features.iter().collect();
-        let mut reports: Vec<FeatureReport> = features
-            .iter()
-            .map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() })
-            .collect();
+        let mut reports: Vec<FeatureReport> =
+            features.iter().map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() }).collect();
         if kept.is_empty() {
             continue;
         }
@@ -368,4 +362,3 @@ fn spine_batch(
     columns.push(Arc::new(ts));
     Ok(arrow::array::RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
 }
-

@@ -164,10 +164,7 @@ fn lookup(server: &Server, features: &[&str], driver: i64) -> Vec<(serde_json::V
     let (code, text) = server.post("/get-online-features", &body);
     assert_eq!(code, 200, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["results"].as_array().unwrap()[1..]
-        .iter()
-        .map(|r| (r["values"][0].clone(), r["statuses"][0].as_str().unwrap().to_string()))
-        .collect()
+    v["results"].as_array().unwrap()[1..].iter().map(|r| (r["values"][0].clone(), r["statuses"][0].as_str().unwrap().to_string())).collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -221,7 +218,11 @@ fn future_event_times_are_refused_and_never_block_a_key() {
     let now = now_us();
     let year_9999 = 253_402_300_799_000_000;
     write_rows(&dir.join("future.jsonl"), &[(1, now - HOUR_US, 1.0, 1), (1, now, 2.0, 2), (1, year_9999, 3.0, 3)]);
-    fails(&dir, &["ingest", "trips", "future.jsonl"], &["future.jsonl", "row 3", "event_timestamp", "9999-12-31T23:59:59Z is in the future"]);
+    fails(
+        &dir,
+        &["ingest", "trips", "future.jsonl"],
+        &["future.jsonl", "row 3", "event_timestamp", "9999-12-31T23:59:59Z is in the future"],
+    );
     fails(&dir, &["push", "trips", "future.jsonl"], &["future.jsonl", "row 3", "is in the future"]);
     assert_eq!(delta_rows(&dir, "trips"), 0, "nothing written");
     let recent = now - 10 * 60_000_000;
@@ -287,12 +288,14 @@ fn oversized_duplicate_and_offline_lookups_are_refused() {
     let server2 = Server::start(&dir2, &[]);
     let drivers: Vec<i64> = (0..10_000).collect();
     let refs: Vec<String> = (0..300).map(|i| format!("trips:f{i}")).collect();
-    let (code, text) = server2.post("/get-online-features", &serde_json::json!({"entities": {"driver_id": drivers}, "features": refs}).to_string());
+    let (code, text) =
+        server2.post("/get-online-features", &serde_json::json!({"entities": {"driver_id": drivers}, "features": refs}).to_string());
     assert_eq!(code, 413, "{text}");
     assert!(text.contains("3000000 values"), "{text}");
     drop(server2);
 
-    let (code, text) = server.post("/get-online-features", r#"{"entities": {"driver_id": [1]}, "features": ["trips:fare", "trips:seq", "trips:fare"]}"#);
+    let (code, text) =
+        server.post("/get-online-features", r#"{"entities": {"driver_id": [1]}, "features": ["trips:fare", "trips:seq", "trips:fare"]}"#);
     assert_eq!(code, 400, "{text}");
     assert!(text.contains("feature `trips:fare` is asked for twice"), "{text}");
     let (code, text) = server.post("/get-online-features", r#"{"entities": {"driver_id": [1]}, "features": ["audit:fare"]}"#);
@@ -333,7 +336,8 @@ fn half_sent_requests_are_closed_and_never_hold_the_server() {
     assert_eq!(lookup(&server, &["trips:fare"], 1)[0].1, "NOT_FOUND", "serving goes on");
     // A body that never arrives: 408 within the timeout.
     let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
-    s.write_all(b"POST /get-online-features HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ent").unwrap();
+    s.write_all(b"POST /get-online-features HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ent")
+        .unwrap();
     s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
     let mut answer = String::new();
     let _ = s.read_to_string(&mut answer);
@@ -377,7 +381,8 @@ fn adding_a_feature_never_blanks_the_features_already_served() {
     ok(&dir, &["materialize", "2000-01-01T00:00:00Z", "now"]);
     let server = Server::start(&dir, &[]);
     assert_eq!(lookup(&server, &["trips:fare"], 1)[0], (serde_json::json!(1.5), "PRESENT".to_string()));
-    let added = FEATURES.replace("      - {name: seq, dtype: int64}\n", "      - {name: tip, dtype: float64}\n      - {name: seq, dtype: int64}\n");
+    let added =
+        FEATURES.replace("      - {name: seq, dtype: int64}\n", "      - {name: tip, dtype: float64}\n      - {name: seq, dtype: int64}\n");
     std::fs::write(dir.join("features.yaml"), &added).unwrap();
     let out = ok(&dir, &["apply"]);
     assert!(out.contains("applied"), "{out}");
@@ -437,7 +442,8 @@ fn offline_only_views_take_no_online_writes() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = repo(tmp.path(), embedded(), "");
     let now = now_us();
-    std::fs::write(dir.join("audit.jsonl"), format!("{{\"driver_id\": 1, \"event_timestamp\": \"{}\", \"fare\": 1.0}}\n", rfc3339(now))).unwrap();
+    std::fs::write(dir.join("audit.jsonl"), format!("{{\"driver_id\": 1, \"event_timestamp\": \"{}\", \"fare\": 1.0}}\n", rfc3339(now)))
+        .unwrap();
     fails(&dir, &["push", "audit", "audit.jsonl", "--to", "online"], &["feature view `audit` is offline only", "no online writes"]);
     fails(&dir, &["push", "audit", "audit.jsonl", "--to", "online-and-offline"], &["feature view `audit` is offline only"]);
     assert_eq!(delta_rows(&dir, "audit"), 0, "a refused push writes nothing");
@@ -566,7 +572,8 @@ fn concurrent_applies_wait_for_each_other() {
         .collect();
     // The lock held from here: an apply waits rather than write.
     let lock = quiver::sdk::FileRegistry::new(&shared).lock(Duration::ZERO).unwrap();
-    let mut waiting = Command::new(env!("CARGO_BIN_EXE_quiver")).current_dir(&repos[0]).arg("apply").stdout(Stdio::piped()).spawn().unwrap();
+    let mut waiting =
+        Command::new(env!("CARGO_BIN_EXE_quiver")).current_dir(&repos[0]).arg("apply").stdout(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     assert!(waiting.try_wait().unwrap().is_none(), "apply went ahead while another held the lock");
     assert!(!shared.exists(), "nothing written while waiting");
@@ -576,7 +583,15 @@ fn concurrent_applies_wait_for_each_other() {
     for _ in 0..3 {
         let children: Vec<Child> = repos
             .iter()
-            .map(|d| Command::new(env!("CARGO_BIN_EXE_quiver")).current_dir(d).arg("apply").stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap())
+            .map(|d| {
+                Command::new(env!("CARGO_BIN_EXE_quiver"))
+                    .current_dir(d)
+                    .arg("apply")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
             .collect();
         for c in children {
             let out = c.wait_with_output().unwrap();
@@ -673,7 +688,13 @@ fn a_short_soak_of_good_and_bad_traffic_loses_nothing() {
                 let (code, text) = request(port, "POST", path, &[], body);
                 assert!((400..500).contains(&code), "bad request {body:.80} got {code}: {text}");
                 refused += 1;
-                let (code, text) = request(port, "POST", "/get-online-features", &[], r#"{"entities": {"driver_id": [1, 2, 3]}, "features": ["trips:fare", "trips:seq"]}"#);
+                let (code, text) = request(
+                    port,
+                    "POST",
+                    "/get-online-features",
+                    &[],
+                    r#"{"entities": {"driver_id": [1, 2, 3]}, "features": ["trips:fare", "trips:seq"]}"#,
+                );
                 assert_eq!(code, 200, "{text}");
                 good += 1;
                 i += 1;

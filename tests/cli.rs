@@ -16,33 +16,11 @@ struct Run {
 }
 
 mod common;
+use common::{fails_alone as fails, ok};
 
 fn quiver_in(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let Output { status, stdout, stderr } = common::quiver(dir, args, env);
-    Run {
-        code: status.code().unwrap_or(-1),
-        stdout: String::from_utf8(stdout).unwrap(),
-        stderr: String::from_utf8(stderr).unwrap(),
-    }
-}
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let run = quiver_in(dir, args, &[]);
-    assert_eq!(run.code, 0, "quiver {args:?} failed: {}{}", run.stdout, run.stderr);
-    run.stdout
-}
-
-/// Runs a command that must fail with `code` and a one-line error containing `parts`.
-fn fails(dir: &Path, args: &[&str], code: i32, parts: &[&str]) -> String {
-    let run = quiver_in(dir, args, &[]);
-    assert_eq!(run.code, code, "quiver {args:?}: {}{}", run.stdout, run.stderr);
-    let err = run.stderr.trim_end();
-    assert_eq!(err.lines().count(), 1, "one line expected: {err}");
-    assert!(err.starts_with("error: "), "{err}");
-    for p in parts {
-        assert!(err.contains(p), "error {err:?} lacks {p:?}");
-    }
-    err.to_string()
+    Run { code: status.code().unwrap_or(-1), stdout: String::from_utf8(stdout).unwrap(), stderr: String::from_utf8(stderr).unwrap() }
 }
 
 fn demo_repo() -> (tempfile::TempDir, PathBuf) {
@@ -56,12 +34,7 @@ fn demo_repo() -> (tempfile::TempDir, PathBuf) {
 fn parquet_schema(path: &Path) -> (Vec<(String, DataType)>, usize) {
     let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap();
     let rows = builder.metadata().file_metadata().num_rows() as usize;
-    let fields = builder
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| (f.name().clone(), f.data_type().clone()))
-        .collect();
+    let fields = builder.schema().fields().iter().map(|f| (f.name().clone(), f.data_type().clone())).collect();
     (fields, rows)
 }
 
@@ -104,11 +77,8 @@ fn demo_sample_data_matches_the_demo_definitions() {
     for view in &defs.feature_views {
         let (fields, rows) = parquet_schema(&repo.join(format!("sample_data/{}.parquet", view.name)));
         assert!(rows > 100, "{}: only {rows} rows", view.name);
-        let mut expected: Vec<(String, DataType)> = defs
-            .join_keys(view)
-            .iter()
-            .map(|k| (k.name.clone(), arrow_type(k.dtype.dtype())))
-            .collect();
+        let mut expected: Vec<(String, DataType)> =
+            defs.join_keys(view).iter().map(|k| (k.name.clone(), arrow_type(k.dtype.dtype()))).collect();
         expected.push((view.source.timestamp_field.clone(), utc.clone()));
         expected.push((view.source.created_timestamp_field.clone().unwrap(), utc.clone()));
         expected.extend(view.features.iter().map(|f| (f.name.clone(), arrow_type(f.dtype))));
@@ -141,8 +111,7 @@ fn init_plan_apply_list_describe() {
 
     let applied = ok(&repo, &["apply"]);
     assert!(applied.contains("is at version 1"), "{applied}");
-    let registry: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(repo.join("registry.json")).unwrap()).unwrap();
+    let registry: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(repo.join("registry.json")).unwrap()).unwrap();
     assert_eq!(registry["version"], 1);
     assert_eq!(registry["project"], "demo");
     assert_eq!(registry["definitions"]["feature_views"].as_array().unwrap().len(), 3);
@@ -190,12 +159,7 @@ fn a_service_naming_an_unknown_view_is_refused_and_the_registry_is_unchanged() {
     assert_ne!(broken, yaml);
     std::fs::write(repo.join("features.yaml"), broken).unwrap();
     for verb in ["apply", "plan"] {
-        fails(
-            &repo,
-            &[verb],
-            1,
-            &["features.yaml", "feature service `ranker_v1`", "unknown feature view `driver_weekly`"],
-        );
+        fails(&repo, &[verb], 1, &["features.yaml", "feature service `ranker_v1`", "unknown feature view `driver_weekly`"]);
     }
     assert_eq!(std::fs::read(repo.join("registry.json")).unwrap(), before);
 }
@@ -204,17 +168,9 @@ fn a_service_naming_an_unknown_view_is_refused_and_the_registry_is_unchanged() {
 fn bad_definitions_name_the_file_and_field() {
     let (_tmp, repo) = demo_repo();
     let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
-    std::fs::write(
-        repo.join("features.yaml"),
-        yaml.replacen("{name: avg_rating, dtype: float32}", "{name: avg_rating, dtype: real}", 1),
-    )
-    .unwrap();
-    fails(
-        &repo,
-        &["apply"],
-        1,
-        &["features.yaml", "feature view `driver_customer`, feature `avg_rating`", "unknown dtype `real`"],
-    );
+    std::fs::write(repo.join("features.yaml"), yaml.replacen("{name: avg_rating, dtype: float32}", "{name: avg_rating, dtype: real}", 1))
+        .unwrap();
+    fails(&repo, &["apply"], 1, &["features.yaml", "feature view `driver_customer`, feature `avg_rating`", "unknown dtype `real`"]);
     assert!(!repo.join("registry.json").exists());
 }
 
@@ -284,10 +240,8 @@ fn init_refuses_an_existing_repository_and_makes_a_valid_skeleton() {
     assert!(ok(&repo, &["list"]).contains("registry is empty"));
     fails(tmp.path(), &["init", "plain"], 1, &["already holds a repository"]);
     // No temp folders are left next to it.
-    let names: Vec<String> = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let names: Vec<String> =
+        std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names, ["plain"]);
 }
 
@@ -302,9 +256,22 @@ fn every_verb_is_in_help() {
     let tmp = tempfile::tempdir().unwrap();
     let help = ok(tmp.path(), &["--help"]);
     for verb in [
-        "init", "plan", "apply", "list", "describe", "ingest", "historical", "export",
-        "materialize", "materialize-incremental", "online", "serve", "stream", "push",
-        "verify", "doctor",
+        "init",
+        "plan",
+        "apply",
+        "list",
+        "describe",
+        "ingest",
+        "historical",
+        "export",
+        "materialize",
+        "materialize-incremental",
+        "online",
+        "serve",
+        "stream",
+        "push",
+        "verify",
+        "doctor",
     ] {
         assert!(help.lines().any(|l| l.trim_start().starts_with(&format!("{verb} "))), "help lacks {verb}:\n{help}");
     }
@@ -324,10 +291,7 @@ fn stream_and_push_refuse_what_cannot_work() {
 }
 
 fn read_parquet(path: &Path) -> arrow::array::RecordBatch {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
-        .unwrap()
-        .build()
-        .unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap().build().unwrap();
     let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
     arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
 }
@@ -358,9 +322,16 @@ fn ingest_then_historical_on_the_demo() {
     assert_eq!(
         names,
         [
-            "driver_id", "customer_id", "event_timestamp", "accepted",
-            "driver_hourly__conv_rate", "driver_hourly__acc_rate", "driver_hourly__avg_daily_trips",
-            "customer_profile__lifetime_value", "customer_profile__embedding", "driver_customer__rides_together",
+            "driver_id",
+            "customer_id",
+            "event_timestamp",
+            "accepted",
+            "driver_hourly__conv_rate",
+            "driver_hourly__acc_rate",
+            "driver_hourly__avg_daily_trips",
+            "customer_profile__lifetime_value",
+            "customer_profile__embedding",
+            "driver_customer__rides_together",
         ]
     );
     for i in 0..4 {
@@ -373,7 +344,20 @@ fn ingest_then_historical_on_the_demo() {
     assert!(joined.column(8).as_list::<i32>().null_count() < 500);
 
     // --features picks columns in the order given; a second run overwrites atomically.
-    ok(&repo, &["historical", "--spine", "sample_data/spine.parquet", "--features", "customer_profile:city,driver_hourly:conv_rate", "--out", "train.parquet", "--engine", "cpu"]);
+    ok(
+        &repo,
+        &[
+            "historical",
+            "--spine",
+            "sample_data/spine.parquet",
+            "--features",
+            "customer_profile:city,driver_hourly:conv_rate",
+            "--out",
+            "train.parquet",
+            "--engine",
+            "cpu",
+        ],
+    );
     let joined = read_parquet(&repo.join("train.parquet"));
     let names: Vec<&str> = joined.schema_ref().fields().iter().skip(4).map(|f| f.name().as_str()).collect();
     assert_eq!(names, ["customer_profile__city", "driver_hourly__conv_rate"]);
@@ -516,7 +500,11 @@ fn golden_point_in_time_cases() {
     // created at 10:00; c cannot see the 11:00 row (created 11:30) and falls back to 2.0.
     assert_eq!(scores(&repo, &["--created-cutoff"]), [None, Some(1.0), Some(2.0), Some(3.0), None, None, None]);
     // A full tie on (event, created) goes to the row ingested last.
-    std::fs::write(repo.join("more.csv"), "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T11:00:00Z,2024-01-01T11:30:00Z,4.0\n").unwrap();
+    std::fs::write(
+        repo.join("more.csv"),
+        "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T11:00:00Z,2024-01-01T11:30:00Z,4.0\n",
+    )
+    .unwrap();
     ok(&repo, &["ingest", "score", "more.csv"]);
     assert_eq!(scores(&repo, &[]), [None, Some(2.0), Some(4.0), Some(4.0), None, None, None]);
 }
@@ -554,18 +542,36 @@ fn bad_ingest_input_is_refused_and_leaves_the_table_unchanged() {
     let table = repo.join("data/score");
     let commits = delta_commits(&table);
     let cases: [(&str, &str, &[&str]); 7] = [
-        ("nofeature.jsonl", "{\"user_id\": 1, \"event_timestamp\": \"2024-01-01T10:00:00Z\", \"created_timestamp\": \"2024-01-01T10:00:00Z\", \"scor\": 1.0}\n",
-         &["nofeature.jsonl", "missing column `score`"]),
-        ("naive.csv", "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1\n1,2024-01-01 10:00:00,2024-01-01T10:00:00Z,1\n",
-         &["naive.csv", "row 2", "column `event_timestamp`", "has no time zone"]),
-        ("nokey.csv", "user_id,event_timestamp,created_timestamp,score\n,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1\n",
-         &["nokey.csv", "row 1", "column `user_id` is empty"]),
-        ("nocreated.csv", "user_id,event_timestamp,score\n1,2024-01-01T10:00:00Z,1\n",
-         &["nocreated.csv", "missing column `created_timestamp`"]),
-        ("badnum.csv", "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,high\n",
-         &["badnum.csv", "high"]),
-        ("garbage.jsonl", "{\"user_id\": 1, \"event_timestamp\": \"yesterday\", \"created_timestamp\": \"2024-01-01T10:00:00Z\", \"score\": 1.0}\n",
-         &["garbage.jsonl", "row 1", "`yesterday` is not an RFC 3339 timestamp"]),
+        (
+            "nofeature.jsonl",
+            "{\"user_id\": 1, \"event_timestamp\": \"2024-01-01T10:00:00Z\", \"created_timestamp\": \"2024-01-01T10:00:00Z\", \"scor\": 1.0}\n",
+            &["nofeature.jsonl", "missing column `score`"],
+        ),
+        (
+            "naive.csv",
+            "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1\n1,2024-01-01 10:00:00,2024-01-01T10:00:00Z,1\n",
+            &["naive.csv", "row 2", "column `event_timestamp`", "has no time zone"],
+        ),
+        (
+            "nokey.csv",
+            "user_id,event_timestamp,created_timestamp,score\n,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1\n",
+            &["nokey.csv", "row 1", "column `user_id` is empty"],
+        ),
+        (
+            "nocreated.csv",
+            "user_id,event_timestamp,score\n1,2024-01-01T10:00:00Z,1\n",
+            &["nocreated.csv", "missing column `created_timestamp`"],
+        ),
+        (
+            "badnum.csv",
+            "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,high\n",
+            &["badnum.csv", "high"],
+        ),
+        (
+            "garbage.jsonl",
+            "{\"user_id\": 1, \"event_timestamp\": \"yesterday\", \"created_timestamp\": \"2024-01-01T10:00:00Z\", \"score\": 1.0}\n",
+            &["garbage.jsonl", "row 1", "`yesterday` is not an RFC 3339 timestamp"],
+        ),
         ("data.txt", "x\n", &["data.txt", "unknown file type `.txt`"]),
     ];
     for (name, text, parts) in cases {
@@ -574,8 +580,8 @@ fn bad_ingest_input_is_refused_and_leaves_the_table_unchanged() {
         assert_eq!(delta_commits(&table), commits, "{name} changed the table");
     }
     // Naive timestamps in Parquet, and a feature type that would lose data.
-    use std::sync::Arc;
     use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+    use std::sync::Arc;
     let write = |name: &str, cols: Vec<(&str, ArrayRef)>| {
         let batch = RecordBatch::try_from_iter(cols).unwrap();
         let mut w = parquet::arrow::ArrowWriter::try_new(File::create(repo.join(name)).unwrap(), batch.schema(), None).unwrap();
@@ -584,14 +590,51 @@ fn bad_ingest_input_is_refused_and_leaves_the_table_unchanged() {
     };
     let ts = |tz: Option<&str>| {
         let a = TimestampMicrosecondArray::from(vec![1_704_103_200_000_000]);
-        Arc::new(match tz { Some(z) => a.with_timezone(z), None => a }) as ArrayRef
+        Arc::new(match tz {
+            Some(z) => a.with_timezone(z),
+            None => a,
+        }) as ArrayRef
     };
-    write("naive.parquet", vec![("user_id", Arc::new(Int64Array::from(vec![1])) as ArrayRef), ("event_timestamp", ts(None)), ("created_timestamp", ts(Some("UTC"))), ("score", Arc::new(Float64Array::from(vec![1.0])))]);
-    fails(&repo, &["ingest", "score", "naive.parquet"], 1, &["naive.parquet", "column `event_timestamp` has timestamps without a time zone"]);
-    write("text.parquet", vec![("user_id", Arc::new(Int64Array::from(vec![1])) as ArrayRef), ("event_timestamp", ts(Some("UTC"))), ("created_timestamp", ts(Some("UTC"))), ("score", Arc::new(StringArray::from(vec!["1.0"])))]);
+    write(
+        "naive.parquet",
+        vec![
+            ("user_id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            ("event_timestamp", ts(None)),
+            ("created_timestamp", ts(Some("UTC"))),
+            ("score", Arc::new(Float64Array::from(vec![1.0]))),
+        ],
+    );
+    fails(
+        &repo,
+        &["ingest", "score", "naive.parquet"],
+        1,
+        &["naive.parquet", "column `event_timestamp` has timestamps without a time zone"],
+    );
+    write(
+        "text.parquet",
+        vec![
+            ("user_id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            ("event_timestamp", ts(Some("UTC"))),
+            ("created_timestamp", ts(Some("UTC"))),
+            ("score", Arc::new(StringArray::from(vec!["1.0"]))),
+        ],
+    );
     fails(&repo, &["ingest", "score", "text.parquet"], 1, &["text.parquet", "column `score`", "cannot be stored as float64"]);
-    write("bigint.parquet", vec![("user_id", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef), ("event_timestamp", Arc::new(TimestampMicrosecondArray::from(vec![1, 2]).with_timezone("UTC")) as ArrayRef), ("created_timestamp", Arc::new(TimestampMicrosecondArray::from(vec![1, 2]).with_timezone("UTC")) as ArrayRef), ("score", Arc::new(Int64Array::from(vec![3, (1 << 53) + 1])))]);
-    fails(&repo, &["ingest", "score", "bigint.parquet"], 1, &["bigint.parquet", "column `score`", "row 2", "does not fit a float64 exactly"]);
+    write(
+        "bigint.parquet",
+        vec![
+            ("user_id", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef),
+            ("event_timestamp", Arc::new(TimestampMicrosecondArray::from(vec![1, 2]).with_timezone("UTC")) as ArrayRef),
+            ("created_timestamp", Arc::new(TimestampMicrosecondArray::from(vec![1, 2]).with_timezone("UTC")) as ArrayRef),
+            ("score", Arc::new(Int64Array::from(vec![3, (1 << 53) + 1]))),
+        ],
+    );
+    fails(
+        &repo,
+        &["ingest", "score", "bigint.parquet"],
+        1,
+        &["bigint.parquet", "column `score`", "row 2", "does not fit a float64 exactly"],
+    );
     assert_eq!(delta_commits(&table), commits);
     // A failed ingest into a view whose table is missing creates no table either.
     std::fs::remove_dir_all(&table).unwrap();
@@ -607,7 +650,10 @@ fn bad_historical_requests_are_refused_and_write_nothing() {
     std::fs::write(repo.join("nokeys.csv"), "uid,event_timestamp\n1,2024-01-01T10:00:00Z\n").unwrap();
     std::fs::write(repo.join("naive.csv"), "user_id,event_timestamp\n1,2024-01-01T10:00:00\n").unwrap();
     let cases: [(&[&str], &[&str]); 5] = [
-        (&["--spine", "nokeys.csv", "--features", "score:score"], &["nokeys.csv", "missing join key column `user_id` needed by feature view `score`"]),
+        (
+            &["--spine", "nokeys.csv", "--features", "score:score"],
+            &["nokeys.csv", "missing join key column `user_id` needed by feature view `score`"],
+        ),
         (&["--spine", "naive.csv", "--features", "score:score"], &["naive.csv", "row 1", "has no time zone"]),
         (&["--spine", "spine.csv", "--features", "score:rank"], &["unknown feature `score:rank`", "has: score"]),
         (&["--spine", "spine.csv", "--features", "scores:score"], &["unknown feature view `scores`"]),
@@ -631,7 +677,18 @@ fn materialize_then_online_lookup_from_the_shell() {
     let out = ok(&repo, &["materialize", "2000-01-01T00:00:00Z", "now", "driver_hourly", "customer_profile"]);
     assert!(out.contains("driver_hourly: 10 entities, 10 written"), "{out}");
     assert!(out.contains("customer_profile: 20 entities, 20 written"), "{out}");
-    let out = ok(&repo, &["online", "--features", "driver_hourly:avg_daily_trips,customer_profile:city,driver_customer:avg_rating", "--entity", "driver_id=1001", "--entity", "customer_id=C001"]);
+    let out = ok(
+        &repo,
+        &[
+            "online",
+            "--features",
+            "driver_hourly:avg_daily_trips,customer_profile:city,driver_customer:avg_rating",
+            "--entity",
+            "driver_id=1001",
+            "--entity",
+            "customer_id=C001",
+        ],
+    );
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 3, "{out}");
     assert!(lines[0].starts_with("driver_hourly__avg_daily_trips") && lines[0].contains("PRESENT"), "{out}");
@@ -642,9 +699,24 @@ fn materialize_then_online_lookup_from_the_shell() {
     fails(&repo, &["materialize", "yesterday", "now"], 1, &["START `yesterday`", "RFC 3339"]);
     fails(&repo, &["materialize", "2024-01-02T00:00:00Z", "2024-01-01T00:00:00Z"], 1, &["START is after END"]);
     fails(&repo, &["materialize", "2024-01-01T00:00:00Z", "now", "nope"], 1, &["unknown feature view `nope`"]);
-    fails(&repo, &["online", "--features", "driver_hourly:speed", "--entity", "driver_id=1001"], 1, &["unknown feature `driver_hourly:speed`"]);
-    fails(&repo, &["online", "--features", "driver_hourly:acc_rate", "--entity", "driver_id=abc"], 1, &["`driver_id` is int64, `abc` is not an integer"]);
-    fails(&repo, &["online", "--features", "driver_customer:avg_rating", "--entity", "driver_id=1001"], 1, &["missing join key `customer_id` for feature view `driver_customer`"]);
+    fails(
+        &repo,
+        &["online", "--features", "driver_hourly:speed", "--entity", "driver_id=1001"],
+        1,
+        &["unknown feature `driver_hourly:speed`"],
+    );
+    fails(
+        &repo,
+        &["online", "--features", "driver_hourly:acc_rate", "--entity", "driver_id=abc"],
+        1,
+        &["`driver_id` is int64, `abc` is not an integer"],
+    );
+    fails(
+        &repo,
+        &["online", "--features", "driver_customer:avg_rating", "--entity", "driver_id=1001"],
+        1,
+        &["missing join key `customer_id` for feature view `driver_customer`"],
+    );
     fails(&repo, &["online", "--features", "driver_hourly:acc_rate", "--entity", "rider=1"], 1, &["`rider` is not a join key"]);
 }
 
@@ -655,7 +727,12 @@ fn serve_answers_over_http_and_stops_gracefully() {
     ok(&repo, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]);
     ok(&repo, &["materialize", "2000-01-01T00:00:00Z", "now"]);
     let (child, port) = common::spawn_serve(&repo);
-    let (status, body) = common::http(port, "POST", "/get-online-features", r#"{"entities": {"driver_id": [1001, 999]}, "features": ["driver_hourly:conv_rate"], "full_feature_names": true}"#);
+    let (status, body) = common::http(
+        port,
+        "POST",
+        "/get-online-features",
+        r#"{"entities": {"driver_id": [1001, 999]}, "features": ["driver_hourly:conv_rate"], "full_feature_names": true}"#,
+    );
     assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["metadata"]["feature_names"], serde_json::json!(["driver_id", "driver_hourly__conv_rate"]));

@@ -7,25 +7,11 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::quiver;
+use common::{fails_alone, ok, quiver};
 
 use arrow::array::RecordBatch;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sha2::{Digest, Sha256};
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let out = quiver(dir, args, &[]);
-    assert!(out.status.success(), "quiver {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn fails(dir: &Path, args: &[&str], part: &str) {
-    let out = quiver(dir, args, &[]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "quiver {args:?}: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.contains(part), "{err} lacks {part:?}");
-}
 
 fn demo() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
@@ -94,18 +80,19 @@ fn export_writes_shards_and_a_manifest_that_rebuilds_them_exactly() {
 
     // Exporting the same again into the same folder is a no-op; another set is refused.
     ok(&repo, &["export", "--service", "ranker_v1", "--spine", spine, "--out", "ts1", "--shard-rows", "100"]);
-    fails(&repo, &["export", "--service", "ranker_v1", "--spine", spine, "--out", "ts1", "--shard-rows", "50"], "holds another training set");
+    fails_alone(
+        &repo,
+        &["export", "--service", "ranker_v1", "--spine", spine, "--out", "ts1", "--shard-rows", "50"],
+        1,
+        &["holds another training set"],
+    );
 
     // More data arrives: the same rows with other conversion rates, which win every tie
     // (ingested later). The manifest still rebuilds the same bytes (time travel).
     let hourly = read(&repo.join("sample_data/driver_hourly.parquet"));
     let hourly = arrow::compute::concat_batches(&hourly[0].schema(), &hourly).unwrap();
     let i = hourly.schema().index_of("conv_rate").unwrap();
-    let shifted = arrow::compute::kernels::numeric::add(
-        hourly.column(i),
-        &arrow::array::Float64Array::new_scalar(1.0),
-    )
-    .unwrap();
+    let shifted = arrow::compute::kernels::numeric::add(hourly.column(i), &arrow::array::Float64Array::new_scalar(1.0)).unwrap();
     let mut columns = hourly.columns().to_vec();
     columns[i] = shifted;
     let changed = RecordBatch::try_new(hourly.schema(), columns).unwrap();
@@ -154,14 +141,19 @@ fn an_interrupted_export_resumes_after_its_last_shard() {
 fn export_refuses_what_cannot_be_done() {
     let (_tmp, repo) = demo();
     let spine = "sample_data/spine.parquet";
-    fails(&repo, &["export", "--service", "nope", "--spine", spine, "--out", "x"], "unknown feature service `nope`");
-    fails(&repo, &["export", "--service", "ranker_v1", "--spine", "missing.parquet", "--out", "x"], "missing.parquet");
-    fails(&repo, &["export", "--service", "ranker_v1", "--spine", spine, "--out", "x", "--shard-rows", "0"], "--shard-rows must be at least 1");
+    fails_alone(&repo, &["export", "--service", "nope", "--spine", spine, "--out", "x"], 1, &["unknown feature service `nope`"]);
+    fails_alone(&repo, &["export", "--service", "ranker_v1", "--spine", "missing.parquet", "--out", "x"], 1, &["missing.parquet"]);
+    fails_alone(
+        &repo,
+        &["export", "--service", "ranker_v1", "--spine", spine, "--out", "x", "--shard-rows", "0"],
+        1,
+        &["--shard-rows must be at least 1"],
+    );
     // A spine that changed after the export cannot be reproduced.
     std::fs::copy(repo.join(spine), repo.join("spine2.parquet")).unwrap();
     ok(&repo, &["export", "--service", "ranker_v1", "--spine", "spine2.parquet", "--out", "ts", "--shard-rows", "500"]);
     std::fs::copy(repo.join("sample_data/driver_hourly.parquet"), repo.join("spine2.parquet")).unwrap();
-    fails(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "ts2"], "the spine changed since the export");
+    fails_alone(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "ts2"], 1, &["the spine changed since the export"]);
 }
 
 /// Issue 14: `--reproduce` into the original folder rebuilds every shard and checks it
@@ -201,11 +193,11 @@ fn export_refuses_a_folder_holding_other_files() {
     std::fs::write(repo.join("busy/part-00000.parquet"), b"someone else's shard").unwrap();
     std::fs::write(repo.join("busy/notes.txt"), b"keep me").unwrap();
     let args = ["export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "busy"];
-    fails(&repo, &args, "is not empty and holds no export of this training set (found notes.txt, part-00000.parquet)");
+    fails_alone(&repo, &args, 1, &["is not empty and holds no export of this training set (found notes.txt, part-00000.parquet)"]);
     assert_eq!(std::fs::read(repo.join("busy/part-00000.parquet")).unwrap(), b"someone else's shard");
     assert!(!repo.join("busy/manifest.json").exists() && !repo.join("busy/_progress.json").exists());
     // And reproducing into it is refused the same way.
     ok(&repo, &["export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "ts"]);
-    fails(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "busy"], "is not empty");
+    fails_alone(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "busy"], 1, &["is not empty"]);
     assert_eq!(std::fs::read(repo.join("busy/part-00000.parquet")).unwrap(), b"someone else's shard");
 }

@@ -14,10 +14,7 @@ fn feast_python(test: &str) -> Option<String> {
     match std::env::var("QUIVER_TEST_FEAST_PY") {
         Ok(py) => Some(py),
         Err(_) => {
-            assert!(
-                std::env::var("QUIVER_REQUIRE_FEAST").is_err(),
-                "QUIVER_REQUIRE_FEAST is set but QUIVER_TEST_FEAST_PY is not"
-            );
+            assert!(std::env::var("QUIVER_REQUIRE_FEAST").is_err(), "QUIVER_REQUIRE_FEAST is set but QUIVER_TEST_FEAST_PY is not");
             eprintln!("SKIPPED {test}: no Feast venv (set QUIVER_TEST_FEAST_PY, or use ./run test)");
             None
         }

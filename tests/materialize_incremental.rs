@@ -27,7 +27,16 @@ async fn ingest(repo: &Repo, view: &str, name: &str, csv: &str) {
     std::fs::write(&path, csv).unwrap();
     let defs = repo.applied().unwrap().definitions;
     let v = defs.feature_view(view).unwrap();
-    quiver::offline::ingest::ingest(&repo.config.view_table(v), &defs, v, &path, repo.config.event_horizon(chrono::Utc::now().timestamp_micros()), &|_, _| {}).await.unwrap();
+    quiver::offline::ingest::ingest(
+        &repo.config.view_table(v),
+        &defs,
+        v,
+        &path,
+        repo.config.event_horizon(chrono::Utc::now().timestamp_micros()),
+        &|_, _| {},
+    )
+    .await
+    .unwrap();
 }
 
 async fn scores(repo: &Repo, store: &dyn OnlineStore, users: &[i64]) -> Vec<Option<f64>> {
@@ -77,7 +86,13 @@ const HEADER: &str = "user_id,event_timestamp,created_timestamp,score\n";
 async fn late_rows_are_picked_up(store: Arc<dyn OnlineStore>) {
     let tmp = tempfile::tempdir().unwrap();
     let repo = setup(&tmp.path().join(format!("inc{}", std::process::id())));
-    ingest(&repo, "score", "a.csv", &format!("{HEADER}1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1.0\n2,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,2.0\n")).await;
+    ingest(
+        &repo,
+        "score",
+        "a.csv",
+        &format!("{HEADER}1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1.0\n2,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,2.0\n"),
+    )
+    .await;
     assert_eq!(run(&repo, store.as_ref(), "12:00").await, [("score".into(), 2), ("other".into(), 0)]);
     assert_eq!(scores(&repo, store.as_ref(), &[1, 2, 3, 4]).await, [Some(1.0), Some(2.0), None, None]);
 

@@ -29,18 +29,24 @@ async fn check(store: Arc<dyn OnlineStore>) {
     let defs = repo.applied().unwrap().definitions;
     for view in &defs.feature_views {
         let file = dir.join(format!("sample_data/{}.parquet", view.name));
-        quiver::offline::ingest::ingest(&repo.config.view_table(view), &defs, view, &file, repo.config.event_horizon(chrono::Utc::now().timestamp_micros()), &|_, _| {}).await.unwrap();
+        quiver::offline::ingest::ingest(
+            &repo.config.view_table(view),
+            &defs,
+            view,
+            &file,
+            repo.config.event_horizon(chrono::Utc::now().timestamp_micros()),
+            &|_, _| {},
+        )
+        .await
+        .unwrap();
     }
     let views: Vec<_> = defs.feature_views.iter().collect();
     let now_us = now.timestamp_micros();
-    let reports = quiver::materialize::materialize(&repo.config, &defs, &views, i64::MIN, now_us, store.as_ref(), &|_, _| {})
-        .await
-        .unwrap();
+    let reports =
+        quiver::materialize::materialize(&repo.config, &defs, &views, i64::MIN, now_us, store.as_ref(), &|_, _| {}).await.unwrap();
     assert!(reports.iter().all(|r| r.entities > 0 && r.written == r.entities), "{reports:?}");
     // Materializing again writes the same rows again (equal replaces): idempotent.
-    let again = quiver::materialize::materialize(&repo.config, &defs, &views, i64::MIN, now_us, store.as_ref(), &|_, _| {})
-        .await
-        .unwrap();
+    let again = quiver::materialize::materialize(&repo.config, &defs, &views, i64::MIN, now_us, store.as_ref(), &|_, _| {}).await.unwrap();
     assert_eq!(again, reports);
 
     // Every driver x customer pair, plus unknown ones.
@@ -52,11 +58,8 @@ async fn check(store: Arc<dyn OnlineStore>) {
             customers.push(format!("C{c:03}"));
         }
     }
-    let refs: Vec<FeatureRef> = defs
-        .feature_views
-        .iter()
-        .flat_map(|v| v.features.iter().map(|f| FeatureRef::new(&v.name, &f.name)))
-        .collect();
+    let refs: Vec<FeatureRef> =
+        defs.feature_views.iter().flat_map(|v| v.features.iter().map(|f| FeatureRef::new(&v.name, &f.name))).collect();
     let mut seen_statuses = std::collections::BTreeSet::new();
     // At `now`, and three hours later, when the 2h-TTL view is out of date.
     for at in [now_us, now_us + 3 * HOUR_US] {
@@ -83,9 +86,7 @@ async fn check(store: Arc<dyn OnlineStore>) {
             ("driver_id".to_string(), drivers.iter().map(|&d| KeyValue::Int(d)).collect()),
             ("customer_id".to_string(), customers.iter().map(|c| KeyValue::Str(c.clone())).collect()),
         ];
-        let online = get_online_features(store.as_ref(), &repo.config.project, &defs, &refs, &entities, at, true)
-            .await
-            .unwrap();
+        let online = get_online_features(store.as_ref(), &repo.config.project, &defs, &refs, &entities, at, true).await.unwrap();
         assert_eq!(online.len(), 2 + refs.len());
         let mut present = 0;
         for (k, r) in refs.iter().enumerate() {

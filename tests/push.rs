@@ -87,9 +87,12 @@ async fn quiver_push_writes_both_stores_or_nothing() {
     std::fs::write(
         &file,
         concat!(
-            r#"{"driver_id": 1, "event_timestamp": "2025-01-01T00:00:00Z", "fare": 2.5, "seq": 1}"#, "\n",
-            r#"{"driver_id": 1, "event_timestamp": "2025-01-01T01:00:00Z", "fare": 3, "seq": 2}"#, "\n",
-            r#"{"driver_id": 2, "event_timestamp": "2025-01-01T00:30:00+00:30", "fare": null, "seq": 3}"#, "\n",
+            r#"{"driver_id": 1, "event_timestamp": "2025-01-01T00:00:00Z", "fare": 2.5, "seq": 1}"#,
+            "\n",
+            r#"{"driver_id": 1, "event_timestamp": "2025-01-01T01:00:00Z", "fare": 3, "seq": 2}"#,
+            "\n",
+            r#"{"driver_id": 2, "event_timestamp": "2025-01-01T00:30:00+00:30", "fare": null, "seq": 3}"#,
+            "\n",
         ),
     )
     .unwrap();
@@ -98,10 +101,7 @@ async fn quiver_push_writes_both_stores_or_nothing() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("pushed 3 rows into trips") && stdout.contains("offline: table version"), "{stdout}");
     let h = 3_600_000_000;
-    assert_eq!(
-        delta(&dir).await,
-        vec![(1, T0, Some(2.5), 1), (1, T0 + h, Some(3.0), 2), (2, T0, None, 3)]
-    );
+    assert_eq!(delta(&dir).await, vec![(1, T0, Some(2.5), 1), (1, T0 + h, Some(3.0), 2), (2, T0, None, 3)]);
     let d1 = online(&dir, 1).await.unwrap();
     assert_eq!((d1.event_ts, d1.values.clone()), (T0 + h, vec![Value::Float64(3.0), Value::Int64(2)]));
     assert_eq!(online(&dir, 2).await.unwrap().values, vec![Value::Null, Value::Int64(3)]);
@@ -119,8 +119,10 @@ async fn quiver_push_writes_both_stores_or_nothing() {
     std::fs::write(
         &bad,
         concat!(
-            r#"{"driver_id": 3, "event_timestamp": "2025-01-03T00:00:00Z", "fare": 1.0, "seq": 5}"#, "\n",
-            r#"{"driver_id": 3, "event_timestamp": "2025-01-03T00:00:00Z", "fare": 1.0, "seq": 5.5}"#, "\n",
+            r#"{"driver_id": 3, "event_timestamp": "2025-01-03T00:00:00Z", "fare": 1.0, "seq": 5}"#,
+            "\n",
+            r#"{"driver_id": 3, "event_timestamp": "2025-01-03T00:00:00Z", "fare": 1.0, "seq": 5.5}"#,
+            "\n",
         ),
     )
     .unwrap();

@@ -40,7 +40,9 @@ fn services(test: &str) -> Option<(String, String)> {
                 std::env::var("QUIVER_REQUIRE_KAFKA").is_err(),
                 "QUIVER_REQUIRE_KAFKA is set but QUIVER_TEST_KAFKA_BROKERS or QUIVER_TEST_REDIS_URL is not"
             );
-            eprintln!("SKIPPED {test}: no Kafka broker or Redis (set QUIVER_TEST_KAFKA_BROKERS and QUIVER_TEST_REDIS_URL, or use ./run test)");
+            eprintln!(
+                "SKIPPED {test}: no Kafka broker or Redis (set QUIVER_TEST_KAFKA_BROKERS and QUIVER_TEST_REDIS_URL, or use ./run test)"
+            );
             None
         }
     }
@@ -96,8 +98,7 @@ feature_views:
     )
     .unwrap();
     quiver_ok(&dir, &["apply"]);
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
     let created = admin
         .create_topics(
             &[NewTopic::new(&topic, partitions, TopicReplication::Fixed(1))],
@@ -139,7 +140,9 @@ fn message(i: i64) -> String {
     let ts = chrono::DateTime::from_timestamp_micros(BASE_TS + i * 1_000_000).unwrap().to_rfc3339();
     let d = i % DRIVERS;
     match kind(i) {
-        Kind::Good => format!(r#"{{"driver_id": {d}, "event_timestamp": "{ts}", "fare": {}, "seq": {i}, "city": "c{}", "extra": 1}}"#, fare(i), i % 7),
+        Kind::Good => {
+            format!(r#"{{"driver_id": {d}, "event_timestamp": "{ts}", "fare": {}, "seq": {i}, "city": "c{}", "extra": 1}}"#, fare(i), i % 7)
+        }
         Kind::NotJson => format!("driver {d} at {ts}"),
         Kind::MissingKey => format!(r#"{{"event_timestamp": "{ts}", "fare": 1.0, "seq": {i}}}"#),
         Kind::WrongType => format!(r#"{{"driver_id": {d}, "event_timestamp": "{ts}", "fare": "cheap", "seq": {i}}}"#),
@@ -154,11 +157,8 @@ fn fare(i: i64) -> f64 {
 
 /// Produces messages `range` round robin over `partitions` partitions.
 async fn produce(s: &Setup, range: std::ops::Range<i64>, partitions: i32) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &s.brokers)
-        .set("message.timeout.ms", "10000")
-        .create()
-        .unwrap();
+    let producer: FutureProducer =
+        ClientConfig::new().set("bootstrap.servers", &s.brokers).set("message.timeout.ms", "10000").create().unwrap();
     let bodies: Vec<(i64, String, String)> = range.map(|i| (i, message(i), (i % DRIVERS).to_string())).collect();
     let mut sends = Vec::new();
     for (i, body, key) in &bodies {
@@ -298,17 +298,12 @@ async fn assert_online(s: &Setup, produced: std::ops::Range<i64>) {
     for i in produced.filter(|&i| kind(i) == Kind::Good) {
         latest.insert(i % DRIVERS, i);
     }
-    let keys: Vec<String> =
-        latest.keys().map(|d| store_key(&s.project, "trips", &[KeyValue::Int(*d)])).collect();
+    let keys: Vec<String> = latest.keys().map(|d| store_key(&s.project, "trips", &[KeyValue::Int(*d)])).collect();
     let stored = store.read(&keys).await.unwrap();
     for ((d, i), bytes) in latest.iter().zip(stored) {
         let row = OnlineRow::decode(&bytes.unwrap_or_else(|| panic!("driver {d} missing online"))).unwrap();
         assert_eq!(row.event_ts, BASE_TS + i * 1_000_000, "driver {d}");
-        assert_eq!(
-            row.values,
-            vec![Value::Float64(fare(*i)), Value::Int64(*i), Value::String(format!("c{}", i % 7))],
-            "driver {d}"
-        );
+        assert_eq!(row.values, vec![Value::Float64(fare(*i)), Value::Int64(*i), Value::String(format!("c{}", i % 7))], "driver {d}");
     }
 }
 
@@ -381,9 +376,7 @@ async fn stream_writes_both_stores_and_dead_letters() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let text = http_get(port, "/metrics");
     let metric = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or_else(|| panic!("{name} in {text}"))
+        text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or_else(|| panic!("{name} in {text}"))
     };
     assert_eq!(metric("quiver_stream_consumed_total "), n as f64);
     assert_eq!(metric("quiver_stream_dead_lettered_total "), bad.len() as f64);
@@ -460,9 +453,8 @@ async fn two_streams_in_a_group_split_the_partitions() {
     let (sa, out_a) = a.stop();
     let (sb, out_b) = b.stop();
     assert!(sa.success() && sb.success());
-    let consumed = |out: &str| -> u64 {
-        out.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("summary: {out}"))
-    };
+    let consumed =
+        |out: &str| -> u64 { out.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("summary: {out}")) };
     let (ca, cb) = (consumed(&out_a), consumed(&out_b));
     assert!(ca > 0 && cb > 0, "both consumed: {ca} and {cb}");
     assert_eq!(ca + cb, 2000, "each message consumed once across the group");
@@ -534,11 +526,8 @@ async fn stream_survives_redis_restart_without_loss() {
 
 /// Produces raw payloads to partition 0 of the setup's topic, in order.
 async fn produce_raw(s: &Setup, payloads: &[Vec<u8>]) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &s.brokers)
-        .set("message.timeout.ms", "10000")
-        .create()
-        .unwrap();
+    let producer: FutureProducer =
+        ClientConfig::new().set("bootstrap.servers", &s.brokers).set("message.timeout.ms", "10000").create().unwrap();
     for p in payloads {
         producer.send(FutureRecord::<(), _>::to(&s.topic).payload(p).partition(0), Duration::from_secs(10)).await.unwrap();
     }
@@ -641,9 +630,17 @@ async fn refused_dead_letters_and_future_events_do_not_stall_the_stream() {
         while out.len() < 2 && began.elapsed() < WAIT {
             if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
                 let header = |name: &str| {
-                    m.headers().and_then(|h| h.iter().find(|x| x.key == name)).and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into_owned())
+                    m.headers()
+                        .and_then(|h| h.iter().find(|x| x.key == name))
+                        .and_then(|h| h.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
                 };
-                out.push((header("quiver.source.offset"), header("quiver.payload.truncated"), m.payload().map_or(0, <[u8]>::len), header("quiver.error")));
+                out.push((
+                    header("quiver.source.offset"),
+                    header("quiver.payload.truncated"),
+                    m.payload().map_or(0, <[u8]>::len),
+                    header("quiver.error"),
+                ));
             }
         }
         out
@@ -704,7 +701,8 @@ async fn offline_views_get_no_online_writes_and_a_changed_registry_is_picked_up(
     assert_eq!(audit_rows, expected_rows(0..100).len(), "but every event is in its Delta table");
 
     // A feature is added while the stream runs.
-    let added = with_audit.replace("      - {name: city, dtype: string}\n", "      - {name: city, dtype: string}\n      - {name: tip, dtype: float64}\n");
+    let added = with_audit
+        .replace("      - {name: city, dtype: string}\n", "      - {name: city, dtype: string}\n      - {name: tip, dtype: float64}\n");
     assert_ne!(added, with_audit);
     std::fs::write(s.dir.join("features.yaml"), &added).unwrap();
     quiver_ok(&s.dir, &["apply"]);

@@ -167,7 +167,8 @@ async fn verify_since_replays_the_serving_log() {
     let push_online = format!(
         r#"{{"feature_view": "driver_hourly", "to": "online", "df": {{"driver_id": [8888], "event_timestamp": ["{fresh}"], "created_timestamp": ["{fresh}"], "conv_rate": [0.25], "acc_rate": [0.5], "avg_daily_trips": [3]}}}}"#
     );
-    let ask = r#"{"entities": {"driver_id": [1001, 1002, 7777, 8888, 6666]}, "features": ["driver_hourly:conv_rate", "driver_hourly:acc_rate"]}"#;
+    let ask =
+        r#"{"entities": {"driver_id": [1001, 1002, 7777, 8888, 6666]}, "features": ["driver_hourly:conv_rate", "driver_hourly:acc_rate"]}"#;
     let answers = serve_and_ask(&repo, &[push_online, ask.to_string()]);
     assert_eq!(answers[1]["results"][1]["values"][0], 42.0);
     let wrong = quiver(&repo, &["verify", "--since", &began.to_rfc3339()]);
@@ -204,9 +205,9 @@ async fn verify_since_replays_the_serving_log() {
 /// that time, are mismatches. The server runs in-process with a settable clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_log_judges_each_answer_at_its_request_time() {
+    use quiver::online::server::{Metrics, RegistryCache, ServerState, router};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicI64, Ordering};
-    use quiver::online::server::{Metrics, RegistryCache, ServerState, router};
     use tower::ServiceExt;
     let tmp = tempfile::tempdir().unwrap();
     assert!(quiver(tmp.path(), &["init", "demo", "--demo"]).status.success());
@@ -226,7 +227,10 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
         project: "demo".into(),
         auth_token: None,
         metrics: Metrics::default(),
-        clock: { let c = clock.clone(); Box::new(move || c.load(Ordering::SeqCst)) },
+        clock: {
+            let c = clock.clone();
+            Box::new(move || c.load(Ordering::SeqCst))
+        },
         offline: None,
         serving_log: Some(log.clone()),
         limits: quiver::online::server::Limits::default(),
@@ -254,25 +258,39 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
     let req = axum::http::Request::builder().uri("/metrics").body(axum::body::Body::empty()).unwrap();
     let metrics = router(state.clone()).oneshot(req).await.unwrap().into_body();
     let metrics = String::from_utf8(http_body_util::BodyExt::collect(metrics).await.unwrap().to_bytes().to_vec()).unwrap();
-    assert!(metrics.contains("quiver_serving_log_requests_total 5\n") && metrics.contains("quiver_serving_log_rows_written_total 50\n"), "{metrics}");
+    assert!(
+        metrics.contains("quiver_serving_log_requests_total 5\n") && metrics.contains("quiver_serving_log_rows_written_total 50\n"),
+        "{metrics}"
+    );
     // The stale answers are in the log as such.
     let logged = quiver::offline::serving_log::read(&repo.config.serving_log.location, now - 6 * hour, now + 4 * hour).await.unwrap();
-    let statuses: Vec<String> = logged.iter().flat_map(|b| {
-        let c = arrow::array::AsArray::as_string::<i32>(b.column(6)).clone();
-        (0..b.num_rows()).map(move |r| c.value(r).to_string()).collect::<Vec<_>>()
-    }).collect();
+    let statuses: Vec<String> = logged
+        .iter()
+        .flat_map(|b| {
+            let c = arrow::array::AsArray::as_string::<i32>(b.column(6)).clone();
+            (0..b.num_rows()).map(move |r| c.value(r).to_string()).collect::<Vec<_>>()
+        })
+        .collect();
     assert_eq!(statuses.len(), 50);
     // Stale at now + 3h and one microsecond past the 2h TTL; not at exactly 2h.
     assert_eq!(statuses.iter().filter(|s| s.contains("OUTSIDE_MAX_AGE")).count(), 20, "{statuses:?}");
 
-    let report = quiver::verify::verify_log(&repo.config, &defs, now - 6 * hour, now + 4 * hour, false, &quiver::gpu_join::CpuKernel::new()).await.unwrap();
+    let report =
+        quiver::verify::verify_log(&repo.config, &defs, now - 6 * hour, now + 4 * hour, false, &quiver::gpu_join::CpuKernel::new())
+            .await
+            .unwrap();
     assert_eq!(report.requests, 5);
     let trips = report.features.iter().find(|f| f.feature == "driver_hourly:avg_daily_trips").unwrap();
-    assert_eq!((trips.compared, trips.matches, trips.mismatches, trips.missing_online, trips.missing_offline), (50, 40, 10, 0, 0), "{trips:?}");
+    assert_eq!(
+        (trips.compared, trips.matches, trips.mismatches, trips.missing_online, trips.missing_offline),
+        (50, 40, 10, 0, 0),
+        "{trips:?}"
+    );
     // Five hours back the store served rows from after the request.
     assert!(trips.examples.iter().all(|e| e.starts_with("mismatch (served a row from after the request): ")), "{:?}", trips.examples);
     // Only the past window disagrees.
-    let agree = quiver::verify::verify_log(&repo.config, &defs, now, now + 4 * hour, false, &quiver::gpu_join::CpuKernel::new()).await.unwrap();
+    let agree =
+        quiver::verify::verify_log(&repo.config, &defs, now, now + 4 * hour, false, &quiver::gpu_join::CpuKernel::new()).await.unwrap();
     assert!(agree.features.iter().all(|f| f.compared == 40 && f.matches == 40), "{:?}", agree.features);
 }
 
@@ -280,8 +298,8 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
 /// fail (counted), the rows wait, and they are written once the table can be.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_serving_log_never_fails_a_request_and_keeps_its_rows() {
-    use std::sync::Arc;
     use quiver::online::serving_log::ServingLog;
+    use std::sync::Arc;
     use tower::ServiceExt;
     let tmp = tempfile::tempdir().unwrap();
     assert!(quiver(tmp.path(), &["init", "demo", "--demo"]).status.success());
@@ -304,12 +322,19 @@ async fn a_failing_serving_log_never_fails_a_request_and_keeps_its_rows() {
     let err = log.flush().await.unwrap_err();
     assert!(err.contains("blocker/log"), "{err}");
     let metrics = log.metrics_text();
-    assert!(metrics.contains("quiver_serving_log_write_errors_total 1\n") && metrics.contains("quiver_serving_log_rows_written_total 0\n"), "{metrics}");
+    assert!(
+        metrics.contains("quiver_serving_log_write_errors_total 1\n") && metrics.contains("quiver_serving_log_rows_written_total 0\n"),
+        "{metrics}"
+    );
     // The way is clear again: the 12 waiting rows are written, none lost.
     std::fs::remove_file(dir.join("blocker")).unwrap();
     log.flush().await.unwrap();
     let metrics = log.metrics_text();
-    assert!(metrics.contains("quiver_serving_log_rows_written_total 12\n") && metrics.contains("quiver_serving_log_rows_dropped_total 0\n"), "{metrics}");
-    let rows: usize = quiver::offline::serving_log::read(&config.location, i64::MIN, i64::MAX).await.unwrap().iter().map(|b| b.num_rows()).sum();
+    assert!(
+        metrics.contains("quiver_serving_log_rows_written_total 12\n") && metrics.contains("quiver_serving_log_rows_dropped_total 0\n"),
+        "{metrics}"
+    );
+    let rows: usize =
+        quiver::offline::serving_log::read(&config.location, i64::MIN, i64::MAX).await.unwrap().iter().map(|b| b.num_rows()).sum();
     assert_eq!(rows, 12);
 }

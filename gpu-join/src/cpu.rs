@@ -212,9 +212,7 @@ fn sort_run(input: &AsOfInput<'_>, rows: &mut [u32], ts: &mut [i64], scratch: &m
         let r = r as usize;
         (input.feature_created.map_or(0, |c| c[r]), input.feature_seq[r])
     };
-    let in_order = (1..ts.len()).all(|k| {
-        ts[k - 1] < ts[k] || (ts[k - 1] == ts[k] && tie_key(rows[k - 1]) < tie_key(rows[k]))
-    });
+    let in_order = (1..ts.len()).all(|k| ts[k - 1] < ts[k] || (ts[k - 1] == ts[k] && tie_key(rows[k - 1]) < tie_key(rows[k])));
     if in_order {
         return;
     }

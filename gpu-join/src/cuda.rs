@@ -115,10 +115,8 @@ pub(crate) struct Prepared {
 impl Prepared {
     pub(crate) fn new(input: &AsOfInput<'_>, threads: usize) -> Prepared {
         let runs = EntityRuns::build(input, threads);
-        let run_created = input
-            .feature_created
-            .filter(|_| input.created_cutoff)
-            .map(|c| runs.rows.iter().map(|&r| c[r as usize]).collect());
+        let run_created =
+            input.feature_created.filter(|_| input.created_cutoff).map(|c| runs.rows.iter().map(|&r| c[r as usize]).collect());
         let n_ent = input.n_entities as usize;
         let mut spine_offsets = vec![0u32; n_ent + 1];
         for &e in input.spine_entity {
@@ -321,9 +319,7 @@ impl CudaKernel {
         let device = ctx.name().unwrap_or_else(|_| "device 0".into());
         let arch = ctx.compute_capability().ok().map(|(major, minor)| format!("compute_{major}{minor}"));
         let ptx = compile_ptx(arch.as_deref())?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(|e| engine(format!("loading the kernels: {e}")))?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| engine(format!("loading the kernels: {e}")))?;
         let function = |name: &str| module.load_function(name).map_err(|e| engine(format!("{name}: {e}")));
         let (search, gather_u64, gather_u32) = (function("asof_search")?, function("gather_u64")?, function("gather_u32")?);
         let chunk_rows = std::env::var("QUIVER_GPU_CHUNK_ROWS").ok().and_then(|v| v.parse().ok());
@@ -460,12 +456,7 @@ impl AsOfKernel for CudaKernel {
     }
 
     fn gather(&self, columns: &[FixedColumn<'_>], index: &[u32]) -> Option<Result<Vec<Gathered>, KernelError>> {
-        Some(
-            columns
-                .iter()
-                .map(|c| self.gather_one(c, index).map_err(|e| engine(format!("{} gather: {e}", self.device))))
-                .collect(),
-        )
+        Some(columns.iter().map(|c| self.gather_one(c, index).map_err(|e| engine(format!("{} gather: {e}", self.device)))).collect())
     }
 
     fn join(&self, input: &AsOfInput<'_>) -> Result<Vec<u32>, KernelError> {

@@ -41,17 +41,10 @@ impl AsOfInput<'_> {
     pub fn validate(&self) -> Result<(), KernelError> {
         let bad = |m: String| Err(KernelError::BadInput(m));
         if self.spine_entity.len() != self.spine_ts.len() {
-            return bad(format!(
-                "spine has {} entity ids but {} times",
-                self.spine_entity.len(),
-                self.spine_ts.len()
-            ));
+            return bad(format!("spine has {} entity ids but {} times", self.spine_entity.len(), self.spine_ts.len()));
         }
         let n = self.feature_entity.len();
-        if self.feature_ts.len() != n
-            || self.feature_seq.len() != n
-            || self.feature_created.is_some_and(|c| c.len() != n)
-        {
+        if self.feature_ts.len() != n || self.feature_seq.len() != n || self.feature_created.is_some_and(|c| c.len() != n) {
             return bad(format!("feature arrays differ in length (entity ids: {n})"));
         }
         if n >= NO_ROW as usize {
@@ -123,13 +116,7 @@ pub fn gather_on_host(column: &FixedColumn<'_>, index: &[u32]) -> Gathered {
     fn pick<T: Copy + Default>(values: &[T], valid: Option<&[u8]>, index: &[u32]) -> (Vec<T>, Vec<u8>) {
         index
             .iter()
-            .map(|&r| {
-                if r == NO_ROW {
-                    (T::default(), 0)
-                } else {
-                    (values[r as usize], valid.map_or(1, |v| v[r as usize]))
-                }
-            })
+            .map(|&r| if r == NO_ROW { (T::default(), 0) } else { (values[r as usize], valid.map_or(1, |v| v[r as usize])) })
             .unzip()
     }
     match column {

@@ -47,9 +47,8 @@ struct Case {
 fn random_case(rng: &mut StdRng, n_spine: usize, n_feat: usize, n_ent: u32) -> Case {
     // Coarse times so that equal event times and equal created times are common.
     let time = |rng: &mut StdRng| rng.random_range(0..50i64) * 10;
-    let mut feature_entity: Vec<u32> = (0..n_feat)
-        .map(|_| if rng.random_bool(0.05) { NO_ENTITY } else { rng.random_range(0..n_ent) })
-        .collect();
+    let mut feature_entity: Vec<u32> =
+        (0..n_feat).map(|_| if rng.random_bool(0.05) { NO_ENTITY } else { rng.random_range(0..n_ent) }).collect();
     feature_entity.shuffle(rng);
     let feature_ts: Vec<i64> = (0..n_feat).map(|_| time(rng)).collect();
     let feature_created: Vec<i64> = feature_ts.iter().map(|t| t + rng.random_range(0..3) * 10).collect();
@@ -227,7 +226,10 @@ fn the_gpu_flow_on_the_host_matches_the_oracle() {
                     assert_eq!(got, expected, "round {round}, ttl {ttl:?}, created {with_created}, cutoff {cutoff}, chunk {chunk}");
                 }
                 if biggest > 1 {
-                    assert!(quiver_gpu_join::cuda::join_chunked_on_host(&input, biggest - 1).is_err(), "an entity larger than a chunk is refused");
+                    assert!(
+                        quiver_gpu_join::cuda::join_chunked_on_host(&input, biggest - 1).is_err(),
+                        "an entity larger than a chunk is refused"
+                    );
                 }
             }
         }
@@ -241,7 +243,9 @@ fn kernels_compile_to_ptx_with_nvrtc() {
     // SAFETY: only tries to dlopen the library.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         assert!(std::env::var("QUIVER_REQUIRE_NVRTC").is_err(), "QUIVER_REQUIRE_NVRTC is set but libnvrtc is not on LD_LIBRARY_PATH");
-        eprintln!("SKIPPED kernels_compile_to_ptx_with_nvrtc: no libnvrtc (pip install nvidia-cuda-nvrtc-cu12; put nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH, or use ./run test)");
+        eprintln!(
+            "SKIPPED kernels_compile_to_ptx_with_nvrtc: no libnvrtc (pip install nvidia-cuda-nvrtc-cu12; put nvidia/cuda_nvrtc/lib on LD_LIBRARY_PATH, or use ./run test)"
+        );
         return;
     }
     for arch in ["compute_80", "compute_90"] {
@@ -287,7 +291,8 @@ fn gpu_engine_matches_the_cpu_engine() {
         let values: Vec<u64> = (0..n).map(|_| rng.random()).collect();
         let narrow: Vec<u32> = (0..n).map(|_| rng.random()).collect();
         let valid: Vec<u8> = (0..n).map(|_| u8::from(rng.random_bool(0.9))).collect();
-        let index: Vec<u32> = (0..n + 7).map(|_| if n == 0 || rng.random_bool(0.1) { NO_ROW } else { rng.random_range(0..n as u32) }).collect();
+        let index: Vec<u32> =
+            (0..n + 7).map(|_| if n == 0 || rng.random_bool(0.1) { NO_ROW } else { rng.random_range(0..n as u32) }).collect();
         let columns = [
             quiver_gpu_join::FixedColumn::U64 { values: &values, valid: Some(&valid) },
             quiver_gpu_join::FixedColumn::U64 { values: &values, valid: None },

@@ -12,10 +12,7 @@ use crate::error::{Error, Result};
 /// # Errors
 /// [`Error::Location`] for a path or URI that is not a valid URL.
 pub fn table_url(location: &StoreLocation) -> Result<Url> {
-    let bad = |message: String| Error::Location {
-        table: location.to_string(),
-        message,
-    };
+    let bad = |message: String| Error::Location { table: location.to_string(), message };
     match location {
         StoreLocation::Local(path) => {
             let abs = std::path::absolute(path).map_err(|e| bad(e.to_string()))?;
@@ -32,9 +29,10 @@ pub fn table_url(location: &StoreLocation) -> Result<Url> {
 /// [`Error::Delta`] when a table is there but cannot be read.
 pub async fn open_table(location: &StoreLocation) -> Result<Option<DeltaTable>> {
     if let StoreLocation::Local(path) = location
-        && !path.join("_delta_log").is_dir() {
-            return Ok(None);
-        }
+        && !path.join("_delta_log").is_dir()
+    {
+        return Ok(None);
+    }
     let url = table_url(location)?;
     match deltalake::open_table(url).await {
         Ok(table) => Ok(Some(table)),
@@ -74,12 +72,7 @@ impl DataProbe for DeltaProbe<'_> {
         let location = self.config.view_table(view);
         self.runtime
             .block_on(holds_data(&location))
-            .map_err(|e| {
-                quiver_sdk::Error::Store(format!(
-                    "cannot tell whether feature view `{}` holds data: {e}",
-                    view.name
-                ))
-            })
+            .map_err(|e| quiver_sdk::Error::Store(format!("cannot tell whether feature view `{}` holds data: {e}", view.name)))
     }
 }
 
@@ -88,25 +81,16 @@ impl DataProbe for DeltaProbe<'_> {
 ///
 /// # Errors
 /// [`Error::Delta`] when the table cannot be created.
-pub async fn ensure_table(
-    location: &StoreLocation,
-    schema: &arrow::datatypes::SchemaRef,
-    name: &str,
-) -> Result<bool> {
+pub async fn ensure_table(location: &StoreLocation, schema: &arrow::datatypes::SchemaRef, name: &str) -> Result<bool> {
     use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
     if open_table(location).await?.is_some() {
         return Ok(false);
     }
     if let StoreLocation::Local(path) = location {
-        std::fs::create_dir_all(path).map_err(|e| Error::Location {
-            table: location.to_string(),
-            message: e.to_string(),
-        })?;
+        std::fs::create_dir_all(path).map_err(|e| Error::Location { table: location.to_string(), message: e.to_string() })?;
     }
-    let delta_schema: deltalake::kernel::StructType = schema
-        .as_ref()
-        .try_into_kernel()
-        .map_err(|e: arrow::error::ArrowError| Error::delta(location, e.into()))?;
+    let delta_schema: deltalake::kernel::StructType =
+        schema.as_ref().try_into_kernel().map_err(|e: arrow::error::ArrowError| Error::delta(location, e.into()))?;
     let url = table_url(location)?;
     // Build without loading: there is no log yet, and loading would only log an error.
     deltalake::DeltaTableBuilder::from_url(url)
@@ -133,12 +117,7 @@ pub async fn txn_versions(location: &StoreLocation, app_ids: &[String]) -> Resul
     let state = table.snapshot().map_err(|e| Error::delta(location, e))?;
     let mut out = Vec::with_capacity(app_ids.len());
     for app in app_ids {
-        out.push(
-            state
-                .transaction_version(table.log_store().as_ref(), app)
-                .await
-                .map_err(|e| Error::delta(location, e))?,
-        );
+        out.push(state.transaction_version(table.log_store().as_ref(), app).await.map_err(|e| Error::delta(location, e))?);
     }
     Ok(out)
 }

@@ -56,24 +56,15 @@ impl Error {
     }
 
     pub(crate) fn input(file: &Path, message: impl Into<String>) -> Self {
-        Error::Input {
-            file: file.to_path_buf(),
-            message: message.into(),
-        }
+        Error::Input { file: file.to_path_buf(), message: message.into() }
     }
 
     pub(crate) fn delta(table: impl std::fmt::Display, source: deltalake::DeltaTableError) -> Self {
-        Error::Delta {
-            table: table.to_string(),
-            source: Box::new(source),
-        }
+        Error::Delta { table: table.to_string(), source: Box::new(source) }
     }
 
     pub(crate) fn query(table: impl std::fmt::Display, source: datafusion::error::DataFusionError) -> Self {
-        Error::Query {
-            table: table.to_string(),
-            source: Box::new(source),
-        }
+        Error::Query { table: table.to_string(), source: Box::new(source) }
     }
 }
 

@@ -126,10 +126,8 @@ pub async fn append(
 
     // Check every row and sort, all before touching the table.
     let schema = table_schema(defs, view);
-    let conformed: Vec<Vec<ArrayRef>> = conform_batches(defs, view, file, &batches, latest_event)?
-        .into_iter()
-        .map(|b| b.columns().to_vec())
-        .collect();
+    let conformed: Vec<Vec<ArrayRef>> =
+        conform_batches(defs, view, file, &batches, latest_event)?.into_iter().map(|b| b.columns().to_vec()).collect();
     progress("checked", rows as u64);
     drop(batches);
     let has_created = view.source.created_timestamp_field.is_some();
@@ -155,11 +153,7 @@ pub async fn append(
         }
     };
     progress("written", rows as u64);
-    Ok(IngestReport {
-        rows,
-        version,
-        seconds: start.elapsed().as_secs_f64(),
-    })
+    Ok(IngestReport { rows, version, seconds: start.elapsed().as_secs_f64() })
 }
 
 /// How often an append starts over after other writers committed first (concurrent
@@ -197,19 +191,14 @@ async fn commit_once(
 ) -> std::result::Result<u64, CommitError> {
     use deltalake::DeltaTableError;
     use deltalake::kernel::transaction::TransactionError;
-    let table = open_table(location)
-        .await?
-        .ok_or_else(|| Error::Request(format!("delta table {location} vanished while ingesting")))?;
+    let table = open_table(location).await?.ok_or_else(|| Error::Request(format!("delta table {location} vanished while ingesting")))?;
     let next_version = table.version().map_or(0, |v| v + 1);
     if !expected_txns.is_empty() {
         // Read from the snapshot this commit lands on top of: a writer that recorded
         // progress after it makes the commit fail instead, and the check run again.
         let snapshot = table.snapshot().map_err(|e| Error::delta(location, e))?;
         for (app, expected) in expected_txns {
-            let recorded = snapshot
-                .transaction_version(table.log_store().as_ref(), app)
-                .await
-                .map_err(|e| Error::delta(location, e))?;
+            let recorded = snapshot.transaction_version(table.log_store().as_ref(), app).await.map_err(|e| Error::delta(location, e))?;
             if recorded != *expected {
                 return Err(Error::Fenced { table: location.to_string(), app: app.clone(), expected: *expected, recorded }.into());
             }
@@ -241,7 +230,8 @@ async fn commit_once(
         Ok(t) => t,
         Err(
             e @ DeltaTableError::Transaction {
-                source: TransactionError::MaxCommitAttempts(_) | TransactionError::VersionAlreadyExists(_) | TransactionError::CommitConflict(_),
+                source:
+                    TransactionError::MaxCommitAttempts(_) | TransactionError::VersionAlreadyExists(_) | TransactionError::CommitConflict(_),
             },
         ) => return Err(CommitError::Lost(e)),
         Err(e) => return Err(Error::delta(location, e).into()),
@@ -290,10 +280,8 @@ fn sort_for_reads(
     has_created: bool,
 ) -> Result<(Vec<Vec<ArrayRef>>, Vec<u32>)> {
     let schema = Arc::new(Schema::new(wanted.iter().map(|(f, _)| f.clone()).collect::<Vec<_>>()));
-    let batches: Vec<RecordBatch> = batches
-        .into_iter()
-        .map(|columns| RecordBatch::try_new(schema.clone(), columns))
-        .collect::<std::result::Result<_, _>>()?;
+    let batches: Vec<RecordBatch> =
+        batches.into_iter().map(|columns| RecordBatch::try_new(schema.clone(), columns)).collect::<std::result::Result<_, _>>()?;
     let all = concat_batches(&schema, &batches)?;
     drop(batches);
     let n = all.num_rows();
@@ -308,18 +296,15 @@ fn sort_for_reads(
     let created = has_created.then(|| micros(n_keys + 1));
     if single_int {
         let key = all.column(0).as_primitive::<Int64Type>().values();
-        let mut tuples: Vec<(i64, i64, i64, u32)> = (0..n)
-            .map(|i| (key[i], ts[i], created.as_ref().map_or(0, |c| c[i]), i as u32))
-            .collect();
+        let mut tuples: Vec<(i64, i64, i64, u32)> =
+            (0..n).map(|i| (key[i], ts[i], created.as_ref().map_or(0, |c| c[i]), i as u32)).collect();
         tuples.sort_unstable();
         for (slot, t) in order.iter_mut().zip(&tuples) {
             *slot = t.3;
         }
     } else {
         let columns: Vec<ArrayRef> = (0..n_keys).map(|i| all.column(i).clone()).collect();
-        let converter = RowConverter::new(
-            columns.iter().map(|c| SortField::new(c.data_type().clone())).collect(),
-        )?;
+        let converter = RowConverter::new(columns.iter().map(|c| SortField::new(c.data_type().clone())).collect())?;
         let keys = converter.convert_columns(&columns)?;
         order.sort_unstable_by(|&a, &b| {
             let (a, b) = (a as usize, b as usize);
@@ -333,9 +318,6 @@ fn sort_for_reads(
     let sorted = take_record_batch(&all, &UInt32Array::from(order.clone()))?;
     drop(all);
     let step = 1 << 20;
-    let parts = (0..n)
-        .step_by(step)
-        .map(|at| sorted.slice(at, step.min(n - at)).columns().to_vec())
-        .collect();
+    let parts = (0..n).step_by(step).map(|at| sorted.slice(at, step.min(n - at)).columns().to_vec()).collect();
     Ok((parts, order))
 }

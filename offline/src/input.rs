@@ -34,18 +34,12 @@ impl InputFormat {
     /// # Errors
     /// [`Error::Input`] for any other extension.
     pub fn from_path(path: &Path) -> Result<InputFormat> {
-        let ext = path
-            .extension()
-            .map(|e| e.to_string_lossy().to_ascii_lowercase())
-            .unwrap_or_default();
+        let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
         match ext.as_str() {
             "parquet" | "pq" => Ok(InputFormat::Parquet),
             "csv" => Ok(InputFormat::Csv),
             "jsonl" | "ndjson" | "json" => Ok(InputFormat::JsonLines),
-            _ => Err(Error::input(
-                path,
-                format!("unknown file type `.{ext}` (expected .parquet, .csv or .jsonl)"),
-            )),
+            _ => Err(Error::input(path, format!("unknown file type `.{ext}` (expected .parquet, .csv or .jsonl)"))),
         }
     }
 }
@@ -76,9 +70,7 @@ pub fn read_file(path: &Path, defs: &Definitions, view: &FeatureView) -> Result<
         }
         InputFormat::Csv => {
             let mut header = String::new();
-            BufReader::new(File::open(path).map_err(|e| fail(&e))?)
-                .read_line(&mut header)
-                .map_err(|e| fail(&e))?;
+            BufReader::new(File::open(path).map_err(|e| fail(&e))?).read_line(&mut header).map_err(|e| fail(&e))?;
             let header = header.trim_start_matches('\u{feff}');
             let names: Vec<&str> = header.trim_end_matches(['\r', '\n']).split(',').collect();
             let mut fields = Vec::new();
@@ -146,10 +138,7 @@ fn read_json_lines(
     }
     if let Some(i) = seen.iter().position(|s| !s) {
         let names: Vec<&str> = wanted.iter().map(|(f, _)| f.name().as_str()).collect();
-        return Err(Error::input(
-            path,
-            format!("missing column `{}` (expected columns: {})", wanted[i].0.name(), names.join(", ")),
-        ));
+        return Err(Error::input(path, format!("missing column `{}` (expected columns: {})", wanted[i].0.name(), names.join(", "))));
     }
     if !rows.is_empty() {
         batches.push(RecordBatch::try_new(schema, rows_to_columns(view, &rows))?);
@@ -170,22 +159,13 @@ fn is_time(t: &DataType) -> bool {
 /// [`Error::Input`]: a missing column, a type that cannot be widened safely, a naive
 /// timestamp, a null key or time, or an event time from the future, naming the column
 /// and the first bad row.
-pub fn conform(
-    path: &Path,
-    batch: &RecordBatch,
-    wanted: &[Wanted],
-    row0: usize,
-    latest_event: Option<i64>,
-) -> Result<Vec<ArrayRef>> {
+pub fn conform(path: &Path, batch: &RecordBatch, wanted: &[Wanted], row0: usize, latest_event: Option<i64>) -> Result<Vec<ArrayRef>> {
     let mut out = Vec::with_capacity(wanted.len());
     for (field, role) in wanted {
         let name = field.name();
         let Some(array) = batch.column_by_name(name) else {
             let names: Vec<&str> = wanted.iter().map(|(f, _)| f.name().as_str()).collect();
-            return Err(Error::input(
-                path,
-                format!("missing column `{name}` (expected columns: {})", names.join(", ")),
-            ));
+            return Err(Error::input(path, format!("missing column `{name}` (expected columns: {})", names.join(", "))));
         };
         let converted = if is_time(field.data_type()) {
             to_utc_micros(array).map_err(|(row, msg)| match row {
@@ -193,26 +173,19 @@ pub fn conform(
                 None => Error::input(path, format!("column `{name}` {msg}")),
             })?
         } else {
-            widen(array, field.data_type()).map_err(|msg| {
-                Error::input(path, format!("column `{name}`: {msg}"))
-            })?
+            widen(array, field.data_type()).map_err(|msg| Error::input(path, format!("column `{name}`: {msg}")))?
         };
         if *role == Role::Key
             && let Some(strings) = converted.as_string_opt::<i32>()
-                && let Some(row) = (0..strings.len()).find(|&i| strings.is_valid(i) && strings.value(i).is_empty()) {
-                    return Err(Error::input(
-                        path,
-                        format!("row {}: column `{name}` is an empty string (join keys must be set)", row0 + row + 1),
-                    ));
-                }
+            && let Some(row) = (0..strings.len()).find(|&i| strings.is_valid(i) && strings.value(i).is_empty())
+        {
+            return Err(Error::input(path, format!("row {}: column `{name}` is an empty string (join keys must be set)", row0 + row + 1)));
+        }
         if *role != Role::Feature && converted.null_count() > 0 {
             let row = (0..converted.len()).find(|&i| converted.is_null(i)).unwrap_or(0);
             return Err(Error::input(
                 path,
-                format!(
-                    "row {}: column `{name}` is empty (join keys and timestamps must be set)",
-                    row0 + row + 1
-                ),
+                format!("row {}: column `{name}` is empty (join keys and timestamps must be set)", row0 + row + 1),
             ));
         }
         if let (Role::EventTime, Some(latest)) = (role, latest_event) {
@@ -239,26 +212,16 @@ pub(crate) fn widen(array: &ArrayRef, target: &DataType) -> std::result::Result<
         return Ok(new_null_array(target, array.len()));
     }
     if !can_widen(source, target) {
-        return Err(format!(
-            "type {source} cannot be stored as {} without loss",
-            display_type(target)
-        ));
+        return Err(format!("type {source} cannot be stored as {} without loss", display_type(target)));
     }
     // 64-bit integers become floats exactly only up to 2^53.
     if *target == DataType::Float64 && matches!(source, DataType::Int64) {
         let ints = array.as_primitive::<arrow::datatypes::Int64Type>();
         if let Some(i) = (0..ints.len()).find(|&i| ints.is_valid(i) && ints.value(i).unsigned_abs() > 1 << 53) {
-            return Err(format!(
-                "row {}: {} does not fit a float64 exactly",
-                i + 1,
-                ints.value(i)
-            ));
+            return Err(format!("row {}: {} does not fit a float64 exactly", i + 1, ints.value(i)));
         }
     }
-    let options = CastOptions {
-        safe: false,
-        format_options: FormatOptions::default(),
-    };
+    let options = CastOptions { safe: false, format_options: FormatOptions::default() };
     cast_with_options(array, target, &options).map_err(|e| e.to_string())
 }
 
@@ -286,9 +249,7 @@ fn can_widen(source: &DataType, target: &DataType) -> bool {
         },
         Binary => matches!(source, LargeBinary | BinaryView | FixedSizeBinary(_)),
         List(t) => match source {
-            List(s) | LargeList(s) | FixedSizeList(s, _) => {
-                s.data_type() == t.data_type() || can_widen(s.data_type(), t.data_type())
-            }
+            List(s) | LargeList(s) | FixedSizeList(s, _) => s.data_type() == t.data_type() || can_widen(s.data_type(), t.data_type()),
             _ => false,
         },
         _ => false,
@@ -310,10 +271,7 @@ pub(crate) fn to_utc_micros(array: &ArrayRef) -> std::result::Result<ArrayRef, (
                     return Err((Some(row), "has sub-microsecond precision (quiver keeps microseconds)".to_string()));
                 }
             }
-            let options = CastOptions {
-                safe: false,
-                format_options: FormatOptions::default(),
-            };
+            let options = CastOptions { safe: false, format_options: FormatOptions::default() };
             cast_with_options(array, &timestamp_type(), &options)
                 .map_err(|e| (None, format!("cannot be converted to UTC microseconds: {e}")))
         }
@@ -342,10 +300,8 @@ mod tests {
 
     #[test]
     fn empty_string_keys_are_refused_and_features_may_be_empty() {
-        let wanted: Vec<Wanted> = vec![
-            (Field::new("k", DataType::Utf8, false), Role::Key),
-            (Field::new("f", DataType::Utf8, true), Role::Feature),
-        ];
+        let wanted: Vec<Wanted> =
+            vec![(Field::new("k", DataType::Utf8, false), Role::Key), (Field::new("f", DataType::Utf8, true), Role::Feature)];
         let batch = |k: &str, f: &str| {
             RecordBatch::try_from_iter([
                 ("k", Arc::new(StringArray::from(vec!["a", k])) as ArrayRef),

@@ -25,10 +25,7 @@ pub struct EntityIndex {
 #[derive(Debug)]
 enum Kind {
     Int(HashMap<i64, u32>),
-    Rows {
-        converter: RowConverter,
-        map: HashMap<Box<[u8]>, u32>,
-    },
+    Rows { converter: RowConverter, map: HashMap<Box<[u8]>, u32> },
 }
 
 fn single_int(keys: &[ArrayRef]) -> bool {
@@ -60,12 +57,7 @@ impl EntityIndex {
             }
             Kind::Int(map)
         } else {
-            let converter = RowConverter::new(
-                spine_keys
-                    .iter()
-                    .map(|a| SortField::new(a.data_type().clone()))
-                    .collect(),
-            )?;
+            let converter = RowConverter::new(spine_keys.iter().map(|a| SortField::new(a.data_type().clone())).collect())?;
             let rows = converter.convert_columns(spine_keys)?;
             let mut map: HashMap<Box<[u8]>, u32> = HashMap::with_capacity(n / 4);
             for i in 0..n {
@@ -86,11 +78,7 @@ impl EntityIndex {
             }
             Kind::Rows { converter, map }
         };
-        Ok(EntityIndex {
-            kind,
-            spine_ids,
-            n_entities: next,
-        })
+        Ok(EntityIndex { kind, spine_ids, n_entities: next })
     }
 
     /// Writes the entity id of each feature row into `out` ([`NO_ENTITY`] for keys not

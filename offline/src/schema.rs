@@ -60,10 +60,7 @@ pub fn view_columns(defs: &Definitions, view: &FeatureView) -> Vec<(Field, Role)
     for key in defs.join_keys(view) {
         cols.push((Field::new(&key.name, key_type(key.dtype), false), Role::Key));
     }
-    cols.push((
-        Field::new(&view.source.timestamp_field, timestamp_type(), false),
-        Role::EventTime,
-    ));
+    cols.push((Field::new(&view.source.timestamp_field, timestamp_type(), false), Role::EventTime));
     if let Some(created) = &view.source.created_timestamp_field {
         cols.push((Field::new(created, timestamp_type(), false), Role::CreatedTime));
     }
@@ -147,16 +144,20 @@ pub fn value_at(array: &dyn arrow::array::Array, row: usize, dtype: DType) -> qu
         DType::Bool => array.as_boolean_opt().map_or(Value::Null, |a| Value::Bool(a.value(row))),
         DType::String => array.as_string_opt::<i32>().map_or(Value::Null, |a| Value::String(a.value(row).to_string())),
         DType::Bytes => array.as_binary_opt::<i32>().map_or(Value::Null, |a| Value::Bytes(a.value(row).to_vec())),
-        DType::Timestamp => array
-            .as_primitive_opt::<TimestampMicrosecondType>()
-            .map_or(Value::Null, |a| Value::Timestamp(a.value(row))),
+        DType::Timestamp => array.as_primitive_opt::<TimestampMicrosecondType>().map_or(Value::Null, |a| Value::Timestamp(a.value(row))),
         DType::List(e) => {
             let Some(items) = list(row) else { return Value::Null };
             match e {
                 ListElement::Int64 => Value::ListInt64(items.as_primitive::<Int64Type>().iter().map(|v| v.unwrap_or_default()).collect()),
-                ListElement::Float32 => Value::ListFloat32(items.as_primitive::<Float32Type>().iter().map(|v| v.unwrap_or(f32::NAN)).collect()),
-                ListElement::Float64 => Value::ListFloat64(items.as_primitive::<Float64Type>().iter().map(|v| v.unwrap_or(f64::NAN)).collect()),
-                ListElement::String => Value::ListString(items.as_string::<i32>().iter().map(|v| v.unwrap_or_default().to_string()).collect()),
+                ListElement::Float32 => {
+                    Value::ListFloat32(items.as_primitive::<Float32Type>().iter().map(|v| v.unwrap_or(f32::NAN)).collect())
+                }
+                ListElement::Float64 => {
+                    Value::ListFloat64(items.as_primitive::<Float64Type>().iter().map(|v| v.unwrap_or(f64::NAN)).collect())
+                }
+                ListElement::String => {
+                    Value::ListString(items.as_string::<i32>().iter().map(|v| v.unwrap_or_default().to_string()).collect())
+                }
             }
         }
     }
@@ -191,24 +192,20 @@ pub fn rows_to_columns(view: &FeatureView, rows: &[quiver_sdk::rows::ViewRow]) -
 
 /// Values of one join key as an array of its Arrow type ([`key_type`]); a value of the
 /// other kind is null.
-pub fn key_array<'a>(
-    dtype: KeyType,
-    values: impl Iterator<Item = &'a quiver_sdk::encoding::KeyValue>,
-) -> arrow::array::ArrayRef {
+pub fn key_array<'a>(dtype: KeyType, values: impl Iterator<Item = &'a quiver_sdk::encoding::KeyValue>) -> arrow::array::ArrayRef {
     use arrow::array::{Int64Array, StringArray};
     use quiver_sdk::encoding::KeyValue;
     match dtype {
         KeyType::Int64 => Arc::new(values.map(|v| if let KeyValue::Int(i) = v { Some(*i) } else { None }).collect::<Int64Array>()),
-        KeyType::String => Arc::new(values.map(|v| if let KeyValue::Str(s) = v { Some(s.as_str()) } else { None }).collect::<StringArray>()),
+        KeyType::String => {
+            Arc::new(values.map(|v| if let KeyValue::Str(s) = v { Some(s.as_str()) } else { None }).collect::<StringArray>())
+        }
     }
 }
 
 /// Values of one feature as an array of its Arrow type ([`arrow_type`]); a value of
 /// another kind is null (rows from [`quiver_sdk::rows`] never hold one).
-pub fn values_to_array<'a>(
-    dtype: DType,
-    values: impl ExactSizeIterator<Item = &'a quiver_sdk::encoding::Value>,
-) -> arrow::array::ArrayRef {
+pub fn values_to_array<'a>(dtype: DType, values: impl ExactSizeIterator<Item = &'a quiver_sdk::encoding::Value>) -> arrow::array::ArrayRef {
     use arrow::array::*;
     use arrow::datatypes::{Float32Type, Float64Type, Int64Type};
     use quiver_sdk::encoding::Value;

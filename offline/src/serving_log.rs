@@ -59,17 +59,11 @@ impl LogTable {
             Some(t) => t,
             None => {
                 ensure_table(location, &schema(), "serving_log").await?;
-                open_table(location)
-                    .await?
-                    .ok_or_else(|| Error::Request(format!("serving log {location} vanished while writing")))?
+                open_table(location).await?.ok_or_else(|| Error::Request(format!("serving log {location} vanished while writing")))?
             }
         };
         // On failure the handle is dropped: the next append opens the table afresh.
-        let table = table
-            .write(vec![batch])
-            .with_save_mode(SaveMode::Append)
-            .await
-            .map_err(|e| Error::delta(location, e))?;
+        let table = table.write(vec![batch]).with_save_mode(SaveMode::Append).await.map_err(|e| Error::delta(location, e))?;
         let version = table.version().unwrap_or(0) as u64;
         self.table = Some(table);
         Ok(version)

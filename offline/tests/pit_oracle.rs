@@ -11,8 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Float32Builder, Float64Array, Int32Array, Int64Array,
-    ListBuilder, RecordBatch, StringArray, TimestampMicrosecondArray, TimestampMillisecondArray,
+    Array, ArrayRef, AsArray, BooleanArray, Float32Builder, Float64Array, Int32Array, Int64Array, ListBuilder, RecordBatch, StringArray,
+    TimestampMicrosecondArray, TimestampMillisecondArray,
 };
 use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
 use quiver_gpu_join::CpuKernel;
@@ -168,11 +168,46 @@ fn to_batch(view: &str, rows: &[Row], ingest_no: usize) -> RecordBatch {
     };
     for (k, name) in names.iter().enumerate() {
         let arr: ArrayRef = match &rows[0].values[k] {
-            Value::F64(_) => Arc::new(Float64Array::from(rows.iter().map(|r| match &r.values[k] { Value::F64(v) => *v, _ => unreachable!() }).collect::<Vec<_>>())),
-            Value::I64(_) => Arc::new(Int64Array::from(rows.iter().map(|r| match &r.values[k] { Value::I64(v) => *v, _ => unreachable!() }).collect::<Vec<_>>())),
-            Value::I32(_) => Arc::new(Int32Array::from(rows.iter().map(|r| match &r.values[k] { Value::I32(v) => *v, _ => unreachable!() }).collect::<Vec<_>>())),
-            Value::Str(_) => Arc::new(StringArray::from(rows.iter().map(|r| match &r.values[k] { Value::Str(v) => v.clone(), _ => unreachable!() }).collect::<Vec<_>>())),
-            Value::Bool(_) => Arc::new(BooleanArray::from(rows.iter().map(|r| match &r.values[k] { Value::Bool(v) => *v, _ => unreachable!() }).collect::<Vec<_>>())),
+            Value::F64(_) => Arc::new(Float64Array::from(
+                rows.iter()
+                    .map(|r| match &r.values[k] {
+                        Value::F64(v) => *v,
+                        _ => unreachable!(),
+                    })
+                    .collect::<Vec<_>>(),
+            )),
+            Value::I64(_) => Arc::new(Int64Array::from(
+                rows.iter()
+                    .map(|r| match &r.values[k] {
+                        Value::I64(v) => *v,
+                        _ => unreachable!(),
+                    })
+                    .collect::<Vec<_>>(),
+            )),
+            Value::I32(_) => Arc::new(Int32Array::from(
+                rows.iter()
+                    .map(|r| match &r.values[k] {
+                        Value::I32(v) => *v,
+                        _ => unreachable!(),
+                    })
+                    .collect::<Vec<_>>(),
+            )),
+            Value::Str(_) => Arc::new(StringArray::from(
+                rows.iter()
+                    .map(|r| match &r.values[k] {
+                        Value::Str(v) => v.clone(),
+                        _ => unreachable!(),
+                    })
+                    .collect::<Vec<_>>(),
+            )),
+            Value::Bool(_) => Arc::new(BooleanArray::from(
+                rows.iter()
+                    .map(|r| match &r.values[k] {
+                        Value::Bool(v) => *v,
+                        _ => unreachable!(),
+                    })
+                    .collect::<Vec<_>>(),
+            )),
             Value::Emb(_) => {
                 let mut b = ListBuilder::new(Float32Builder::new());
                 for r in rows {
@@ -208,12 +243,22 @@ fn write_jsonl(path: &Path, view: &str, rows: &[Row]) {
     let mut out = String::new();
     for r in rows {
         let mut obj = serde_json::Map::new();
-        if let Some(d) = r.driver { obj.insert("driver_id".into(), d.into()); }
-        if let Some(c) = &r.customer { obj.insert("customer_id".into(), c.clone().into()); }
+        if let Some(d) = r.driver {
+            obj.insert("driver_id".into(), d.into());
+        }
+        if let Some(c) = &r.customer {
+            obj.insert("customer_id".into(), c.clone().into());
+        }
         let (ts_name, created_name) = if view == "pair" { ("ts", "created") } else { ("event_timestamp", "created_timestamp") };
         obj.insert(ts_name.into(), rfc3339(r.ts).into());
-        if view != "cp" { obj.insert(created_name.into(), rfc3339(r.created).into()); }
-        let names: &[&str] = match view { "dh" => &["f_f64", "f_i64", "f_str"], "cp" => &["v", "emb"], _ => &["n", "flag"] };
+        if view != "cp" {
+            obj.insert(created_name.into(), rfc3339(r.created).into());
+        }
+        let names: &[&str] = match view {
+            "dh" => &["f_f64", "f_i64", "f_str"],
+            "cp" => &["v", "emb"],
+            _ => &["n", "flag"],
+        };
         for (k, name) in names.iter().enumerate() {
             let v: serde_json::Value = match &r.values[k] {
                 Value::F64(v) => serde_json::json!(v),
@@ -234,17 +279,37 @@ fn write_jsonl(path: &Path, view: &str, rows: &[Row]) {
 /// Writes the rows as CSV by hand (no list columns: only for dh and pair).
 fn write_csv(path: &Path, view: &str, rows: &[Row]) {
     let mut out = String::new();
-    let header = if view == "dh" { "f_str,driver_id,event_timestamp,created_timestamp,f_f64,f_i64" } else { "driver_id,customer_id,ts,created,n,flag" };
+    let header = if view == "dh" {
+        "f_str,driver_id,event_timestamp,created_timestamp,f_f64,f_i64"
+    } else {
+        "driver_id,customer_id,ts,created,n,flag"
+    };
     out.push_str(header);
     out.push('\n');
     let s = |v: Option<String>| v.unwrap_or_default();
     for r in rows {
         let line = if view == "dh" {
             let (Value::F64(f), Value::I64(i), Value::Str(st)) = (&r.values[0], &r.values[1], &r.values[2]) else { unreachable!() };
-            format!("{},{},{},{},{},{}", s(st.clone()), r.driver.unwrap(), rfc3339(r.ts), rfc3339(r.created), s(f.map(|v| format!("{v:?}"))), s(i.map(|v| v.to_string())))
+            format!(
+                "{},{},{},{},{},{}",
+                s(st.clone()),
+                r.driver.unwrap(),
+                rfc3339(r.ts),
+                rfc3339(r.created),
+                s(f.map(|v| format!("{v:?}"))),
+                s(i.map(|v| v.to_string()))
+            )
         } else {
             let (Value::I32(n), Value::Bool(b)) = (&r.values[0], &r.values[1]) else { unreachable!() };
-            format!("{},{},{},{},{},{}", r.driver.unwrap(), r.customer.clone().unwrap(), rfc3339(r.ts), rfc3339(r.created), s(n.map(|v| v.to_string())), s(b.map(|v| v.to_string())))
+            format!(
+                "{},{},{},{},{},{}",
+                r.driver.unwrap(),
+                r.customer.clone().unwrap(),
+                rfc3339(r.ts),
+                rfc3339(r.created),
+                s(n.map(|v| v.to_string())),
+                s(b.map(|v| v.to_string()))
+            )
         };
         out.push_str(&line);
         out.push('\n');
@@ -253,7 +318,14 @@ fn write_csv(path: &Path, view: &str, rows: &[Row]) {
 }
 
 /// SPEC §3 for one spine row and one view, by looking at every row.
-fn oracle<'a>(rows: &'a [Row], view: &str, ttl: Option<i64>, has_created: bool, (d, c, t): (i64, &str, i64), cutoff: bool) -> Option<&'a Row> {
+fn oracle<'a>(
+    rows: &'a [Row],
+    view: &str,
+    ttl: Option<i64>,
+    has_created: bool,
+    (d, c, t): (i64, &str, i64),
+    cutoff: bool,
+) -> Option<&'a Row> {
     rows.iter()
         .filter(|r| match view {
             "dh" => r.driver == Some(d),
@@ -273,9 +345,7 @@ fn cell(array: &ArrayRef, i: usize, like: &Value) -> Value {
         Value::I32(_) => Value::I32(valid.then(|| array.as_primitive::<Int32Type>().value(i))),
         Value::Str(_) => Value::Str(valid.then(|| array.as_string::<i32>().value(i).to_string())),
         Value::Bool(_) => Value::Bool(valid.then(|| array.as_boolean().value(i))),
-        Value::Emb(_) => Value::Emb(valid.then(|| {
-            array.as_list::<i32>().value(i).as_primitive::<Float32Type>().values().to_vec()
-        })),
+        Value::Emb(_) => Value::Emb(valid.then(|| array.as_list::<i32>().value(i).as_primitive::<Float32Type>().values().to_vec())),
     }
 }
 
@@ -312,7 +382,13 @@ async fn historical_matches_the_row_by_row_oracle() {
             }
             let format = match (view_name, ingest_no) {
                 (_, 0) => "parquet",
-                ("cp", _) => if ingest_no == 1 { "jsonl" } else { "parquet" },
+                ("cp", _) => {
+                    if ingest_no == 1 {
+                        "jsonl"
+                    } else {
+                        "parquet"
+                    }
+                }
                 (_, 1) => "csv",
                 _ => "jsonl",
             };
@@ -355,10 +431,8 @@ async fn historical_matches_the_row_by_row_oracle() {
     ])
     .unwrap();
 
-    let refs: Vec<FeatureRef> = ["pair:flag", "dh:f_f64", "cp:emb", "dh:f_str", "cp:v", "dh:f_i64", "pair:n"]
-        .iter()
-        .map(|s| s.parse().unwrap())
-        .collect();
+    let refs: Vec<FeatureRef> =
+        ["pair:flag", "dh:f_f64", "cp:emb", "dh:f_str", "cp:v", "dh:f_i64", "pair:n"].iter().map(|s| s.parse().unwrap()).collect();
     // The cutoff needs created timestamps, which `cp` lacks: run it on the others.
     let with_created: Vec<FeatureRef> = refs.iter().filter(|r| r.view != "cp").cloned().collect();
     let mut matched = 0;
@@ -419,9 +493,17 @@ async fn historical_matches_the_row_by_row_oracle() {
 
     // The cutoff is refused for a view without created timestamps.
     let requests = resolve(&defs, &refs).unwrap();
-    let err = historical(&config, &defs, SpineRows { source: Path::new("spine.parquet"), rows: &spine_batch }, &requests, HistoricalOptions { created_cutoff: true, ..Default::default() }, &CpuKernel::new(), &noop)
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = historical(
+        &config,
+        &defs,
+        SpineRows { source: Path::new("spine.parquet"), rows: &spine_batch },
+        &requests,
+        HistoricalOptions { created_cutoff: true, ..Default::default() },
+        &CpuKernel::new(),
+        &noop,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("feature view `cp` has no created_timestamp_field"), "{err}");
 }

@@ -30,9 +30,7 @@ pub struct EmbeddedStore {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 impl EmbeddedStore {
@@ -43,20 +41,10 @@ impl EmbeddedStore {
     /// process holding it open, for one).
     pub fn open(path: &Path) -> Result<EmbeddedStore> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| Error::Corrupt {
-                store: path.display().to_string(),
-                message: e.to_string(),
-            })?;
+            std::fs::create_dir_all(dir).map_err(|e| Error::Corrupt { store: path.display().to_string(), message: e.to_string() })?;
         }
-        let db = Database::create(path).map_err(|e| Error::Corrupt {
-            store: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        Ok(EmbeddedStore {
-            path: path.to_path_buf(),
-            db: Arc::new(db),
-            max_future_skew_us: crate::store::DEFAULT_MAX_FUTURE_SKEW_US,
-        })
+        let db = Database::create(path).map_err(|e| Error::Corrupt { store: path.display().to_string(), message: e.to_string() })?;
+        Ok(EmbeddedStore { path: path.to_path_buf(), db: Arc::new(db), max_future_skew_us: crate::store::DEFAULT_MAX_FUTURE_SKEW_US })
     }
 
     /// How far after the clock a stored row's event time may be and still block older
@@ -68,10 +56,7 @@ impl EmbeddedStore {
     }
 
     fn fail(&self, e: impl std::fmt::Display) -> Error {
-        Error::Corrupt {
-            store: self.path.display().to_string(),
-            message: e.to_string(),
-        }
+        Error::Corrupt { store: self.path.display().to_string(), message: e.to_string() }
     }
 
     fn write_blocking(&self, rows: &[WriteRow]) -> Result<usize> {
@@ -138,16 +123,12 @@ impl OnlineStore for EmbeddedStore {
     async fn write(&self, rows: &[WriteRow]) -> Result<usize> {
         let this = self.clone();
         let rows = rows.to_vec();
-        tokio::task::spawn_blocking(move || this.write_blocking(&rows))
-            .await
-            .map_err(|e| self.fail(e))?
+        tokio::task::spawn_blocking(move || this.write_blocking(&rows)).await.map_err(|e| self.fail(e))?
     }
 
     async fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
         let this = self.clone();
         let keys = keys.to_vec();
-        tokio::task::spawn_blocking(move || this.read_blocking(&keys))
-            .await
-            .map_err(|e| self.fail(e))?
+        tokio::task::spawn_blocking(move || this.read_blocking(&keys)).await.map_err(|e| self.fail(e))?
     }
 }

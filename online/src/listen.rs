@@ -137,8 +137,7 @@ fn overflow_answer(path: &str, max: usize) -> Response<Body> {
 
 fn is_transient(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
-    matches!(e.kind(), ConnectionAborted | ConnectionReset | Interrupted | WouldBlock)
-        || matches!(e.raw_os_error(), Some(23 | 24)) // ENFILE, EMFILE
+    matches!(e.kind(), ConnectionAborted | ConnectionReset | Interrupted | WouldBlock) || matches!(e.raw_os_error(), Some(23 | 24)) // ENFILE, EMFILE
 }
 
 /// Completes on SIGINT or SIGTERM.
@@ -147,8 +146,7 @@ fn is_transient(e: &std::io::Error) -> bool {
 /// When the SIGTERM handler cannot be installed (no signal support at all).
 pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
-    let mut term =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = ctrl_c => {},
         _ = term.recv() => {},

@@ -71,12 +71,7 @@ impl Layouts {
             .entry(row.fingerprint)
             .or_insert_with(|| {
                 let old = defs.online_layout(row.fingerprint)?;
-                Some(
-                    view.features
-                        .iter()
-                        .map(|f| old.iter().position(|o| o.name == f.name && o.dtype == f.dtype))
-                        .collect(),
-                )
+                Some(view.features.iter().map(|f| old.iter().position(|o| o.name == f.name && o.dtype == f.dtype)).collect())
             })
             .as_ref()?;
         let width = defs.online_layout(row.fingerprint).map_or(0, <[_]>::len);
@@ -84,10 +79,7 @@ impl Layouts {
             return None;
         }
         let mut values = row.values;
-        let conformed = positions
-            .iter()
-            .map(|p| p.map_or(Value::Null, |i| std::mem::replace(&mut values[i], Value::Null)))
-            .collect();
+        let conformed = positions.iter().map(|p| p.map_or(Value::Null, |i| std::mem::replace(&mut values[i], Value::Null))).collect();
         Some(OnlineRow { values: conformed, fingerprint: fingerprint(view), ..row })
     }
 }
@@ -114,21 +106,12 @@ pub async fn get_online_features(
     let bad = |m: String| Error::Request(m);
     let n = entities.first().map_or(0, |(_, v)| v.len());
     if let Some((name, v)) = entities.iter().find(|(_, v)| v.len() != n) {
-        return Err(bad(format!(
-            "entity column `{name}` has {} values, the first has {n} (each join key needs one per row)",
-            v.len()
-        )));
+        return Err(bad(format!("entity column `{name}` has {} values, the first has {n} (each join key needs one per row)", v.len())));
     }
     // One store key per (view, row), all read at once.
     let mut views: Vec<&str> = Vec::new();
     for r in refs {
-        let Some(view) = defs.feature_view(&r.view) else {
-            return Err(Error::Unknown(format!("unknown feature view `{}` in `{r}`", r.view)));
-        };
-        if view.feature(&r.feature).is_none() {
-            let known: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
-            return Err(Error::Unknown(format!("unknown feature `{r}` (feature view `{}` has: {})", view.name, known.join(", "))));
-        }
+        let (view, _) = defs.find_feature(r).map_err(|e| Error::Unknown(e.0))?;
         if !views.contains(&view.name.as_str()) {
             views.push(&view.name);
         }
@@ -141,7 +124,9 @@ pub async fn get_online_features(
             let Some((_, values)) = entities.iter().find(|(k, _)| *k == key.name) else {
                 return Err(bad(format!("missing join key `{}` for feature view `{name}`", key.name)));
             };
-            if let Some(v) = values.iter().find(|v| !matches!((v, key.dtype), (KeyValue::Int(_), KeyType::Int64) | (KeyValue::Str(_), KeyType::String))) {
+            if let Some(v) =
+                values.iter().find(|v| !matches!((v, key.dtype), (KeyValue::Int(_), KeyType::Int64) | (KeyValue::Str(_), KeyType::String)))
+            {
                 return Err(bad(format!("join key `{}` is {}, got `{v}`", key.name, key.dtype)));
             }
             columns.push(values);

@@ -84,18 +84,13 @@ impl RedisStore {
     /// # Errors
     /// [`Error::Unavailable`] when Redis cannot be reached.
     pub async fn connect(url: &str) -> Result<RedisStore> {
-        let unavailable = |e: redis::RedisError| Error::Unavailable {
-            store: redact(url),
-            message: e.to_string(),
-        };
+        let unavailable = |e: redis::RedisError| Error::Unavailable { store: redact(url), message: e.to_string() };
         let client = redis::Client::open(url).map_err(unavailable)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_response_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1);
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(unavailable)?;
+        let conn = ConnectionManager::new_with_config(client, config).await.map_err(unavailable)?;
         let store = RedisStore {
             url: url.to_string(),
             conn,
@@ -122,8 +117,7 @@ impl RedisStore {
     /// accepted with a warning in the log.
     async fn check_eviction_policy(&self) -> Result<()> {
         let mut conn = self.conn.clone();
-        let answer: redis::RedisResult<Vec<String>> =
-            redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut conn).await;
+        let answer: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut conn).await;
         match answer {
             Ok(pair) => match pair.get(1) {
                 Some(policy) if policy.starts_with("allkeys-") => Err(Error::Misconfigured {
@@ -142,10 +136,7 @@ impl RedisStore {
     }
 
     fn unavailable(&self, e: redis::RedisError) -> Error {
-        Error::Unavailable {
-            store: redact(&self.url),
-            message: e.to_string(),
-        }
+        Error::Unavailable { store: redact(&self.url), message: e.to_string() }
     }
 
     async fn write_pipeline(&self, rows: &[WriteRow]) -> redis::RedisResult<usize> {
@@ -175,11 +166,7 @@ impl RedisStore {
             Ok(n) => Ok(n),
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 let mut conn = self.conn.clone();
-                self.script
-                    .prepare_invoke()
-                    .load_async(&mut conn)
-                    .await
-                    .map_err(|e| self.unavailable(e))?;
+                self.script.prepare_invoke().load_async(&mut conn).await.map_err(|e| self.unavailable(e))?;
                 self.write_pipeline(batch).await.map_err(|e| self.unavailable(e))
             }
             Err(e) => Err(self.unavailable(e)),
@@ -225,11 +212,7 @@ impl OnlineStore for RedisStore {
             return Ok(Vec::new());
         }
         let mut conn = self.conn.clone();
-        redis::cmd("MGET")
-            .arg(keys)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.unavailable(e))
+        redis::cmd("MGET").arg(keys).query_async(&mut conn).await.map_err(|e| self.unavailable(e))
     }
 }
 

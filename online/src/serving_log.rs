@@ -29,9 +29,13 @@ pub struct Served {
 /// keep up drops the record and counts it.
 pub trait ServingLog: Send + Sync {
     fn log(&self, served: Served);
-    /// Prometheus text for `/metrics`.
+    /// Its families for `/metrics`.
+    fn render_metrics(&self, _out: &mut quiver_sdk::metrics::Exposition) {}
+    /// Those families alone, as Prometheus text.
     fn metrics_text(&self) -> String {
-        String::new()
+        let mut out = quiver_sdk::metrics::Exposition::new();
+        self.render_metrics(&mut out);
+        out.finish()
     }
 }
 
@@ -138,12 +142,8 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
     }
     for name in views {
         let Some(view) = served.defs.feature_view(name) else { continue };
-        let key_columns: Option<Vec<&Column>> = served
-            .defs
-            .join_keys(view)
-            .iter()
-            .map(|k| keys.iter().find(|c| c.name == k.name))
-            .collect();
+        let key_columns: Option<Vec<&Column>> =
+            served.defs.join_keys(view).iter().map(|k| keys.iter().find(|c| c.name == k.name)).collect();
         let Some(key_columns) = key_columns else { continue };
         // This view's feature columns, each feature once.
         let mut features: Vec<(&str, &Column)> = Vec::new();
@@ -218,9 +218,7 @@ pub fn value_json(v: &Value) -> String {
 
 /// The status named as in answers and the log (`PRESENT`, ...).
 pub fn parse_status(text: &str) -> Option<Status> {
-    [Status::Present, Status::NullValue, Status::NotFound, Status::OutsideMaxAge]
-        .into_iter()
-        .find(|s| s.as_str() == text)
+    [Status::Present, Status::NullValue, Status::NotFound, Status::OutsideMaxAge].into_iter().find(|s| s.as_str() == text)
 }
 
 #[cfg(test)]
@@ -257,7 +255,12 @@ mod tests {
                 column("user_id", vec![Value::String("q\"u".into()), Value::String("u2".into())], vec![Status::Present; 2], vec![None; 2]),
                 column("item_id", vec![Value::Int64(big), Value::Int64(7)], vec![Status::Present; 2], vec![None; 2]),
                 column("a", vec![Value::Float64(50.0), Value::Null], vec![Status::Present, Status::NotFound], vec![Some(5), None]),
-                column("x", vec![Value::Null, Value::String("s".into())], vec![Status::OutsideMaxAge, Status::Present], vec![Some(1), Some(2)]),
+                column(
+                    "x",
+                    vec![Value::Null, Value::String("s".into())],
+                    vec![Status::OutsideMaxAge, Status::Present],
+                    vec![Some(1), Some(2)],
+                ),
                 column("b", vec![Value::Int64(3), Value::Null], vec![Status::Present, Status::NotFound], vec![Some(5), None]),
                 column("a", vec![Value::Float64(50.0), Value::Null], vec![Status::Present, Status::NotFound], vec![Some(5), None]),
             ],

@@ -51,12 +51,28 @@ async fn fixture(store: Option<Arc<dyn OnlineStore>>, token: Option<&str>) -> Fi
     let row = |view, ts, values| OnlineRow { event_ts: ts, created_ts: i64::MIN, fingerprint: fingerprint(view), values }.encode();
     let rows = vec![
         // Fresh: PRESENT (a whole float stays a float on the wire).
-        WriteRow { key: store_key("p", "stats", &[KeyValue::Int(1)]), row: row(stats, NOW - HOUR, vec![Value::Float64(50.0), Value::Int64(7), Value::ListFloat32(vec![0.5, 1.0])]), expire_at_ms: None },
+        WriteRow {
+            key: store_key("p", "stats", &[KeyValue::Int(1)]),
+            row: row(stats, NOW - HOUR, vec![Value::Float64(50.0), Value::Int64(7), Value::ListFloat32(vec![0.5, 1.0])]),
+            expire_at_ms: None,
+        },
         // Three hours old with a 2h TTL: OUTSIDE_MAX_AGE.
-        WriteRow { key: store_key("p", "stats", &[KeyValue::Int(2)]), row: row(stats, NOW - 3 * HOUR, vec![Value::Float64(0.25), Value::Int64(1), Value::Null]), expire_at_ms: None },
+        WriteRow {
+            key: store_key("p", "stats", &[KeyValue::Int(2)]),
+            row: row(stats, NOW - 3 * HOUR, vec![Value::Float64(0.25), Value::Int64(1), Value::Null]),
+            expire_at_ms: None,
+        },
         // Fresh, with a null rate: NULL_VALUE.
-        WriteRow { key: store_key("p", "stats", &[KeyValue::Int(3)]), row: row(stats, NOW, vec![Value::Null, Value::Int64(2), Value::Null]), expire_at_ms: None },
-        WriteRow { key: store_key("p", "pair", &[KeyValue::Int(1), KeyValue::Str("c1".into())]), row: row(pair, NOW, vec![Value::Int32(4)]), expire_at_ms: None },
+        WriteRow {
+            key: store_key("p", "stats", &[KeyValue::Int(3)]),
+            row: row(stats, NOW, vec![Value::Null, Value::Int64(2), Value::Null]),
+            expire_at_ms: None,
+        },
+        WriteRow {
+            key: store_key("p", "pair", &[KeyValue::Int(1), KeyValue::Str("c1".into())]),
+            row: row(pair, NOW, vec![Value::Int32(4)]),
+            expire_at_ms: None,
+        },
     ];
     if store.name().starts_with("embedded") {
         store.write(&rows).await.unwrap();
@@ -119,7 +135,15 @@ async fn feast_shaped_answers_with_statuses() {
     assert_eq!(r[2]["values"], json!([7, null, 2, null]));
     assert_eq!(r[3]["values"][0], json!([0.5, 1.0]));
     // Floats stay floats in the JSON text itself: 50.0, never 50.
-    let text = call(&f.state, "POST", "/get-online-features", Some(json!({"entities": {"driver_id": [1]}, "features": ["stats:rate"]}).to_string()), None).await.1;
+    let text = call(
+        &f.state,
+        "POST",
+        "/get-online-features",
+        Some(json!({"entities": {"driver_id": [1]}, "features": ["stats:rate"]}).to_string()),
+        None,
+    )
+    .await
+    .1;
     assert!(text.contains("[50.0]"), "{text}");
     assert!(text.contains("\"feature_names\":[\"driver_id\",\"rate\"]"), "short names by default: {text}");
 }
@@ -127,7 +151,8 @@ async fn feast_shaped_answers_with_statuses() {
 #[tokio::test]
 async fn services_and_composite_keys() {
     let f = fixture(None, None).await;
-    let (status, body) = features(&f.state, r#"{"entities": {"driver_id": [1, 1], "customer_id": ["c1", "c2"]}, "feature_service": "ranker"}"#).await;
+    let (status, body) =
+        features(&f.state, r#"{"entities": {"driver_id": [1, 1], "customer_id": ["c1", "c2"]}, "feature_service": "ranker"}"#).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["metadata"]["feature_names"], json!(["driver_id", "customer_id", "rate", "n"]));
     assert_eq!(body["results"][3]["values"], json!([4, null]));
@@ -147,8 +172,16 @@ async fn bad_requests_get_clear_errors() {
         (json!({"entities": {"customer_id": ["c1"]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "missing join key `driver_id`"),
         (json!({"entities": {"driver_id": ["one"]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "join key `driver_id` is int64"),
         (json!({"entities": {"driver_id": [1.5]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "is not an integer or a string"),
-        (json!({"entities": {"customer_id": ["c1"], "driver_id": [1, 2]}, "features": ["pair:n"]}), StatusCode::BAD_REQUEST, "has 2 values, the first has 1"),
-        (json!({"entities": {"driver_id": (0..10_001).collect::<Vec<_>>()}, "features": ["stats:rate"]}), StatusCode::PAYLOAD_TOO_LARGE, "at most 10000"),
+        (
+            json!({"entities": {"customer_id": ["c1"], "driver_id": [1, 2]}, "features": ["pair:n"]}),
+            StatusCode::BAD_REQUEST,
+            "has 2 values, the first has 1",
+        ),
+        (
+            json!({"entities": {"driver_id": (0..10_001).collect::<Vec<_>>()}, "features": ["stats:rate"]}),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "at most 10000",
+        ),
     ];
     for (body, code, part) in cases {
         let (status, answer) = features(&f.state, body.clone()).await;
@@ -271,7 +304,12 @@ async fn redis_down_gives_503_quickly_and_serving_recovers_when_it_returns() {
     let f = fixture(Some(Arc::new(store.clone())), None).await;
     let key = store_key("p", "stats", &[KeyValue::Int(1)]);
     let stats = parse_definitions(DEFS).unwrap();
-    let row = OnlineRow { event_ts: NOW, created_ts: i64::MIN, fingerprint: fingerprint(stats.feature_view("stats").unwrap()), values: vec![Value::Float64(2.5), Value::Int64(1), Value::Null] };
+    let row = OnlineRow {
+        event_ts: NOW,
+        created_ts: i64::MIN,
+        fingerprint: fingerprint(stats.feature_view("stats").unwrap()),
+        values: vec![Value::Float64(2.5), Value::Int64(1), Value::Null],
+    };
     let write = [WriteRow { key, row: row.encode(), expire_at_ms: None }];
     store.write(&write).await.unwrap();
     let body = r#"{"entities": {"driver_id": [1]}, "features": ["stats:rate"]}"#;
@@ -316,10 +354,12 @@ async fn push_writes_online_through_the_guarded_write() {
     };
     // `pair` has no TTL, so its keys never expire (the store's own clock is the real
     // one, while this server answers at a fixed 2024 time).
-    let (status, answer) = push(r#"{"feature_view": "pair", "to": "online", "df": {
+    let (status, answer) = push(
+        r#"{"feature_view": "pair", "to": "online", "df": {
         "driver_id": [7, 8], "customer_id": ["a", "b"],
         "event_timestamp": ["2024-01-01T09:30:00Z", "2024-01-01T10:00:00+01:00"],
-        "n": [5, null], "extra_column": [1, 2]}}"#)
+        "n": [5, null], "extra_column": [1, 2]}}"#,
+    )
     .await;
     assert_eq!((status, &answer), (StatusCode::OK, &json!({"rows": 2, "written": 2})));
     let query = r#"{"entities": {"driver_id": [7, 8], "customer_id": ["a", "b"]}, "features": ["pair:n"]}"#;
@@ -335,16 +375,48 @@ async fn push_writes_online_through_the_guarded_write() {
 
     let bad_cases = [
         (r#"{"feature_view": "nope", "df": {}}"#, StatusCode::BAD_REQUEST, "unknown feature view `nope`"),
-        (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1]}}"#, StatusCode::BAD_REQUEST, "df lacks column `emb`"),
-        (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: `event_timestamp`: `2024-01-01T09:00:00` has no time zone"),
-        (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": ["high"], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: feature `rate` must be float64"),
-        (r#"{"feature_view": "stats", "df": {"driver_id": ["x"], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: join key `driver_id` must be int64, got \"x\""),
-        (r#"{"feature_view": "stats", "df": {"driver_id": [1, 2], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "has 1 values, another has 2"),
-        (r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.5], "trips": [1.5], "emb": [null]}}"#, StatusCode::BAD_REQUEST, "row 1: feature `trips` must be int64, got 1.5"),
-        (r#"{"feature_view": "stats", "df": {"driver_id": [], "event_timestamp": [], "rate": [], "trips": [], "emb": []}}"#, StatusCode::BAD_REQUEST, "no rows"),
+        (
+            r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1]}}"#,
+            StatusCode::BAD_REQUEST,
+            "df lacks column `emb`",
+        ),
+        (
+            r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00"], "rate": [1.0], "trips": [1], "emb": [null]}}"#,
+            StatusCode::BAD_REQUEST,
+            "row 1: `event_timestamp`: `2024-01-01T09:00:00` has no time zone",
+        ),
+        (
+            r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": ["high"], "trips": [1], "emb": [null]}}"#,
+            StatusCode::BAD_REQUEST,
+            "row 1: feature `rate` must be float64",
+        ),
+        (
+            r#"{"feature_view": "stats", "df": {"driver_id": ["x"], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#,
+            StatusCode::BAD_REQUEST,
+            "row 1: join key `driver_id` must be int64, got \"x\"",
+        ),
+        (
+            r#"{"feature_view": "stats", "df": {"driver_id": [1, 2], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#,
+            StatusCode::BAD_REQUEST,
+            "has 1 values, another has 2",
+        ),
+        (
+            r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.5], "trips": [1.5], "emb": [null]}}"#,
+            StatusCode::BAD_REQUEST,
+            "row 1: feature `trips` must be int64, got 1.5",
+        ),
+        (
+            r#"{"feature_view": "stats", "df": {"driver_id": [], "event_timestamp": [], "rate": [], "trips": [], "emb": []}}"#,
+            StatusCode::BAD_REQUEST,
+            "no rows",
+        ),
         (r#"{"feature_view": "stats", "to": "everywhere", "df": {"driver_id": [1]}}"#, StatusCode::BAD_REQUEST, "`to` is `everywhere`"),
         // This server was built without an offline writer.
-        (r#"{"feature_view": "stats", "to": "offline", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#, StatusCode::NOT_IMPLEMENTED, "no offline store"),
+        (
+            r#"{"feature_view": "stats", "to": "offline", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#,
+            StatusCode::NOT_IMPLEMENTED,
+            "no offline store",
+        ),
         (r#"{"feature_view": "stats"}"#, StatusCode::BAD_REQUEST, "not a valid push"),
     ];
     for (body, code, part) in bad_cases {

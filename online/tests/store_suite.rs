@@ -11,13 +11,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 fn packed(event_ts: i64, created_ts: i64, v: i64) -> Vec<u8> {
-    OnlineRow {
-        event_ts,
-        created_ts,
-        fingerprint: 7,
-        values: vec![Value::Int64(v), Value::String(format!("v{v}"))],
-    }
-    .encode()
+    OnlineRow { event_ts, created_ts, fingerprint: 7, values: vec![Value::Int64(v), Value::String(format!("v{v}"))] }.encode()
 }
 
 fn value_of(bytes: &Option<Vec<u8>>) -> Option<i64> {
@@ -28,11 +22,7 @@ fn value_of(bytes: &Option<Vec<u8>>) -> Option<i64> {
 }
 
 fn row(key: &str, event_ts: i64, created_ts: i64, v: i64) -> WriteRow {
-    WriteRow {
-        key: key.to_string(),
-        row: packed(event_ts, created_ts, v),
-        expire_at_ms: None,
-    }
+    WriteRow { key: key.to_string(), row: packed(event_ts, created_ts, v), expire_at_ms: None }
 }
 
 /// A prefix no other test run shares, so runs against one Redis do not collide.
@@ -224,10 +214,7 @@ async fn embedded_store_passes_the_suite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_passes_the_suite() {
     let Ok(url) = std::env::var("QUIVER_TEST_REDIS_URL") else {
-        assert!(
-            std::env::var("QUIVER_REQUIRE_REDIS").is_err(),
-            "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_URL is not"
-        );
+        assert!(std::env::var("QUIVER_REQUIRE_REDIS").is_err(), "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_URL is not");
         eprintln!("SKIPPED redis_store_passes_the_suite: no Redis (set QUIVER_TEST_REDIS_URL, or use ./run test)");
         return;
     };

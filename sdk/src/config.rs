@@ -104,11 +104,7 @@ impl StoreLocation {
     }
 
     fn parse(repo: &Path, text: &str) -> StoreLocation {
-        if text.contains("://") {
-            StoreLocation::Uri(text.to_string())
-        } else {
-            StoreLocation::Local(repo.join(text))
-        }
+        if text.contains("://") { StoreLocation::Uri(text.to_string()) } else { StoreLocation::Local(repo.join(text)) }
     }
 }
 
@@ -229,17 +225,10 @@ impl Config {
     ///
     /// # Errors
     /// As [`Config::load`].
-    pub fn load_with_env(
-        repo: &Path,
-        env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Config> {
+    pub fn load_with_env(repo: &Path, env: impl IntoIterator<Item = (String, String)>) -> Result<Config> {
         let file = repo.join(CONFIG_FILE);
         let text = std::fs::read_to_string(&file).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::NoRepository { file: file.clone() }
-            } else {
-                Error::io(&file, e)
-            }
+            if e.kind() == std::io::ErrorKind::NotFound { Error::NoRepository { file: file.clone() } } else { Error::io(&file, e) }
         })?;
         Config::parse(repo, &file, &text, env)
     }
@@ -248,16 +237,8 @@ impl Config {
     ///
     /// # Errors
     /// As [`Config::load`].
-    pub fn parse(
-        repo: &Path,
-        file: &Path,
-        text: &str,
-        env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Config> {
-        let bad = |message: String| Error::Config {
-            file: file.to_path_buf(),
-            message,
-        };
+    pub fn parse(repo: &Path, file: &Path, text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Config> {
+        let bad = |message: String| Error::Config { file: file.to_path_buf(), message };
         let mut value: Value = if text.trim().is_empty() {
             Value::Mapping(Mapping::new())
         } else {
@@ -266,21 +247,18 @@ impl Config {
         if !value.is_mapping() {
             return Err(bad("expected a mapping of settings".to_string()));
         }
-        let token_in_file = value
-            .get("server")
-            .and_then(|s| s.get("auth_token"))
-            .is_some_and(|t| t.as_str().is_some_and(|t| !t.is_empty()));
+        let token_in_file =
+            value.get("server").and_then(|s| s.get("auth_token")).is_some_and(|t| t.as_str().is_some_and(|t| !t.is_empty()));
         let mut env: Vec<(String, String)> = env.into_iter().collect();
         env.sort();
         for (var, val) in &env {
             overlay(&mut value, var, val)?;
         }
-        let raw: RawConfig =
-            serde_yaml::from_value(value).map_err(|e| bad(crate::yaml::yaml_message(&e)))?;
+        let raw: RawConfig = serde_yaml::from_value(value).map_err(|e| bad(crate::yaml::yaml_message(&e)))?;
         let mut config = validate(repo, raw).map_err(bad)?;
         // The environment's token replaces the file's: only then is the file's not used.
-        config.server.auth_token_in_file = token_in_file
-            && !env.iter().any(|(k, v)| k.eq_ignore_ascii_case("QUIVER_SERVER_AUTH_TOKEN") && !v.is_empty());
+        config.server.auth_token_in_file =
+            token_in_file && !env.iter().any(|(k, v)| k.eq_ignore_ascii_case("QUIVER_SERVER_AUTH_TOKEN") && !v.is_empty());
         Ok(config)
     }
 
@@ -304,10 +282,7 @@ fn overlay(doc: &mut Value, var: &str, val: &str) -> Result<()> {
     let Some(rest) = var.strip_prefix("QUIVER_") else {
         return Ok(());
     };
-    let env_error = |message: String| Error::Config {
-        file: PathBuf::from(format!("environment variable {var}")),
-        message,
-    };
+    let env_error = |message: String| Error::Config { file: PathBuf::from(format!("environment variable {var}")), message };
     // Always text: `QUIVER_PROJECT=2024` is the project `2024`, not a number; settings
     // that are numbers (the port) accept text.
     let scalar = || Value::String(val.to_string());
@@ -325,14 +300,9 @@ fn overlay(doc: &mut Value, var: &str, val: &str) -> Result<()> {
         };
         let key = key.to_ascii_lowercase();
         if !keys.contains(&key.as_str()) {
-            return Err(env_error(format!(
-                "unknown setting `{section}.{key}` (known: {})",
-                keys.join(", ")
-            )));
+            return Err(env_error(format!("unknown setting `{section}.{key}` (known: {})", keys.join(", "))));
         }
-        let entry = map
-            .entry(Value::from(*section))
-            .or_insert_with(|| Value::Mapping(Mapping::new()));
+        let entry = map.entry(Value::from(*section)).or_insert_with(|| Value::Mapping(Mapping::new()));
         if entry.is_null() {
             *entry = Value::Mapping(Mapping::new());
         }
@@ -347,50 +317,27 @@ fn overlay(doc: &mut Value, var: &str, val: &str) -> Result<()> {
 }
 
 fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> {
-    let project = raw
-        .project
-        .ok_or("missing `project` (expected e.g. `project: demo`)")?;
-    if project.is_empty()
-        || !project
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        return Err(format!(
-            "project `{project}`: expected letters, digits, `_` or `-` (it is part of every online key)"
-        ));
+    let project = raw.project.ok_or("missing `project` (expected e.g. `project: demo`)")?;
+    if project.is_empty() || !project.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        return Err(format!("project `{project}`: expected letters, digits, `_` or `-` (it is part of every online key)"));
     }
     let registry_path = repo.join(raw.registry.as_deref().unwrap_or(DEFAULT_REGISTRY));
-    let offline_root = StoreLocation::parse(
-        repo,
-        raw.offline_store.path.as_deref().unwrap_or(DEFAULT_OFFLINE_PATH),
-    );
+    let offline_root = StoreLocation::parse(repo, raw.offline_store.path.as_deref().unwrap_or(DEFAULT_OFFLINE_PATH));
     let online = raw.online_store;
     let online_store = match online.kind.as_deref().unwrap_or("embedded") {
-        "embedded" => OnlineStoreConfig::Embedded {
-            path: repo.join(online.path.as_deref().unwrap_or(DEFAULT_ONLINE_PATH)),
-        },
+        "embedded" => OnlineStoreConfig::Embedded { path: repo.join(online.path.as_deref().unwrap_or(DEFAULT_ONLINE_PATH)) },
         "redis" => {
             let url = online.url.unwrap_or_else(|| DEFAULT_REDIS_URL.to_string());
-            if !["redis://", "rediss://", "unix://", "redis+unix://"]
-                .iter()
-                .any(|s| url.starts_with(s))
-            {
-                return Err(format!(
-                    "online_store.url `{url}`: expected a redis:// or rediss:// URL"
-                ));
+            if !["redis://", "rediss://", "unix://", "redis+unix://"].iter().any(|s| url.starts_with(s)) {
+                return Err(format!("online_store.url `{url}`: expected a redis:// or rediss:// URL"));
             }
             OnlineStoreConfig::Redis { url }
         }
         other => {
-            return Err(format!(
-                "online_store.type `{other}`: unknown (expected embedded or redis)"
-            ));
+            return Err(format!("online_store.type `{other}`: unknown (expected embedded or redis)"));
         }
     };
-    let kafka_brokers = raw
-        .kafka
-        .brokers
-        .unwrap_or_else(|| DEFAULT_KAFKA_BROKERS.to_string());
+    let kafka_brokers = raw.kafka.brokers.unwrap_or_else(|| DEFAULT_KAFKA_BROKERS.to_string());
     if kafka_brokers.trim().is_empty() {
         return Err("kafka.brokers: empty (expected host:port[,host:port])".to_string());
     }
@@ -406,10 +353,7 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
                 Value::String(s) => s.clone(),
                 _ => String::new(),
             };
-            text.parse::<u16>()
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| format!("server.port `{text}`: expected a port number 1-65535"))?
+            text.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| format!("server.port `{text}`: expected a port number 1-65535"))?
         }
     };
     let serving_log = serving_log(repo, &offline_root, raw.serving_log)?;
@@ -489,11 +433,9 @@ fn serving_log(repo: &Path, offline_root: &StoreLocation, raw: RawServingLog) ->
     let positive = |name: &str, v: Option<Value>, default: u64| -> std::result::Result<u64, String> {
         match v.as_ref().map(scalar_text) {
             None => Ok(default),
-            Some(t) => t
-                .parse::<u64>()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| format!("serving_log.{name} `{t}`: expected a whole number above 0")),
+            Some(t) => {
+                t.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| format!("serving_log.{name} `{t}`: expected a whole number above 0"))
+            }
         }
     };
     Ok(ServingLogConfig {
@@ -519,12 +461,7 @@ mod tests {
         let c = parse("project: demo\n", &[]).unwrap();
         assert_eq!(c.registry_path, PathBuf::from("/repo/registry.json"));
         assert_eq!(c.offline_root, StoreLocation::Local("/repo/data".into()));
-        assert_eq!(
-            c.online_store,
-            OnlineStoreConfig::Embedded {
-                path: "/repo/online.db".into()
-            }
-        );
+        assert_eq!(c.online_store, OnlineStoreConfig::Embedded { path: "/repo/online.db".into() });
         assert_eq!((c.server.host.as_str(), c.server.port), ("127.0.0.1", 6566));
         assert_eq!(c.kafka_brokers, "127.0.0.1:9092");
     }
@@ -543,12 +480,7 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(
-            c.online_store,
-            OnlineStoreConfig::Redis {
-                url: "redis://127.0.0.1:7777/1".into()
-            }
-        );
+        assert_eq!(c.online_store, OnlineStoreConfig::Redis { url: "redis://127.0.0.1:7777/1".into() });
         assert_eq!(c.server.host, "0.0.0.0");
         assert_eq!(c.server.port, 7000, "file value kept where env is silent");
         assert_eq!(c.offline_root, StoreLocation::Uri("s3://bucket/tables".into()));
@@ -562,11 +494,9 @@ mod tests {
     fn bad_settings_name_the_setting() {
         let err = |text: &str, env: &[(&str, &str)]| parse(text, env).unwrap_err().to_string();
         assert!(err("registry: r.json\n", &[]).contains("missing `project`"));
-        assert!(err("project: demo\nonline_store: {type: memcached}\n", &[])
-            .contains("online_store.type `memcached`"));
+        assert!(err("project: demo\nonline_store: {type: memcached}\n", &[]).contains("online_store.type `memcached`"));
         assert!(err("project: demo\nserver: {port: 99999}\n", &[]).contains("server.port `99999`"));
-        assert!(err("project: demo\nonline_store: {type: redis, url: http://x}\n", &[])
-            .contains("expected a redis:// or rediss:// URL"));
+        assert!(err("project: demo\nonline_store: {type: redis, url: http://x}\n", &[]).contains("expected a redis:// or rediss:// URL"));
         let e = err("project: demo\n", &[("QUIVER_SERVER_PROT", "1")]);
         assert!(e.contains("QUIVER_SERVER_PROT") && e.contains("unknown setting `server.prot`"), "{e}");
         assert!(err("project: demo\nservr: {}\n", &[]).contains("unknown field `servr`"));

@@ -77,12 +77,7 @@ pub struct Source {
 
 impl Default for Source {
     fn default() -> Self {
-        Source {
-            path: None,
-            timestamp_field: default_timestamp_field(),
-            created_timestamp_field: None,
-            stream: None,
-        }
+        Source { path: None, timestamp_field: default_timestamp_field(), created_timestamp_field: None, stream: None }
     }
 }
 
@@ -147,10 +142,7 @@ pub struct FeatureRef {
 
 impl FeatureRef {
     pub fn new(view: impl Into<String>, feature: impl Into<String>) -> Self {
-        FeatureRef {
-            view: view.into(),
-            feature: feature.into(),
-        }
+        FeatureRef { view: view.into(), feature: feature.into() }
     }
 
     /// The output column name, `view__feature`.
@@ -175,9 +167,7 @@ impl FromStr for FeatureRef {
     /// Parses `view:feature`; both parts non-empty, exactly one colon.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split_once(':') {
-            Some((v, f)) if !v.is_empty() && !f.is_empty() && !f.contains(':') => {
-                Ok(FeatureRef::new(v.trim(), f.trim()))
-            }
+            Some((v, f)) if !v.is_empty() && !f.is_empty() && !f.contains(':') => Ok(FeatureRef::new(v.trim(), f.trim())),
             _ => Err(BadFeatureRef(s.to_string())),
         }
     }
@@ -192,9 +182,7 @@ impl Serialize for FeatureRef {
 impl<'de> Deserialize<'de> for FeatureRef {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse().map_err(|_| {
-            serde::de::Error::custom(format!("bad feature reference `{s}` (expected `view:feature`)"))
-        })
+        s.parse().map_err(|_| serde::de::Error::custom(format!("bad feature reference `{s}` (expected `view:feature`)")))
     }
 }
 
@@ -248,6 +236,49 @@ impl Definitions {
         self.feature_services.iter().find(|s| s.name == name)
     }
 
+    /// The view called `name`, or the one "unknown feature view" message.
+    ///
+    /// # Errors
+    /// [`Unknown`] naming the views there are.
+    pub fn find_view(&self, name: &str) -> Result<&FeatureView, Unknown> {
+        self.feature_view(name).ok_or_else(|| {
+            Unknown(format!("unknown feature view `{name}` (known: {})", known(self.feature_views.iter().map(|v| v.name.as_str()))))
+        })
+    }
+
+    /// The service called `name`, or the one "unknown feature service" message.
+    ///
+    /// # Errors
+    /// [`Unknown`] naming the services there are.
+    pub fn find_service(&self, name: &str) -> Result<&FeatureService, Unknown> {
+        self.feature_service(name).ok_or_else(|| {
+            Unknown(format!("unknown feature service `{name}` (known: {})", known(self.feature_services.iter().map(|s| s.name.as_str()))))
+        })
+    }
+
+    /// The view and feature a reference names.
+    ///
+    /// # Errors
+    /// [`Unknown`]: an unknown view (naming the views there are) or an unknown feature
+    /// (naming the view's features).
+    pub fn find_feature(&self, r: &FeatureRef) -> Result<(&FeatureView, &Feature), Unknown> {
+        let Some(view) = self.feature_view(&r.view) else {
+            return Err(Unknown(format!(
+                "unknown feature view `{}` in `{r}` (known: {})",
+                r.view,
+                known(self.feature_views.iter().map(|v| v.name.as_str()))
+            )));
+        };
+        let feature = view.feature(&r.feature).ok_or_else(|| {
+            Unknown(format!(
+                "unknown feature `{r}` (feature view `{}` has: {})",
+                view.name,
+                known(view.features.iter().map(|f| f.name.as_str()))
+            ))
+        })?;
+        Ok((view, feature))
+    }
+
     /// The join keys of a view, in order: its entities' keys, de-duplicated by name.
     /// Empty when the view or one of its entities is unknown (validation rejects that).
     pub fn join_keys(&self, view: &FeatureView) -> Vec<JoinKey> {
@@ -298,20 +329,12 @@ impl Entity {
     /// assert_eq!(driver.join_keys[0].name, "driver_id");
     /// ```
     pub fn new(name: impl Into<String>) -> Self {
-        Entity {
-            name: name.into(),
-            join_keys: Vec::new(),
-            description: String::new(),
-            tags: BTreeMap::new(),
-        }
+        Entity { name: name.into(), join_keys: Vec::new(), description: String::new(), tags: BTreeMap::new() }
     }
 
     #[must_use]
     pub fn with_join_key(mut self, name: impl Into<String>, dtype: KeyType) -> Self {
-        self.join_keys.push(JoinKey {
-            name: name.into(),
-            dtype,
-        });
+        self.join_keys.push(JoinKey { name: name.into(), dtype });
         self
     }
 
@@ -354,10 +377,7 @@ impl Source {
 
     #[must_use]
     pub fn with_stream(mut self, topic: impl Into<String>, format: StreamFormat) -> Self {
-        self.stream = Some(StreamSource {
-            topic: topic.into(),
-            format,
-        });
+        self.stream = Some(StreamSource { topic: topic.into(), format });
         self
     }
 }
@@ -394,11 +414,7 @@ impl FeatureView {
 
     #[must_use]
     pub fn with_feature(mut self, name: impl Into<String>, dtype: DType) -> Self {
-        self.features.push(Feature {
-            name: name.into(),
-            dtype,
-            description: String::new(),
-        });
+        self.features.push(Feature { name: name.into(), dtype, description: String::new() });
         self
     }
 
@@ -435,12 +451,7 @@ impl FeatureView {
 
 impl FeatureService {
     pub fn new(name: impl Into<String>) -> Self {
-        FeatureService {
-            name: name.into(),
-            features: Vec::new(),
-            description: String::new(),
-            tags: BTreeMap::new(),
-        }
+        FeatureService { name: name.into(), features: Vec::new(), description: String::new(), tags: BTreeMap::new() }
     }
 
     /// Adds `view:feature`.
@@ -482,13 +493,20 @@ mod tests {
     fn composite_join_keys_are_collected_once_in_order() {
         let defs = Definitions::default()
             .with_entity(Entity::new("driver").with_join_key("driver_id", KeyType::Int64))
-            .with_entity(
-                Entity::new("trip")
-                    .with_join_key("driver_id", KeyType::Int64)
-                    .with_join_key("trip_id", KeyType::String),
-            );
+            .with_entity(Entity::new("trip").with_join_key("driver_id", KeyType::Int64).with_join_key("trip_id", KeyType::String));
         let view = FeatureView::new("v").with_entity("driver").with_entity("trip");
         let names: Vec<_> = defs.join_keys(&view).into_iter().map(|k| k.name).collect();
         assert_eq!(names, ["driver_id", "trip_id"]);
     }
 }
+
+/// `a, b, c`, or `none`: the list of what is known in every "unknown ..." message.
+pub fn known<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.into_iter().collect();
+    if names.is_empty() { "none".to_string() } else { names.join(", ") }
+}
+
+/// A name the definitions lack; the message names those they have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unknown(pub String);

@@ -302,12 +302,7 @@ impl OnlineRow {
         if r.at != bytes.len() {
             return Err(DecodeError(format!("{} trailing bytes", bytes.len() - r.at)));
         }
-        Ok(OnlineRow {
-            event_ts,
-            created_ts,
-            fingerprint,
-            values,
-        })
+        Ok(OnlineRow { event_ts, created_ts, fingerprint, values })
     }
 }
 

@@ -7,11 +7,7 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DefinitionError {
     #[error("{kind} `{name}`: bad name: {reason}")]
-    BadName {
-        kind: &'static str,
-        name: String,
-        reason: &'static str,
-    },
+    BadName { kind: &'static str, name: String, reason: &'static str },
     #[error("duplicate {kind} `{name}`{scope}")]
     Duplicate {
         kind: &'static str,
@@ -26,74 +22,34 @@ pub enum DefinitionError {
     #[error("feature service `{service}`: no features (expected at least one `view:feature`)")]
     EmptyService { service: String },
     #[error("feature view `{view}`: unknown entity `{entity}` (known: {known})")]
-    UnknownEntity {
-        view: String,
-        entity: String,
-        known: String,
-    },
+    UnknownEntity { view: String, entity: String, known: String },
     #[error("feature service `{service}`: unknown feature view `{view}` (known: {known})")]
-    UnknownView {
-        service: String,
-        view: String,
-        known: String,
-    },
+    UnknownView { service: String, view: String, known: String },
     #[error("feature service `{service}`: unknown feature `{reference}` (feature view `{view}` has: {known})")]
-    UnknownFeature {
-        service: String,
-        reference: String,
-        view: String,
-        known: String,
-    },
+    UnknownFeature { service: String, reference: String, view: String, known: String },
     #[error("feature service `{service}`: bad feature reference `{got}` (expected `view:feature`)")]
     BadFeatureRef { service: String, got: String },
     #[error("feature view `{view}`, feature `{feature}`: unknown dtype `{got}` (expected one of {expected})")]
-    BadDtype {
-        view: String,
-        feature: String,
-        got: String,
-        expected: &'static str,
-    },
+    BadDtype { view: String, feature: String, got: String, expected: &'static str },
     #[error("entity `{entity}`, join key `{key}`: unknown dtype `{got}` (expected int64 or string)")]
-    BadKeyType {
-        entity: String,
-        key: String,
-        got: String,
-    },
+    BadKeyType { entity: String, key: String, got: String },
     #[error("feature view `{view}`: bad ttl `{got}`: {reason} (expected e.g. 30s, 15m, 2h, 7d, 1h30m, or 0 for unbounded)")]
-    BadTtl {
-        view: String,
-        got: String,
-        reason: String,
-    },
-    #[error("join key `{key}` is {first_type} in entity `{first_entity}` but {dtype} in entity `{entity}` (a join key has one type everywhere)")]
-    KeyTypeClash {
-        key: String,
-        first_entity: String,
-        first_type: String,
-        entity: String,
-        dtype: String,
-    },
+    BadTtl { view: String, got: String, reason: String },
+    #[error(
+        "join key `{key}` is {first_type} in entity `{first_entity}` but {dtype} in entity `{entity}` (a join key has one type everywhere)"
+    )]
+    KeyTypeClash { key: String, first_entity: String, first_type: String, entity: String, dtype: String },
     #[error("feature view `{view}`: column `{column}` {reason}")]
-    ColumnClash {
-        view: String,
-        column: String,
-        reason: &'static str,
-    },
+    ColumnClash { view: String, column: String, reason: &'static str },
     #[error("feature view `{view}`: stream topic is empty (expected a Kafka topic name)")]
     EmptyTopic { view: String },
     #[error("feature views `{first}` and `{second}` use the same table {table} (each view needs its own)")]
-    SharedTable {
-        first: String,
-        second: String,
-        table: String,
-    },
+    SharedTable { first: String, second: String, table: String },
     #[error("feature view `{second}`'s table {table} is inside feature view `{first}`'s table (each view needs a folder of its own)")]
-    NestedTable {
-        first: String,
-        second: String,
-        table: String,
-    },
-    #[error("feature view `{view}` uses the serving log's table {table} (serving_log.path in quiver.yaml; name the view or its source.path otherwise)")]
+    NestedTable { first: String, second: String, table: String },
+    #[error(
+        "feature view `{view}` uses the serving log's table {table} (serving_log.path in quiver.yaml; name the view or its source.path otherwise)"
+    )]
     ServingLogTable { view: String, table: String },
     #[error("{0}")]
     Yaml(String),
@@ -188,19 +144,13 @@ impl Error {
     /// Attaches a file to a definition error that has none.
     pub fn in_file(self, path: impl Into<PathBuf>) -> Self {
         match self {
-            Error::Definition { file: None, source } => Error::Definition {
-                file: Some(path.into()),
-                source,
-            },
+            Error::Definition { file: None, source } => Error::Definition { file: Some(path.into()), source },
             other => other,
         }
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            path: path.into(),
-            source,
-        }
+        Error::Io { path: path.into(), source }
     }
 }
 

@@ -33,6 +33,7 @@ pub mod definitions;
 pub mod encoding;
 pub mod error;
 pub mod files;
+pub mod metrics;
 pub mod registry;
 pub mod rows;
 pub mod types;
@@ -41,8 +42,7 @@ pub mod yaml;
 
 pub use config::{Config, OnlineStoreConfig, StoreLocation};
 pub use definitions::{
-    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source,
-    StreamFormat, StreamSource,
+    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source, StreamFormat, StreamSource, Unknown, known,
 };
 pub use error::{DefinitionError, Error, ErrorKind, Result};
 pub use registry::{DataProbe, FileRegistry, Plan, RegistryDoc};

@@ -169,16 +169,8 @@ impl fmt::Display for Plan {
                     for field in fields {
                         match (&field.old, &field.new) {
                             (None, Some(new)) => writeln!(f, "    {}: added {}", field.path, new)?,
-                            (Some(old), None) => {
-                                writeln!(f, "    {}: removed (was {})", field.path, old)?
-                            }
-                            _ => writeln!(
-                                f,
-                                "    {}: {} -> {}",
-                                field.path,
-                                show(&field.old),
-                                show(&field.new)
-                            )?,
+                            (Some(old), None) => writeln!(f, "    {}: removed (was {})", field.path, old)?,
+                            _ => writeln!(f, "    {}: {} -> {}", field.path, show(&field.old), show(&field.new))?,
                         }
                     }
                 }
@@ -230,19 +222,12 @@ fn objects_of(defs: &Definitions) -> Vec<(ObjectKind, String, Value)> {
 /// An array whose elements are all objects with a string `name` (features, join keys)
 /// is diffed by name; any other array as a whole.
 fn named_items(items: &[Value]) -> Option<Vec<(&str, &Value)>> {
-    items
-        .iter()
-        .map(|v| v.get("name").and_then(Value::as_str).map(|n| (n, v)))
-        .collect()
+    items.iter().map(|v| v.get("name").and_then(Value::as_str).map(|n| (n, v))).collect()
 }
 
 fn diff_values(path: &str, old: &Value, new: &Value, out: &mut Vec<FieldChange>) {
     let join = |key: &str| {
-        if path.is_empty() {
-            key.to_string()
-        } else {
-            format!("{path}.{key}")
-        }
+        if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
     };
     match (old, new) {
         (Value::Object(a), Value::Object(b)) => {
@@ -253,11 +238,7 @@ fn diff_values(path: &str, old: &Value, new: &Value, out: &mut Vec<FieldChange>)
                 let p = join(key);
                 match (a.get(key), b.get(key)) {
                     (Some(x), Some(y)) => diff_values(&p, x, y, out),
-                    (x, y) => out.push(FieldChange {
-                        path: p,
-                        old: x.cloned(),
-                        new: y.cloned(),
-                    }),
+                    (x, y) => out.push(FieldChange { path: p, old: x.cloned(), new: y.cloned() }),
                 }
             }
         }
@@ -269,46 +250,24 @@ fn diff_values(path: &str, old: &Value, new: &Value, out: &mut Vec<FieldChange>)
                         let p = format!("{path}[{name}]");
                         match nb.iter().find(|(n, _)| n == name) {
                             Some((_, y)) => diff_values(&p, x, y, out),
-                            None => out.push(FieldChange {
-                                path: p,
-                                old: Some((*x).clone()),
-                                new: None,
-                            }),
+                            None => out.push(FieldChange { path: p, old: Some((*x).clone()), new: None }),
                         }
                     }
                     for (name, y) in &nb {
                         if !na.iter().any(|(n, _)| n == name) {
-                            out.push(FieldChange {
-                                path: format!("{path}[{name}]"),
-                                old: None,
-                                new: Some((*y).clone()),
-                            });
+                            out.push(FieldChange { path: format!("{path}[{name}]"), old: None, new: Some((*y).clone()) });
                         }
                     }
                     if out.len() == before {
                         // Same items, another order: the order is the change.
-                        let names = |items: &[(&str, &Value)]| {
-                            Value::from(items.iter().map(|(n, _)| *n).collect::<Vec<_>>())
-                        };
-                        out.push(FieldChange {
-                            path: format!("{path} (order)"),
-                            old: Some(names(&na)),
-                            new: Some(names(&nb)),
-                        });
+                        let names = |items: &[(&str, &Value)]| Value::from(items.iter().map(|(n, _)| *n).collect::<Vec<_>>());
+                        out.push(FieldChange { path: format!("{path} (order)"), old: Some(names(&na)), new: Some(names(&nb)) });
                     }
                 }
-                _ => out.push(FieldChange {
-                    path: path.to_string(),
-                    old: Some(old.clone()),
-                    new: Some(new.clone()),
-                }),
+                _ => out.push(FieldChange { path: path.to_string(), old: Some(old.clone()), new: Some(new.clone()) }),
             }
         }
-        _ if old != new => out.push(FieldChange {
-            path: path.to_string(),
-            old: Some(old.clone()),
-            new: Some(new.clone()),
-        }),
+        _ if old != new => out.push(FieldChange { path: path.to_string(), old: Some(old.clone()), new: Some(new.clone()) }),
         _ => {}
     }
 }
@@ -321,31 +280,19 @@ pub fn diff(old: &Definitions, new: &Definitions) -> Plan {
     let mut changes = Vec::new();
     for (kind, name, new_value) in &after {
         match before.iter().find(|(k, n, _)| k == kind && n == name) {
-            None => changes.push(Change {
-                kind: *kind,
-                name: name.clone(),
-                op: ChangeOp::Added,
-            }),
+            None => changes.push(Change { kind: *kind, name: name.clone(), op: ChangeOp::Added }),
             Some((_, _, old_value)) => {
                 let mut fields = Vec::new();
                 diff_values("", old_value, new_value, &mut fields);
                 if !fields.is_empty() {
-                    changes.push(Change {
-                        kind: *kind,
-                        name: name.clone(),
-                        op: ChangeOp::Changed(fields),
-                    });
+                    changes.push(Change { kind: *kind, name: name.clone(), op: ChangeOp::Changed(fields) });
                 }
             }
         }
     }
     for (kind, name, _) in &before {
         if !after.iter().any(|(k, n, _)| k == kind && n == name) {
-            changes.push(Change {
-                kind: *kind,
-                name: name.clone(),
-                op: ChangeOp::Removed,
-            });
+            changes.push(Change { kind: *kind, name: name.clone(), op: ChangeOp::Removed });
         }
     }
     changes.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
@@ -377,11 +324,7 @@ impl RegistryDoc {
     ///
     /// # Errors
     /// When the probe cannot tell whether a view holds data.
-    pub fn breaking_changes(
-        &self,
-        new: &Definitions,
-        probe: &dyn DataProbe,
-    ) -> Result<Vec<Breaking>> {
+    pub fn breaking_changes(&self, new: &Definitions, probe: &dyn DataProbe) -> Result<Vec<Breaking>> {
         let old = &self.definitions;
         let mut out = Vec::new();
         for view in &old.feature_views {
@@ -392,45 +335,30 @@ impl RegistryDoc {
             if !probe.holds_data(view)? {
                 continue;
             }
-            let mut add = |reason: String| {
-                out.push(Breaking {
-                    view: view.name.clone(),
-                    reason,
-                })
-            };
+            let mut add = |reason: String| out.push(Breaking { view: view.name.clone(), reason });
             let Some(next) = next else {
                 add("would be removed".to_string());
                 continue;
             };
             let keys = |d: &Definitions, v: &FeatureView| {
-                d.join_keys(v)
-                    .iter()
-                    .map(|k| format!("{}:{}", k.name, k.dtype))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                d.join_keys(v).iter().map(|k| format!("{}:{}", k.name, k.dtype)).collect::<Vec<_>>().join(", ")
             };
             let (old_keys, new_keys) = (keys(old, view), keys(new, next));
             if old_keys != new_keys {
-                add(format!(
-                    "its join keys would change from [{old_keys}] to [{new_keys}]"
-                ));
+                add(format!("its join keys would change from [{old_keys}] to [{new_keys}]"));
             }
             for feature in &view.features {
                 match next.feature(&feature.name) {
                     None => add(format!("feature `{}` would be removed", feature.name)),
-                    Some(f) if f.dtype != feature.dtype => add(format!(
-                        "feature `{}` would change type from {} to {}",
-                        feature.name, feature.dtype, f.dtype
-                    )),
+                    Some(f) if f.dtype != feature.dtype => {
+                        add(format!("feature `{}` would change type from {} to {}", feature.name, feature.dtype, f.dtype))
+                    }
                     Some(_) => {}
                 }
             }
             let (a, b) = (&view.source, &next.source);
             if a.timestamp_field != b.timestamp_field {
-                add(format!(
-                    "its timestamp field would change from `{}` to `{}`",
-                    a.timestamp_field, b.timestamp_field
-                ));
+                add(format!("its timestamp field would change from `{}` to `{}`", a.timestamp_field, b.timestamp_field));
             }
             if a.created_timestamp_field != b.created_timestamp_field {
                 add(format!(
@@ -439,10 +367,7 @@ impl RegistryDoc {
                 ));
             }
             if a.path != b.path {
-                add(format!(
-                    "its table path would change from {:?} to {:?}",
-                    a.path, b.path
-                ));
+                add(format!("its table path would change from {:?} to {:?}", a.path, b.path));
             }
         }
         Ok(out)
@@ -468,21 +393,10 @@ impl RegistryDoc {
                 ChangeOp::Added => {
                     // A re-added object keeps counting from its last version.
                     let version = self.objects.get(&key).map_or(1, |m| m.version + 1);
-                    next.objects.insert(
-                        key,
-                        ObjectMeta {
-                            version,
-                            created_at: now,
-                            updated_at: now,
-                        },
-                    );
+                    next.objects.insert(key, ObjectMeta { version, created_at: now, updated_at: now });
                 }
                 ChangeOp::Changed(_) => {
-                    let meta = next.objects.entry(key).or_insert(ObjectMeta {
-                        version: 0,
-                        created_at: now,
-                        updated_at: now,
-                    });
+                    let meta = next.objects.entry(key).or_insert(ObjectMeta { version: 0, created_at: now, updated_at: now });
                     meta.version += 1;
                     meta.updated_at = now;
                 }
@@ -527,17 +441,11 @@ impl FileRegistry {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io(&self.path, e)),
         };
-        let bad = |message: String| Error::Registry {
-            file: self.path.clone(),
-            message,
-        };
-        let value: Value =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let bad = |message: String| Error::Registry { file: self.path.clone(), message };
+        let value: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let format = value.get("format").and_then(Value::as_u64).unwrap_or(0);
         if format != u64::from(REGISTRY_FORMAT) {
-            return Err(bad(format!(
-                "format {format} is not the format this quiver reads ({REGISTRY_FORMAT})"
-            )));
+            return Err(bad(format!("format {format} is not the format this quiver reads ({REGISTRY_FORMAT})")));
         }
         let doc = serde_json::from_value(value).map_err(|e| bad(format!("unreadable: {e}")))?;
         Ok(Some(doc))
@@ -552,10 +460,7 @@ impl FileRegistry {
         match self.load()? {
             Some(doc) if doc.project != project => Err(Error::Registry {
                 file: self.path.clone(),
-                message: format!(
-                    "holds project `{}`, but quiver.yaml names project `{project}`",
-                    doc.project
-                ),
+                message: format!("holds project `{}`, but quiver.yaml names project `{project}`", doc.project),
             }),
             Some(doc) => Ok(doc),
             None => Ok(RegistryDoc::empty(project)),
@@ -650,31 +555,22 @@ pub fn apply_with(
     let doc = registry.load_or_empty(project)?;
     let plan = doc.plan(new);
     if plan.is_empty() {
-        return Ok(ApplyOutcome {
-            plan,
-            version: doc.version,
-            written: false,
-            forced: Vec::new(),
-        });
+        return Ok(ApplyOutcome { plan, version: doc.version, written: false, forced: Vec::new() });
     }
     let breaking = doc.breaking_changes(new, probe)?;
     if let Some(first) = breaking.first()
-        && !force {
-            let more = match breaking.len() {
-                1 => String::new(),
-                n => format!(" (and {} more)", n - 1),
-            };
-            return Err(Error::Breaking(format!("{first}{more}")));
-        }
+        && !force
+    {
+        let more = match breaking.len() {
+            1 => String::new(),
+            n => format!(" (and {} more)", n - 1),
+        };
+        return Err(Error::Breaking(format!("{first}{more}")));
+    }
     let next = doc.applied(new, &plan, now, force && !breaking.is_empty());
     before_write()?;
     registry.save(&next)?;
-    Ok(ApplyOutcome {
-        plan,
-        version: next.version,
-        written: true,
-        forced: breaking,
-    })
+    Ok(ApplyOutcome { plan, version: next.version, written: true, forced: breaking })
 }
 
 /// RFC 3339 with seconds, as the CLI prints registry times.

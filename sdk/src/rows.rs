@@ -144,10 +144,7 @@ impl RowReader {
         let mut values = Vec::with_capacity(self.view.features.len());
         for f in &self.view.features {
             let v = get(&f.name).unwrap_or(&Json::Null);
-            values.push(
-                from_json(v, f.dtype)
-                    .ok_or_else(|| format!("feature `{}` must be {}, got {}", f.name, f.dtype, short(v)))?,
-            );
+            values.push(from_json(v, f.dtype).ok_or_else(|| format!("feature `{}` must be {}, got {}", f.name, f.dtype, short(v)))?);
         }
         Ok(ViewRow { keys, event_ts, created_ts, values })
     }
@@ -201,12 +198,7 @@ pub fn from_json(v: &Json, dtype: DType) -> Option<Value> {
         DType::Float64 => Value::Float64(float(v)?),
         DType::Bool => Value::Bool(v.as_bool()?),
         DType::String => Value::String(v.as_str()?.to_string()),
-        DType::Bytes => Value::Bytes(
-            v.as_array()?
-                .iter()
-                .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
-                .collect::<Option<_>>()?,
-        ),
+        DType::Bytes => Value::Bytes(v.as_array()?.iter().map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok())).collect::<Option<_>>()?),
         DType::Timestamp => Value::Timestamp(parse_instant(v.as_str()?).ok()?),
         DType::List(ListElement::Int64) => Value::ListInt64(v.as_array()?.iter().map(int).collect::<Option<_>>()?),
         DType::List(ListElement::Float32) => {
@@ -248,9 +240,8 @@ pub fn write_rfc3339(out: &mut Vec<u8>, us: i64) {
     let year = yoe + era * 400 + i64::from(month <= 2);
     if !(0..=9999).contains(&year) {
         // Outside four-digit years: the general formatter.
-        let text = chrono::DateTime::from_timestamp_micros(us)
-            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
-            .unwrap_or_default();
+        let text =
+            chrono::DateTime::from_timestamp_micros(us).map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)).unwrap_or_default();
         out.extend_from_slice(text.as_bytes());
         return;
     }
@@ -283,8 +274,6 @@ pub fn write_rfc3339(out: &mut Vec<u8>, us: i64) {
     }
     out.push(b'Z');
 }
-
-
 
 /// RFC 3339 text (`T` or a space between date and time) as UTC microseconds. Text
 /// without a zone is refused, never guessed.
@@ -322,11 +311,7 @@ fn kind(v: &Json) -> &'static str {
 /// A value for a message, cut short.
 fn short(v: &Json) -> String {
     let text = v.to_string();
-    if text.chars().count() > 60 {
-        format!("{}...", text.chars().take(57).collect::<String>())
-    } else {
-        text
-    }
+    if text.chars().count() > 60 { format!("{}...", text.chars().take(57).collect::<String>()) } else { text }
 }
 
 #[cfg(test)]
@@ -336,17 +321,15 @@ mod tests {
     use crate::types::Ttl;
 
     fn defs() -> Definitions {
-        Definitions::default()
-            .with_entity(Entity::new("driver").with_join_key("driver_id", KeyType::Int64))
-            .with_feature_view(
-                FeatureView::new("stats")
-                    .with_entity("driver")
-                    .with_ttl(Ttl::parse("1h").unwrap())
-                    .with_feature("rate", DType::Float64)
-                    .with_feature("trips", DType::Int64)
-                    .with_feature("small", DType::Int32)
-                    .with_feature("emb", DType::List(ListElement::Float32)),
-            )
+        Definitions::default().with_entity(Entity::new("driver").with_join_key("driver_id", KeyType::Int64)).with_feature_view(
+            FeatureView::new("stats")
+                .with_entity("driver")
+                .with_ttl(Ttl::parse("1h").unwrap())
+                .with_feature("rate", DType::Float64)
+                .with_feature("trips", DType::Int64)
+                .with_feature("small", DType::Int32)
+                .with_feature("emb", DType::List(ListElement::Float32)),
+        )
     }
 
     #[test]
@@ -359,10 +342,7 @@ mod tests {
         assert_eq!(row.keys, vec![KeyValue::Int(7)]);
         assert_eq!(row.event_ts, 1_704_067_200_000_000);
         assert_eq!(row.created_ts, None);
-        assert_eq!(
-            row.values,
-            vec![Value::Float64(2.0), Value::Int64(3), Value::Null, Value::ListFloat32(vec![1.0, 0.5])]
-        );
+        assert_eq!(row.values, vec![Value::Float64(2.0), Value::Int64(3), Value::Null, Value::ListFloat32(vec![1.0, 0.5])]);
     }
 
     #[test]
@@ -403,11 +383,7 @@ mod tests {
     fn rfc3339_matches_chrono() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-        let chrono = |us: i64| {
-            chrono::DateTime::from_timestamp_micros(us)
-                .unwrap()
-                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
-        };
+        let chrono = |us: i64| chrono::DateTime::from_timestamp_micros(us).unwrap().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
         for _ in 0..200_000 {
             let mut us = rng.random_range(-62_135_596_800_000_000..300_000_000_000_000_000i64);
             match rng.random_range(0..3) {

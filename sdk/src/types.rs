@@ -76,11 +76,7 @@ impl FromStr for DType {
     /// common aliases are accepted (`float` = float32, `double` = float64,
     /// `int` = int64, `str` = string, `array<T>` = `list<T>`).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let norm: String = s
-            .chars()
-            .filter(|c| !c.is_whitespace())
-            .collect::<String>()
-            .to_ascii_lowercase();
+        let norm: String = s.chars().filter(|c| !c.is_whitespace()).collect::<String>().to_ascii_lowercase();
         let scalar = |t: &str| -> Option<DType> {
             Some(match t {
                 "int32" => DType::Int32,
@@ -94,10 +90,7 @@ impl FromStr for DType {
                 _ => return None,
             })
         };
-        let inner = norm
-            .strip_prefix("list<")
-            .or_else(|| norm.strip_prefix("array<"))
-            .and_then(|rest| rest.strip_suffix('>'));
+        let inner = norm.strip_prefix("list<").or_else(|| norm.strip_prefix("array<")).and_then(|rest| rest.strip_suffix('>'));
         let parsed = match inner {
             Some(inner) => match scalar(inner) {
                 Some(DType::Int64) => Some(DType::List(ListElement::Int64)),
@@ -121,9 +114,7 @@ impl Serialize for DType {
 impl<'de> Deserialize<'de> for DType {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse().map_err(|_| {
-            serde::de::Error::custom(format!("unknown dtype `{s}` (expected one of {DTYPE_NAMES})"))
-        })
+        s.parse().map_err(|_| serde::de::Error::custom(format!("unknown dtype `{s}` (expected one of {DTYPE_NAMES})")))
     }
 }
 
@@ -178,11 +169,7 @@ impl Serialize for KeyType {
 impl<'de> Deserialize<'de> for KeyType {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse().map_err(|_| {
-            serde::de::Error::custom(format!(
-                "unknown join key dtype `{s}` (expected int64 or string)"
-            ))
-        })
+        s.parse().map_err(|_| serde::de::Error::custom(format!("unknown join key dtype `{s}` (expected int64 or string)")))
     }
 }
 
@@ -233,10 +220,7 @@ impl Ttl {
     /// assert!(Ttl::parse("2 weeks").is_err());
     /// ```
     pub fn parse(text: &str) -> Result<Ttl, BadTtl> {
-        let bad = |reason| BadTtl {
-            text: text.to_string(),
-            reason,
-        };
+        let bad = |reason| BadTtl { text: text.to_string(), reason };
         let s = text.trim();
         if s.is_empty() {
             return Err(bad("empty"));
@@ -266,10 +250,7 @@ impl Ttl {
             }
             let n: u64 = digits.parse().map_err(|_| bad("too large"))?;
             digits.clear();
-            total = n
-                .checked_mul(unit)
-                .and_then(|v| total.checked_add(v))
-                .ok_or_else(|| bad("too large"))?;
+            total = n.checked_mul(unit).and_then(|v| total.checked_add(v)).ok_or_else(|| bad("too large"))?;
         }
         if !digits.is_empty() {
             return Err(bad("a number without a unit (s, m, h or d) at the end"));
@@ -311,8 +292,7 @@ impl<'de> Deserialize<'de> for Ttl {
         }
         match Raw::deserialize(d)? {
             Raw::Secs(s) => Ok(Ttl(s)),
-            Raw::Text(t) => Ttl::parse(&t)
-                .map_err(|e| serde::de::Error::custom(format!("bad ttl `{}`: {}", e.text, e.reason))),
+            Raw::Text(t) => Ttl::parse(&t).map_err(|e| serde::de::Error::custom(format!("bad ttl `{}`: {}", e.text, e.reason))),
         }
     }
 }
@@ -344,15 +324,7 @@ mod tests {
 
     #[test]
     fn ttls_parse_and_print() {
-        let cases = [
-            ("30s", 30),
-            ("15m", 900),
-            ("2h", 7200),
-            ("7d", 604_800),
-            ("1h30m", 5400),
-            ("3600", 3600),
-            ("0", 0),
-        ];
+        let cases = [("30s", 30), ("15m", 900), ("2h", 7200), ("7d", 604_800), ("1h30m", 5400), ("3600", 3600), ("0", 0)];
         for (text, secs) in cases {
             assert_eq!(Ttl::parse(text).unwrap().secs(), secs, "{text}");
         }

@@ -3,17 +3,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::definitions::Definitions;
+use crate::definitions::{Definitions, known};
 use crate::error::DefinitionError;
 
 /// Names become column names (`view__feature`), Delta table folders and Redis key parts,
 /// so they are plain identifiers.
 fn check_name(kind: &'static str, name: &str) -> Result<(), DefinitionError> {
-    let bad = |reason| DefinitionError::BadName {
-        kind,
-        name: name.to_string(),
-        reason,
-    };
+    let bad = |reason| DefinitionError::BadName { kind, name: name.to_string(), reason };
     let mut chars = name.chars();
     match chars.next() {
         None => return Err(bad("empty (expected a name)")),
@@ -31,28 +27,11 @@ fn check_name(kind: &'static str, name: &str) -> Result<(), DefinitionError> {
     Ok(())
 }
 
-fn known<'a>(names: impl Iterator<Item = &'a str>) -> String {
-    let list: Vec<&str> = names.collect();
-    if list.is_empty() {
-        "none".to_string()
-    } else {
-        list.join(", ")
-    }
-}
-
-fn no_duplicates<'a>(
-    kind: &'static str,
-    scope: &str,
-    names: impl Iterator<Item = &'a str>,
-) -> Result<(), DefinitionError> {
+fn no_duplicates<'a>(kind: &'static str, scope: &str, names: impl Iterator<Item = &'a str>) -> Result<(), DefinitionError> {
     let mut seen = BTreeSet::new();
     for name in names {
         if !seen.insert(name) {
-            return Err(DefinitionError::Duplicate {
-                kind,
-                name: name.to_string(),
-                scope: scope.to_string(),
-            });
+            return Err(DefinitionError::Duplicate { kind, name: name.to_string(), scope: scope.to_string() });
         }
     }
     Ok(())
@@ -80,16 +59,10 @@ impl Definitions {
         for entity in &self.entities {
             check_name("entity", &entity.name)?;
             if entity.join_keys.is_empty() {
-                return Err(DefinitionError::NoJoinKeys {
-                    entity: entity.name.clone(),
-                });
+                return Err(DefinitionError::NoJoinKeys { entity: entity.name.clone() });
             }
             let scope = format!(" in entity `{}`", entity.name);
-            no_duplicates(
-                "join key",
-                &scope,
-                entity.join_keys.iter().map(|k| k.name.as_str()),
-            )?;
+            no_duplicates("join key", &scope, entity.join_keys.iter().map(|k| k.name.as_str()))?;
             for key in &entity.join_keys {
                 check_name("join key", &key.name)?;
                 match key_types.get(key.name.as_str()) {
@@ -111,11 +84,7 @@ impl Definitions {
         }
 
         // Feature views.
-        no_duplicates(
-            "feature view",
-            "",
-            self.feature_views.iter().map(|v| v.name.as_str()),
-        )?;
+        no_duplicates("feature view", "", self.feature_views.iter().map(|v| v.name.as_str()))?;
         for view in &self.feature_views {
             check_name("feature view", &view.name)?;
             if view.name.contains("__") {
@@ -126,16 +95,10 @@ impl Definitions {
                 });
             }
             if view.entities.is_empty() {
-                return Err(DefinitionError::EmptyView {
-                    view: view.name.clone(),
-                    what: "entities",
-                });
+                return Err(DefinitionError::EmptyView { view: view.name.clone(), what: "entities" });
             }
             if view.features.is_empty() {
-                return Err(DefinitionError::EmptyView {
-                    view: view.name.clone(),
-                    what: "features",
-                });
+                return Err(DefinitionError::EmptyView { view: view.name.clone(), what: "features" });
             }
             let scope = format!(" in feature view `{}`", view.name);
             no_duplicates("entity", &scope, view.entities.iter().map(|e| e.as_str()))?;
@@ -148,35 +111,24 @@ impl Definitions {
                     });
                 }
             }
-            no_duplicates(
-                "feature",
-                &scope,
-                view.features.iter().map(|f| f.name.as_str()),
-            )?;
+            no_duplicates("feature", &scope, view.features.iter().map(|f| f.name.as_str()))?;
             for feature in &view.features {
                 check_name("feature", &feature.name)?;
             }
             self.check_columns(view)?;
             if let Some(stream) = &view.source.stream
-                && stream.topic.trim().is_empty() {
-                    return Err(DefinitionError::EmptyTopic {
-                        view: view.name.clone(),
-                    });
-                }
+                && stream.topic.trim().is_empty()
+            {
+                return Err(DefinitionError::EmptyTopic { view: view.name.clone() });
+            }
         }
 
         // Feature services.
-        no_duplicates(
-            "feature service",
-            "",
-            self.feature_services.iter().map(|s| s.name.as_str()),
-        )?;
+        no_duplicates("feature service", "", self.feature_services.iter().map(|s| s.name.as_str()))?;
         for service in &self.feature_services {
             check_name("feature service", &service.name)?;
             if service.features.is_empty() {
-                return Err(DefinitionError::EmptyService {
-                    service: service.name.clone(),
-                });
+                return Err(DefinitionError::EmptyService { service: service.name.clone() });
             }
             let refs: Vec<String> = service.features.iter().map(|r| r.to_string()).collect();
             let scope = format!(" in feature service `{}`", service.name);
@@ -204,11 +156,7 @@ impl Definitions {
 
     /// The columns of a view's table — join keys, timestamps, features — are distinct.
     fn check_columns(&self, view: &crate::FeatureView) -> Result<(), DefinitionError> {
-        let clash = |column: &str, reason| DefinitionError::ColumnClash {
-            view: view.name.clone(),
-            column: column.to_string(),
-            reason,
-        };
+        let clash = |column: &str, reason| DefinitionError::ColumnClash { view: view.name.clone(), column: column.to_string(), reason };
         let keys = self.join_keys(view);
         let is_key = |c: &str| keys.iter().any(|k| k.name == c);
         let ts = view.source.timestamp_field.as_str();

@@ -6,9 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::definitions::{
-    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source,
-};
+use crate::definitions::{Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source};
 use crate::error::{DefinitionError, Error, Result};
 use crate::types::{DTYPE_NAMES, DType, KeyType, Ttl};
 
@@ -119,9 +117,7 @@ pub fn load_definitions(path: &Path) -> Result<Definitions> {
 
 /// True for a document of only comments and blank lines (an `init` skeleton).
 fn is_blank(text: &str) -> bool {
-    text.lines()
-        .map(str::trim)
-        .all(|l| l.is_empty() || l.starts_with('#') || l == "---")
+    text.lines().map(str::trim).all(|l| l.is_empty() || l.starts_with('#') || l == "---")
 }
 
 /// serde_yaml's message, one line, with its position.
@@ -139,17 +135,9 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
                 key: k.name.clone(),
                 got: k.dtype.clone(),
             })?;
-            join_keys.push(JoinKey {
-                name: k.name,
-                dtype,
-            });
+            join_keys.push(JoinKey { name: k.name, dtype });
         }
-        defs.entities.push(Entity {
-            name: e.name,
-            join_keys,
-            description: e.description,
-            tags: e.tags,
-        });
+        defs.entities.push(Entity { name: e.name, join_keys, description: e.description, tags: e.tags });
     }
     for v in raw.feature_views.unwrap_or_default() {
         let mut features = Vec::new();
@@ -160,11 +148,7 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
                 got: f.dtype.clone(),
                 expected: DTYPE_NAMES,
             })?;
-            features.push(Feature {
-                name: f.name,
-                dtype,
-                description: f.description,
-            });
+            features.push(Feature { name: f.name, dtype, description: f.description });
         }
         let ttl = parse_ttl(&v.name, v.ttl.as_ref())?;
         defs.feature_views.push(FeatureView {
@@ -181,28 +165,16 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
     for s in raw.feature_services.unwrap_or_default() {
         let mut features = Vec::new();
         for text in s.features {
-            let r: FeatureRef = text.parse().map_err(|_| DefinitionError::BadFeatureRef {
-                service: s.name.clone(),
-                got: text.clone(),
-            })?;
+            let r: FeatureRef = text.parse().map_err(|_| DefinitionError::BadFeatureRef { service: s.name.clone(), got: text.clone() })?;
             features.push(r);
         }
-        defs.feature_services.push(FeatureService {
-            name: s.name,
-            features,
-            description: s.description,
-            tags: s.tags,
-        });
+        defs.feature_services.push(FeatureService { name: s.name, features, description: s.description, tags: s.tags });
     }
     Ok(defs)
 }
 
 fn parse_ttl(view: &str, value: Option<&serde_yaml::Value>) -> Result<Ttl, DefinitionError> {
-    let bad = |got: String, reason: &str| DefinitionError::BadTtl {
-        view: view.to_string(),
-        got,
-        reason: reason.to_string(),
-    };
+    let bad = |got: String, reason: &str| DefinitionError::BadTtl { view: view.to_string(), got, reason: reason.to_string() };
     match value {
         None | Some(serde_yaml::Value::Null) => Ok(Ttl::UNBOUNDED),
         Some(serde_yaml::Value::Number(n)) => match n.as_u64() {
@@ -210,12 +182,6 @@ fn parse_ttl(view: &str, value: Option<&serde_yaml::Value>) -> Result<Ttl, Defin
             None => Err(bad(n.to_string(), "expected whole, non-negative seconds")),
         },
         Some(serde_yaml::Value::String(s)) => Ttl::parse(s).map_err(|e| bad(e.text, e.reason)),
-        Some(other) => Err(bad(
-            serde_yaml::to_string(other)
-                .unwrap_or_default()
-                .trim()
-                .to_string(),
-            "expected a duration",
-        )),
+        Some(other) => Err(bad(serde_yaml::to_string(other).unwrap_or_default().trim().to_string(), "expected a duration")),
     }
 }

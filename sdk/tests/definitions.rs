@@ -1,10 +1,7 @@
 //! Definitions from YAML and from the builder API, and one test per validation error.
 
 use quiver_sdk::yaml::{load_definitions, parse_definitions};
-use quiver_sdk::{
-    DType, Definitions, Entity, FeatureService, FeatureView, KeyType, ListElement, Source,
-    StreamFormat, Ttl,
-};
+use quiver_sdk::{DType, Definitions, Entity, FeatureService, FeatureView, KeyType, ListElement, Source, StreamFormat, Ttl};
 
 const GOOD: &str = r#"
 entities:
@@ -46,11 +43,7 @@ feature_services:
 
 fn built() -> Definitions {
     Definitions::default()
-        .with_entity(
-            Entity::new("driver")
-                .with_join_key("driver_id", KeyType::Int64)
-                .with_description("a person who drives"),
-        )
+        .with_entity(Entity::new("driver").with_join_key("driver_id", KeyType::Int64).with_description("a person who drives"))
         .with_entity(Entity::new("customer").with_join_key("customer_id", KeyType::String))
         .with_feature_view(
             FeatureView::new("driver_hourly")
@@ -108,10 +101,7 @@ fn yaml_and_builder_produce_equal_definitions() {
 fn an_empty_skeleton_is_no_definitions() {
     let skeleton = "# entities:\n#   - name: driver\n\n";
     assert_eq!(parse_definitions(skeleton).unwrap(), Definitions::default());
-    assert_eq!(
-        parse_definitions("entities: []\nfeature_views: []\nfeature_services: []\n").unwrap(),
-        Definitions::default()
-    );
+    assert_eq!(parse_definitions("entities: []\nfeature_views: []\nfeature_services: []\n").unwrap(), Definitions::default());
 }
 
 /// Validation error for GOOD with `from` replaced by `to`.
@@ -140,11 +130,7 @@ fn unknown_entity_is_named_with_the_known_ones() {
 fn unknown_view_in_a_service_is_named() {
     assert_has(
         error_after("\"driver_hourly:conv_rate\"", "\"driver_hourly_v2:conv_rate\""),
-        &[
-            "feature service `ranker_v1`",
-            "unknown feature view `driver_hourly_v2`",
-            "known: driver_hourly, customer_profile, pair",
-        ],
+        &["feature service `ranker_v1`", "unknown feature view `driver_hourly_v2`", "known: driver_hourly, customer_profile, pair"],
     );
 }
 
@@ -152,11 +138,7 @@ fn unknown_view_in_a_service_is_named() {
 fn missing_feature_in_a_service_is_named() {
     assert_has(
         error_after("\"driver_hourly:conv_rate\"", "\"driver_hourly:acc_rate\""),
-        &[
-            "feature service `ranker_v1`",
-            "unknown feature `driver_hourly:acc_rate`",
-            "has: conv_rate, trips",
-        ],
+        &["feature service `ranker_v1`", "unknown feature `driver_hourly:acc_rate`", "has: conv_rate, trips"],
     );
 }
 
@@ -170,14 +152,8 @@ fn bad_feature_reference_is_named() {
 
 #[test]
 fn duplicate_names_are_refused() {
-    assert_has(
-        error_after("name: customer\n", "name: driver\n"),
-        &["duplicate entity `driver`"],
-    );
-    assert_has(
-        error_after("name: pair", "name: driver_hourly"),
-        &["duplicate feature view `driver_hourly`"],
-    );
+    assert_has(error_after("name: customer\n", "name: driver\n"), &["duplicate entity `driver`"]);
+    assert_has(error_after("name: pair", "name: driver_hourly"), &["duplicate feature view `driver_hourly`"]);
     assert_has(
         error_after("{name: trips, dtype: int64}", "{name: conv_rate, dtype: int64}"),
         &["duplicate feature `conv_rate` in feature view `driver_hourly`"],
@@ -192,17 +168,9 @@ fn duplicate_names_are_refused() {
 fn bad_dtype_names_view_feature_and_choices() {
     assert_has(
         error_after("{name: trips, dtype: int64}", "{name: trips, dtype: integer64}"),
-        &[
-            "feature view `driver_hourly`, feature `trips`",
-            "unknown dtype `integer64`",
-            "expected one of int32, int64",
-            "list<float32>",
-        ],
+        &["feature view `driver_hourly`, feature `trips`", "unknown dtype `integer64`", "expected one of int32, int64", "list<float32>"],
     );
-    assert_has(
-        error_after("dtype: list<float32>", "dtype: list<bool>"),
-        &["feature `embedding`", "unknown dtype `list<bool>`"],
-    );
+    assert_has(error_after("dtype: list<float32>", "dtype: list<bool>"), &["feature `embedding`", "unknown dtype `list<bool>`"]);
 }
 
 #[test]
@@ -215,10 +183,7 @@ fn bad_join_key_type_is_named() {
 
 #[test]
 fn bad_ttl_is_named() {
-    assert_has(
-        error_after("ttl: 2h", "ttl: 2 weeks"),
-        &["feature view `driver_hourly`", "bad ttl `2 weeks`", "e.g. 30s, 15m, 2h"],
-    );
+    assert_has(error_after("ttl: 2h", "ttl: 2 weeks"), &["feature view `driver_hourly`", "bad ttl `2 weeks`", "e.g. 30s, 15m, 2h"]);
     assert_has(error_after("ttl: 2h", "ttl: -5"), &["bad ttl `-5`"]);
 }
 
@@ -242,40 +207,25 @@ fn column_clash_is_refused() {
         &["feature view `driver_hourly`", "column `driver_id` is both a join key and a feature"],
     );
     assert_has(
-        error_after(
-            "created_timestamp_field: created_timestamp",
-            "created_timestamp_field: event_timestamp",
-        ),
+        error_after("created_timestamp_field: created_timestamp", "created_timestamp_field: event_timestamp"),
         &["column `event_timestamp` is both the timestamp and the created timestamp field"],
     );
 }
 
 #[test]
 fn empty_definitions_are_refused() {
-    assert_has(
-        error_after("join_keys: [{name: customer_id, dtype: string}]", "join_keys: []"),
-        &["entity `customer`: no join keys"],
-    );
+    assert_has(error_after("join_keys: [{name: customer_id, dtype: string}]", "join_keys: []"), &["entity `customer`: no join keys"]);
     assert_has(
         error_after("features:\n      - {name: rides_together, dtype: int32}", "features: []"),
         &["feature view `pair`: no features"],
     );
-    assert_has(
-        error_after("entities: [driver, customer]", "entities: []"),
-        &["feature view `pair`: no entities"],
-    );
+    assert_has(error_after("entities: [driver, customer]", "entities: []"), &["feature view `pair`: no entities"]);
 }
 
 #[test]
 fn bad_names_are_refused() {
-    assert_has(
-        error_after("name: pair", "name: pair-view"),
-        &["feature view `pair-view`: bad name", "letters, digits and `_`"],
-    );
-    assert_has(
-        error_after("name: pair", "name: pair__x"),
-        &["feature view `pair__x`: bad name", "`__`"],
-    );
+    assert_has(error_after("name: pair", "name: pair-view"), &["feature view `pair-view`: bad name", "letters, digits and `_`"]);
+    assert_has(error_after("name: pair", "name: pair__x"), &["feature view `pair__x`: bad name", "`__`"]);
 }
 
 #[test]
@@ -288,18 +238,14 @@ fn quiver_column_names_are_reserved() {
 
 #[test]
 fn yaml_shape_errors_carry_the_position() {
-    assert_has(
-        error_after("    ttl: 2h", "    ttll: 2h"),
-        &["unknown field `ttll`", "line"],
-    );
+    assert_has(error_after("    ttl: 2h", "    ttll: 2h"), &["unknown field `ttll`", "line"]);
 }
 
 #[test]
 fn errors_from_a_file_name_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("features.yaml");
-    std::fs::write(&path, GOOD.replacen("entities: [driver]\n    ttl", "entities: [nobody]\n    ttl", 1))
-        .unwrap();
+    std::fs::write(&path, GOOD.replacen("entities: [driver]\n    ttl", "entities: [nobody]\n    ttl", 1)).unwrap();
     let msg = load_definitions(&path).unwrap_err().to_string();
     assert!(msg.starts_with(&format!("{}: ", path.display())), "{msg}");
     assert!(msg.contains("unknown entity `nobody`"), "{msg}");

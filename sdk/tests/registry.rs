@@ -40,10 +40,7 @@ struct Holding {
 
 impl Holding {
     fn new(views: &[&'static str]) -> Self {
-        Holding {
-            views: views.iter().copied().collect(),
-            asked: RefCell::new(Vec::new()),
-        }
+        Holding { views: views.iter().copied().collect(), asked: RefCell::new(Vec::new()) }
     }
 }
 
@@ -61,14 +58,15 @@ fn t(hour: u32) -> chrono::DateTime<Utc> {
 #[test]
 fn diff_reports_each_changed_field() {
     let old = defs(BASE);
-    let new = changed("ttl: 2h", "ttl: 3h")
-        .clone();
+    let new = changed("ttl: 2h", "ttl: 3h").clone();
     let new = {
         let mut n = new;
         n.feature_views[0].features[1].dtype = quiver_sdk::DType::Float64;
-        n.feature_views[0]
-            .features
-            .push(quiver_sdk::Feature { name: "temp".into(), dtype: quiver_sdk::DType::Float32, description: String::new() });
+        n.feature_views[0].features.push(quiver_sdk::Feature {
+            name: "temp".into(),
+            dtype: quiver_sdk::DType::Float32,
+            description: String::new(),
+        });
         n.feature_services.clear();
         n.entities[0].description = "drives".into();
         n
@@ -76,9 +74,7 @@ fn diff_reports_each_changed_field() {
     let plan = diff(&old, &new);
     assert_eq!(plan.counts(), (0, 2, 1));
     let view = plan.changes.iter().find(|c| c.name == "stats").unwrap();
-    let ChangeOp::Changed(fields) = &view.op else {
-        panic!("stats should be changed: {view:?}")
-    };
+    let ChangeOp::Changed(fields) = &view.op else { panic!("stats should be changed: {view:?}") };
     let paths: Vec<&str> = fields.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(paths, ["features[trips].dtype", "features[temp]", "ttl"]);
     assert_eq!(fields[0].old, Some(serde_json::json!("int64")));
@@ -170,10 +166,7 @@ fn breaking_changes_to_views_with_data_are_refused_unless_forced() {
             changed("{name: trips, dtype: int64}", "{name: trips, dtype: float64}"),
             "feature view `stats` holds data and feature `trips` would change type from int64 to float64",
         ),
-        (
-            changed(", {name: trips, dtype: int64}", ""),
-            "feature view `stats` holds data and feature `trips` would be removed",
-        ),
+        (changed(", {name: trips, dtype: int64}", ""), "feature view `stats` holds data and feature `trips` would be removed"),
         (
             changed("dtype: int64}]}", "dtype: string}]}"),
             "feature view `stats` holds data and its join keys would change from [driver_id:int64] to [driver_id:string]",

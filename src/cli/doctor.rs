@@ -58,16 +58,24 @@ fn cmd_doctor(dir: &Path, compile_kernels: bool) -> anyhow::Result<()> {
                 }
             }
             if repo.config.server.auth_token_in_file {
-                note("auth", format!("{} holds server.auth_token; keep it out of version control or set QUIVER_SERVER_AUTH_TOKEN instead", dir.join(quiver::sdk::config::CONFIG_FILE).display()));
+                note(
+                    "auth",
+                    format!(
+                        "{} holds server.auth_token; keep it out of version control or set QUIVER_SERVER_AUTH_TOKEN instead",
+                        dir.join(quiver::sdk::config::CONFIG_FILE).display()
+                    ),
+                );
             }
             let brokers = &repo.config.kafka_brokers;
             let reachable: Vec<String> = brokers
                 .split(',')
                 .filter(|b| {
                     use std::net::ToSocketAddrs;
-                    b.trim().to_socket_addrs().ok().and_then(|mut a| a.next()).is_some_and(|a| {
-                        std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(1)).is_ok()
-                    })
+                    b.trim()
+                        .to_socket_addrs()
+                        .ok()
+                        .and_then(|mut a| a.next())
+                        .is_some_and(|a| std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(1)).is_ok())
                 })
                 .map(str::to_string)
                 .collect();
@@ -113,9 +121,5 @@ fn cmd_doctor(dir: &Path, compile_kernels: bool) -> anyhow::Result<()> {
             }
         }
     }
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        anyhow::bail!("doctor: {} failed", failed.join(", "))
-    }
+    if failed.is_empty() { Ok(()) } else { anyhow::bail!("doctor: {} failed", failed.join(", ")) }
 }

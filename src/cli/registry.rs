@@ -84,11 +84,7 @@ fn cmd_apply(dir: &Path, force: bool) -> anyhow::Result<()> {
     for b in &outcome.forced {
         eprintln!("warning: forced: {b}");
     }
-    println!(
-        "applied: registry {} is at version {}",
-        repo.config.registry_path.display(),
-        outcome.version
-    );
+    println!("applied: registry {} is at version {}", repo.config.registry_path.display(), outcome.version);
     Ok(())
 }
 
@@ -113,17 +109,11 @@ fn render_list(doc: &RegistryDoc) -> String {
         "project {} · registry version {}{}\n",
         doc.project,
         doc.version,
-        doc.updated_at
-            .map(|t| format!(" · applied {}", format_time(&t)))
-            .unwrap_or_default()
+        doc.updated_at.map(|t| format!(" · applied {}", format_time(&t))).unwrap_or_default()
     );
     out.push_str(&format!("\nentities ({})\n", defs.entities.len()));
     for e in &defs.entities {
-        let keys: Vec<String> = e
-            .join_keys
-            .iter()
-            .map(|k| format!("{}:{}", k.name, k.dtype))
-            .collect();
+        let keys: Vec<String> = e.join_keys.iter().map(|k| format!("{}:{}", k.name, k.dtype)).collect();
         out.push_str(&format!("  {:<24} keys {}\n", e.name, keys.join(", ")));
     }
     out.push_str(&format!("\nfeature views ({})\n", defs.feature_views.len()));
@@ -165,34 +155,21 @@ fn cmd_describe(dir: &Path, name: &str) -> anyhow::Result<()> {
     }
     if let Some(v) = defs.feature_view(name).filter(|_| wanted("feature_view")) {
         let mut value = serde_json::to_value(v)?;
-        let keys: Vec<String> = defs
-            .join_keys(v)
-            .iter()
-            .map(|k| format!("{}:{}", k.name, k.dtype))
-            .collect();
+        let keys: Vec<String> = defs.join_keys(v).iter().map(|k| format!("{}:{}", k.name, k.dtype)).collect();
         value["join_keys"] = keys.into();
         value["table"] = repo.config.view_table(v).to_string().into();
         found.push(("feature_view", value));
     }
     if let Some(s) = defs.feature_service(name).filter(|_| wanted("feature_service")) {
         let mut value = serde_json::to_value(s)?;
-        value["output_columns"] = s
-            .features
-            .iter()
-            .map(|r| r.column_name())
-            .collect::<Vec<_>>()
-            .into();
+        value["output_columns"] = s.features.iter().map(|r| r.column_name()).collect::<Vec<_>>().into();
         found.push(("feature_service", value));
     }
     if found.is_empty() {
         let mut all: Vec<&str> = defs.entities.iter().map(|e| e.name.as_str()).collect();
         all.extend(defs.feature_views.iter().map(|v| v.name.as_str()));
         all.extend(defs.feature_services.iter().map(|s| s.name.as_str()));
-        anyhow::bail!(
-            "`{name}` is not in the registry (version {}; known: {})",
-            doc.version,
-            if all.is_empty() { "none".to_string() } else { all.join(", ") }
-        );
+        anyhow::bail!("`{name}` is not in the registry (version {}; known: {})", doc.version, quiver::sdk::known(all));
     }
     for (i, (kind, mut value)) in found.into_iter().enumerate() {
         if i > 0 {

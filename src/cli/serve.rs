@@ -36,7 +36,9 @@ pub fn socket_addr(host: &str, port: u16) -> anyhow::Result<std::net::SocketAddr
     use std::net::ToSocketAddrs;
     format!("{host}:{port}")
         .parse()
-        .or_else(|_| format!("{host}:{port}").to_socket_addrs().map_err(anyhow::Error::from)?.next().ok_or_else(|| anyhow::anyhow!("no address")))
+        .or_else(|_| {
+            format!("{host}:{port}").to_socket_addrs().map_err(anyhow::Error::from)?.next().ok_or_else(|| anyhow::anyhow!("no address"))
+        })
         .map_err(|e| anyhow::anyhow!("server address `{host}:{port}`: {e}"))
 }
 

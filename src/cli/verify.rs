@@ -80,9 +80,15 @@ impl Verify {
 }
 
 fn print_verify(reports: &[FeatureReport], max_mismatch: f64) -> anyhow::Result<()> {
-    println!("{:<40} {:>9} {:>9} {:>10} {:>14} {:>15}", "feature", "compared", "matches", "mismatches", "missing online", "missing offline");
+    println!(
+        "{:<40} {:>9} {:>9} {:>10} {:>14} {:>15}",
+        "feature", "compared", "matches", "mismatches", "missing online", "missing offline"
+    );
     for r in reports {
-        println!("{:<40} {:>9} {:>9} {:>10} {:>14} {:>15}", r.feature, r.compared, r.matches, r.mismatches, r.missing_online, r.missing_offline);
+        println!(
+            "{:<40} {:>9} {:>9} {:>10} {:>14} {:>15}",
+            r.feature, r.compared, r.matches, r.mismatches, r.missing_online, r.missing_offline
+        );
         for e in &r.examples {
             println!("    {e}");
         }
@@ -92,7 +98,10 @@ fn print_verify(reports: &[FeatureReport], max_mismatch: f64) -> anyhow::Result<
     let bad: u64 = reports.iter().map(|r| r.mismatches + r.missing_online + r.missing_offline).sum();
     println!("{bad} of {compared} compared values disagree; worst feature {:.2}% (limit {:.2}%)", worst * 100.0, max_mismatch * 100.0);
     if worst > max_mismatch {
-        anyhow::bail!("verify: online and offline disagree on {:.2}% of a feature's rows, over --max-mismatch {max_mismatch}", worst * 100.0);
+        anyhow::bail!(
+            "verify: online and offline disagree on {:.2}% of a feature's rows, over --max-mismatch {max_mismatch}",
+            worst * 100.0
+        );
     }
     Ok(())
 }

@@ -9,7 +9,6 @@ use crate::error::Result;
 use crate::export::{ExportOptions, Exported, Hooks, ShardFormat};
 use crate::repo::Repo;
 
-
 /// Exports a feature service's point-in-time join of a spine ([`Repo::export`]).
 #[derive(Debug)]
 #[must_use]
@@ -52,7 +51,12 @@ impl Repo {
             repo: self,
             spine: spine.into(),
             out: out.into(),
-            options: ExportOptions { service: service.to_string(), format: ShardFormat::Parquet, shard_rows: 500_000, created_cutoff: false },
+            options: ExportOptions {
+                service: service.to_string(),
+                format: ShardFormat::Parquet,
+                shard_rows: 500_000,
+                created_cutoff: false,
+            },
             engine: Engine::Auto,
             progress: no_progress(),
             shard_written: None,

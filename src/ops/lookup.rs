@@ -54,12 +54,20 @@ impl<'a> Lookup<'a> {
         let refs = self.features.resolve(&defs)?;
         let store = self.repo.open_store().await?;
         let now = self.now.unwrap_or_else(now_us);
-        quiver_online::lookup::get_online_features(store.as_ref(), &self.repo.config.project, &defs, &refs, &self.entities, now, self.full_names)
-            .await
-            .map_err(|e| match e {
-                quiver_online::Error::Request(m) => Error::Invalid(m),
-                other => other.into(),
-            })
+        quiver_online::lookup::get_online_features(
+            store.as_ref(),
+            &self.repo.config.project,
+            &defs,
+            &refs,
+            &self.entities,
+            now,
+            self.full_names,
+        )
+        .await
+        .map_err(|e| match e {
+            quiver_online::Error::Request(m) => Error::Invalid(m),
+            other => other.into(),
+        })
     }
 }
 

@@ -94,7 +94,10 @@ impl<'a> Materialize<'a> {
             None => self.repo.open_store().await?,
         };
         let progress = self.progress.clone();
-        crate::materialize::materialize(&self.repo.config, &defs, &views, self.start, self.end, store.as_ref(), &move |p, n| progress.report(p, n)).await
+        crate::materialize::materialize(&self.repo.config, &defs, &views, self.start, self.end, store.as_ref(), &move |p, n| {
+            progress.report(p, n)
+        })
+        .await
     }
 }
 
@@ -126,7 +129,10 @@ impl<'a> MaterializeIncremental<'a> {
             None => self.repo.open_store().await?,
         };
         let progress = self.progress.clone();
-        crate::materialize::materialize_incremental(&self.repo.config, &defs, &views, self.end, store.as_ref(), &move |p, n| progress.report(p, n)).await
+        crate::materialize::materialize_incremental(&self.repo.config, &defs, &views, self.end, store.as_ref(), &move |p, n| {
+            progress.report(p, n)
+        })
+        .await
     }
 }
 

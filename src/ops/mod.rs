@@ -155,12 +155,6 @@ pub fn parse_time(what: &str, text: &str, now: i64) -> Result<i64> {
     }
 }
 
-/// `names, one of them` or `none`, for "unknown ... (known: ...)" messages.
-pub fn known<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
-    let names: Vec<&str> = names.into_iter().collect();
-    if names.is_empty() { "none".to_string() } else { names.join(", ") }
-}
-
 /// What a join or a lookup asks for: references, or a feature service.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Features {
@@ -179,16 +173,7 @@ impl Features {
     /// that does not parse, or for no features at all.
     pub fn resolve(&self, defs: &Definitions) -> Result<Vec<FeatureRef>> {
         match self {
-            Features::Service(name) => Ok(defs
-                .feature_service(name)
-                .ok_or_else(|| {
-                    Error::NotFound(format!(
-                        "unknown feature service `{name}` (known: {})",
-                        known(defs.feature_services.iter().map(|s| s.name.as_str()))
-                    ))
-                })?
-                .features
-                .clone()),
+            Features::Service(name) => Ok(defs.find_service(name).map_err(|e| Error::NotFound(e.0))?.features.clone()),
             Features::Refs(list) if !list.is_empty() => list
                 .iter()
                 .map(|f| f.parse().map_err(|_| Error::Invalid(format!("bad feature reference `{f}` (expected view:feature)"))))
@@ -226,12 +211,7 @@ impl Repo {
 /// # Errors
 /// [`Error::NotFound`] naming the views the registry has.
 pub fn view<'a>(defs: &'a Definitions, name: &str) -> Result<&'a FeatureView> {
-    defs.feature_view(name).ok_or_else(|| {
-        Error::NotFound(format!(
-            "unknown feature view `{name}` in the registry (known: {}); is it applied?",
-            known(defs.feature_views.iter().map(|v| v.name.as_str()))
-        ))
-    })
+    defs.find_view(name).map_err(|e| Error::NotFound(format!("{e}; is it applied?")))
 }
 
 /// Progress of long work: called with a phase (or a shard number) and a count so far.

@@ -1,14 +1,13 @@
 //! The stream's counters and histograms, as Prometheus text.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use quiver_sdk::metrics::{Exposition, Histogram, Kind};
+
 /// Upper bounds (seconds) of the event-to-online latency histogram.
-const BUCKETS: [f64; 19] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 30.0, 300.0,
-];
+const BUCKETS: [f64; 19] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 30.0, 300.0];
 
 /// What `quiver stream` has done since it started.
 #[derive(Debug, Default)]
@@ -35,22 +34,23 @@ pub struct Metrics {
     pub registry_errors: AtomicU64,
     /// (topic, partition) -> messages behind the high watermark.
     pub lag: Mutex<BTreeMap<(String, i32), i64>>,
-    buckets: [AtomicU64; 19],
-    latency_sum_us: AtomicU64,
-    latency_count: AtomicU64,
+    freshness: Freshness,
+}
+
+/// The event-to-online latency histogram.
+#[derive(Debug)]
+struct Freshness(Histogram);
+
+impl Default for Freshness {
+    fn default() -> Self {
+        Freshness(Histogram::new(&BUCKETS))
+    }
 }
 
 impl Metrics {
     /// One row reached the online store `seconds` after its event time.
     pub fn observe_freshness(&self, seconds: f64) {
-        let seconds = seconds.max(0.0);
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if seconds <= *bound {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.latency_sum_us.fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.freshness.0.observe(seconds);
     }
 
     pub fn add(counter: &AtomicU64, n: usize) {
@@ -59,35 +59,44 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, v: &AtomicU64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Ordering::Relaxed));
-        };
-        counter(&mut out, "quiver_stream_consumed_total", "Messages read from Kafka.", &self.consumed);
-        counter(&mut out, "quiver_stream_written_online_total", "Rows the online store took.", &self.written_online);
-        counter(&mut out, "quiver_stream_appended_offline_total", "Rows appended to Delta tables.", &self.appended_offline);
-        counter(&mut out, "quiver_stream_dead_lettered_total", "Messages sent to a dead-letter topic.", &self.dead_lettered);
-        counter(&mut out, "quiver_stream_skipped_replayed_total", "Replayed messages the Delta table already held.", &self.skipped_replayed);
-        counter(&mut out, "quiver_stream_retries_total", "Store or broker calls that failed and were retried.", &self.retries);
-        counter(&mut out, "quiver_stream_batches_total", "Micro-batches committed.", &self.batches);
-        counter(&mut out, "quiver_stream_fenced_total", "View batches refused by Delta: another consumer appended these partitions first.", &self.fenced);
-        counter(&mut out, "quiver_stream_lost_batches_total", "Batches dropped unwritten: their partitions were lost before the flush.", &self.lost_batches);
-        counter(&mut out, "quiver_stream_dead_letters_truncated_total", "Dead letters refused whole by the dead-letter topic, sent with the payload cut short.", &self.dead_letters_truncated);
-        counter(&mut out, "quiver_stream_registry_reloads_total", "Registry changes picked up while running.", &self.registry_reloads);
-        counter(&mut out, "quiver_stream_registry_errors_total", "Registry changes that could not be read (the last good definitions stay).", &self.registry_errors);
-        let _ = writeln!(out, "# HELP quiver_stream_lag Messages behind the high watermark, per partition.\n# TYPE quiver_stream_lag gauge");
+        let mut out = Exposition::new();
+        for (name, help, v) in [
+            ("quiver_stream_consumed_total", "Messages read from Kafka.", &self.consumed),
+            ("quiver_stream_written_online_total", "Rows the online store took.", &self.written_online),
+            ("quiver_stream_appended_offline_total", "Rows appended to Delta tables.", &self.appended_offline),
+            ("quiver_stream_dead_lettered_total", "Messages sent to a dead-letter topic.", &self.dead_lettered),
+            ("quiver_stream_skipped_replayed_total", "Replayed messages the Delta table already held.", &self.skipped_replayed),
+            ("quiver_stream_retries_total", "Store or broker calls that failed and were retried.", &self.retries),
+            ("quiver_stream_batches_total", "Micro-batches committed.", &self.batches),
+            (
+                "quiver_stream_fenced_total",
+                "View batches refused by Delta: another consumer appended these partitions first.",
+                &self.fenced,
+            ),
+            (
+                "quiver_stream_lost_batches_total",
+                "Batches dropped unwritten: their partitions were lost before the flush.",
+                &self.lost_batches,
+            ),
+            (
+                "quiver_stream_dead_letters_truncated_total",
+                "Dead letters refused whole by the dead-letter topic, sent with the payload cut short.",
+                &self.dead_letters_truncated,
+            ),
+            ("quiver_stream_registry_reloads_total", "Registry changes picked up while running.", &self.registry_reloads),
+            (
+                "quiver_stream_registry_errors_total",
+                "Registry changes that could not be read (the last good definitions stay).",
+                &self.registry_errors,
+            ),
+        ] {
+            out.counter(name, help, v);
+        }
+        out.family("quiver_stream_lag", Kind::Gauge, "Messages behind the high watermark, per partition.");
         for ((topic, partition), lag) in self.lag.lock().expect("metrics lock").iter() {
-            let _ = writeln!(out, "quiver_stream_lag{{topic=\"{topic}\",partition=\"{partition}\"}} {lag}");
+            out.sample("quiver_stream_lag", &[("topic", topic), ("partition", partition)], lag);
         }
-        let name = "quiver_stream_event_to_online_seconds";
-        let _ = writeln!(out, "# HELP {name} Event time to online write.\n# TYPE {name} histogram");
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {}", self.buckets[i].load(Ordering::Relaxed));
-        }
-        let count = self.latency_count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {}", self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count {count}");
-        out
+        out.histogram("quiver_stream_event_to_online_seconds", "Event time to online write.", &[], &self.freshness.0);
+        out.finish()
     }
 }

@@ -55,11 +55,7 @@ pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch:
                     .map(|(k, f)| value_at(batch.column(layout.feature(k)).as_ref(), r, f.dtype))
                     .collect(),
             };
-            WriteRow {
-                key: store_key(project, &view.name, &key_values),
-                row: row.encode(),
-                expire_at_ms: expire_at_ms(view, event_ts),
-            }
+            WriteRow { key: store_key(project, &view.name, &key_values), row: row.encode(), expire_at_ms: expire_at_ms(view, event_ts) }
         })
         .collect()
 }
@@ -89,11 +85,8 @@ pub async fn write_offline(
 ) -> Result<IngestReport> {
     let schema = table_schema(defs, view);
     let fields: Vec<_> = schema.fields().iter().take(schema.fields().len() - 1).cloned().collect();
-    let batch = RecordBatch::try_new(
-        std::sync::Arc::new(arrow::datatypes::Schema::new(fields)),
-        rows_to_columns(view, rows),
-    )
-    .map_err(|e| Error::Offline(quiver_offline::Error::Arrow(e)))?;
+    let batch = RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), rows_to_columns(view, rows))
+        .map_err(|e| Error::Offline(quiver_offline::Error::Arrow(e)))?;
     Ok(append(&config.view_table(view), defs, view, source, vec![batch], options, &|_, _| {}).await?)
 }
 
@@ -171,10 +164,7 @@ pub async fn push_batches(
 /// The reason, naming the view.
 pub fn check_target(view: &FeatureView, target: Target) -> std::result::Result<(), String> {
     if target.online() && !view.online {
-        return Err(format!(
-            "feature view `{}` is offline only (`online: false`): it takes no online writes (push to offline)",
-            view.name
-        ));
+        return Err(format!("feature view `{}` is offline only (`online: false`): it takes no online writes (push to offline)", view.name));
     }
     Ok(())
 }

@@ -54,7 +54,12 @@ pub fn spawn_serve(dir: &Path) -> (std::process::Child, u16) {
 #[allow(dead_code)]
 pub fn ok(dir: &Path, args: &[&str]) -> String {
     let out = quiver(dir, args, &[]);
-    assert!(out.status.success(), "quiver {args:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "quiver {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -71,6 +76,22 @@ pub fn fails(dir: &Path, args: &[&str], parts: &[&str]) -> String {
         assert!(line.contains(p), "error {line:?} lacks {p:?}");
     }
     line.to_string()
+}
+
+/// Runs `quiver` in `dir`; it must exit with `code` and print nothing on stderr but
+/// one `error: ...` line containing every one of `parts`. That line.
+#[allow(dead_code)]
+pub fn fails_alone(dir: &Path, args: &[&str], code: i32, parts: &[&str]) -> String {
+    let out = quiver(dir, args, &[]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(code), "quiver {args:?}: {stdout}{stderr}");
+    let err = stderr.trim_end();
+    assert_eq!(err.lines().count(), 1, "one line expected: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    for p in parts {
+        assert!(err.contains(p), "error {err:?} lacks {p:?}");
+    }
+    err.to_string()
 }
 
 /// One HTTP/1.1 request with extra headers; returns (status code, body).

@@ -105,11 +105,6 @@ fn device_gather(
         Gathered::U32(v, ok) => (Buffer::from_vec(v), ok),
     };
     let nulls = NullBuffer::from(ok.iter().map(|&b| b != 0).collect::<Vec<bool>>());
-    let out = ArrayData::builder(source_type.clone())
-        .len(winners.len())
-        .add_buffer(values)
-        .nulls(Some(nulls))
-        .build()?;
+    let out = ArrayData::builder(source_type.clone()).len(winners.len()).add_buffer(values).nulls(Some(nulls)).build()?;
     Ok(Some(make_array(out)))
 }
-

@@ -62,11 +62,7 @@ impl KernelColumns {
                 entity = rest;
                 let (t, rest) = std::mem::take(&mut ts).split_at_mut(len);
                 ts = rest;
-                let (c, rest) = if has_created {
-                    std::mem::take(&mut created).split_at_mut(len)
-                } else {
-                    (&mut [][..], &mut [][..])
-                };
+                let (c, rest) = if has_created { std::mem::take(&mut created).split_at_mut(len) } else { (&mut [][..], &mut [][..]) };
                 created = rest;
                 let (q, rest) = std::mem::take(&mut seq).split_at_mut(len);
                 seq = rest;
@@ -81,9 +77,7 @@ impl KernelColumns {
                             .map(|(i, k)| widen(batch.column(i), &key_type(k.dtype)).map_err(Error::Request))
                             .collect::<Result<_>>()?;
                         index.lookup(&key_arrays, &mut e[at..at + m])?;
-                        let micros = |i: usize| -> Result<ArrayRef> {
-                            Ok(arrow::compute::cast(batch.column(i), &timestamp_type())?)
-                        };
+                        let micros = |i: usize| -> Result<ArrayRef> { Ok(arrow::compute::cast(batch.column(i), &timestamp_type())?) };
                         t[at..at + m].copy_from_slice(micros(layout.event_time())?.as_primitive::<TimestampMicrosecondType>().values());
                         if let Some(created) = layout.created_time() {
                             c[at..at + m].copy_from_slice(micros(created)?.as_primitive::<TimestampMicrosecondType>().values());
@@ -101,4 +95,3 @@ impl KernelColumns {
         Ok(out)
     }
 }
-

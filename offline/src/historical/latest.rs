@@ -43,12 +43,7 @@ pub struct Latest {
 ///
 /// # Errors
 /// An unreadable table.
-pub async fn latest_per_entity(
-    config: &Config,
-    defs: &Definitions,
-    view: &FeatureView,
-    window: Window,
-) -> Result<Latest> {
+pub async fn latest_per_entity(config: &Config, defs: &Definitions, view: &FeatureView, window: Window) -> Result<Latest> {
     let location = config.view_table(view);
     let features: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
     let (lo, hi, extra) = match window {
@@ -68,11 +63,8 @@ pub async fn latest_per_entity(
     let schema = scan.batches[0].schema();
     let all = concat_batches(&schema, &std::mem::take(&mut scan.batches))?;
     let keys = defs.join_keys(view);
-    let key_arrays: Vec<ArrayRef> = keys
-        .iter()
-        .enumerate()
-        .map(|(i, k)| widen(all.column(i), &key_type(k.dtype)).map_err(Error::Request))
-        .collect::<Result<_>>()?;
+    let key_arrays: Vec<ArrayRef> =
+        keys.iter().enumerate().map(|(i, k)| widen(all.column(i), &key_type(k.dtype)).map_err(Error::Request)).collect::<Result<_>>()?;
     let index = EntityIndex::build(&key_arrays)?;
     let micros = |i: usize| -> Result<Vec<i64>> {
         let a = arrow::compute::cast(all.column(i), &timestamp_type())?;
@@ -116,8 +108,5 @@ pub async fn latest_per_entity(
         fields.push(Field::new(&feature.name, dtype, true));
         columns.push(column);
     }
-    Ok(Latest {
-        batch: Some(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?),
-        version,
-    })
+    Ok(Latest { batch: Some(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?), version })
 }

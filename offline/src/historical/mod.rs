@@ -59,30 +59,11 @@ pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<Vie
         return Err(Error::Request("no features requested".to_string()));
     }
     for (position, r) in refs.iter().enumerate() {
-        let Some(view) = defs.feature_view(&r.view) else {
-            let known: Vec<&str> = defs.feature_views.iter().map(|v| v.name.as_str()).collect();
-            return Err(Error::Unknown(format!(
-                "unknown feature view `{}` in `{r}` (known: {})",
-                r.view,
-                if known.is_empty() { "none".to_string() } else { known.join(", ") }
-            )));
-        };
-        let Some(feature) = view.feature(&r.feature) else {
-            let known: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
-            return Err(Error::Unknown(format!(
-                "unknown feature `{r}` (feature view `{}` has: {})",
-                view.name,
-                known.join(", ")
-            )));
-        };
+        let (view, feature) = defs.find_feature(r).map_err(|e| Error::Unknown(e.0))?;
         let entry = match out.iter_mut().position(|v| v.view.name == view.name) {
             Some(i) => &mut out[i],
             None => {
-                out.push(ViewRequest {
-                    view,
-                    features: Vec::new(),
-                    positions: Vec::new(),
-                });
+                out.push(ViewRequest { view, features: Vec::new(), positions: Vec::new() });
                 out.last_mut().expect("just pushed")
             }
         };
@@ -202,7 +183,12 @@ impl Join<'_> {
         let index = EntityIndex::build(&self.spine_keys(view)?)?;
         let (min_t, max_t) = (self.times.iter().min().copied().unwrap_or(0), self.times.iter().max().copied().unwrap_or(0));
         let ttl_us = view.ttl_us();
-        let range = ScanRange { lo: ttl_us.map(|ttl| min_t.saturating_sub(ttl)), hi: max_t, extra: None, version: self.options.versions.get(&view.name).copied() };
+        let range = ScanRange {
+            lo: ttl_us.map(|ttl| min_t.saturating_sub(ttl)),
+            hi: max_t,
+            extra: None,
+            version: self.options.versions.get(&view.name).copied(),
+        };
         let phase = std::time::Instant::now();
         let scan = scan_view_at(&self.config.view_table(view), self.defs, view, &request.features, range).await?;
         (self.progress)(&format!("scanned {}", view.name), scan.rows as u64);

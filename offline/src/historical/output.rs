@@ -16,10 +16,7 @@ use crate::error::{Error, Result};
 /// # Errors
 /// [`Error::Output`] naming the file.
 pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
-    let fail = |m: String| Error::Output {
-        file: path.to_path_buf(),
-        message: m,
-    };
+    let fail = |m: String| Error::Output { file: path.to_path_buf(), message: m };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => std::path::PathBuf::from("."),
@@ -29,9 +26,7 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let write = || -> std::result::Result<(), String> {
         let file = File::create(&tmp).map_err(|e| e.to_string())?;
-        let props = WriterProperties::builder()
-            .set_compression(Compression::SNAPPY)
-            .build();
+        let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
         let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(|e| e.to_string())?;
         let step = 128 * 1024;
         let mut offset = 0;
@@ -48,4 +43,3 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
         fail(m)
     })
 }
-

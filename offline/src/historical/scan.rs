@@ -81,31 +81,19 @@ pub(super) async fn scan_view_at(
     let ScanRange { lo, hi, extra, version } = range;
     let name = &location.to_string();
     let Some(mut table) = open_table(location).await? else {
-        return Ok(Scan {
-            batches: Vec::new(),
-            rows: 0,
-            version: None,
-            feature_columns: vec![None; features.len()],
-        });
+        return Ok(Scan { batches: Vec::new(), rows: 0, version: None, feature_columns: vec![None; features.len()] });
     };
     if let Some(v) = version
-        && table.version() != Some(v) {
-            table.load_version(v).await.map_err(|e| Error::delta(name, e))?;
-        }
+        && table.version() != Some(v)
+    {
+        table.load_version(v).await.map_err(|e| Error::delta(name, e))?;
+    }
     let query = |source| Error::query(name, source);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut config = SessionConfig::new()
-        .with_target_partitions(threads)
-        .with_batch_size(64 * 1024);
-    config
-        .options_mut()
-        .execution
-        .parquet
-        .schema_force_view_types = false;
+    let mut config = SessionConfig::new().with_target_partitions(threads).with_batch_size(64 * 1024);
+    config.options_mut().execution.parquet.schema_force_view_types = false;
     let ctx = SessionContext::new_with_config(config);
-    table
-        .update_datafusion_session(&ctx.state())
-        .map_err(|e| Error::delta(name, e))?;
+    table.update_datafusion_session(&ctx.state()).map_err(|e| Error::delta(name, e))?;
     let provider = table.table_provider().await.map_err(query)?;
     let df = ctx.read_table(provider).map_err(query)?;
     let available: Vec<String> = df.schema().fields().iter().map(|f| f.name().clone()).collect();
@@ -119,10 +107,7 @@ pub(super) async fn scan_view_at(
     select.push(SEQ_COLUMN.to_string());
     for column in &select {
         if !available.contains(column) {
-            return Err(Error::Request(format!(
-                "delta table {name} has no column `{column}` (it holds: {})",
-                available.join(", ")
-            )));
+            return Err(Error::Request(format!("delta table {name} has no column `{column}` (it holds: {})", available.join(", "))));
         }
     }
     let mut feature_columns = Vec::new();
@@ -142,25 +127,10 @@ pub(super) async fn scan_view_at(
         filter = filter.and(extra);
     }
     let version = table.version();
-    let df = df
-        .filter(filter)
-        .map_err(query)?
-        .select(select.iter().map(ident).collect::<Vec<_>>())
-        .map_err(query)?;
-    let batches: Vec<RecordBatch> = df
-        .collect()
-        .await
-        .map_err(query)?
-        .into_iter()
-        .filter(|b| b.num_rows() > 0)
-        .collect();
+    let df = df.filter(filter).map_err(query)?.select(select.iter().map(ident).collect::<Vec<_>>()).map_err(query)?;
+    let batches: Vec<RecordBatch> = df.collect().await.map_err(query)?.into_iter().filter(|b| b.num_rows() > 0).collect();
     let rows = batches.iter().map(RecordBatch::num_rows).sum();
-    Ok(Scan {
-        batches,
-        rows,
-        version,
-        feature_columns,
-    })
+    Ok(Scan { batches, rows, version, feature_columns })
 }
 
 /// Every row of a view's table: keys, event time, created time (if any), the
@@ -187,4 +157,3 @@ pub async fn table_versions(config: &Config, views: &[&FeatureView]) -> Result<B
     }
     Ok(out)
 }
-

@@ -22,10 +22,7 @@ pub const SPINE_TIMESTAMP: &str = "event_timestamp";
 /// [`Error::Input`] naming the file.
 pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<RecordBatch> {
     let fail = |e: &dyn std::fmt::Display| Error::input(path, e.to_string());
-    let ext = path
-        .extension()
-        .map(|e| e.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default();
+    let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
     let batches: Vec<RecordBatch> = match ext.as_str() {
         "parquet" | "pq" => {
             let file = File::open(path).map_err(|e| fail(&e))?;
@@ -66,10 +63,7 @@ pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<Recor
                 .map_err(|e| fail(&e))?
         }
         _ => {
-            return Err(Error::input(
-                path,
-                format!("unknown spine file type `.{ext}` (expected .parquet or .csv)"),
-            ));
+            return Err(Error::input(path, format!("unknown spine file type `.{ext}` (expected .parquet or .csv)")));
         }
     };
     let schema = match batches.first() {
@@ -83,10 +77,7 @@ pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<Recor
 /// times are refused, as at ingest).
 pub(super) fn spine_times(path: &Path, spine: &RecordBatch) -> Result<Vec<i64>> {
     let Some(column) = spine.column_by_name(SPINE_TIMESTAMP) else {
-        return Err(Error::input(
-            path,
-            format!("missing column `{SPINE_TIMESTAMP}` (the point in time of each spine row)"),
-        ));
+        return Err(Error::input(path, format!("missing column `{SPINE_TIMESTAMP}` (the point in time of each spine row)")));
     };
     let ts = to_utc_micros(column).map_err(|(row, msg)| match row {
         Some(r) => Error::input(path, format!("row {}: column `{SPINE_TIMESTAMP}`: {msg}", r + 1)),
@@ -98,4 +89,3 @@ pub(super) fn spine_times(path: &Path, spine: &RecordBatch) -> Result<Vec<i64>> 
     }
     Ok(ts.values().to_vec())
 }
-

@@ -53,12 +53,8 @@ struct FeaturesRequest {
     full_feature_names: Option<Json_>,
 }
 
-pub(super) async fn get_features(
-    State(state): State<Arc<ServerState>>,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    let request: FeaturesRequest =
-        serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid request: {e}")))?;
+pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
+    let request: FeaturesRequest = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid request: {e}")))?;
     let defs = state.registry.current();
     // Features: a list of `view:feature`, or a feature service. Unknown fields are ignored.
     let refs: Vec<FeatureRef> = match (&request.features, &request.feature_service) {
@@ -74,10 +70,7 @@ pub(super) async fn get_features(
         }
         (_, Some(service)) if !service.is_null() => {
             let name = service.as_str().ok_or_else(|| bad("`feature_service` must be a name"))?;
-            defs.feature_service(name)
-                .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("unknown feature service `{name}`")))?
-                .features
-                .clone()
+            defs.find_service(name).map_err(|e| ApiError(StatusCode::NOT_FOUND, e.0))?.features.clone()
         }
         _ => return Err(bad("the request needs `features` or `feature_service`")),
     };
@@ -90,9 +83,7 @@ pub(super) async fn get_features(
         }
     }
     let full_names = request.full_feature_names.as_ref().and_then(Json_::as_bool).unwrap_or(false);
-    let entities = request
-        .entities
-        .ok_or_else(|| bad("the request needs `entities`: {join_key: [values]}"))?;
+    let entities = request.entities.ok_or_else(|| bad("the request needs `entities`: {join_key: [values]}"))?;
     let mut columns = Vec::new();
     for (name, values) in &entities.0 {
         let values = values.as_array().ok_or_else(|| bad(format!("entity `{name}` must be a list of values")))?;
@@ -123,9 +114,8 @@ pub(super) async fn get_features(
         columns.push((name.clone(), keys));
     }
     let now = (state.clock)();
-    let result = state
-        .store_call(get_online_features(state.store.as_ref(), &state.project, &defs, &refs, &columns, now, full_names))
-        .await?;
+    let result =
+        state.store_call(get_online_features(state.store.as_ref(), &state.project, &defs, &refs, &columns, now, full_names)).await?;
     let body = response_json(&result);
     if let Some(log) = &state.serving_log {
         // After the answer is written: the log gets the columns, the client the bytes.
@@ -133,4 +123,3 @@ pub(super) async fn get_features(
     }
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
-

@@ -111,7 +111,6 @@ pub(crate) fn write_value(out: &mut Vec<u8>, v: &Value) {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     /// The direct writer against a `serde_json::Value` built the plain way, for every

@@ -18,7 +18,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits::of(&quiver_sdk::config::ServerConfig::new("127.0.0.1", 0), Duration::from_secs(quiver_sdk::config::DEFAULT_MAX_FUTURE_SKEW_SECS))
+        Limits::of(
+            &quiver_sdk::config::ServerConfig::new("127.0.0.1", 0),
+            Duration::from_secs(quiver_sdk::config::DEFAULT_MAX_FUTURE_SKEW_SECS),
+        )
     }
 }
 
@@ -60,4 +63,3 @@ impl Limit {
         }
     }
 }
-

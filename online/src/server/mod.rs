@@ -93,11 +93,7 @@ impl ServerState {
 
 /// The system clock in UTC microseconds.
 pub fn system_clock() -> Box<dyn Fn() -> i64 + Send + Sync> {
-    Box::new(|| {
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as i64)
-    })
+    Box::new(|| SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64))
 }
 
 /// An error answer: a status and a one-line message, as `{"error": "..."}`.
@@ -212,12 +208,13 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn metrics(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
-    let mut text = state.metrics.render();
-    text.push_str(&state.registry.metrics_text());
+    let mut out = quiver_sdk::metrics::Exposition::new();
+    state.metrics.render(&mut out);
+    state.registry.render_metrics(&mut out);
     if let Some(log) = &state.serving_log {
-        text.push_str(&log.metrics_text());
+        log.render_metrics(&mut out);
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out.finish())
 }
 
 async fn registry(State(state): State<Arc<ServerState>>) -> Json<Json_> {
@@ -242,5 +239,4 @@ mod tests {
         assert!(!super::constant_time_eq(b"s3cre", b"s3cret"));
         assert!(!super::constant_time_eq(b"", b"s3cret"));
     }
-
 }

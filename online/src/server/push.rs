@@ -26,16 +26,13 @@ struct PushRequest {
 /// written offline (through [`OfflineWriter`], the streaming write path) and then
 /// through the guarded online write, as `to` asks (default `online`).
 pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Json<Json_>, ApiError> {
-    let request: PushRequest =
-        serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
+    let request: PushRequest = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
     let target: quiver_sdk::rows::Target = request.to.as_deref().unwrap_or("online").parse().map_err(bad)?;
     let (online, offline) = (target.online(), target.offline());
     let defs = state.registry.current();
-    let name = request
-        .feature_view
-        .or(request.push_source_name)
-        .ok_or_else(|| bad("the push needs `feature_view` (or `push_source_name`)"))?;
-    let view = defs.feature_view(&name).ok_or_else(|| bad(format!("unknown feature view `{name}`")))?;
+    let name =
+        request.feature_view.or(request.push_source_name).ok_or_else(|| bad("the push needs `feature_view` (or `push_source_name`)"))?;
+    let view = defs.find_view(&name).map_err(|e| bad(e.0))?;
     if online && !view.online {
         return Err(bad(format!(
             "feature view `{name}` is offline only (`online: false`): it takes no online writes (push with \"to\": \"offline\")"
@@ -87,4 +84,3 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     }
     Ok(Json(Json_::Object(answer)))
 }
-

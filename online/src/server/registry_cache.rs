@@ -92,17 +92,17 @@ impl RegistryCache {
         self.cached.read().expect("registry lock").stale.clone()
     }
 
-    pub(super) fn metrics_text(&self) -> String {
-        let stale = u8::from(self.stale().is_some());
-        format!(
-            "# TYPE quiver_registry_errors_total counter\nquiver_registry_errors_total {}\n# TYPE quiver_registry_stale gauge\nquiver_registry_stale {stale}\n# TYPE quiver_registry_version gauge\nquiver_registry_version {}\n",
-            self.errors.load(Ordering::Relaxed),
-            self.cached.read().expect("registry lock").version
-        )
+    pub(super) fn render_metrics(&self, out: &mut quiver_sdk::metrics::Exposition) {
+        out.counter("quiver_registry_errors_total", "Registry changes that could not be read.", &self.errors)
+            .gauge(
+                "quiver_registry_stale",
+                "1 while the registry file is not in use (the last good definitions answer).",
+                u8::from(self.stale().is_some()),
+            )
+            .gauge("quiver_registry_version", "The registry version answering.", self.cached.read().expect("registry lock").version);
     }
 }
 
 fn mtime_of(path: &std::path::Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
-

@@ -120,12 +120,21 @@ impl Pipeline {
     }
 
     /// Sends the dead letters `which` names (index, payload cut short), one result each.
-    pub(super) fn send_dead_letters(&self, dead: &[DeadLetter], which: &[(usize, bool)]) -> Vec<std::result::Result<(), rdkafka::error::KafkaError>> {
+    pub(super) fn send_dead_letters(
+        &self,
+        dead: &[DeadLetter],
+        which: &[(usize, bool)],
+    ) -> Vec<std::result::Result<(), rdkafka::error::KafkaError>> {
         let texts: Vec<(String, String, String, String)> = which
             .iter()
             .map(|&(i, _)| {
                 let d = &dead[i];
-                (format!("{}{}", d.topic, self.options.dlq_suffix), d.partition.to_string(), d.offset.to_string(), d.payload.len().to_string())
+                (
+                    format!("{}{}", d.topic, self.options.dlq_suffix),
+                    d.partition.to_string(),
+                    d.offset.to_string(),
+                    d.payload.len().to_string(),
+                )
             })
             .collect();
         self.rt.block_on(async {
@@ -152,7 +161,6 @@ impl Pipeline {
             futures::future::join_all(sends).await.into_iter().map(|r| r.map(|_| ()).map_err(|(e, _)| e)).collect()
         })
     }
-
 }
 
 /// Creates the dead-letter topics when missing (one partition each).
@@ -160,10 +168,8 @@ pub(super) async fn ensure_dead_letter_topics(options: &StreamOptions, topics: &
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
     let kafka = |e: String| Error::Kafka { brokers: options.brokers.clone(), message: e };
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &options.brokers)
-        .create()
-        .map_err(|e| kafka(e.to_string()))?;
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &options.brokers).create().map_err(|e| kafka(e.to_string()))?;
     let names: Vec<String> = topics.iter().map(|t| format!("{t}{}", options.dlq_suffix)).collect();
     let new: Vec<NewTopic> = names.iter().map(|n| NewTopic::new(n, 1, TopicReplication::Fixed(1))).collect();
     let results = admin
@@ -178,4 +184,3 @@ pub(super) async fn ensure_dead_letter_topics(options: &StreamOptions, topics: &
     }
     Ok(())
 }
-

@@ -50,19 +50,19 @@ use std::time::{Duration, Instant};
 use quiver_online::OnlineStore;
 use quiver_sdk::rows::RowReader;
 use quiver_sdk::{Config, Definitions, FeatureView, FileRegistry};
+use rdkafka::Offset;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
-use rdkafka::Offset;
 use tokio::runtime::Handle;
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 pub use dead_letters::TRUNCATED_PAYLOAD_BYTES;
-pub use events::{Event, Hooks};
 use dead_letters::ensure_dead_letter_topics;
+pub use events::{Event, Hooks};
 use pipeline::Pipeline;
 
 /// How `quiver stream` batches and where it connects.
@@ -118,7 +118,7 @@ pub fn stream_views<'a>(defs: &'a Definitions, names: &[String]) -> Result<Vec<&
     names
         .iter()
         .map(|n| {
-            let view = defs.feature_view(n).ok_or_else(|| Error::Config(format!("unknown feature view `{n}`")))?;
+            let view = defs.find_view(n).map_err(|e| Error::Config(e.0))?;
             if view.source.stream.is_none() {
                 return Err(Error::Config(format!("feature view `{n}` has no stream source")));
             }
@@ -231,10 +231,8 @@ fn connect(
     options: &StreamOptions,
     rt: Handle,
 ) -> Result<(Arc<Mutex<Pipeline>>, BaseConsumer<StreamContext>)> {
-    let chosen: Vec<usize> = stream_views(&defs, views)?
-        .iter()
-        .map(|v| defs.feature_views.iter().position(|w| w.name == v.name).expect("from defs"))
-        .collect();
+    let chosen: Vec<usize> =
+        stream_views(&defs, views)?.iter().map(|v| defs.feature_views.iter().position(|w| w.name == v.name).expect("from defs")).collect();
     let mut by_topic: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, &vi) in chosen.iter().enumerate() {
         let topic = defs.feature_views[vi].source.stream.as_ref().expect("stream views").topic.clone();
@@ -244,11 +242,8 @@ fn connect(
     topics.sort();
     let kafka = |e: rdkafka::error::KafkaError| Error::Kafka { brokers: options.brokers.clone(), message: e.to_string() };
     rt.block_on(ensure_dead_letter_topics(options, &topics))?;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &options.brokers)
-        .set("message.timeout.ms", "10000")
-        .create()
-        .map_err(kafka)?;
+    let producer: FutureProducer =
+        ClientConfig::new().set("bootstrap.servers", &options.brokers).set("message.timeout.ms", "10000").create().map_err(kafka)?;
     let readers = chosen.iter().map(|&vi| RowReader::new(&defs, &defs.feature_views[vi])).collect();
     let registry = FileRegistry::new(config.registry_path.clone());
     let registry_mtime = std::fs::metadata(registry.path()).and_then(|m| m.modified()).ok();
@@ -293,23 +288,13 @@ fn connect(
 
 /// Reads messages into the pipeline, flushing batches when due and re-reading the
 /// registry between them, until shutdown (`Ok`) or an error the stream cannot go on after.
-fn poll_until_shutdown(
-    pipeline: &Mutex<Pipeline>,
-    consumer: &BaseConsumer<StreamContext>,
-    options: &StreamOptions,
-) -> Result<()> {
+fn poll_until_shutdown(pipeline: &Mutex<Pipeline>, consumer: &BaseConsumer<StreamContext>, options: &StreamOptions) -> Result<()> {
     let metrics = &options.metrics;
     let mut last_lag = Instant::now();
     let mut last_registry_check = Instant::now();
     while !options.shutdown.load(Ordering::Relaxed) {
         match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => pipeline.lock().expect("pipeline lock").add(
-                m.topic(),
-                m.partition(),
-                m.offset(),
-                m.key(),
-                m.payload(),
-            ),
+            Some(Ok(m)) => pipeline.lock().expect("pipeline lock").add(m.topic(), m.partition(), m.offset(), m.key(), m.payload()),
             Some(Err(e)) => {
                 Metrics::add(&metrics.retries, 1);
                 tracing::warn!(error = %e, "consumer error");
@@ -354,4 +339,3 @@ fn update_lag(consumer: &BaseConsumer<StreamContext>, metrics: &Metrics) {
     }
     *metrics.lag.lock().expect("metrics lock") = lag;
 }
-

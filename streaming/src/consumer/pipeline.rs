@@ -120,8 +120,7 @@ impl Pipeline {
     }
 
     pub(super) fn due(&self) -> bool {
-        self.pending >= self.options.batch_rows
-            || self.started.is_some_and(|t| t.elapsed() >= self.options.batch_interval)
+        self.pending >= self.options.batch_rows || self.started.is_some_and(|t| t.elapsed() >= self.options.batch_interval)
     }
 
     /// Runs `step` until it succeeds, backing off up to 5 s between tries. Gives up
@@ -241,9 +240,7 @@ impl Pipeline {
             }
             Err(e) => {
                 Metrics::add(&self.metrics.registry_errors, 1);
-                self.options.hooks.warn(format!(
-                    "registry changed but cannot be read ({e}); streaming on with the last good definitions"
-                ));
+                self.options.hooks.warn(format!("registry changed but cannot be read ({e}); streaming on with the last good definitions"));
                 return Ok(());
             }
         };
@@ -320,8 +317,7 @@ impl Pipeline {
             }
         }
         let topic = self.topic(i).to_string();
-        let partitions: Vec<(i32, i64)> =
-            self.consumed.iter().filter(|((t, _), _)| *t == topic).map(|((_, p), o)| (*p, *o)).collect();
+        let partitions: Vec<(i32, i64)> = self.consumed.iter().filter(|((t, _), _)| *t == topic).map(|((_, p), o)| (*p, *o)).collect();
         let app_ids: Vec<String> = partitions.iter().map(|(p, _)| app_id(&view.name, &topic, *p)).collect();
         let txns: Vec<(String, i64)> = app_ids.iter().cloned().zip(partitions.iter().map(|(_, o)| *o)).collect();
         let expected: Vec<(String, Option<i64>)> =
@@ -375,7 +371,9 @@ impl Pipeline {
         app_ids: &[String],
     ) -> Result<Written> {
         let rt = self.rt.clone();
-        let Some(recorded) = self.retry(&format!("reading `{name}`'s stream progress"), || Ok(rt.block_on(txn_versions(location, app_ids))?)) else {
+        let Some(recorded) =
+            self.retry(&format!("reading `{name}`'s stream progress"), || Ok(rt.block_on(txn_versions(location, app_ids))?))
+        else {
             return Ok(Written::Interrupted);
         };
         for ((p, _), got) in partitions.iter().zip(recorded) {
@@ -398,9 +396,9 @@ impl Pipeline {
                 let location = self.config.view_table(&view);
                 let app = vec![app_id(&view.name, &topic, partition)];
                 let rt = self.rt.clone();
-                let Some(got) = self.retry(&format!("reading `{}`'s stream progress", view.name), || {
-                    Ok(rt.block_on(txn_versions(&location, &app))?)
-                }) else {
+                let Some(got) =
+                    self.retry(&format!("reading `{}`'s stream progress", view.name), || Ok(rt.block_on(txn_versions(&location, &app))?))
+                else {
                     return;
                 };
                 match got[0] {
@@ -422,4 +420,3 @@ impl Pipeline {
         }
     }
 }
-

@@ -1,0 +1,151 @@
+//! Prometheus text exposition (format 0.0.4), the one renderer of the server's, the
+//! serving log's and the stream's `/metrics`, and the latency histogram they share.
+
+use std::fmt::{Display, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A metrics page, written one family at a time.
+#[derive(Debug, Default)]
+pub struct Exposition(String);
+
+/// A family's kind, for its `# TYPE` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+impl Exposition {
+    pub fn new() -> Exposition {
+        Exposition::default()
+    }
+
+    /// Starts the family `name`: its `# HELP` and `# TYPE` lines.
+    pub fn family(&mut self, name: &str, kind: Kind, help: &str) -> &mut Self {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {}", kind.as_str());
+        self
+    }
+
+    /// One sample line: `name{label="value",...} value` (no braces without labels).
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &dyn Display)], value: impl Display) -> &mut Self {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            self.0.push('{');
+            for (i, (label, v)) in labels.iter().enumerate() {
+                let sep = if i == 0 { "" } else { "," };
+                let _ = write!(self.0, "{sep}{label}=\"{v}\"");
+            }
+            self.0.push('}');
+        }
+        let _ = writeln!(self.0, " {value}");
+        self
+    }
+
+    /// A family of one unlabelled counter.
+    pub fn counter(&mut self, name: &str, help: &str, value: &AtomicU64) -> &mut Self {
+        self.family(name, Kind::Counter, help).sample(name, &[], value.load(Ordering::Relaxed))
+    }
+
+    /// A family of one unlabelled gauge.
+    pub fn gauge(&mut self, name: &str, help: &str, value: impl Display) -> &mut Self {
+        self.family(name, Kind::Gauge, help).sample(name, &[], value)
+    }
+
+    /// A histogram family: cumulative buckets, `+Inf`, sum and count, each sample with
+    /// `labels` besides `le`.
+    pub fn histogram(&mut self, name: &str, help: &str, labels: &[(&str, &dyn Display)], h: &Histogram) -> &mut Self {
+        self.family(name, Kind::Histogram, help);
+        let bucket = format!("{name}_bucket");
+        for (bound, n) in h.bounds.iter().zip(&h.buckets) {
+            let mut with_le = labels.to_vec();
+            with_le.push(("le", bound));
+            self.sample(&bucket, &with_le, n.load(Ordering::Relaxed));
+        }
+        let count = h.count.load(Ordering::Relaxed);
+        let mut with_le = labels.to_vec();
+        with_le.push(("le", &"+Inf"));
+        self.sample(&bucket, &with_le, count);
+        self.sample(&format!("{name}_sum"), labels, h.sum_us.load(Ordering::Relaxed) as f64 / 1e6);
+        self.sample(&format!("{name}_count"), labels, count)
+    }
+
+    pub fn finish(self) -> String {
+        self.0
+    }
+}
+
+/// A latency histogram in seconds with fixed bucket bounds, updated without locks.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    buckets: Vec<AtomicU64>,
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    /// Buckets at `bounds` (seconds, ascending).
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// One observation of `seconds` (negative counts as 0).
+    pub fn observe(&self, seconds: f64) {
+        let seconds = seconds.max(0.0);
+        for (bound, n) in self.bounds.iter().zip(&self.buckets) {
+            if seconds <= *bound {
+                n.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_us.fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_text_format() {
+        let requests = AtomicU64::new(3);
+        let h = Histogram::new(&[0.001, 0.01]);
+        h.observe(0.0005);
+        h.observe(0.005);
+        h.observe(2.0);
+        let mut out = Exposition::new();
+        out.counter("a_total", "As.", &requests).gauge("b", "B now.", 7);
+        out.family("c_total", Kind::Counter, "Cs.").sample("c_total", &[("route", &"/x"), ("status", &200)], 4);
+        out.histogram("d_seconds", "Ds.", &[("route", &"/x")], &h);
+        assert_eq!(
+            out.finish(),
+            "# HELP a_total As.\n# TYPE a_total counter\na_total 3\n\
+             # HELP b B now.\n# TYPE b gauge\nb 7\n\
+             # HELP c_total Cs.\n# TYPE c_total counter\nc_total{route=\"/x\",status=\"200\"} 4\n\
+             # HELP d_seconds Ds.\n# TYPE d_seconds histogram\n\
+             d_seconds_bucket{route=\"/x\",le=\"0.001\"} 1\nd_seconds_bucket{route=\"/x\",le=\"0.01\"} 2\n\
+             d_seconds_bucket{route=\"/x\",le=\"+Inf\"} 3\nd_seconds_sum{route=\"/x\"} 2.0055\nd_seconds_count{route=\"/x\"} 3\n"
+        );
+    }
+}
