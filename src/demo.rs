@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanArray, Float32Array, Float32Builder, Float64Array, Int32Array, Int64Array, ListBuilder, RecordBatch, StringArray,
-    TimestampMicrosecondArray,
+    ArrayRef, AsArray, BooleanArray, Float32Array, Float32Builder, Float64Array, Int32Array, Int64Array, ListBuilder, RecordBatch,
+    StringArray, TimestampMicrosecondArray,
 };
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use parquet::arrow::ArrowWriter;
@@ -153,11 +153,24 @@ pub fn write_sample_data_at(dir: &Path, now: DateTime<Utc>, scale: Scale) -> Res
     ];
     let mut files = Vec::new();
     for (name, batch) in batches {
+        let batch = created_by(batch, micros(now))?;
         let path = dir.join(format!("{name}.parquet"));
         write_parquet(&path, &batch)?;
         files.push(path);
     }
     Ok(files)
+}
+
+/// No row is created after `now`, the moment the data is made: a row whose lag would put
+/// its creation later (a late correction of the last hour) is created at `now`. So a
+/// join with the created-time cutoff at any time after `now` sees every row.
+fn created_by(batch: RecordBatch, now: i64) -> Result<RecordBatch> {
+    let Ok(i) = batch.schema().index_of("created_timestamp") else { return Ok(batch) };
+    let created = batch.column(i).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+    let clamped = timestamps(created.values().iter().map(|&c| c.min(now)).collect());
+    let mut columns = batch.columns().to_vec();
+    columns[i] = clamped;
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {

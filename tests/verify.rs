@@ -263,14 +263,8 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
         "{metrics}"
     );
     // The stale answers are in the log as such.
-    let logged = quiver::offline::serving_log::read(&repo.config.serving_log.location, now - 6 * hour, now + 4 * hour).await.unwrap();
-    let statuses: Vec<String> = logged
-        .iter()
-        .flat_map(|b| {
-            let c = arrow::array::AsArray::as_string::<i32>(b.column(6)).clone();
-            (0..b.num_rows()).map(move |r| c.value(r).to_string()).collect::<Vec<_>>()
-        })
-        .collect();
+    let logged = quiver::serving_log::read(&repo.config.serving_log.location, now - 6 * hour, now + 4 * hour).await.unwrap();
+    let statuses: Vec<String> = logged.iter().flat_map(|b| (0..b.num_rows()).map(move |r| b.statuses(r).to_string())).collect();
     assert_eq!(statuses.len(), 50);
     // Stale at now + 3h and one microsecond past the 2h TTL; not at exactly 2h.
     assert_eq!(statuses.iter().filter(|s| s.contains("OUTSIDE_MAX_AGE")).count(), 20, "{statuses:?}");
@@ -334,7 +328,6 @@ async fn a_failing_serving_log_never_fails_a_request_and_keeps_its_rows() {
         metrics.contains("quiver_serving_log_rows_written_total 12\n") && metrics.contains("quiver_serving_log_rows_dropped_total 0\n"),
         "{metrics}"
     );
-    let rows: usize =
-        quiver::offline::serving_log::read(&config.location, i64::MIN, i64::MAX).await.unwrap().iter().map(|b| b.num_rows()).sum();
+    let rows: usize = quiver::serving_log::read(&config.location, i64::MIN, i64::MAX).await.unwrap().iter().map(|b| b.num_rows()).sum();
     assert_eq!(rows, 12);
 }

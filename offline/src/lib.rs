@@ -13,6 +13,7 @@
 //!
 //! [`AsOfKernel`]: quiver_gpu_join::AsOfKernel
 
+pub mod append_table;
 pub mod delta;
 pub mod error;
 pub mod historical;
@@ -20,7 +21,6 @@ pub mod ingest;
 pub mod input;
 pub mod keys;
 pub mod schema;
-pub mod serving_log;
 
 pub use delta::DeltaProbe;
 pub use error::{Error, Result};

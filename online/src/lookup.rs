@@ -27,6 +27,11 @@ impl Status {
             Status::OutsideMaxAge => "OUTSIDE_MAX_AGE",
         }
     }
+
+    /// The status named as in answers and the serving log (`PRESENT`, ...).
+    pub fn parse(text: &str) -> Option<Status> {
+        [Status::Present, Status::NullValue, Status::NotFound, Status::OutsideMaxAge].into_iter().find(|s| s.as_str() == text)
+    }
 }
 
 /// What the online store answers at `at` (UTC microseconds) for an entity whose latest

@@ -65,13 +65,14 @@ pub(super) fn response_json(columns: &[Column]) -> Vec<u8> {
     out
 }
 
-pub(crate) fn json_str(out: &mut Vec<u8>, s: &str) {
+/// `s` as a JSON string.
+pub fn json_str(out: &mut Vec<u8>, s: &str) {
     serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
 }
 
 /// One value as JSON. Floats always carry a decimal point (`50.0`), as Feast's client
 /// infers the type from the JSON form; non-finite floats become `null`.
-pub(crate) fn write_value(out: &mut Vec<u8>, v: &Value) {
+pub fn write_value(out: &mut Vec<u8>, v: &Value) {
     fn float(out: &mut Vec<u8>, x: f64) {
         if x.is_finite() {
             serde_json::to_writer(&mut *out, &x).expect("writing to a Vec cannot fail");
@@ -109,6 +110,14 @@ pub(crate) fn write_value(out: &mut Vec<u8>, v: &Value) {
         Value::ListFloat64(x) => list(out, x, |out, v| float(out, *v)),
         Value::ListString(x) => list(out, x, |out, v| json_str(out, v)),
     }
+}
+
+/// A value as the server writes it in JSON (floats keep a decimal point; non-finite
+/// floats are `null`): the form the serving log holds, and what `verify` compares.
+pub fn value_json(v: &Value) -> String {
+    let mut out = Vec::new();
+    write_value(&mut out, v);
+    String::from_utf8(out).expect("JSON is UTF-8")
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use crate::serving_log::ServingLog;
 use crate::store::OnlineStore;
 
 mod features;
-pub(crate) mod json;
+pub mod json;
 mod limits;
 mod metrics;
 mod push;

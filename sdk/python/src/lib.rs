@@ -220,7 +220,7 @@ fn get_online_features(
             .into_iter()
             .map(|c| {
                 // The server's JSON of each value (floats keep their point, non-finite ones are null).
-                let values: Vec<String> = c.values.iter().map(quiver::online::serving_log::value_json).collect();
+                let values: Vec<String> = c.values.iter().map(quiver::online::server::json::value_json).collect();
                 (c.name, format!("[{}]", values.join(",")), c.statuses.iter().map(|s| s.as_str().to_string()).collect())
             })
             .collect())

@@ -1,4 +1,8 @@
-//! The serving log's writer: the server hands each answered request to
+//! The serving log, one module: its table ([`table`]: schema, append, read by column
+//! name), its rows ([`rows`]: one answer into log rows) and its writer (here), read
+//! back by `verify --since`.
+//!
+//! The writer: the server hands each answered request to
 //! [`DeltaServingLog::log`] (a non-blocking queue send), and a background task turns
 //! answers into log rows and appends them to the log's Delta table in batches
 //! (`serving_log.batch_rows` rows or `batch_ms` after a batch's first row, whichever
@@ -11,11 +15,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use arrow::array::{ArrayRef, RecordBatch, StringArray, TimestampMicrosecondArray};
-use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
-use quiver_online::serving_log::{LogColumns, Served, ServingLog, TextColumn, append_log_rows};
+use quiver_online::serving_log::{Served, ServingLog};
 use quiver_sdk::config::ServingLogConfig;
 use tokio::sync::{mpsc, oneshot};
+
+pub mod rows;
+pub mod table;
+
+pub use rows::{LogColumns, LogRow, TextColumn, append_log_rows};
+pub use table::{LogBatch, LogTable, read, schema};
 
 /// Entity rows of answers waiting for the writer; an answer that would go beyond this
 /// is dropped (it bounds the queue's memory by rows, not by requests).
@@ -125,7 +133,7 @@ async fn writer(
     queued: Arc<AtomicU64>,
 ) {
     let mut pending = LogColumns::default();
-    let mut table = quiver_offline::serving_log::LogTable::new(config.location.clone());
+    let mut table = LogTable::new(config.location.clone());
     let mut first_at: Option<Instant> = None;
     // After a failed append, a full batch waits for the timer instead of retrying at once.
     let mut failed_at: Option<Instant> = None;
@@ -174,32 +182,24 @@ async fn writer(
 
 /// Appends the pending rows as one commit. On failure they wait for the next try, up to
 /// ten batches' worth; beyond that they are dropped, counted.
-async fn write(
-    config: &ServingLogConfig,
-    table: &mut quiver_offline::serving_log::LogTable,
-    pending: &mut LogColumns,
-    counters: &Counters,
-) -> Result<(), String> {
+async fn write(config: &ServingLogConfig, table: &mut LogTable, pending: &mut LogColumns, counters: &Counters) -> Result<(), String> {
     if pending.is_empty() {
         return Ok(());
     }
     let rows = pending.len() as u64;
-    let batch = match to_batch(pending) {
-        Ok(b) => b,
-        Err(e) => {
-            // Rows that cannot form a batch never will: drop them, counted.
-            counters.write_errors.fetch_add(1, Ordering::Relaxed);
-            counters.rows_dropped.fetch_add(rows, Ordering::Relaxed);
-            *pending = LogColumns::default();
-            return Err(format!("serving log {}: {e}", config.location));
-        }
-    };
-    match table.append(batch).await {
+    match table.append(pending).await {
         Ok(_) => {
             counters.rows_written.fetch_add(rows, Ordering::Relaxed);
             counters.commits.fetch_add(1, Ordering::Relaxed);
             *pending = LogColumns::default();
             Ok(())
+        }
+        Err(e @ quiver_offline::Error::Arrow(_)) => {
+            // Rows that cannot form a batch never will: drop them, counted.
+            counters.write_errors.fetch_add(1, Ordering::Relaxed);
+            counters.rows_dropped.fetch_add(rows, Ordering::Relaxed);
+            *pending = LogColumns::default();
+            Err(format!("serving log {}: {e}", config.location))
         }
         Err(e) => {
             counters.write_errors.fetch_add(1, Ordering::Relaxed);
@@ -215,24 +215,6 @@ async fn write(
 
 /// A batch is written once a text column holds this many bytes, whatever its rows.
 const MAX_BATCH_BYTES: usize = 256 << 20;
-
-/// The pending rows as the log table's batch; the text columns' buffers are copied once.
-fn to_batch(rows: &LogColumns) -> Result<RecordBatch, arrow::error::ArrowError> {
-    let text = |c: &TextColumn| -> Result<ArrayRef, arrow::error::ArrowError> {
-        let offsets = OffsetBuffer::new(ScalarBuffer::from(c.offsets.clone()));
-        Ok(Arc::new(StringArray::try_new(offsets, Buffer::from(c.bytes.as_slice()), None)?))
-    };
-    let columns: Vec<ArrayRef> = vec![
-        text(&rows.request_id)?,
-        Arc::new(TimestampMicrosecondArray::from(rows.request_time.clone()).with_timezone("UTC")),
-        text(&rows.view)?,
-        text(&rows.entity)?,
-        Arc::new(TimestampMicrosecondArray::from(rows.event_ts.clone()).with_timezone("UTC")),
-        text(&rows.values)?,
-        text(&rows.statuses)?,
-    ];
-    RecordBatch::try_new(quiver_offline::serving_log::schema(), columns)
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,17 +1,8 @@
-//! The serving log's Delta table: one row per entity row, feature view and answered
-//! request (see `quiver_online::serving_log`), appended in batches by the server and
-//! read back by `quiver verify --since`.
-//!
-//! Columns: `request_id`, `request_time` (timestamp, UTC), `view`, `entity` (the join
-//! keys as a JSON object), `event_timestamp` (of the row served; null when none was
-//! found), `values` and `statuses` (JSON objects keyed by feature name). JSON keeps one
-//! table for views of any keys and types, and is what the server answered, byte for
-//! byte.
-
-use std::sync::Arc;
+//! Append-only Delta tables read back by a time range: the storage of the serving log
+//! (whose schema and rows are `quiver::serving_log`'s; this module knows neither).
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use datafusion::prelude::{SessionConfig, SessionContext, ident, lit};
 use datafusion::scalar::ScalarValue;
 use deltalake::protocol::SaveMode;
@@ -19,37 +10,26 @@ use quiver_sdk::config::StoreLocation;
 
 use crate::delta::{ensure_table, open_table};
 use crate::error::{Error, Result};
-use crate::schema::timestamp_type;
 
-/// The log table's schema.
-pub fn schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("request_id", DataType::Utf8, false),
-        Field::new("request_time", timestamp_type(), false),
-        Field::new("view", DataType::Utf8, false),
-        Field::new("entity", DataType::Utf8, false),
-        Field::new("event_timestamp", timestamp_type(), true),
-        Field::new("values", DataType::Utf8, false),
-        Field::new("statuses", DataType::Utf8, false),
-    ]))
-}
-
-/// The log table, kept open between appends (opening reads the Delta log, which grows
-/// by a commit per batch).
+/// An append-only table, kept open between appends (opening reads the Delta log, which
+/// grows by a commit per batch).
 #[derive(Debug)]
-pub struct LogTable {
+pub struct AppendTable {
     location: StoreLocation,
+    schema: SchemaRef,
+    /// What the table is, for messages and the table's name.
+    name: &'static str,
     table: Option<deltalake::DeltaTable>,
 }
 
-impl LogTable {
-    pub fn new(location: StoreLocation) -> LogTable {
-        LogTable { location, table: None }
+impl AppendTable {
+    pub fn new(location: StoreLocation, schema: SchemaRef, name: &'static str) -> AppendTable {
+        AppendTable { location, schema, name, table: None }
     }
 
-    /// Appends `batch` (in [`schema`]) as one commit, creating the table if needed;
-    /// returns the version committed. Concurrent appenders (other servers) are fine:
-    /// blind appends retry at the next version.
+    /// Appends `batch` (in the table's schema) as one commit, creating the table if
+    /// needed; returns the version committed. Concurrent appenders (other servers) are
+    /// fine: blind appends retry at the next version.
     ///
     /// # Errors
     /// [`Error::Delta`] when the table cannot be created or written.
@@ -58,8 +38,10 @@ impl LogTable {
         let table = match self.table.take() {
             Some(t) => t,
             None => {
-                ensure_table(location, &schema(), "serving_log").await?;
-                open_table(location).await?.ok_or_else(|| Error::Request(format!("serving log {location} vanished while writing")))?
+                ensure_table(location, &self.schema, self.name).await?;
+                open_table(location)
+                    .await?
+                    .ok_or_else(|| Error::Request(format!("{} {location} vanished while writing", self.name.replace('_', " "))))?
             }
         };
         // On failure the handle is dropped: the next append opens the table afresh.
@@ -70,17 +52,22 @@ impl LogTable {
     }
 }
 
-/// The rows logged with `since <= request_time < until` (UTC microseconds), in no
-/// particular order; empty when there is no log.
+/// The rows with `since <= time_column < until` (UTC microseconds), in `schema`'s
+/// columns and types, in no particular order; empty when there is no table.
 ///
 /// # Errors
 /// [`Error::Delta`]/[`Error::Query`] when the table cannot be read.
-pub async fn read(location: &StoreLocation, since: i64, until: i64) -> Result<Vec<RecordBatch>> {
+pub async fn read_range(
+    location: &StoreLocation,
+    schema: &SchemaRef,
+    time_column: &str,
+    since: i64,
+    until: i64,
+) -> Result<Vec<RecordBatch>> {
     let Some(table) = open_table(location).await? else {
         return Ok(Vec::new());
     };
-    let name = location.to_string();
-    let query = |source| Error::query(&name, source);
+    let query = |source| Error::query(location, source);
     let mut session = SessionConfig::new();
     // Plain Utf8 columns, as written (not DataFusion's default string views).
     session.options_mut().execution.parquet.schema_force_view_types = false;
@@ -88,11 +75,11 @@ pub async fn read(location: &StoreLocation, since: i64, until: i64) -> Result<Ve
     table.update_datafusion_session(&ctx.state()).map_err(|e| Error::delta(location, e))?;
     let provider = table.table_provider().await.map_err(query)?;
     let at = |v: i64| lit(ScalarValue::TimestampMicrosecond(Some(v), Some("UTC".into())));
-    let columns: Vec<_> = schema().fields().iter().map(|f| ident(f.name())).collect();
+    let columns: Vec<_> = schema.fields().iter().map(|f| ident(f.name())).collect();
     let batches = ctx
         .read_table(provider)
         .map_err(query)?
-        .filter(ident("request_time").gt_eq(at(since)).and(ident("request_time").lt(at(until))))
+        .filter(ident(time_column).gt_eq(at(since)).and(ident(time_column).lt(at(until))))
         .map_err(query)?
         .select(columns)
         .map_err(query)?
@@ -100,7 +87,6 @@ pub async fn read(location: &StoreLocation, since: i64, until: i64) -> Result<Ve
         .await
         .map_err(query)?;
     // Back to the written types (a reader may hand strings over as views).
-    let schema = schema();
     batches
         .into_iter()
         .filter(|b| b.num_rows() > 0)

@@ -1,0 +1,251 @@
+//! The serving log's rows in memory: one per entity row, feature view and answered
+//! request, laid out as the table's columns ([`LogColumns`]) as they are built, so a
+//! batch of them becomes Arrow columns without a per-row allocation.
+
+use quiver_online::lookup::Column;
+use quiver_online::server::json;
+use quiver_online::serving_log::Served;
+
+/// One row of the log: one entity row of one feature view in one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogRow {
+    pub request_id: String,
+    pub request_time: i64,
+    pub view: String,
+    /// The view's join keys as a JSON object, in definition order: `{"driver_id":1001}`.
+    pub entity: String,
+    /// The event time of the row served (`None` when nothing was found).
+    pub event_ts: Option<i64>,
+    /// `{"feature": value, ...}` for the view's features asked for, values as served.
+    pub values: String,
+    /// `{"feature": "PRESENT", ...}`.
+    pub statuses: String,
+}
+
+/// Text values laid out as Arrow lays out a string column: the bytes one after the
+/// other and where each ends, so a batch of them becomes a column without a copy.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TextColumn {
+    pub bytes: Vec<u8>,
+    /// `offsets[i]..offsets[i + 1]` is value `i`; starts with 0 once a value is added.
+    pub offsets: Vec<i32>,
+}
+
+impl TextColumn {
+    pub(super) fn start(&mut self) {
+        if self.offsets.is_empty() {
+            self.offsets.push(0);
+        }
+    }
+
+    pub(super) fn end(&mut self) {
+        self.offsets.push(i32::try_from(self.bytes.len()).expect("a log batch under 2 GiB per column"));
+    }
+
+    pub(super) fn push(&mut self, text: &str) {
+        self.start();
+        self.bytes.extend_from_slice(text.as_bytes());
+        self.end();
+    }
+
+    /// Value `i` as text.
+    pub fn value(&self, i: usize) -> &str {
+        std::str::from_utf8(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize]).expect("JSON is UTF-8")
+    }
+}
+
+/// Log rows, column by column (the log table's columns), built without a per-row
+/// allocation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogColumns {
+    pub request_id: TextColumn,
+    pub request_time: Vec<i64>,
+    pub view: TextColumn,
+    pub entity: TextColumn,
+    pub event_ts: Vec<Option<i64>>,
+    pub values: TextColumn,
+    pub statuses: TextColumn,
+}
+
+impl LogColumns {
+    pub fn len(&self) -> usize {
+        self.request_time.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.request_time.is_empty()
+    }
+
+    /// The largest text column's bytes.
+    pub fn bytes(&self) -> usize {
+        self.values.bytes.len().max(self.statuses.bytes.len()).max(self.entity.bytes.len())
+    }
+
+    /// Row `i`, for reading back.
+    pub fn row(&self, i: usize) -> LogRow {
+        LogRow {
+            request_id: self.request_id.value(i).to_string(),
+            request_time: self.request_time[i],
+            view: self.view.value(i).to_string(),
+            entity: self.entity.value(i).to_string(),
+            event_ts: self.event_ts[i],
+            values: self.values.value(i).to_string(),
+            statuses: self.statuses.value(i).to_string(),
+        }
+    }
+}
+
+/// Appends the log rows of one answer to `out`: per feature view asked for, one row
+/// per entity row. Views whose keys the answer lacks (it cannot happen for a
+/// successful lookup) are skipped.
+pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) {
+    let keys = &served.columns[..served.n_keys.min(served.columns.len())];
+    let n = keys.first().map_or(0, |c| c.values.len());
+    let mut views: Vec<&str> = Vec::new();
+    for r in &served.refs {
+        if !views.contains(&r.view.as_str()) {
+            views.push(&r.view);
+        }
+    }
+    for name in views {
+        let Some(view) = served.defs.feature_view(name) else { continue };
+        let key_columns: Option<Vec<&Column>> =
+            served.defs.join_keys(view).iter().map(|k| keys.iter().find(|c| c.name == k.name)).collect();
+        let Some(key_columns) = key_columns else { continue };
+        // This view's feature columns, each feature once.
+        let mut features: Vec<(&str, &Column)> = Vec::new();
+        for (i, r) in served.refs.iter().enumerate() {
+            if r.view == name
+                && !features.iter().any(|(f, _)| *f == r.feature)
+                && let Some(c) = served.columns.get(served.n_keys + i)
+            {
+                features.push((&r.feature, c));
+            }
+        }
+        // Each feature's `"name":` once, written before every value.
+        let labels: Vec<Vec<u8>> = features
+            .iter()
+            .map(|(f, _)| {
+                let mut label = Vec::new();
+                json::json_str(&mut label, f);
+                label.push(b':');
+                label
+            })
+            .collect();
+        for row in 0..n {
+            out.request_id.push(request_id);
+            out.request_time.push(served.request_time);
+            out.view.push(name);
+            out.event_ts.push(features.first().and_then(|(_, c)| c.event_ts[row]));
+            let entity = &mut out.entity;
+            entity.start();
+            entity.bytes.push(b'{');
+            for (i, c) in key_columns.iter().enumerate() {
+                if i > 0 {
+                    entity.bytes.push(b',');
+                }
+                json::json_str(&mut entity.bytes, &c.name);
+                entity.bytes.push(b':');
+                json::write_value(&mut entity.bytes, &c.values[row]);
+            }
+            entity.bytes.push(b'}');
+            entity.end();
+            let (values, statuses) = (&mut out.values, &mut out.statuses);
+            values.start();
+            statuses.start();
+            values.bytes.push(b'{');
+            statuses.bytes.push(b'{');
+            for (i, (_, c)) in features.iter().enumerate() {
+                if i > 0 {
+                    values.bytes.push(b',');
+                    statuses.bytes.push(b',');
+                }
+                values.bytes.extend_from_slice(&labels[i]);
+                json::write_value(&mut values.bytes, &c.values[row]);
+                statuses.bytes.extend_from_slice(&labels[i]);
+                statuses.bytes.push(b'"');
+                statuses.bytes.extend_from_slice(c.statuses[row].as_str().as_bytes());
+                statuses.bytes.push(b'"');
+            }
+            values.bytes.push(b'}');
+            statuses.bytes.push(b'}');
+            values.end();
+            statuses.end();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use quiver_sdk::encoding::Value;
+    use quiver_sdk::{DType, Definitions, Entity, FeatureRef, FeatureView, KeyType};
+
+    use quiver_online::lookup::{Column, Status};
+    use quiver_online::server::json::value_json;
+    use quiver_online::serving_log::Served;
+
+    use super::{LogColumns, LogRow, append_log_rows};
+
+    fn column(name: &str, values: Vec<Value>, statuses: Vec<Status>, ts: Vec<Option<i64>>) -> Column {
+        Column { name: name.into(), values, statuses, event_ts: ts }
+    }
+
+    /// A request naming view `v` twice around view `w` (one row per view and entity row,
+    /// each feature once), a string key that needs escaping and an int64 key past 2^53.
+    #[test]
+    fn one_row_per_view_and_entity_row_with_the_answer_as_json() {
+        let defs = Definitions::default()
+            .with_entity(Entity::new("user").with_join_key("user_id", KeyType::String))
+            .with_entity(Entity::new("item").with_join_key("item_id", KeyType::Int64))
+            .with_feature_view(FeatureView::new("v").with_entity("user").with_feature("a", DType::Float64).with_feature("b", DType::Int64))
+            .with_feature_view(FeatureView::new("w").with_entity("item").with_feature("x", DType::String));
+        let refs: Vec<FeatureRef> = ["v:a", "w:x", "v:b", "v:a"].iter().map(|r| r.parse().unwrap()).collect();
+        let big = (1i64 << 53) + 1;
+        let served = Served {
+            request_time: 42,
+            defs: Arc::new(defs),
+            refs,
+            n_keys: 2,
+            columns: vec![
+                column("user_id", vec![Value::String("q\"u".into()), Value::String("u2".into())], vec![Status::Present; 2], vec![None; 2]),
+                column("item_id", vec![Value::Int64(big), Value::Int64(7)], vec![Status::Present; 2], vec![None; 2]),
+                column("a", vec![Value::Float64(50.0), Value::Null], vec![Status::Present, Status::NotFound], vec![Some(5), None]),
+                column(
+                    "x",
+                    vec![Value::Null, Value::String("s".into())],
+                    vec![Status::OutsideMaxAge, Status::Present],
+                    vec![Some(1), Some(2)],
+                ),
+                column("b", vec![Value::Int64(3), Value::Null], vec![Status::Present, Status::NotFound], vec![Some(5), None]),
+                column("a", vec![Value::Float64(50.0), Value::Null], vec![Status::Present, Status::NotFound], vec![Some(5), None]),
+            ],
+        };
+        let mut columns = LogColumns::default();
+        append_log_rows(&served, "r-1", &mut columns);
+        let rows: Vec<LogRow> = (0..columns.len()).map(|i| columns.row(i)).collect();
+        let row = |view: &str, entity: &str, ts, values: &str, statuses: &str| LogRow {
+            request_id: "r-1".into(),
+            request_time: 42,
+            view: view.into(),
+            entity: entity.into(),
+            event_ts: ts,
+            values: values.into(),
+            statuses: statuses.into(),
+        };
+        assert_eq!(
+            rows,
+            vec![
+                row("v", r#"{"user_id":"q\"u"}"#, Some(5), r#"{"a":50.0,"b":3}"#, r#"{"a":"PRESENT","b":"PRESENT"}"#),
+                row("v", r#"{"user_id":"u2"}"#, None, r#"{"a":null,"b":null}"#, r#"{"a":"NOT_FOUND","b":"NOT_FOUND"}"#),
+                row("w", &format!(r#"{{"item_id":{big}}}"#), Some(1), r#"{"x":null}"#, r#"{"x":"OUTSIDE_MAX_AGE"}"#),
+                row("w", r#"{"item_id":7}"#, Some(2), r#"{"x":"s"}"#, r#"{"x":"PRESENT"}"#),
+            ]
+        );
+        // What verify parses back: the same JSON values.
+        let parsed: serde_json::Value = serde_json::from_str(&rows[2].entity).unwrap();
+        assert_eq!(parsed["item_id"].as_i64(), Some(big));
+        assert_eq!(value_json(&Value::Float32(0.1)), serde_json::to_string(&f64::from(0.1f32)).unwrap());
+    }
+}

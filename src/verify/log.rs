@@ -1,0 +1,241 @@
+//! `verify --since T`: the serving log replayed through the offline join.
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::TimestampMicrosecondType as Micros;
+use quiver_gpu_join::AsOfKernel;
+use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, resolve};
+use quiver_offline::schema::value_at;
+use quiver_online::lookup::{Status, expected_status};
+use quiver_online::server::json::value_json;
+use quiver_sdk::encoding::{KeyValue, Value};
+use quiver_sdk::rows::format_instant;
+use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use super::{EXAMPLES, FeatureReport, LogReport};
+use crate::error::Result;
+use crate::serving_log::LogBatch;
+
+/// A logged row: (batch, row) in the batches read.
+type Logged = (usize, usize);
+
+/// A status, the value as JSON, the row's event time: what was served, or should have been.
+type Answer = (Status, String, Option<i64>);
+
+/// Replays the answers logged with `since <= request time < until` (UTC microseconds)
+/// through the offline point-in-time join, per feature view, and compares. With
+/// `created_cutoff`, only rows created by each request time count (as `historical
+/// --created-cutoff`: for models trained that way, and to tell backfills apart).
+///
+/// # Errors
+/// An unreadable log or table, or a kernel failure.
+pub async fn verify_log(
+    config: &Config,
+    defs: &Definitions,
+    since: i64,
+    until: i64,
+    created_cutoff: bool,
+    kernel: &dyn AsOfKernel,
+) -> Result<LogReport> {
+    let batches = crate::serving_log::read(&config.serving_log.location, since, until).await?;
+    let mut report = LogReport::default();
+    // Log rows per view as (batch, row), borrowing the batches' text: millions of rows
+    // must not become millions of small allocations.
+    let mut by_view: HashMap<&str, Vec<Logged>> = HashMap::new();
+    let mut request_ids: HashSet<&str> = HashSet::new();
+    for (bi, b) in batches.iter().enumerate() {
+        for r in 0..b.num_rows() {
+            request_ids.insert(b.request_id(r));
+            by_view.entry(b.view(r)).or_default().push((bi, r));
+        }
+    }
+    report.requests = request_ids.len() as u64;
+    let replay = Replay { config, defs, batches: &batches, created_cutoff, kernel };
+    let mut names: Vec<&str> = by_view.keys().copied().collect();
+    names.sort_unstable();
+    for name in names {
+        let logged = &by_view[name];
+        report.rows += logged.len() as u64;
+        let Some(view) = defs.feature_view(name) else {
+            report.skipped.push(format!("{} rows of feature view `{name}`, which is no longer defined", logged.len()));
+            continue;
+        };
+        replay.view(view, logged, &mut report).await?;
+    }
+    Ok(report)
+}
+
+/// What every view's replay reads.
+struct Replay<'a> {
+    config: &'a Config,
+    defs: &'a Definitions,
+    batches: &'a [LogBatch],
+    created_cutoff: bool,
+    kernel: &'a dyn AsOfKernel,
+}
+
+impl Replay<'_> {
+    fn row(&self, (bi, r): Logged) -> (&LogBatch, usize) {
+        (&self.batches[bi], r)
+    }
+
+    /// Replays one view's logged rows into `report`.
+    async fn view(&self, view: &FeatureView, logged: &[Logged], report: &mut LogReport) -> Result<()> {
+        let name = &view.name;
+        // The spine: each logged row's keys at its request time.
+        let keys = self.defs.join_keys(view);
+        let mut parsed: Vec<Vec<KeyValue>> = Vec::with_capacity(logged.len());
+        let mut kept: Vec<Logged> = Vec::with_capacity(logged.len());
+        for &at in logged {
+            let (b, r) = self.row(at);
+            let entity: serde_json::Value = serde_json::from_str(b.entity(r)).unwrap_or_default();
+            let values: Option<Vec<KeyValue>> =
+                keys.iter().map(|k| entity.get(&k.name).and_then(|v| KeyValue::from_json_as(v, k.dtype))).collect();
+            if let Some(v) = values {
+                parsed.push(v);
+                kept.push(at);
+            }
+        }
+        let unparsed = logged.len() - kept.len();
+        if unparsed > 0 {
+            report.skipped.push(format!("{unparsed} rows of `{name}` whose entity does not match the view's join keys"));
+        }
+        if kept.is_empty() {
+            return Ok(());
+        }
+        let spine = super::spine_batch(&keys, &parsed, kept.iter().map(|&at| self.row(at).0.request_time(at.1)))?;
+        drop(parsed);
+        let joined = self.offline_join(view, &spine).await?;
+        let mut reports: Vec<FeatureReport> =
+            view.features.iter().map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() }).collect();
+        let mut unreadable = vec![0u64; view.features.len()];
+        let mut gone: BTreeSet<String> = BTreeSet::new();
+        let joined = Joined { batch: &joined, first: spine.num_columns(), view };
+        for (j, &at) in kept.iter().enumerate() {
+            self.compare_row(&joined, j, at, &mut reports, &mut unreadable, &mut gone);
+        }
+        for gone in gone {
+            report.skipped.push(format!("feature `{name}:{gone}` is logged but no longer defined"));
+        }
+        for (k, n) in unreadable.into_iter().enumerate().filter(|(_, n)| *n > 0) {
+            report.skipped.push(format!("{n} logged values of `{name}:{}` with an unknown status", view.features[k].name));
+        }
+        // Features never asked for in the window are not reported.
+        report.features.extend(reports.into_iter().filter(|f| f.compared > 0));
+        Ok(())
+    }
+
+    /// The view's features at each spine row, with their event times. Unbounded TTL
+    /// in the join, so a stale row is still found: the status is decided here, as the
+    /// online lookup decides it.
+    async fn offline_join(&self, view: &FeatureView, spine: &RecordBatch) -> Result<RecordBatch> {
+        let mut unbounded = self.defs.clone();
+        for v in unbounded.feature_views.iter_mut().filter(|v| v.name == view.name) {
+            v.ttl = quiver_sdk::Ttl::UNBOUNDED;
+        }
+        let refs: Vec<FeatureRef> = view.features.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
+        let resolved = resolve(&unbounded, &refs)?;
+        let options = HistoricalOptions {
+            event_times: true,
+            // Views without a created time have nothing to cut by.
+            created_cutoff: self.created_cutoff && view.source.created_timestamp_field.is_some(),
+            ..Default::default()
+        };
+        let rows = SpineRows { source: std::path::Path::new("serving log"), rows: spine };
+        Ok(historical(self.config, &unbounded, rows, &resolved, options, self.kernel, &|_, _| {}).await?)
+    }
+
+    /// Logged row `at` (spine row `j`) against the offline join, feature by feature.
+    fn compare_row(
+        &self,
+        joined: &Joined<'_>,
+        j: usize,
+        at: Logged,
+        reports: &mut [FeatureReport],
+        unreadable: &mut [u64],
+        gone: &mut BTreeSet<String>,
+    ) {
+        let (b, r) = self.row(at);
+        let view = joined.view;
+        // Each row's JSON parsed once, for all of its features.
+        let object = |text: &str| match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        };
+        let (values, statuses) = (object(b.values(r)), object(b.statuses(r)));
+        for logged in statuses.keys().filter(|f| view.feature(f).is_none()) {
+            gone.insert(logged.clone());
+        }
+        let request_time = b.request_time(r);
+        for (k, feature) in view.features.iter().enumerate() {
+            let Some(status) = statuses.get(&feature.name) else {
+                continue; // not asked for in this request
+            };
+            let Some(served_status) = status.as_str().and_then(Status::parse) else {
+                unreadable[k] += 1;
+                continue;
+            };
+            let served_value = values.get(&feature.name).map_or_else(|| "null".to_string(), ToString::to_string);
+            let served = (served_status, served_value, b.event_ts(r));
+            let expected = joined.expected(j, k, request_time);
+            judge(&mut reports[k], &served, &expected, request_time, b.entity(r));
+        }
+    }
+}
+
+/// The offline join of one view's spine: the spine's columns, then the features, then
+/// their event time.
+struct Joined<'a> {
+    batch: &'a RecordBatch,
+    first: usize,
+    view: &'a FeatureView,
+}
+
+impl Joined<'_> {
+    /// What should have been served for feature `k` at spine row `j`, requested at
+    /// `request_time`.
+    fn expected(&self, j: usize, k: usize, request_time: i64) -> Answer {
+        let offline_ts = self.batch.column(self.first + self.view.features.len()).as_primitive::<Micros>();
+        let found = (!offline_ts.is_null(j)).then(|| offline_ts.value(j));
+        match (expected_status(self.view, found, request_time), found) {
+            // No row, or past the TTL and the key's grace period: the store dropped it.
+            (Status::NotFound, _) | (_, None) => (Status::NotFound, "null".to_string(), None),
+            (Status::OutsideMaxAge, ts) => (Status::OutsideMaxAge, "null".to_string(), ts),
+            (_, Some(ts)) => match value_at(self.batch.column(self.first + k).as_ref(), j, self.view.features[k].dtype) {
+                Value::Null => (Status::NullValue, "null".to_string(), Some(ts)),
+                v => (Status::Present, value_json(&v), Some(ts)),
+            },
+        }
+    }
+}
+
+/// Counts one served answer against the expected one, keeping a few examples.
+fn judge(report: &mut FeatureReport, served: &Answer, expected: &Answer, request_time: i64, entity: &str) {
+    report.compared += 1;
+    let kind = if served == expected {
+        report.matches += 1;
+        return;
+    } else if served.2.is_some_and(|t| t > request_time) {
+        // The online store held a row from after the request: never right.
+        report.mismatches += 1;
+        "mismatch (served a row from after the request)"
+    } else if served.0 == Status::NotFound {
+        report.missing_online += 1;
+        "missing online"
+    } else if expected.0 == Status::NotFound {
+        report.missing_offline += 1;
+        "missing offline"
+    } else {
+        report.mismatches += 1;
+        "mismatch"
+    };
+    let describe = |(status, value, ts): &Answer| match ts {
+        Some(ts) => format!("{} {value} (event {})", status.as_str(), format_instant(*ts)),
+        None => status.as_str().to_string(),
+    };
+    let example =
+        format!("{kind}: {entity} at {}: served {}, offline {}", format_instant(request_time), describe(served), describe(expected));
+    if report.examples.iter().filter(|e| e.starts_with(kind)).count() < EXAMPLES && !report.examples.contains(&example) {
+        report.examples.push(example);
+    }
+}

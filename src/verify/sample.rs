@@ -1,0 +1,122 @@
+//! `verify --sample N`: sampled entities looked up online against the offline winners.
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
+use quiver_offline::historical::{Window, latest_per_entity};
+use quiver_offline::schema::{ViewLayout, value_at};
+use quiver_online::OnlineStore;
+use quiver_online::lookup::{Column, Status, expected_status, get_online_features};
+use quiver_sdk::encoding::{KeyValue, Value};
+use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, JoinKey, KeyType};
+use rand::SeedableRng;
+use rand::seq::index::sample;
+
+use super::{EXAMPLES, FeatureReport, show};
+use crate::error::Result;
+
+/// Compares up to `n` sampled entities per online view at `now` (UTC microseconds).
+///
+/// # Errors
+/// An unreadable table or an unavailable online store.
+pub async fn verify_sample(
+    config: &Config,
+    defs: &Definitions,
+    store: &dyn OnlineStore,
+    n: usize,
+    now: i64,
+    seed: u64,
+) -> Result<Vec<FeatureReport>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut reports = Vec::new();
+    for view in defs.feature_views.iter().filter(|v| v.online) {
+        let mut per_feature: Vec<FeatureReport> = view
+            .features
+            .iter()
+            .map(|f| FeatureReport { feature: format!("{}:{}", view.name, f.name), ..FeatureReport::default() })
+            .collect();
+        let latest = latest_per_entity(config, defs, view, Window::Range { start: i64::MIN, end: now }).await?;
+        let Some(batch) = latest.batch else {
+            reports.extend(per_feature);
+            continue;
+        };
+        let keys = defs.join_keys(view);
+        let rows: Vec<usize> = sample(&mut rng, batch.num_rows(), n.min(batch.num_rows())).into_iter().collect();
+        let entities = sampled_entities(&batch, &keys, &rows);
+        let refs: Vec<FeatureRef> = view.features.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
+        let online = get_online_features(store, &config.project, defs, &refs, &entities, now, false).await?;
+        let sampled = Sampled { view, batch: &batch, layout: ViewLayout::rows(defs, view), rows: &rows, entities: &entities, now };
+        for (k, report) in per_feature.iter_mut().enumerate() {
+            sampled.compare(k, &online[keys.len() + k], report);
+        }
+        reports.extend(per_feature);
+    }
+    Ok(reports)
+}
+
+/// The join keys of the offline winners at `rows`, as the lookup takes them.
+fn sampled_entities(batch: &RecordBatch, keys: &[JoinKey], rows: &[usize]) -> Vec<(String, Vec<KeyValue>)> {
+    keys.iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let col = batch.column(i);
+            let values = rows
+                .iter()
+                .map(|&r| match k.dtype {
+                    KeyType::Int64 => KeyValue::Int(col.as_primitive::<Int64Type>().value(r)),
+                    KeyType::String => KeyValue::Str(col.as_string::<i32>().value(r).to_string()),
+                })
+                .collect();
+            (k.name.clone(), values)
+        })
+        .collect()
+}
+
+/// One view's sampled offline winners, and the entities looked up.
+struct Sampled<'a> {
+    view: &'a FeatureView,
+    batch: &'a RecordBatch,
+    layout: ViewLayout,
+    rows: &'a [usize],
+    entities: &'a [(String, Vec<KeyValue>)],
+    now: i64,
+}
+
+impl Sampled<'_> {
+    /// Feature `k`'s online answers (`column`) against its offline winners.
+    fn compare(&self, k: usize, column: &Column, report: &mut FeatureReport) {
+        let feature = &self.view.features[k];
+        let ts = self.batch.column(self.layout.event_time()).as_primitive::<TimestampMicrosecondType>();
+        for (j, &r) in self.rows.iter().enumerate() {
+            // Judged as the lookup answers: an expired key is NOT_FOUND, not missing.
+            let offline = value_at(self.batch.column(self.layout.feature(k)).as_ref(), r, feature.dtype);
+            let expected = match (expected_status(self.view, Some(ts.value(r)), self.now), &offline) {
+                (Status::Present, Value::Null) => (Status::NullValue, Value::Null),
+                (Status::Present, v) => (Status::Present, v.clone()),
+                (status, _) => (status, Value::Null),
+            };
+            let got = (column.statuses[j], column.values[j].clone());
+            report.compared += 1;
+            let entity = || self.entities.iter().map(|(name, v)| format!("{name}={}", v[j])).collect::<Vec<_>>().join(",");
+            if got == expected {
+                report.matches += 1;
+            } else if got.0 == Status::NotFound {
+                report.missing_online += 1;
+                if report.examples.len() < EXAMPLES {
+                    report.examples.push(format!("{}: missing online (offline {:?} {})", entity(), expected.0, show(&expected.1)));
+                }
+            } else {
+                report.mismatches += 1;
+                if report.examples.len() < EXAMPLES {
+                    report.examples.push(format!(
+                        "{}: online {} {}, offline {} {}",
+                        entity(),
+                        got.0.as_str(),
+                        show(&got.1),
+                        expected.0.as_str(),
+                        show(&expected.1)
+                    ));
+                }
+            }
+        }
+    }
+}
