@@ -11,7 +11,8 @@
 //! online and offline stores agree twice: by sampling entities, and by replaying every
 //! logged answer through the offline join. Prints one timed line per step.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,20 +28,59 @@ async fn main() -> anyhow::Result<()> {
     let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "quickstart-demo".into()));
     let began = Instant::now();
     println!("quiver quick start in {}", dir.display());
+    let now = chrono::Utc::now();
+    let (repo, scale) = create(&dir, now).await?;
+    let spine_path = dir.join("sample_data/spine.parquet");
+    offline(&repo, &dir, &spine_path).await?;
 
     let t = Instant::now();
+    let store: Arc<dyn quiver::online::OnlineStore> = repo.open_store().await?;
+    let reports = repo.materialize_incremental(now.timestamp_micros()).with_store(store.clone()).await?;
+    let written: usize = reports.iter().map(|r| r.written).sum();
+    step("materialize", t, format!("{written} latest rows into the embedded online store"));
+
+    let t = Instant::now();
+    let log = quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log);
+    let serving_began = chrono::Utc::now().timestamp_micros();
+    let addr = serve_in_process(quiver::server::server_state(&repo.config, store.clone(), Some(log.clone()))?).await?;
+    query(addr, &scale, t).await?;
+    push_and_query(addr).await?;
+
+    let t = Instant::now();
+    let out = dir.join("training_set");
+    let manifest = repo.export("ranker_v1", &spine_path, &out).with_shard_rows(25_000).with_engine(Engine::Cpu).await?.manifest;
+    step(
+        "export",
+        t,
+        format!("{} rows in {} shards, training set {}", manifest.rows, manifest.shards.len(), &manifest.training_set_id[..12]),
+    );
+
+    log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
+    verify(&repo, store, serving_began).await?;
+    println!(
+        "done in {:.2} s: repository {}, training set {}, export {}",
+        began.elapsed().as_secs_f64(),
+        dir.display(),
+        dir.join("training.parquet").display(),
+        out.display()
+    );
+    Ok(())
+}
+
+/// `init --demo`, a month of sample data, `apply`.
+async fn create(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> anyhow::Result<(Repo, quiver::demo::Scale)> {
+    let t = Instant::now();
     if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
+        std::fs::remove_dir_all(dir)?;
     }
-    let now = chrono::Utc::now();
-    let files = quiver::init::init(&dir, true, now)?;
+    let files = quiver::init::init(dir, true, now)?;
     step("init --demo", t, format!("{} files: quiver.yaml, features.yaml, sample data", files.len()));
 
     let t = Instant::now();
     let scale = quiver::demo::Scale::MONTH;
     quiver::demo::write_sample_data_at(&dir.join(quiver::demo::SAMPLE_DIR), now, scale)?;
     // Log what the server answers, for `verify --since`.
-    enable_serving_log(&dir)?;
+    enable_serving_log(dir)?;
     step(
         "generate",
         t,
@@ -48,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let t = Instant::now();
-    let repo = Repo::open(&dir)?;
+    let repo = Repo::open(dir)?;
     let (repo2, handle) = (repo.clone(), tokio::runtime::Handle::current());
     let applied = tokio::task::spawn_blocking(move || repo2.apply(false, now, handle)).await??;
     let defs = repo.applied()?.definitions;
@@ -62,8 +102,13 @@ async fn main() -> anyhow::Result<()> {
             applied.created_tables.len()
         ),
     );
+    Ok((repo, scale))
+}
 
+/// `ingest` of every view, then the point-in-time training set.
+async fn offline(repo: &Repo, dir: &Path, spine_path: &Path) -> anyhow::Result<()> {
     let t = Instant::now();
+    let defs = repo.applied()?.definitions;
     let mut rows = 0;
     for view in &defs.feature_views {
         let file = dir.join(format!("sample_data/{}.parquet", view.name));
@@ -72,9 +117,8 @@ async fn main() -> anyhow::Result<()> {
     step("ingest", t, format!("{rows} rows into {} Delta tables", defs.feature_views.len()));
 
     let t = Instant::now();
-    let spine_path = dir.join("sample_data/spine.parquet");
     let training = repo
-        .historical(Spine::File(spine_path.clone()))
+        .historical(Spine::File(spine_path.to_path_buf()))
         .with_service("ranker_v1")
         .with_engine(Engine::Cpu)
         .write_parquet(&dir.join("training.parquet"))
@@ -84,18 +128,11 @@ async fn main() -> anyhow::Result<()> {
         t,
         format!("{} rows x {} features, point in time -> training.parquet", training.batch.num_rows(), training.refs.len()),
     );
+    Ok(())
+}
 
-    let t = Instant::now();
-    let store: Arc<dyn quiver::online::OnlineStore> = repo.open_store().await?;
-    let reports = repo.materialize_incremental(now.timestamp_micros()).with_store(store.clone()).await?;
-    let written: usize = reports.iter().map(|r| r.written).sum();
-    step("materialize", t, format!("{written} latest rows into the embedded online store"));
-
-    let t = Instant::now();
-    let log = quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log);
-    let serving_began = chrono::Utc::now().timestamp_micros();
-    let addr = serve_in_process(quiver::server::server_state(&repo.config, store.clone(), Some(log.clone()))?).await?;
-    // Ride requests as a ranking model sends them: one driver, ten candidate riders.
+/// Ride requests as a ranking model sends them: one driver, ten candidate riders.
+async fn query(addr: SocketAddr, scale: &quiver::demo::Scale, t: Instant) -> anyhow::Result<()> {
     let queries: Vec<String> = (0..200)
         .map(|i| {
             let riders: Vec<String> = (0..10).map(|j| format!("\"C{:03}\"", (i * 10 + j) % scale.customers + 1)).collect();
@@ -128,7 +165,11 @@ async fn main() -> anyhow::Result<()> {
             answer["results"][2]["values"][0]
         ),
     );
+    Ok(())
+}
 
+/// A fresh event pushed to both stores, then served.
+async fn push_and_query(addr: SocketAddr) -> anyhow::Result<()> {
     let t = Instant::now();
     // Event time now: every request before this push was answered before the event, so
     // the point-in-time join agrees with what was served then (an older event time would
@@ -146,19 +187,13 @@ async fn main() -> anyhow::Result<()> {
         t,
         format!("served {} right after the push (Delta version {})", after["results"][1]["values"][0], pushed["offline_version"]),
     );
+    Ok(())
+}
 
-    let t = Instant::now();
-    let out = dir.join("training_set");
-    let manifest = repo.export("ranker_v1", &spine_path, &out).with_shard_rows(25_000).with_engine(Engine::Cpu).await?.manifest;
-    step(
-        "export",
-        t,
-        format!("{} rows in {} shards, training set {}", manifest.rows, manifest.shards.len(), &manifest.training_set_id[..12]),
-    );
-
+/// Online and offline agree: every logged answer replayed, then sampled entities.
+async fn verify(repo: &Repo, store: Arc<dyn quiver::online::OnlineStore>, serving_began: i64) -> anyhow::Result<()> {
     let t = Instant::now();
     // Every logged answer, replayed through the offline join at its request time.
-    log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
     let replayed = repo.verify_log(serving_began, chrono::Utc::now().timestamp_micros()).await?;
     let compared: u64 = replayed.features.iter().map(|r| r.compared).sum();
     let bad: u64 = replayed.features.iter().map(|r| r.mismatches + r.missing_online + r.missing_offline).sum();
@@ -173,18 +208,10 @@ async fn main() -> anyhow::Result<()> {
     // The pushed row is offline too; materialize what arrived, then compare.
     let check_now = chrono::Utc::now().timestamp_micros();
     repo.materialize_incremental(check_now).with_store(store.clone()).await?;
-    let verified = repo.verify_sample(1000).at(check_now).with_store(store.clone()).await?;
+    let verified = repo.verify_sample(1000).at(check_now).with_store(store).await?;
     let compared: u64 = verified.iter().map(|r| r.compared).sum();
     let bad: u64 = verified.iter().map(|r| r.mismatches + r.missing_online).sum();
     step("verify --sample", t, format!("1000 entities per view sampled: {compared} values compared online vs offline, {bad} disagree"));
     anyhow::ensure!(bad == 0, "online and offline disagree on {bad} values");
-
-    println!(
-        "done in {:.2} s: repository {}, training set {}, export {}",
-        began.elapsed().as_secs_f64(),
-        dir.display(),
-        dir.join("training.parquet").display(),
-        out.display()
-    );
     Ok(())
 }

@@ -15,7 +15,8 @@
 //! The online store is the embedded one unless `QUIVER_ONLINE_STORE_TYPE=redis` (and
 //! `QUIVER_ONLINE_STORE_URL`) say otherwise.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -41,13 +42,37 @@ async fn main() -> anyhow::Result<()> {
     let brokers = std::env::var("QUIVER_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     let began = Instant::now();
     println!("quiver streaming example in {} (Kafka at {brokers})", dir.display());
+    let setup = setup(&dir).await?;
+    let running = start(&setup, &brokers).await?;
+    let t = Instant::now();
+    let (last, bad) = produce(&brokers, &setup.topic).await?;
+    let produced = t.elapsed();
+    let last_poll = wait_served(running.addr, &last, produced).await?;
+    let (log, serving_began) = (running.log.clone(), running.serving_began);
+    stop_and_check(&setup, running, bad).await?;
+    log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
+    verify(&setup.repo, serving_began, last_poll).await?;
+    println!("done in {:.2} s: repository {}", began.elapsed().as_secs_f64(), dir.display());
+    Ok(())
+}
 
+/// The demo repository with `driver_hourly` fed from a new topic, its history ingested
+/// and materialized.
+struct Setup {
+    repo: Repo,
+    defs: Arc<quiver::sdk::Definitions>,
+    topic: String,
+    history: usize,
+    store: Arc<dyn quiver::online::OnlineStore>,
+}
+
+async fn setup(dir: &Path) -> anyhow::Result<Setup> {
     let t = Instant::now();
     if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
+        std::fs::remove_dir_all(dir)?;
     }
     let now = chrono::Utc::now();
-    quiver::init::init(&dir, true, now)?;
+    quiver::init::init(dir, true, now)?;
     let topic = format!("driver_events_{}", now.timestamp_micros());
     // driver_hourly gains a stream source: the topic's JSON events.
     let features = std::fs::read_to_string(dir.join("features.yaml"))?;
@@ -55,12 +80,11 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(features.contains(marker), "the demo's features.yaml changed shape");
     let features = features.replacen(marker, &format!("{marker}      stream: {{topic: {topic}, format: json}}\n"), 1);
     std::fs::write(dir.join("features.yaml"), features)?;
-    enable_serving_log(&dir)?;
-    let repo = Repo::open(&dir)?;
+    enable_serving_log(dir)?;
+    let repo = Repo::open(dir)?;
     let (repo2, handle) = (repo.clone(), tokio::runtime::Handle::current());
     tokio::task::spawn_blocking(move || repo2.apply(false, now, handle)).await??;
     let defs = Arc::new(repo.applied()?.definitions);
-    let view = defs.feature_view("driver_hourly").expect("demo view");
     let file = dir.join("sample_data/driver_hourly.parquet");
     let history = repo.ingest("driver_hourly", Rows::File(file)).await?.rows;
     let store: Arc<dyn quiver::online::OnlineStore> = repo.open_store().await?;
@@ -71,11 +95,26 @@ async fn main() -> anyhow::Result<()> {
         format!("demo repo, driver_hourly <- topic {topic}; {history} historical rows ingested and materialized ({})", store.name()),
     );
 
+    Ok(Setup { repo, defs, topic, history, store })
+}
+
+/// The consumer (on its own thread), the serving log and the server, running.
+struct Running {
+    consumer: std::thread::JoinHandle<quiver::Result<quiver::streaming::StreamReport>>,
+    shutdown: Arc<AtomicBool>,
+    metrics: Arc<quiver::streaming::Metrics>,
+    log: Arc<quiver::serving_log::DeltaServingLog>,
+    serving_began: i64,
+    addr: SocketAddr,
+}
+
+async fn start(setup: &Setup, brokers: &str) -> anyhow::Result<Running> {
+    let Setup { repo, topic, store, .. } = setup;
     let t = Instant::now();
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", &brokers).create()?;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
     let created = admin
         .create_topics(
-            &[NewTopic::new(&topic, 3, TopicReplication::Fixed(1))],
+            &[NewTopic::new(topic, 3, TopicReplication::Fixed(1))],
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
         )
         .await
@@ -87,7 +126,7 @@ async fn main() -> anyhow::Result<()> {
     let stream_metrics = Arc::new(quiver::streaming::Metrics::default());
     let consumer = {
         let (repo, store, shutdown, metrics, brokers) =
-            (repo.clone(), store.clone(), shutdown.clone(), stream_metrics.clone(), brokers.clone());
+            (repo.clone(), store.clone(), shutdown.clone(), stream_metrics.clone(), brokers.to_string());
         let handle = tokio::runtime::Handle::current();
         std::thread::spawn(move || {
             repo.stream(Vec::new())
@@ -104,10 +143,15 @@ async fn main() -> anyhow::Result<()> {
     let addr = serve_in_process(quiver::server::server_state(&repo.config, store.clone(), Some(log.clone()))?).await?;
     step("start", t, format!("topic with 3 partitions, consumer group quiver-{}, server on http://{addr}", repo.config.project));
 
+    Ok(Running { consumer, shutdown, metrics: stream_metrics, log, serving_began, addr })
+}
+
+/// Produces the events; returns each driver's last event number and the malformed count.
+async fn produce(brokers: &str, topic: &str) -> anyhow::Result<(std::collections::BTreeMap<i64, i64>, i64)> {
     // Events: driver 1001 + i % 10, stamped when produced, with a trip count that tells
     // which event was the last; every 1001st message is malformed.
     let t = Instant::now();
-    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", &brokers).set("linger.ms", "5").create()?;
+    let producer: FutureProducer = ClientConfig::new().set("bootstrap.servers", brokers).set("linger.ms", "5").create()?;
     let mut sends = Vec::new();
     let mut last = std::collections::BTreeMap::new();
     for i in 0..EVENTS + BAD {
@@ -123,16 +167,20 @@ async fn main() -> anyhow::Result<()> {
             )
         };
         let key = driver.to_string();
-        sends.push(producer.send_result(FutureRecord::to(&topic).key(&key).payload(&payload)).map_err(|(e, _)| anyhow::anyhow!("{e}"))?);
+        sends.push(producer.send_result(FutureRecord::to(topic).key(&key).payload(&payload)).map_err(|(e, _)| anyhow::anyhow!("{e}"))?);
     }
     for s in sends {
         s.await?.map_err(|(e, _)| anyhow::anyhow!("producing to {topic}: {e}"))?;
     }
     let good = last.len() as i64;
     let bad = (0..EVENTS + BAD).filter(|i| i % ((EVENTS + BAD) / BAD) == 7).count() as i64;
-    let produced = t.elapsed();
     step("produce", t, format!("{} good events for {good} drivers and {bad} malformed messages", EVENTS + BAD - bad));
 
+    Ok((last, bad))
+}
+
+/// Polls until every driver's last event is served; returns the last poll's time.
+async fn wait_served(addr: SocketAddr, last: &std::collections::BTreeMap<i64, i64>, produced: Duration) -> anyhow::Result<i64> {
     // Poll the server until every driver's last event is served (a broker can take some
     // seconds to give a new consumer group its partitions).
     let t = Instant::now();
@@ -165,6 +213,16 @@ async fn main() -> anyhow::Result<()> {
         ),
     );
 
+    Ok(last_poll)
+}
+
+/// Stops the consumer once it took every message, then checks the Delta table and the
+/// dead letters.
+async fn stop_and_check(setup: &Setup, running: Running, bad: i64) -> anyhow::Result<()> {
+    let Setup { repo, defs, topic, history, .. } = setup;
+    let history = *history;
+    let Running { consumer, shutdown, metrics: stream_metrics, .. } = running;
+    let view = defs.feature_view("driver_hourly").expect("demo view");
     // Stop the consumer (it flushes and commits), then check both stores.
     let t = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -176,7 +234,7 @@ async fn main() -> anyhow::Result<()> {
     }
     shutdown.store(true, Ordering::Relaxed);
     let report = tokio::task::spawn_blocking(move || consumer.join().expect("consumer thread")).await??;
-    let rows = quiver::offline::historical::read_view(&repo.config, &defs, view).await?;
+    let rows = quiver::offline::historical::read_view(&repo.config, defs, view).await?;
     let total: usize = rows.iter().map(|b| b.num_rows()).sum();
     anyhow::ensure!(total as u64 == history as u64 + EVENTS as u64, "Delta holds {total} rows, expected {history} + {EVENTS}");
     anyhow::ensure!(report.dead_lettered == bad as u64, "{} dead letters, expected {bad}", report.dead_lettered);
@@ -186,12 +244,16 @@ async fn main() -> anyhow::Result<()> {
         format!("Delta: {total} rows ({history} history + {EVENTS} streamed, each once); {} messages in {topic}.dlq", report.dead_lettered),
     );
 
+    Ok(())
+}
+
+/// Every poll replayed through the offline join.
+async fn verify(repo: &Repo, serving_began: i64, last_poll: i64) -> anyhow::Result<()> {
     // Every poll replayed through the offline join at its request time. Polls answered
     // while events were still in flight served a row older than the newest event time:
     // the freshness lag, as a model trained on point-in-time joins sees it. The final
     // poll, after the stream caught up, must agree exactly.
     let t = Instant::now();
-    log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
     let until = chrono::Utc::now().timestamp_micros();
     let during = repo.verify_log(serving_began, last_poll).await?;
     let lagged: u64 = during.features.iter().map(|r| r.compared - r.matches).sum();
@@ -208,6 +270,5 @@ async fn main() -> anyhow::Result<()> {
         ),
     );
     anyhow::ensure!(bad == 0 && checked > 0, "after the stream caught up, online and offline disagree: {:?}", after.features);
-    println!("done in {:.2} s: repository {}", began.elapsed().as_secs_f64(), dir.display());
     Ok(())
 }

@@ -88,23 +88,7 @@ impl EntityRuns {
         // scatters its chunk into them, so rows keep their relative order.
         let chunk = n.div_ceil(threads).max(1 << 16);
         let chunks: Vec<&[u32]> = input.feature_entity.chunks(chunk).collect();
-        let counts: Vec<Vec<u32>> = std::thread::scope(|s| {
-            let handles: Vec<_> = chunks
-                .iter()
-                .map(|ids| {
-                    s.spawn(move || {
-                        let mut count = vec![0u32; n_ent];
-                        for &e in *ids {
-                            if e != NO_ENTITY {
-                                count[e as usize] += 1;
-                            }
-                        }
-                        count
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("count")).collect()
-        });
+        let counts = count_per_chunk(&chunks, n_ent);
         let mut offsets = vec![0u32; n_ent + 1];
         // cursors[c][e]: where chunk c writes its first row of entity e.
         let mut cursors: Vec<Vec<u32>> = vec![vec![0; n_ent]; chunks.len()];
@@ -121,60 +105,8 @@ impl EntityRuns {
         let total = at as usize;
         let mut rows = vec![0u32; total];
         let mut ts = vec![0i64; total];
-        {
-            // Each chunk writes only the slots its cursors cover, which are disjoint by
-            // construction; the base addresses cross into the threads as integers.
-            let (rows_ptr, ts_ptr) = (rows.as_mut_ptr() as usize, ts.as_mut_ptr() as usize);
-            std::thread::scope(|s| {
-                for (c, (ids, mut cursor)) in chunks.iter().zip(cursors).enumerate() {
-                    s.spawn(move || {
-                        let base = c * chunk;
-                        for (k, &e) in ids.iter().enumerate() {
-                            if e != NO_ENTITY {
-                                let slot = &mut cursor[e as usize];
-                                let r = base + k;
-                                // SAFETY: `slot` ranges over this chunk's own slots of
-                                // entity `e` (disjoint from every other chunk's), all
-                                // below `total`, the length of both vectors.
-                                unsafe {
-                                    *(rows_ptr as *mut u32).add(*slot as usize) = r as u32;
-                                    *(ts_ptr as *mut i64).add(*slot as usize) = input.feature_ts[r];
-                                }
-                                *slot += 1;
-                            }
-                        }
-                    });
-                }
-            });
-        }
-
-        // Sort each run, splitting the entities into chunks of about equal row counts.
-        let target = total.div_ceil(threads).max(1);
-        std::thread::scope(|s| {
-            let mut rest_rows: &mut [u32] = &mut rows;
-            let mut rest_ts: &mut [i64] = &mut ts;
-            let mut e = 0usize;
-            while e < n_ent {
-                let first = e;
-                let base = offsets[first] as usize;
-                while e < n_ent && (offsets[e] as usize - base) < target {
-                    e += 1;
-                }
-                let len = offsets[e] as usize - base;
-                let (part_rows, tail) = std::mem::take(&mut rest_rows).split_at_mut(len);
-                rest_rows = tail;
-                let (part_ts, tail) = std::mem::take(&mut rest_ts).split_at_mut(len);
-                rest_ts = tail;
-                let offsets = &offsets[first..=e];
-                s.spawn(move || {
-                    let mut scratch: Vec<(i64, i64, i64, u32)> = Vec::new();
-                    for w in offsets.windows(2) {
-                        let range = (w[0] as usize - base)..(w[1] as usize - base);
-                        sort_run(input, &mut part_rows[range.clone()], &mut part_ts[range], &mut scratch);
-                    }
-                });
-            }
-        });
+        scatter(input, &chunks, chunk, cursors, &mut rows, &mut ts);
+        sort_runs(input, &offsets, &mut rows, &mut ts, threads);
         EntityRuns { offsets, rows, ts }
     }
 
@@ -202,6 +134,86 @@ impl EntityRuns {
             _ => rows[winner],
         }
     }
+}
+
+/// Rows per entity in each chunk of `feature_entity`, one thread per chunk.
+fn count_per_chunk(chunks: &[&[u32]], n_ent: usize) -> Vec<Vec<u32>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = chunks
+            .iter()
+            .map(|ids| {
+                s.spawn(move || {
+                    let mut count = vec![0u32; n_ent];
+                    for &e in *ids {
+                        if e != NO_ENTITY {
+                            count[e as usize] += 1;
+                        }
+                    }
+                    count
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("count")).collect()
+    })
+}
+
+/// Each chunk's rows (and their event times) into its own slots, one thread per chunk.
+fn scatter(input: &AsOfInput<'_>, chunks: &[&[u32]], chunk: usize, cursors: Vec<Vec<u32>>, rows: &mut [u32], ts: &mut [i64]) {
+    // Each chunk writes only the slots its cursors cover, which are disjoint by
+    // construction; the base addresses cross into the threads as integers.
+    let (rows_ptr, ts_ptr) = (rows.as_mut_ptr() as usize, ts.as_mut_ptr() as usize);
+    std::thread::scope(|s| {
+        for (c, (ids, mut cursor)) in chunks.iter().zip(cursors).enumerate() {
+            s.spawn(move || {
+                let base = c * chunk;
+                for (k, &e) in ids.iter().enumerate() {
+                    if e != NO_ENTITY {
+                        let slot = &mut cursor[e as usize];
+                        let r = base + k;
+                        // SAFETY: `slot` ranges over this chunk's own slots of
+                        // entity `e` (disjoint from every other chunk's), all
+                        // below the length of both slices.
+                        unsafe {
+                            *(rows_ptr as *mut u32).add(*slot as usize) = r as u32;
+                            *(ts_ptr as *mut i64).add(*slot as usize) = input.feature_ts[r];
+                        }
+                        *slot += 1;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Sorts each entity's run, splitting the entities into chunks of about equal row counts.
+fn sort_runs(input: &AsOfInput<'_>, offsets: &[u32], rows: &mut [u32], ts: &mut [i64], threads: usize) {
+    let n_ent = offsets.len() - 1;
+    let target = rows.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let mut rest_rows: &mut [u32] = rows;
+        let mut rest_ts: &mut [i64] = ts;
+        let mut e = 0usize;
+        while e < n_ent {
+            let first = e;
+            let base = offsets[first] as usize;
+            while e < n_ent && (offsets[e] as usize - base) < target {
+                e += 1;
+            }
+            let len = offsets[e] as usize - base;
+            let (part_rows, tail) = std::mem::take(&mut rest_rows).split_at_mut(len);
+            rest_rows = tail;
+            let (part_ts, tail) = std::mem::take(&mut rest_ts).split_at_mut(len);
+            rest_ts = tail;
+            let offsets = &offsets[first..=e];
+            s.spawn(move || {
+                let mut scratch: Vec<(i64, i64, i64, u32)> = Vec::new();
+                for w in offsets.windows(2) {
+                    let range = (w[0] as usize - base)..(w[1] as usize - base);
+                    sort_run(input, &mut part_rows[range.clone()], &mut part_ts[range], &mut scratch);
+                }
+            });
+        }
+    });
 }
 
 /// Sorts one entity's run by (ts, created, seq). A run already in that order (the

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use quiver_sdk::encoding::{KeyValue, OnlineRow, Value, fingerprint, store_key};
-use quiver_sdk::{Definitions, FeatureRef, KeyType};
+use quiver_sdk::{Definitions, FeatureRef, FeatureView, KeyType};
 
 use crate::error::{Error, Result};
 use crate::store::OnlineStore;
@@ -121,8 +121,28 @@ pub async fn get_online_features(
             views.push(&view.name);
         }
     }
+    let keys = store_keys(project, defs, &views, entities, n)?;
+    let stored = store.read(&keys).await?;
+    let mut rows: HashMap<&str, Vec<Option<OnlineRow>>> = HashMap::new();
+    for (i, name) in views.iter().enumerate() {
+        let view = defs.feature_view(name).expect("checked");
+        rows.insert(name, decode_rows(defs, view, &stored[i * n..(i + 1) * n]));
+    }
+    let mut out: Vec<Column> = entities.iter().map(|(name, values)| key_column(name, values)).collect();
+    for r in refs {
+        let view = defs.feature_view(&r.view).expect("checked");
+        let name = if full_names { r.column_name() } else { r.feature.clone() };
+        out.push(feature_column(view, &r.feature, name, &rows[view.name.as_str()], now));
+    }
+    Ok(out)
+}
+
+/// One store key per (view, row), views in `views` order, after checking that every
+/// view's join keys are given with the right types.
+fn store_keys(project: &str, defs: &Definitions, views: &[&str], entities: &EntityColumns, n: usize) -> Result<Vec<String>> {
+    let bad = |m: String| Error::Request(m);
     let mut keys = Vec::with_capacity(views.len() * n);
-    for name in &views {
+    for name in views {
         let view = defs.feature_view(name).expect("checked");
         let mut columns = Vec::new();
         for key in defs.join_keys(view) {
@@ -141,67 +161,64 @@ pub async fn get_online_features(
             keys.push(store_key(project, name, &values));
         }
     }
-    let stored = store.read(&keys).await?;
-    let mut rows: HashMap<&str, Vec<Option<OnlineRow>>> = HashMap::new();
-    for (i, name) in views.iter().enumerate() {
-        let view = defs.feature_view(name).expect("checked");
-        let print = fingerprint(view);
-        let mut layouts = Layouts::default();
-        let decoded = stored[i * n..(i + 1) * n]
-            .iter()
-            .map(|b| {
-                let row = OnlineRow::decode(b.as_ref()?).ok()?;
-                if row.fingerprint == print && row.values.len() == view.features.len() {
-                    return Some(row);
-                }
-                // A row written before the view's features changed: read by name.
-                layouts.conform(defs, view, row)
-            })
-            .collect();
-        rows.insert(name, decoded);
-    }
+    Ok(keys)
+}
 
-    let mut out: Vec<Column> = entities
+/// The stored rows of one view, in the view's current layout (`None`: not stored, or
+/// unreadable).
+fn decode_rows(defs: &Definitions, view: &FeatureView, stored: &[Option<Vec<u8>>]) -> Vec<Option<OnlineRow>> {
+    let print = fingerprint(view);
+    let mut layouts = Layouts::default();
+    stored
         .iter()
-        .map(|(name, values)| Column {
-            name: name.clone(),
-            values: values
-                .iter()
-                .map(|v| match v {
-                    KeyValue::Int(i) => Value::Int64(*i),
-                    KeyValue::Str(s) => Value::String(s.clone()),
-                })
-                .collect(),
-            statuses: vec![Status::Present; n],
-            event_ts: vec![None; n],
+        .map(|b| {
+            let row = OnlineRow::decode(b.as_ref()?).ok()?;
+            if row.fingerprint == print && row.values.len() == view.features.len() {
+                return Some(row);
+            }
+            // A row written before the view's features changed: read by name.
+            layouts.conform(defs, view, row)
         })
-        .collect();
-    for r in refs {
-        let view = defs.feature_view(&r.view).expect("checked");
-        let k = view.features.iter().position(|f| f.name == r.feature).expect("checked");
-        let ttl_us = view.ttl_us();
-        let mut column = Column {
-            name: if full_names { r.column_name() } else { r.feature.clone() },
-            values: Vec::with_capacity(n),
-            statuses: Vec::with_capacity(n),
-            event_ts: Vec::with_capacity(n),
-        };
-        for row in &rows[view.name.as_str()] {
-            let (value, status, ts) = match row {
-                None => (Value::Null, Status::NotFound, None),
-                Some(row) if ttl_us.is_some_and(|ttl| now.saturating_sub(row.event_ts) > ttl) => {
-                    (Value::Null, Status::OutsideMaxAge, Some(row.event_ts))
-                }
-                Some(row) => match &row.values[k] {
-                    Value::Null => (Value::Null, Status::NullValue, Some(row.event_ts)),
-                    v => (v.clone(), Status::Present, Some(row.event_ts)),
-                },
-            };
-            column.values.push(value);
-            column.statuses.push(status);
-            column.event_ts.push(ts);
-        }
-        out.push(column);
+        .collect()
+}
+
+/// A join-key column of the answer, the keys as given.
+fn key_column(name: &str, values: &[KeyValue]) -> Column {
+    let n = values.len();
+    Column {
+        name: name.to_string(),
+        values: values
+            .iter()
+            .map(|v| match v {
+                KeyValue::Int(i) => Value::Int64(*i),
+                KeyValue::Str(s) => Value::String(s.clone()),
+            })
+            .collect(),
+        statuses: vec![Status::Present; n],
+        event_ts: vec![None; n],
     }
-    Ok(out)
+}
+
+/// Feature `feature` of `view` for each stored row, judged at `now` against the TTL.
+fn feature_column(view: &FeatureView, feature: &str, name: String, rows: &[Option<OnlineRow>], now: i64) -> Column {
+    let k = view.features.iter().position(|f| f.name == feature).expect("checked");
+    let ttl_us = view.ttl_us();
+    let n = rows.len();
+    let mut column = Column { name, values: Vec::with_capacity(n), statuses: Vec::with_capacity(n), event_ts: Vec::with_capacity(n) };
+    for row in rows {
+        let (value, status, ts) = match row {
+            None => (Value::Null, Status::NotFound, None),
+            Some(row) if ttl_us.is_some_and(|ttl| now.saturating_sub(row.event_ts) > ttl) => {
+                (Value::Null, Status::OutsideMaxAge, Some(row.event_ts))
+            }
+            Some(row) => match &row.values[k] {
+                Value::Null => (Value::Null, Status::NullValue, Some(row.event_ts)),
+                v => (v.clone(), Status::Present, Some(row.event_ts)),
+            },
+        };
+        column.values.push(value);
+        column.statuses.push(status);
+        column.event_ts.push(ts);
+    }
+    column
 }

@@ -53,7 +53,13 @@ impl Definitions {
     /// assert!(err.contains("unknown feature view `nope`"), "{err}");
     /// ```
     pub fn validate(&self) -> Result<(), DefinitionError> {
-        // Entities and the one type of each join key.
+        self.check_entities()?;
+        self.check_views()?;
+        self.check_services()
+    }
+
+    /// Entities and the one type of each join key.
+    fn check_entities(&self) -> Result<(), DefinitionError> {
         no_duplicates("entity", "", self.entities.iter().map(|e| e.name.as_str()))?;
         let mut key_types: BTreeMap<&str, (&str, crate::KeyType)> = BTreeMap::new();
         for entity in &self.entities {
@@ -82,8 +88,10 @@ impl Definitions {
                 }
             }
         }
+        Ok(())
+    }
 
-        // Feature views.
+    fn check_views(&self) -> Result<(), DefinitionError> {
         no_duplicates("feature view", "", self.feature_views.iter().map(|v| v.name.as_str()))?;
         for view in &self.feature_views {
             check_name("feature view", &view.name)?;
@@ -122,8 +130,11 @@ impl Definitions {
                 return Err(DefinitionError::EmptyTopic { view: view.name.clone() });
             }
         }
+        Ok(())
+    }
 
-        // Feature services.
+    /// Services name existing views and features, each once.
+    fn check_services(&self) -> Result<(), DefinitionError> {
         no_duplicates("feature service", "", self.feature_services.iter().map(|s| s.name.as_str()))?;
         for service in &self.feature_services {
             check_name("feature service", &service.name)?;
