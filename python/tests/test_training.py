@@ -162,7 +162,7 @@ def test_job_to_torch_on_cpu_matches_the_table(exported):
 
 def test_readme_torch_loop_runs(exported, tmp_path, monkeypatch, capsys):
     _torch()
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")).read()
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
     section = readme[readme.index("### Training-set export"):]
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     cli(exported, "export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet",

@@ -2,7 +2,7 @@
 //!
 //! Thin by design: definitions arrive as JSON of the same serde structures YAML
 //! produces (so both go through one validation and one registry), tables cross as
-//! Arrow through the C Data/Stream interface (`PyArrowType`), and every long call
+//! Arrow through the PyCapsule stream interface ([`arrow_stream`]), and every long call
 //! releases the GIL and checks for Ctrl-C while it runs. Errors become the Python
 //! exception hierarchy declared here, with the Rust message intact.
 
@@ -10,9 +10,7 @@ use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
-use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
-use arrow::pyarrow::{PyArrowType, Table};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -20,6 +18,9 @@ use quiver::Repo;
 use quiver::ops::{Engine, Rows, Spine};
 use quiver::sdk::Definitions;
 use quiver::sdk::encoding::KeyValue;
+
+mod arrow_stream;
+use arrow_stream::{ArrowStream, read_table};
 
 create_exception!(_quiver, QuiverError, PyException, "Every error Quiver raises.");
 create_exception!(_quiver, ValidationError, QuiverError, "Definitions or data that do not fit (bad type, naive time, unknown field).");
@@ -89,8 +90,7 @@ fn open(repo: &str) -> anyhow::Result<Repo> {
 #[pyfunction]
 #[pyo3(signature = (repo, definitions_json, force = false))]
 fn apply(py: Python<'_>, repo: String, definitions_json: String, force: bool) -> PyResult<u64> {
-    let defs: Definitions =
-        serde_json::from_str(&definitions_json).map_err(|e| ValidationError::new_err(format!("definitions: {e}")))?;
+    let defs: Definitions = serde_json::from_str(&definitions_json).map_err(|e| ValidationError::new_err(format!("definitions: {e}")))?;
     run(py, async move {
         let repo = open(&repo)?;
         let now = chrono::Utc::now();
@@ -109,15 +109,11 @@ fn registry_json(py: Python<'_>, repo: String) -> PyResult<String> {
     })
 }
 
-fn batches(table: Table) -> Vec<RecordBatch> {
-    table.into_inner().0.into_iter().filter(|b| b.num_rows() > 0).collect()
-}
-
 /// Appends a table of `view`'s rows to its Delta table in one commit; returns
 /// (rows, table version).
 #[pyfunction]
-fn ingest(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>) -> PyResult<(usize, u64)> {
-    let batches = batches(table.0);
+fn ingest(py: Python<'_>, repo: String, view: String, table: &Bound<'_, PyAny>) -> PyResult<(usize, u64)> {
+    let (_, batches) = read_table(table, "table")?;
     run(py, async move {
         let repo = open(&repo)?;
         let report = repo.ingest(&view, Rows::Batches(batches, "table".into())).await?;
@@ -132,14 +128,14 @@ fn ingest(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>)
 fn get_historical_features(
     py: Python<'_>,
     repo: String,
-    entity_df: PyArrowType<Table>,
+    entity_df: &Bound<'_, PyAny>,
     features: Option<Vec<String>>,
     feature_service: Option<String>,
     created_cutoff: bool,
     engine: &str,
-) -> PyResult<PyArrowType<Table>> {
+) -> PyResult<ArrowStream> {
     let engine: Engine = engine.parse().map_err(ValidationError::new_err)?;
-    let (spine_batches, schema) = entity_df.0.into_inner();
+    let (schema, spine_batches) = read_table(entity_df, "entity_df")?;
     let joined = run(py, async move {
         let repo = open(&repo)?;
         let spine = concat_batches(&schema, &spine_batches)?;
@@ -151,8 +147,7 @@ fn get_historical_features(
         };
         Ok(op.await?.batch)
     })?;
-    let schema = joined.schema();
-    Ok(PyArrowType(Table::try_new(vec![joined], schema).map_err(|e| QuiverError::new_err(e.to_string()))?))
+    Ok(ArrowStream::new(joined))
 }
 
 fn micros(t: chrono::DateTime<chrono::Utc>) -> i64 {
@@ -205,7 +200,10 @@ fn get_online_features(
         for (name, values) in entities {
             let keys = values
                 .iter()
-                .map(|v| KeyValue::from_json(v).ok_or_else(|| quiver::Error::Invalid(format!("entity `{name}`: {v} is not an integer or a string"))))
+                .map(|v| {
+                    KeyValue::from_json(v)
+                        .ok_or_else(|| quiver::Error::Invalid(format!("entity `{name}`: {v} is not an integer or a string")))
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             columns.push((name, keys));
         }
@@ -227,15 +225,20 @@ fn get_online_features(
     })
 }
 
-
 /// Writes a table of `view`'s rows through the streaming write path to `to` (online,
 /// offline or online_and_offline; default both for an online view, offline for an
 /// offline-only one). Returns (rows, online written or None, offline version or None).
 #[pyfunction]
 #[pyo3(signature = (repo, view, table, to = None))]
-fn push(py: Python<'_>, repo: String, view: String, table: PyArrowType<Table>, to: Option<String>) -> PyResult<(usize, Option<usize>, Option<u64>)> {
+fn push(
+    py: Python<'_>,
+    repo: String,
+    view: String,
+    table: &Bound<'_, PyAny>,
+    to: Option<String>,
+) -> PyResult<(usize, Option<usize>, Option<u64>)> {
     let target: Option<quiver::streaming::Target> = to.map(|t| t.parse()).transpose().map_err(ValidationError::new_err)?;
-    let batches = batches(table.0);
+    let (_, batches) = read_table(table, "table")?;
     run(py, async move {
         let repo = open(&repo)?;
         let report = repo.push(&view, Rows::Batches(batches, "table".into())).with_target(target).await?;
@@ -259,6 +262,7 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ValidationError", py.get_type::<ValidationError>())?;
     m.add("NotFoundError", py.get_type::<NotFoundError>())?;
     m.add("StoreUnavailableError", py.get_type::<StoreUnavailableError>())?;
+    m.add_class::<ArrowStream>()?;
     m.add_function(wrap_pyfunction!(apply, m)?)?;
     m.add_function(wrap_pyfunction!(registry_json, m)?)?;
     m.add_function(wrap_pyfunction!(ingest, m)?)?;

@@ -8,7 +8,7 @@
 
 Definitions built here become the same Rust structures that ``features.yaml`` gives and
 go through the same validation and registry. Tables (pyarrow, pandas or polars) cross
-into Rust through the Arrow C stream interface; results come back as pyarrow tables
+into Rust through the Arrow PyCapsule stream interface; results come back as pyarrow tables
 without a copy on the Rust side. Long calls release the GIL, and Ctrl-C cancels them.
 """
 from __future__ import annotations
@@ -326,10 +326,10 @@ class FeatureStore:
         service = feature_service.name if isinstance(feature_service, FeatureService) else feature_service
         if (features is None) == (service is None):
             raise ValidationError("give exactly one of features=[...] and feature_service=...")
-        table = _quiver.get_historical_features(self.repo_path, _to_arrow(entity_df, "entity_df"),
-                                                list(features) if features is not None else None, service, created_cutoff,
-                                                engine)
-        return RetrievalJob(table)
+        stream = _quiver.get_historical_features(self.repo_path, _to_arrow(entity_df, "entity_df"),
+                                                 list(features) if features is not None else None, service, created_cutoff,
+                                                 engine)
+        return RetrievalJob(pa.RecordBatchReader.from_stream(stream).read_all())
 
     def materialize(self, start_date: datetime, end_date: datetime) -> List[tuple]:
         return _quiver.materialize(self.repo_path, _utc(start_date, "start_date"), _utc(end_date, "end_date"))

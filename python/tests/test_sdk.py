@@ -1,7 +1,7 @@
 """The Python SDK over the Rust core: definitions, historical, online, push, errors.
 
 Run by `./run test` (which builds the extension with maturin into its own venv):
-    QUIVER_BIN=<quiver binary> pytest sdk/python/tests
+    QUIVER_BIN=<quiver binary> pytest python/tests
 The oracle for historical features is the `quiver historical` CLI on the same data and
 spine, and a pandas computation for online values, so the SDK is never its own judge.
 """
@@ -287,7 +287,7 @@ def test_the_stub_matches_the_extension():
 
 
 def test_the_readme_quick_start_runs_as_written(tmp_path, monkeypatch, capsys):
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md")).read()
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
     section = readme[readme.index("## Python"):]
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     new_repo(tmp_path / "repo")
@@ -321,3 +321,20 @@ def test_the_join_engine_can_be_chosen(store):
     if not os.path.exists("/dev/nvidia0"):
         with pytest.raises(qv.QuiverError, match="--engine gpu"):
             store.get_historical_features(entity_df=spine(), features=["trips:fare"], engine="gpu")
+
+
+def test_tables_cross_through_the_arrow_pycapsule_interface(store):
+    """Tables go into Rust and come back through `__arrow_c_stream__`: any object that
+    offers a stream is taken (here a polars frame, unconverted), a result stream reads
+    once, and what is not a table is refused by name."""
+    from quiver import _quiver
+    pl = pytest.importorskip("polars")
+    rows, _ = _quiver.ingest(store.repo_path, "trips", pl.from_arrow(table()))
+    assert rows == table().num_rows
+    stream = _quiver.get_historical_features(store.repo_path, spine(), ["trips:fare"])
+    joined = pa.table(stream)
+    assert joined.num_rows == spine().num_rows and "trips__fare" in joined.column_names
+    with pytest.raises(qv.QuiverError, match="already read"):
+        pa.table(stream)
+    with pytest.raises(qv.ValidationError, match="entity_df: not an Arrow table"):
+        _quiver.get_historical_features(store.repo_path, {"rider_id": [1]}, ["trips:fare"])
