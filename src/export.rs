@@ -121,14 +121,15 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     quiver_sdk::files::write_atomic(path, bytes).map_err(|e| Error::io(path, e))
 }
 
-fn encode(batch: &RecordBatch, format: ShardFormat) -> Result<Vec<u8>> {
+/// The shard's bytes; `path` is where they are going, for errors.
+fn encode(path: &Path, batch: &RecordBatch, format: ShardFormat) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
+    let parquet = |source| Error::Parquet { path: path.to_path_buf(), source };
     match format {
         ShardFormat::Parquet => {
-            let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), None)
-                .map_err(|e| Error::Parquet { path: PathBuf::from("shard"), source: e })?;
-            w.write(batch).map_err(|e| Error::Parquet { path: PathBuf::from("shard"), source: e })?;
-            w.close().map_err(|e| Error::Parquet { path: PathBuf::from("shard"), source: e })?;
+            let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), None).map_err(parquet)?;
+            w.write(batch).map_err(parquet)?;
+            w.close().map_err(parquet)?;
         }
         ShardFormat::Arrow => {
             let mut w = arrow::ipc::writer::FileWriter::try_new(&mut buf, &batch.schema())?;
@@ -292,13 +293,13 @@ async fn run(
         let slice = spine.slice(start as usize, per.min(n - start.min(n)) as usize);
         let versions = manifest.delta_versions.clone();
         let options = HistoricalOptions { created_cutoff: manifest.options.created_cutoff, versions, ..Default::default() };
-        let rows = SpineRows { source: Path::new(&manifest.spine.path), rows: &slice };
+        let rows = SpineRows { source: &manifest.spine.path, rows: &slice };
         let joined = historical(&repo.config, &defs, rows, &requests, options, kernel, &|_, _| {}).await?;
         joined_now += 1;
         if manifest.schema.is_empty() {
             manifest.schema = joined.schema().fields().iter().map(|f| (f.name().clone(), f.data_type().to_string())).collect();
         }
-        let bytes = encode(&joined, manifest.options.format)?;
+        let bytes = encode(&out.join(&file), &joined, manifest.options.format)?;
         let shard = Shard { file, rows: joined.num_rows() as u64, sha256: sha256_hex(&bytes) };
         if let Some(expected) = expected {
             check_reproduces(out, expected, &shard)?;

@@ -74,7 +74,7 @@ async fn check(store: Arc<dyn OnlineStore>) {
         let offline = historical(
             &repo.config,
             &defs,
-            SpineRows { source: std::path::Path::new("spine"), rows: &spine },
+            SpineRows { source: "spine", rows: &spine },
             &requests,
             HistoricalOptions::default(),
             &quiver::gpu_join::CpuKernel::new(),

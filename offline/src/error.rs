@@ -1,6 +1,6 @@
 //! The offline store's errors; each names the table, file, row or field it is about.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Everything that can go wrong in the offline store.
 #[derive(Debug, thiserror::Error)]
@@ -14,9 +14,10 @@ pub enum Error {
     },
     #[error("delta table {table}: bad location: {message}")]
     Location { table: String, message: String },
-    /// Bad user input: a file that cannot be read or does not fit the view.
-    #[error("{file}: {message}", file = file.display())]
-    Input { file: PathBuf, message: String },
+    /// Bad user input: a file (or a table, a request) that cannot be read or does not fit
+    /// the view; `what` names it.
+    #[error("{what}: {message}")]
+    Input { what: String, message: String },
     /// A request that does not fit the registry (a spine without a needed key, a
     /// feature asked for twice).
     #[error("{0}")]
@@ -55,8 +56,9 @@ impl Error {
         }
     }
 
-    pub(crate) fn input(file: &Path, message: impl Into<String>) -> Self {
-        Error::Input { file: file.to_path_buf(), message: message.into() }
+    /// Input that does not fit, named by `what` (a file's `path.display()`, or a label).
+    pub(crate) fn input(what: impl std::fmt::Display, message: impl Into<String>) -> Self {
+        Error::Input { what: what.to_string(), message: message.into() }
     }
 
     pub(crate) fn delta(table: impl std::fmt::Display, source: deltalake::DeltaTableError) -> Self {

@@ -51,7 +51,8 @@ pub async fn ingest(
 ) -> Result<IngestReport> {
     let start = Instant::now();
     let batches = read_file(file, defs, view)?;
-    let mut report = append(location, defs, view, file, batches, AppendOptions::new(Some(latest_event)), progress).await?;
+    let source = file.display().to_string();
+    let mut report = append(location, defs, view, &source, batches, AppendOptions::new(Some(latest_event)), progress).await?;
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -109,7 +110,7 @@ pub async fn append(
     location: &StoreLocation,
     defs: &Definitions,
     view: &FeatureView,
-    source: &Path,
+    source: &str,
     batches: Vec<RecordBatch>,
     options: AppendOptions,
     progress: Progress<'_>,
@@ -254,7 +255,7 @@ async fn commit_once(
 pub fn conform_batches(
     defs: &Definitions,
     view: &FeatureView,
-    source: &Path,
+    source: &str,
     batches: &[RecordBatch],
     latest_event: Option<i64>,
 ) -> Result<Vec<RecordBatch>> {

@@ -39,7 +39,7 @@ impl InputFormat {
             "parquet" | "pq" => Ok(InputFormat::Parquet),
             "csv" => Ok(InputFormat::Csv),
             "jsonl" | "ndjson" | "json" => Ok(InputFormat::JsonLines),
-            _ => Err(Error::input(path, format!("unknown file type `.{ext}` (expected .parquet, .csv or .jsonl)"))),
+            _ => Err(Error::input(path.display(), format!("unknown file type `.{ext}` (expected .parquet, .csv or .jsonl)"))),
         }
     }
 }
@@ -57,8 +57,8 @@ pub fn read_file(path: &Path, defs: &Definitions, view: &FeatureView) -> Result<
     let wanted = view_columns(defs, view);
     let wanted = wanted.as_slice();
     let format = InputFormat::from_path(path)?;
-    let file = File::open(path).map_err(|e| Error::input(path, e.to_string()))?;
-    let fail = |e: &dyn std::fmt::Display| Error::input(path, e.to_string());
+    let file = File::open(path).map_err(|e| Error::input(path.display(), e.to_string()))?;
+    let fail = |e: &dyn std::fmt::Display| Error::input(path.display(), e.to_string());
     match format {
         InputFormat::Parquet => {
             let reader = ParquetRecordBatchReaderBuilder::try_new(file)
@@ -80,7 +80,7 @@ pub fn read_file(path: &Path, defs: &Definitions, view: &FeatureView) -> Result<
                     Some((f, _)) if is_time(f.data_type()) => DataType::Utf8,
                     Some((f, _)) if f.data_type().is_nested() || *f.data_type() == DataType::Binary => {
                         return Err(Error::input(
-                            path,
+                            path.display(),
                             format!("column `{name}`: list and bytes features cannot be read from CSV (use Parquet or JSON lines)"),
                         ));
                     }
@@ -118,19 +118,19 @@ fn read_json_lines(
     let mut line_no = 0usize;
     for line in reader.lines() {
         line_no += 1;
-        let line = line.map_err(|e| Error::input(path, format!("line {line_no}: {e}")))?;
+        let line = line.map_err(|e| Error::input(path.display(), format!("line {line_no}: {e}")))?;
         if line.trim().is_empty() {
             continue;
         }
         let map = match serde_json::from_str::<serde_json::Value>(&line) {
             Ok(serde_json::Value::Object(map)) => map,
-            Ok(_) => return Err(Error::input(path, format!("row {line_no}: not a JSON object"))),
-            Err(e) => return Err(Error::input(path, format!("row {line_no}: not valid JSON: {e}"))),
+            Ok(_) => return Err(Error::input(path.display(), format!("row {line_no}: not a JSON object"))),
+            Err(e) => return Err(Error::input(path.display(), format!("row {line_no}: not valid JSON: {e}"))),
         };
         for (i, (f, _)) in wanted.iter().enumerate() {
             seen[i] |= map.contains_key(f.name());
         }
-        rows.push(rows_reader.from_object(&map).map_err(|m| Error::input(path, format!("row {line_no}: {m}")))?);
+        rows.push(rows_reader.from_object(&map).map_err(|m| Error::input(path.display(), format!("row {line_no}: {m}")))?);
         if rows.len() == 64 * 1024 {
             batches.push(RecordBatch::try_new(schema.clone(), rows_to_columns(view, &rows))?);
             rows.clear();
@@ -138,7 +138,10 @@ fn read_json_lines(
     }
     if let Some(i) = seen.iter().position(|s| !s) {
         let names: Vec<&str> = wanted.iter().map(|(f, _)| f.name().as_str()).collect();
-        return Err(Error::input(path, format!("missing column `{}` (expected columns: {})", wanted[i].0.name(), names.join(", "))));
+        return Err(Error::input(
+            path.display(),
+            format!("missing column `{}` (expected columns: {})", wanted[i].0.name(), names.join(", ")),
+        ));
     }
     if !rows.is_empty() {
         batches.push(RecordBatch::try_new(schema, rows_to_columns(view, &rows))?);
@@ -159,32 +162,35 @@ fn is_time(t: &DataType) -> bool {
 /// [`Error::Input`]: a missing column, a type that cannot be widened safely, a naive
 /// timestamp, a null key or time, or an event time from the future, naming the column
 /// and the first bad row.
-pub fn conform(path: &Path, batch: &RecordBatch, wanted: &[Wanted], row0: usize, latest_event: Option<i64>) -> Result<Vec<ArrayRef>> {
+pub fn conform(source: &str, batch: &RecordBatch, wanted: &[Wanted], row0: usize, latest_event: Option<i64>) -> Result<Vec<ArrayRef>> {
     let mut out = Vec::with_capacity(wanted.len());
     for (field, role) in wanted {
         let name = field.name();
         let Some(array) = batch.column_by_name(name) else {
             let names: Vec<&str> = wanted.iter().map(|(f, _)| f.name().as_str()).collect();
-            return Err(Error::input(path, format!("missing column `{name}` (expected columns: {})", names.join(", "))));
+            return Err(Error::input(source, format!("missing column `{name}` (expected columns: {})", names.join(", "))));
         };
         let converted = if is_time(field.data_type()) {
             to_utc_micros(array).map_err(|(row, msg)| match row {
-                Some(r) => Error::input(path, format!("row {}: column `{name}`: {msg}", row0 + r + 1)),
-                None => Error::input(path, format!("column `{name}` {msg}")),
+                Some(r) => Error::input(source, format!("row {}: column `{name}`: {msg}", row0 + r + 1)),
+                None => Error::input(source, format!("column `{name}` {msg}")),
             })?
         } else {
-            widen(array, field.data_type()).map_err(|msg| Error::input(path, format!("column `{name}`: {msg}")))?
+            widen(array, field.data_type()).map_err(|msg| Error::input(source, format!("column `{name}`: {msg}")))?
         };
         if *role == Role::Key
             && let Some(strings) = converted.as_string_opt::<i32>()
             && let Some(row) = (0..strings.len()).find(|&i| strings.is_valid(i) && strings.value(i).is_empty())
         {
-            return Err(Error::input(path, format!("row {}: column `{name}` is an empty string (join keys must be set)", row0 + row + 1)));
+            return Err(Error::input(
+                source,
+                format!("row {}: column `{name}` is an empty string (join keys must be set)", row0 + row + 1),
+            ));
         }
         if *role != Role::Feature && converted.null_count() > 0 {
             let row = (0..converted.len()).find(|&i| converted.is_null(i)).unwrap_or(0);
             return Err(Error::input(
-                path,
+                source,
                 format!("row {}: column `{name}` is empty (join keys and timestamps must be set)", row0 + row + 1),
             ));
         }
@@ -192,7 +198,7 @@ pub fn conform(path: &Path, batch: &RecordBatch, wanted: &[Wanted], row0: usize,
             let times = converted.as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
             if let Some(row) = times.values().iter().position(|&t| t > latest) {
                 let message = quiver_sdk::rows::check_event_time(name, times.value(row), latest).expect_err("checked");
-                return Err(Error::input(path, format!("row {}: column {message}", row0 + row + 1)));
+                return Err(Error::input(source, format!("row {}: column {message}", row0 + row + 1)));
             }
         }
         out.push(converted);
@@ -309,9 +315,9 @@ mod tests {
             ])
             .unwrap()
         };
-        let err = conform(Path::new("in.parquet"), &batch("", "y"), &wanted, 10, None).unwrap_err().to_string();
+        let err = conform("in.parquet", &batch("", "y"), &wanted, 10, None).unwrap_err().to_string();
         assert_eq!(err, "in.parquet: row 12: column `k` is an empty string (join keys must be set)");
-        assert!(conform(Path::new("in.parquet"), &batch("b", ""), &wanted, 0, None).is_ok());
+        assert!(conform("in.parquet", &batch("b", ""), &wanted, 0, None).is_ok());
     }
 
     #[test]

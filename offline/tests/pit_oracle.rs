@@ -441,7 +441,7 @@ async fn historical_matches_the_row_by_row_oracle() {
         let out = historical(
             &config,
             &defs,
-            SpineRows { source: Path::new("spine.parquet"), rows: &spine_batch },
+            SpineRows { source: "spine.parquet", rows: &spine_batch },
             &requests,
             HistoricalOptions { created_cutoff: cutoff, ..Default::default() },
             &CpuKernel::new(),
@@ -455,7 +455,7 @@ async fn historical_matches_the_row_by_row_oracle() {
         let via_engine_gather = historical(
             &config,
             &defs,
-            SpineRows { source: Path::new("spine.parquet"), rows: &spine_batch },
+            SpineRows { source: "spine.parquet", rows: &spine_batch },
             &requests,
             HistoricalOptions { created_cutoff: cutoff, ..Default::default() },
             &quiver_gpu_join::cuda::HostGather(CpuKernel::new()),
@@ -496,7 +496,7 @@ async fn historical_matches_the_row_by_row_oracle() {
     let err = historical(
         &config,
         &defs,
-        SpineRows { source: Path::new("spine.parquet"), rows: &spine_batch },
+        SpineRows { source: "spine.parquet", rows: &spine_batch },
         &requests,
         HistoricalOptions { created_cutoff: true, ..Default::default() },
         &CpuKernel::new(),

@@ -337,18 +337,6 @@ impl Entity {
         self.join_keys.push(JoinKey { name: name.into(), dtype });
         self
     }
-
-    #[must_use]
-    pub fn with_description(mut self, description: impl Into<String>) -> Self {
-        self.description = description.into();
-        self
-    }
-
-    #[must_use]
-    pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.tags.insert(key.into(), value.into());
-        self
-    }
 }
 
 impl Source {
@@ -435,18 +423,6 @@ impl FeatureView {
         self.online = online;
         self
     }
-
-    #[must_use]
-    pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.tags.insert(key.into(), value.into());
-        self
-    }
-
-    #[must_use]
-    pub fn with_description(mut self, description: impl Into<String>) -> Self {
-        self.description = description.into();
-        self
-    }
 }
 
 impl FeatureService {
@@ -458,18 +434,6 @@ impl FeatureService {
     #[must_use]
     pub fn with_feature(mut self, view: impl Into<String>, feature: impl Into<String>) -> Self {
         self.features.push(FeatureRef::new(view, feature));
-        self
-    }
-
-    #[must_use]
-    pub fn with_description(mut self, description: impl Into<String>) -> Self {
-        self.description = description.into();
-        self
-    }
-
-    #[must_use]
-    pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.tags.insert(key.into(), value.into());
         self
     }
 }
@@ -499,6 +463,27 @@ mod tests {
         assert_eq!(names, ["driver_id", "trip_id"]);
     }
 }
+
+/// The description and tags setters of every named definition, written once.
+macro_rules! described {
+    ($($ty:ident),*) => {$(
+        impl $ty {
+            #[must_use]
+            pub fn with_description(mut self, description: impl Into<String>) -> Self {
+                self.description = description.into();
+                self
+            }
+
+            #[must_use]
+            pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+                self.tags.insert(key.into(), value.into());
+                self
+            }
+        }
+    )*};
+}
+
+described!(Entity, FeatureView, FeatureService);
 
 /// `a, b, c`, or `none`: the list of what is known in every "unknown ..." message.
 pub fn known<'a>(names: impl IntoIterator<Item = &'a str>) -> String {

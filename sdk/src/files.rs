@@ -2,8 +2,9 @@
 //! serialises `apply`.
 //!
 //! Every small state file Quiver writes (the registry, `.quiver/materialized.json`, an
-//! export's `manifest.json` and `_progress.json`) goes through [`write_atomic`], so a
-//! reader or a crash sees the old content or the new, never a part of one.
+//! export's `manifest.json`, `_progress.json` and shards, `historical --out`) goes
+//! through [`write_atomic`] or [`write_atomic_with`], so a reader or a crash sees the
+//! old content or the new, never a part of one.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -23,20 +24,29 @@ use std::time::{Duration, Instant};
 /// assert_eq!(std::fs::read(&path).unwrap(), b"{}");
 /// ```
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
+
+/// As [`write_atomic`], the content written by `write` into the temp file (a Parquet
+/// writer streaming a large batch, say).
+///
+/// # Errors
+/// The I/O error of whichever step failed, `write`'s included.
+pub fn write_atomic_with(path: &Path, write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "file".to_string());
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let write = || -> std::io::Result<()> {
+    let steps = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
+        write(&mut f)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
         std::fs::File::open(&dir)?.sync_all()
     };
-    write().inspect_err(|_| {
+    steps().inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
 }

@@ -1,10 +1,9 @@
 //! `export`: a sharded, reproducible training set (the work is in [`crate::export`]).
 
-use std::future::IntoFuture;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{Engine, OpFuture, Progress, no_progress, pick_engine};
+use super::{Engine, Progress, no_progress, pick_engine};
 use crate::error::Result;
 use crate::export::{ExportOptions, Exported, Hooks, ShardFormat};
 use crate::repo::Repo;
@@ -69,6 +68,9 @@ impl Repo {
     }
 }
 
+setters!(Export { engine, progress });
+setters!(Reproduce { engine, progress });
+
 impl<'a> Export<'a> {
     pub fn with_format(mut self, format: ShardFormat) -> Self {
         self.options.format = format;
@@ -83,16 +85,6 @@ impl<'a> Export<'a> {
 
     pub fn with_created_cutoff(mut self, on: bool) -> Self {
         self.options.created_cutoff = on;
-        self
-    }
-
-    pub fn with_engine(mut self, engine: Engine) -> Self {
-        self.engine = engine;
-        self
-    }
-
-    pub fn with_progress(mut self, progress: Progress) -> Self {
-        self.progress = progress;
         self
     }
 
@@ -120,25 +112,9 @@ impl<'a> Export<'a> {
     }
 }
 
-impl<'a> IntoFuture for Export<'a> {
-    type Output = Result<Exported>;
-    type IntoFuture = OpFuture<'a, Exported>;
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
-    }
-}
+awaitable!(Export => Exported);
 
 impl<'a> Reproduce<'a> {
-    pub fn with_engine(mut self, engine: Engine) -> Self {
-        self.engine = engine;
-        self
-    }
-
-    pub fn with_progress(mut self, progress: Progress) -> Self {
-        self.progress = progress;
-        self
-    }
-
     async fn run(self) -> Result<Exported> {
         let (kernel, _) = pick_engine(self.engine, 0)?;
         let progress = self.progress.clone();
@@ -147,10 +123,4 @@ impl<'a> Reproduce<'a> {
     }
 }
 
-impl<'a> IntoFuture for Reproduce<'a> {
-    type Output = Result<Exported>;
-    type IntoFuture = OpFuture<'a, Exported>;
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
-    }
-}
+awaitable!(Reproduce => Exported);

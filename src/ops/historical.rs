@@ -1,7 +1,6 @@
 //! `historical`: the point-in-time join of a spine with features (SPEC §3).
 
 use std::collections::BTreeMap;
-use std::future::IntoFuture;
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
@@ -9,7 +8,7 @@ use arrow::datatypes::DataType;
 use quiver_offline::historical::{self, HistoricalOptions};
 use quiver_sdk::FeatureRef;
 
-use super::{Engine, Features, OpFuture, Progress, no_progress, pick_engine};
+use super::{Engine, Features, Progress, no_progress, pick_engine};
 use crate::error::Result;
 use crate::repo::Repo;
 
@@ -27,10 +26,10 @@ impl Spine {
     }
 
     /// Where the spine came from, for messages.
-    fn label(&self) -> PathBuf {
+    fn label(&self) -> String {
         match self {
-            Spine::File(p) => p.clone(),
-            Spine::Batch(_, name) => PathBuf::from(name),
+            Spine::File(p) => p.display().to_string(),
+            Spine::Batch(_, name) => name.clone(),
         }
     }
 
@@ -81,24 +80,9 @@ impl Repo {
     }
 }
 
+setters!(Historical { features, engine, progress });
+
 impl<'a> Historical<'a> {
-    /// `view:feature` references.
-    pub fn with_features<S: Into<String>>(mut self, refs: impl IntoIterator<Item = S>) -> Self {
-        self.features = Features::Refs(refs.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// A feature service's references.
-    pub fn with_service(mut self, name: impl Into<String>) -> Self {
-        self.features = Features::Service(name.into());
-        self
-    }
-
-    pub fn with_engine(mut self, engine: Engine) -> Self {
-        self.engine = engine;
-        self
-    }
-
     /// Only rows created by each spine time are candidates (SPEC §3.5).
     pub fn with_created_cutoff(mut self, on: bool) -> Self {
         self.options.created_cutoff = on;
@@ -114,11 +98,6 @@ impl<'a> Historical<'a> {
     /// Reads the views' tables at these Delta versions (time travel).
     pub fn with_versions(mut self, versions: BTreeMap<String, u64>) -> Self {
         self.versions = versions;
-        self
-    }
-
-    pub fn with_progress(mut self, progress: Progress) -> Self {
-        self.progress = progress;
         self
     }
 
@@ -161,10 +140,4 @@ impl<'a> Historical<'a> {
     }
 }
 
-impl<'a> IntoFuture for Historical<'a> {
-    type Output = Result<Joined>;
-    type IntoFuture = OpFuture<'a, Joined>;
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
-    }
-}
+awaitable!(Historical => Joined);

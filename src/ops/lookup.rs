@@ -1,10 +1,8 @@
 //! An online lookup (SPEC §4), as `quiver online` and the Python SDK do it.
 
-use std::future::IntoFuture;
-
 use quiver_online::lookup::{Column, EntityColumns};
 
-use super::{Features, OpFuture, now_us};
+use super::{Features, now_us};
 use crate::error::{Error, Result};
 use crate::repo::Repo;
 
@@ -26,17 +24,9 @@ impl Repo {
     }
 }
 
+setters!(Lookup { features });
+
 impl<'a> Lookup<'a> {
-    pub fn with_features<S: Into<String>>(mut self, refs: impl IntoIterator<Item = S>) -> Self {
-        self.features = Features::Refs(refs.into_iter().map(Into::into).collect());
-        self
-    }
-
-    pub fn with_service(mut self, name: impl Into<String>) -> Self {
-        self.features = Features::Service(name.into());
-        self
-    }
-
     /// Columns named `view__feature` instead of `feature`.
     pub fn with_full_names(mut self, on: bool) -> Self {
         self.full_names = on;
@@ -71,10 +61,4 @@ impl<'a> Lookup<'a> {
     }
 }
 
-impl<'a> IntoFuture for Lookup<'a> {
-    type Output = Result<Vec<Column>>;
-    type IntoFuture = OpFuture<'a, Vec<Column>>;
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
-    }
-}
+awaitable!(Lookup => Vec<Column>);

@@ -1,12 +1,11 @@
 //! `materialize` and `materialize-incremental`: offline to online (SPEC §4).
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 
 use quiver_online::OnlineStore;
 use quiver_sdk::FeatureView;
 
-use super::{OpFuture, Progress, no_progress, view};
+use super::{Progress, no_progress, view};
 use crate::error::{Error, Result};
 use crate::materialize::ViewReport;
 use crate::repo::Repo;
@@ -65,21 +64,13 @@ fn online_views<'d>(defs: &'d quiver_sdk::Definitions, names: &[String]) -> Resu
         .collect()
 }
 
+setters!(Materialize { store, progress });
+setters!(MaterializeIncremental { store, progress });
+
 impl<'a> Materialize<'a> {
     /// Only these views (each must be online).
     pub fn with_views(mut self, names: Vec<String>) -> Self {
         self.views = names;
-        self
-    }
-
-    /// Writes into `store` instead of the one `quiver.yaml` names.
-    pub fn with_store(mut self, store: Arc<dyn OnlineStore>) -> Self {
-        self.store = Some(store);
-        self
-    }
-
-    pub fn with_progress(mut self, progress: Progress) -> Self {
-        self.progress = progress;
         self
     }
 
@@ -89,10 +80,7 @@ impl<'a> Materialize<'a> {
         }
         let defs = self.repo.defs()?;
         let views = online_views(&defs, &self.views)?;
-        let store = match self.store {
-            Some(s) => s,
-            None => self.repo.open_store().await?,
-        };
+        let store = self.repo.store_or_open(self.store).await?;
         let progress = self.progress.clone();
         crate::materialize::materialize(&self.repo.config, &defs, &views, self.start, self.end, store.as_ref(), &move |p, n| {
             progress.report(p, n)
@@ -101,33 +89,13 @@ impl<'a> Materialize<'a> {
     }
 }
 
-impl<'a> IntoFuture for Materialize<'a> {
-    type Output = Result<Vec<ViewReport>>;
-    type IntoFuture = OpFuture<'a, Vec<ViewReport>>;
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
-    }
-}
+awaitable!(Materialize => Vec<ViewReport>);
 
 impl<'a> MaterializeIncremental<'a> {
-    /// Writes into `store` instead of the one `quiver.yaml` names.
-    pub fn with_store(mut self, store: Arc<dyn OnlineStore>) -> Self {
-        self.store = Some(store);
-        self
-    }
-
-    pub fn with_progress(mut self, progress: Progress) -> Self {
-        self.progress = progress;
-        self
-    }
-
     async fn run(self) -> Result<Vec<ViewReport>> {
         let defs = self.repo.defs()?;
         let views = online_views(&defs, &[])?;
-        let store = match self.store {
-            Some(s) => s,
-            None => self.repo.open_store().await?,
-        };
+        let store = self.repo.store_or_open(self.store).await?;
         let progress = self.progress.clone();
         crate::materialize::materialize_incremental(&self.repo.config, &defs, &views, self.end, store.as_ref(), &move |p, n| {
             progress.report(p, n)
@@ -136,10 +104,4 @@ impl<'a> MaterializeIncremental<'a> {
     }
 }
 
-impl<'a> IntoFuture for MaterializeIncremental<'a> {
-    type Output = Result<Vec<ViewReport>>;
-    type IntoFuture = OpFuture<'a, Vec<ViewReport>>;
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
-    }
-}
+awaitable!(MaterializeIncremental => Vec<ViewReport>);

@@ -17,6 +17,64 @@
 //! # Ok(()) }
 //! ```
 
+/// The setters several builders share, written once: `setters!(Type { engine, store, ... })`
+/// gives `Type` the `with_*` setter of each (the fields they set are named alike).
+/// `.await` on a builder runs its `async fn run(self) -> Result<T>`:
+/// `awaitable!(Export => Exported)`.
+macro_rules! awaitable {
+    ($ty:ident => $out:ty) => {
+        impl<'a> std::future::IntoFuture for $ty<'a> {
+            type Output = $crate::error::Result<$out>;
+            type IntoFuture = $crate::ops::OpFuture<'a, $out>;
+            fn into_future(self) -> Self::IntoFuture {
+                Box::pin(self.run())
+            }
+        }
+    };
+}
+
+macro_rules! setters {
+    ($ty:ident { $($setter:ident),* $(,)? }) => {
+        impl $ty<'_> {
+            $(setters!(@ $setter);)*
+        }
+    };
+    (@ engine) => {
+        /// The join engine: auto (the default, but verify's CPU), cpu or gpu.
+        pub fn with_engine(mut self, engine: $crate::ops::Engine) -> Self {
+            self.engine = engine;
+            self
+        }
+    };
+    (@ progress) => {
+        /// Called as the work goes (phases, rows, shards).
+        pub fn with_progress(mut self, progress: $crate::ops::Progress) -> Self {
+            self.progress = progress;
+            self
+        }
+    };
+    (@ store) => {
+        /// Uses `store` instead of opening the online store `quiver.yaml` names.
+        pub fn with_store(mut self, store: std::sync::Arc<dyn quiver_online::OnlineStore>) -> Self {
+            self.store = Some(store);
+            self
+        }
+    };
+    (@ features) => {
+        /// `view:feature` references.
+        pub fn with_features<S: Into<String>>(mut self, refs: impl IntoIterator<Item = S>) -> Self {
+            self.features = $crate::ops::Features::Refs(refs.into_iter().map(Into::into).collect());
+            self
+        }
+
+        /// A feature service's references.
+        pub fn with_service(mut self, name: impl Into<String>) -> Self {
+            self.features = $crate::ops::Features::Service(name.into());
+            self
+        }
+    };
+}
+
 mod export;
 mod historical;
 mod lookup;
@@ -198,6 +256,17 @@ impl Repo {
     /// When it cannot be opened or reached ([`quiver_online::open_store`]).
     pub async fn open_store(&self) -> Result<Arc<dyn OnlineStore>> {
         Ok(quiver_online::open_store(&self.config).await?)
+    }
+
+    /// `store` when a caller gave one, else [`Repo::open_store`].
+    ///
+    /// # Errors
+    /// As [`Repo::open_store`].
+    pub async fn store_or_open(&self, store: Option<Arc<dyn OnlineStore>>) -> Result<Arc<dyn OnlineStore>> {
+        match store {
+            Some(store) => Ok(store),
+            None => self.open_store().await,
+        }
     }
 
     /// The latest event time accepted now: the wall clock plus `max_future_skew`.

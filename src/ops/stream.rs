@@ -26,6 +26,8 @@ pub struct Stream<'a> {
     store: Option<Arc<dyn OnlineStore>>,
 }
 
+setters!(Stream { store });
+
 impl Repo {
     /// Streams `views` (every view with a stream source when empty) into both stores.
     pub fn stream(&self, views: Vec<String>) -> Stream<'_> {
@@ -75,12 +77,6 @@ impl Stream<'_> {
         self
     }
 
-    /// Writes online into `store` instead of the one `quiver.yaml` names.
-    pub fn with_store(mut self, store: Arc<dyn OnlineStore>) -> Self {
-        self.store = Some(store);
-        self
-    }
-
     /// Checks the views and settings before connecting anywhere.
     ///
     /// # Errors
@@ -111,10 +107,7 @@ impl Stream<'_> {
         if let Some(brokers) = self.brokers {
             options.brokers = brokers;
         }
-        let store = match self.store {
-            Some(s) => s,
-            None => rt.block_on(self.repo.open_store())?,
-        };
+        let store = rt.block_on(self.repo.store_or_open(self.store))?;
         Ok(quiver_streaming::run(&self.repo.config, defs, &self.views, store, options, rt)?)
     }
 }

@@ -1,12 +1,11 @@
 //! `verify`: does the online store agree with the offline store? (the work is in
 //! [`crate::verify`]).
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 
 use quiver_online::OnlineStore;
 
-use super::{Engine, OpFuture, now_us, pick_engine};
+use super::{Engine, now_us, pick_engine};
 use crate::error::Result;
 use crate::repo::Repo;
 use crate::verify::{FeatureReport, LogReport};
@@ -45,16 +44,13 @@ impl Repo {
     }
 }
 
+setters!(VerifyLog { engine });
+setters!(VerifySample { store });
+
 impl<'a> VerifyLog<'a> {
     /// Only rows created by each request time count.
     pub fn with_created_cutoff(mut self, on: bool) -> Self {
         self.created_cutoff = on;
-        self
-    }
-
-    /// The join engine (default the CPU: verify's spines are the logged requests).
-    pub fn with_engine(mut self, engine: Engine) -> Self {
-        self.engine = engine;
         self
     }
 
@@ -65,13 +61,7 @@ impl<'a> VerifyLog<'a> {
     }
 }
 
-impl<'a> IntoFuture for VerifyLog<'a> {
-    type Output = Result<LogReport>;
-    type IntoFuture = OpFuture<'a, LogReport>;
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
-    }
-}
+awaitable!(VerifyLog => LogReport);
 
 impl<'a> VerifySample<'a> {
     /// Compares at `now` (UTC microseconds) instead of the wall clock.
@@ -80,27 +70,12 @@ impl<'a> VerifySample<'a> {
         self
     }
 
-    /// Reads `store` instead of the one `quiver.yaml` names.
-    pub fn with_store(mut self, store: Arc<dyn OnlineStore>) -> Self {
-        self.store = Some(store);
-        self
-    }
-
     async fn run(self) -> Result<Vec<FeatureReport>> {
         let defs = self.repo.defs()?;
-        let store = match self.store {
-            Some(s) => s,
-            None => self.repo.open_store().await?,
-        };
+        let store = self.repo.store_or_open(self.store).await?;
         let now = self.now.unwrap_or_else(now_us);
         crate::verify::verify_sample(&self.repo.config, &defs, store.as_ref(), self.n, now, now as u64).await
     }
 }
 
-impl<'a> IntoFuture for VerifySample<'a> {
-    type Output = Result<Vec<FeatureReport>>;
-    type IntoFuture = OpFuture<'a, Vec<FeatureReport>>;
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
-    }
-}
+awaitable!(VerifySample => Vec<FeatureReport>);

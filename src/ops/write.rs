@@ -1,6 +1,5 @@
 //! `ingest` and `push`: rows from outside into the stores, checked whole first.
 
-use std::future::IntoFuture;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -9,7 +8,7 @@ use quiver_offline::ingest::{AppendOptions, IngestReport};
 use quiver_online::OnlineStore;
 use quiver_streaming::{PushReport, Target};
 
-use super::{OpFuture, Progress, no_progress, view};
+use super::{Progress, no_progress, view};
 use crate::error::Result;
 use crate::repo::Repo;
 
@@ -27,10 +26,11 @@ impl Rows {
     }
 
     /// The batches, read from the file when it is one.
-    fn read(self, defs: &quiver_sdk::Definitions, view: &quiver_sdk::FeatureView) -> Result<(Vec<RecordBatch>, PathBuf)> {
+    /// The batches, and what errors call them (the file's path, or the name given).
+    fn read(self, defs: &quiver_sdk::Definitions, view: &quiver_sdk::FeatureView) -> Result<(Vec<RecordBatch>, String)> {
         match self {
-            Rows::File(path) => Ok((quiver_offline::input::read_file(&path, defs, view)?, path)),
-            Rows::Batches(batches, name) => Ok((batches, PathBuf::from(name))),
+            Rows::File(path) => Ok((quiver_offline::input::read_file(&path, defs, view)?, path.display().to_string())),
+            Rows::Batches(batches, name) => Ok((batches, name)),
         }
     }
 }
@@ -70,12 +70,10 @@ impl Repo {
     }
 }
 
-impl<'a> Ingest<'a> {
-    pub fn with_progress(mut self, progress: Progress) -> Self {
-        self.progress = progress;
-        self
-    }
+setters!(Ingest { progress });
+setters!(Push { store });
 
+impl<'a> Ingest<'a> {
     async fn run(self) -> Result<IngestReport> {
         let began = std::time::Instant::now();
         let defs = self.repo.defs()?;
@@ -91,24 +89,12 @@ impl<'a> Ingest<'a> {
     }
 }
 
-impl<'a> IntoFuture for Ingest<'a> {
-    type Output = Result<IngestReport>;
-    type IntoFuture = OpFuture<'a, IngestReport>;
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
-    }
-}
+awaitable!(Ingest => IngestReport);
 
 impl<'a> Push<'a> {
     /// Where the rows go; default both stores (offline for an offline-only view).
     pub fn with_target(mut self, target: Option<Target>) -> Self {
         self.target = target;
-        self
-    }
-
-    /// Writes online into `store` instead of the one `quiver.yaml` names.
-    pub fn with_store(mut self, store: Arc<dyn OnlineStore>) -> Self {
-        self.store = Some(store);
         self
     }
 
@@ -127,10 +113,4 @@ impl<'a> Push<'a> {
     }
 }
 
-impl<'a> IntoFuture for Push<'a> {
-    type Output = Result<PushReport>;
-    type IntoFuture = OpFuture<'a, PushReport>;
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
-    }
-}
+awaitable!(Push => PushReport);

@@ -141,7 +141,7 @@ impl Replay<'_> {
             created_cutoff: self.created_cutoff && view.source.created_timestamp_field.is_some(),
             ..Default::default()
         };
-        let rows = SpineRows { source: std::path::Path::new("serving log"), rows: spine };
+        let rows = SpineRows { source: "serving log", rows: spine };
         Ok(historical(self.config, &unbounded, rows, &resolved, options, self.kernel, &|_, _| {}).await?)
     }
 

@@ -79,7 +79,7 @@ pub async fn write_offline(
     config: &Config,
     defs: &Definitions,
     view: &FeatureView,
-    source: &Path,
+    source: &str,
     rows: &[ViewRow],
     options: AppendOptions,
 ) -> Result<IngestReport> {
@@ -117,7 +117,7 @@ pub async fn push_file(
     store: Option<&dyn OnlineStore>,
 ) -> Result<PushReport> {
     let batches = quiver_offline::input::read_file(file, defs, view)?;
-    push_batches(config, defs, view, file, batches, target, store).await
+    push_batches(config, defs, view, &file.display().to_string(), batches, target, store).await
 }
 
 /// Pushes batches of `view`'s rows (any column order; extra columns ignored) to
@@ -129,7 +129,7 @@ pub async fn push_batches(
     config: &Config,
     defs: &Definitions,
     view: &FeatureView,
-    source: &Path,
+    source: &str,
     batches: Vec<RecordBatch>,
     target: Target,
     store: Option<&dyn OnlineStore>,
@@ -179,7 +179,7 @@ pub struct DeltaWriter {
 #[async_trait::async_trait]
 impl quiver_online::server::OfflineWriter for DeltaWriter {
     async fn append(&self, defs: &Definitions, view: &FeatureView, rows: &[ViewRow]) -> std::result::Result<u64, String> {
-        write_offline(&self.config, defs, view, Path::new("/push request"), rows, AppendOptions::new(None))
+        write_offline(&self.config, defs, view, "/push request", rows, AppendOptions::new(None))
             .await
             .map(|r| r.version)
             .map_err(|e| e.to_string())

@@ -18,7 +18,6 @@ mod scan;
 pub mod spine;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
@@ -94,7 +93,8 @@ pub struct HistoricalOptions {
 /// A spine: its rows, and where they came from (named in errors).
 #[derive(Debug, Clone, Copy)]
 pub struct SpineRows<'a> {
-    pub source: &'a Path,
+    /// What errors call the spine (its file, or `entity_df`).
+    pub source: &'a str,
     pub rows: &'a RecordBatch,
 }
 

@@ -21,7 +21,7 @@ pub const SPINE_TIMESTAMP: &str = "event_timestamp";
 /// # Errors
 /// [`Error::Input`] naming the file.
 pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<RecordBatch> {
-    let fail = |e: &dyn std::fmt::Display| Error::input(path, e.to_string());
+    let fail = |e: &dyn std::fmt::Display| Error::input(path.display(), e.to_string());
     let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
     let batches: Vec<RecordBatch> = match ext.as_str() {
         "parquet" | "pq" => {
@@ -63,29 +63,29 @@ pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<Recor
                 .map_err(|e| fail(&e))?
         }
         _ => {
-            return Err(Error::input(path, format!("unknown spine file type `.{ext}` (expected .parquet or .csv)")));
+            return Err(Error::input(path.display(), format!("unknown spine file type `.{ext}` (expected .parquet or .csv)")));
         }
     };
     let schema = match batches.first() {
         Some(b) => b.schema(),
-        None => return Err(Error::input(path, "the spine has no rows")),
+        None => return Err(Error::input(path.display(), "the spine has no rows")),
     };
     Ok(concat_batches(&schema, &batches)?)
 }
 
 /// The spine's points in time, as UTC microseconds (exact: zone-less or sub-microsecond
 /// times are refused, as at ingest).
-pub(super) fn spine_times(path: &Path, spine: &RecordBatch) -> Result<Vec<i64>> {
+pub(super) fn spine_times(source: &str, spine: &RecordBatch) -> Result<Vec<i64>> {
     let Some(column) = spine.column_by_name(SPINE_TIMESTAMP) else {
-        return Err(Error::input(path, format!("missing column `{SPINE_TIMESTAMP}` (the point in time of each spine row)")));
+        return Err(Error::input(source, format!("missing column `{SPINE_TIMESTAMP}` (the point in time of each spine row)")));
     };
     let ts = to_utc_micros(column).map_err(|(row, msg)| match row {
-        Some(r) => Error::input(path, format!("row {}: column `{SPINE_TIMESTAMP}`: {msg}", r + 1)),
-        None => Error::input(path, format!("column `{SPINE_TIMESTAMP}` {msg}")),
+        Some(r) => Error::input(source, format!("row {}: column `{SPINE_TIMESTAMP}`: {msg}", r + 1)),
+        None => Error::input(source, format!("column `{SPINE_TIMESTAMP}` {msg}")),
     })?;
     let ts = ts.as_primitive::<TimestampMicrosecondType>();
     if let Some(i) = (0..ts.len()).find(|&i| ts.is_null(i)) {
-        return Err(Error::input(path, format!("row {}: column `{SPINE_TIMESTAMP}` is empty", i + 1)));
+        return Err(Error::input(source, format!("row {}: column `{SPINE_TIMESTAMP}` is empty", i + 1)));
     }
     Ok(ts.values().to_vec())
 }

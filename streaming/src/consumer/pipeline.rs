@@ -2,7 +2,6 @@
 //! stores and committed; shared with the rebalance callbacks.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -322,7 +321,7 @@ impl Pipeline {
         let txns: Vec<(String, i64)> = app_ids.iter().cloned().zip(partitions.iter().map(|(_, o)| *o)).collect();
         let expected: Vec<(String, Option<i64>)> =
             app_ids.iter().cloned().zip(partitions.iter().map(|(p, _)| self.floors.get(&(i, *p)).copied())).collect();
-        let source = PathBuf::from(format!("kafka topic {topic}"));
+        let source = format!("kafka topic {topic}");
         let location = self.config.view_table(&view);
         let mut attempt = 0;
         let appended = self.retry(&format!("appending `{}` to Delta", view.name), || {
