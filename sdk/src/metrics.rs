@@ -64,10 +64,10 @@ impl Exposition {
 
     /// A histogram family: cumulative buckets, `+Inf`, sum and count, each sample with
     /// `labels` besides `le`.
-    pub fn histogram(&mut self, name: &str, help: &str, labels: &[(&str, &dyn Display)], h: &Histogram) -> &mut Self {
+    pub fn histogram<B: Buckets>(&mut self, name: &str, help: &str, labels: &[(&str, &dyn Display)], h: &Histogram<B>) -> &mut Self {
         self.family(name, Kind::Histogram, help);
         let bucket = format!("{name}_bucket");
-        for (bound, n) in h.bounds.iter().zip(&h.buckets) {
+        for (bound, n) in B::BOUNDS.iter().zip(&h.buckets) {
             let mut with_le = labels.to_vec();
             with_le.push(("le", bound));
             self.sample(&bucket, &with_le, n.load(Ordering::Relaxed));
@@ -85,30 +85,37 @@ impl Exposition {
     }
 }
 
-/// A latency histogram in seconds with fixed bucket bounds, updated without locks.
+/// A histogram's bucket bounds (seconds, ascending), as a type, so a histogram is
+/// `Default` and a struct of counters can derive it.
+pub trait Buckets {
+    const BOUNDS: &'static [f64];
+}
+
+/// A latency histogram in seconds with the bounds of `B`, updated without locks.
 #[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
+pub struct Histogram<B> {
     buckets: Vec<AtomicU64>,
     sum_us: AtomicU64,
     count: AtomicU64,
+    bounds: std::marker::PhantomData<B>,
 }
 
-impl Histogram {
-    /// Buckets at `bounds` (seconds, ascending).
-    pub fn new(bounds: &'static [f64]) -> Histogram {
+impl<B: Buckets> Default for Histogram<B> {
+    fn default() -> Self {
         Histogram {
-            bounds,
-            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            buckets: B::BOUNDS.iter().map(|_| AtomicU64::new(0)).collect(),
             sum_us: AtomicU64::new(0),
             count: AtomicU64::new(0),
+            bounds: std::marker::PhantomData,
         }
     }
+}
 
+impl<B: Buckets> Histogram<B> {
     /// One observation of `seconds` (negative counts as 0).
     pub fn observe(&self, seconds: f64) {
         let seconds = seconds.max(0.0);
-        for (bound, n) in self.bounds.iter().zip(&self.buckets) {
+        for (bound, n) in B::BOUNDS.iter().zip(&self.buckets) {
             if seconds <= *bound {
                 n.fetch_add(1, Ordering::Relaxed);
             }
@@ -130,7 +137,11 @@ mod tests {
     #[test]
     fn renders_the_text_format() {
         let requests = AtomicU64::new(3);
-        let h = Histogram::new(&[0.001, 0.01]);
+        struct Two;
+        impl Buckets for Two {
+            const BOUNDS: &'static [f64] = &[0.001, 0.01];
+        }
+        let h = Histogram::<Two>::default();
         h.observe(0.0005);
         h.observe(0.005);
         h.observe(2.0);

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use quiver_sdk::metrics::{Exposition, Histogram, Kind};
+use quiver_sdk::metrics::{Buckets, Exposition, Histogram, Kind};
 
 /// Upper bounds (seconds) of the event-to-online latency histogram.
 const BUCKETS: [f64; 19] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 30.0, 300.0];
@@ -34,23 +34,21 @@ pub struct Metrics {
     pub registry_errors: AtomicU64,
     /// (topic, partition) -> messages behind the high watermark.
     pub lag: Mutex<BTreeMap<(String, i32), i64>>,
-    freshness: Freshness,
+    freshness: Histogram<Freshness>,
 }
 
-/// The event-to-online latency histogram.
+/// The event-to-online latency histogram's bounds.
 #[derive(Debug)]
-struct Freshness(Histogram);
+struct Freshness;
 
-impl Default for Freshness {
-    fn default() -> Self {
-        Freshness(Histogram::new(&BUCKETS))
-    }
+impl Buckets for Freshness {
+    const BOUNDS: &'static [f64] = &BUCKETS;
 }
 
 impl Metrics {
     /// One row reached the online store `seconds` after its event time.
     pub fn observe_freshness(&self, seconds: f64) {
-        self.freshness.0.observe(seconds);
+        self.freshness.observe(seconds);
     }
 
     pub fn add(counter: &AtomicU64, n: usize) {
@@ -96,7 +94,7 @@ impl Metrics {
         for ((topic, partition), lag) in self.lag.lock().expect("metrics lock").iter() {
             out.sample("quiver_stream_lag", &[("topic", topic), ("partition", partition)], lag);
         }
-        out.histogram("quiver_stream_event_to_online_seconds", "Event time to online write.", &[], &self.freshness.0);
+        out.histogram("quiver_stream_event_to_online_seconds", "Event time to online write.", &[], &self.freshness);
         out.finish()
     }
 }

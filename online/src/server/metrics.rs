@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use quiver_sdk::metrics::{Exposition, Histogram, Kind};
+use quiver_sdk::metrics::{Buckets, Exposition, Histogram, Kind};
 
 use super::limits::Limit;
 
@@ -15,7 +15,7 @@ pub struct Metrics {
     /// (route, status) -> count.
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     /// Latency of /get-online-features.
-    latency: Latency,
+    latency: Histogram<Latency>,
     pub(super) store_errors: AtomicU64,
     /// Refusals per [`Limit`], in [`Limit::ALL`] order.
     refusals: [AtomicU64; 6],
@@ -25,12 +25,10 @@ pub struct Metrics {
 const BUCKETS: [f64; 10] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0];
 
 #[derive(Debug)]
-struct Latency(Histogram);
+struct Latency;
 
-impl Default for Latency {
-    fn default() -> Self {
-        Latency(Histogram::new(&BUCKETS))
-    }
+impl Buckets for Latency {
+    const BOUNDS: &'static [f64] = &BUCKETS;
 }
 
 impl Metrics {
@@ -48,7 +46,7 @@ impl Metrics {
     pub(super) fn record(&self, route: &str, status: u16, elapsed: Duration) {
         *self.requests.lock().expect("metrics lock").entry((route.to_string(), status)).or_default() += 1;
         if route == "/get-online-features" {
-            self.latency.0.observe(elapsed.as_secs_f64());
+            self.latency.observe(elapsed.as_secs_f64());
         }
     }
 
@@ -58,7 +56,7 @@ impl Metrics {
             out.sample("quiver_requests_total", &[("route", route), ("status", status)], n);
         }
         let route: &dyn std::fmt::Display = &"/get-online-features";
-        out.histogram("quiver_request_seconds", "Time to answer /get-online-features.", &[("route", route)], &self.latency.0);
+        out.histogram("quiver_request_seconds", "Time to answer /get-online-features.", &[("route", route)], &self.latency);
         out.counter("quiver_store_errors_total", "Online store calls that failed.", &self.store_errors);
         out.family("quiver_limit_refusals_total", Kind::Counter, "Requests and connections refused by a limit (SPEC 13).");
         for (limit, n) in Limit::ALL.iter().zip(&self.refusals) {
