@@ -111,15 +111,16 @@ fn to_batch(rows: &LogColumns) -> Result<RecordBatch> {
         let offsets = OffsetBuffer::new(ScalarBuffer::from(c.offsets.clone()));
         Ok(Arc::new(StringArray::try_new(offsets, Buffer::from(c.bytes.as_slice()), None)?))
     };
-    let times = |t: Vec<Option<i64>>| -> ArrayRef { Arc::new(TimestampMicrosecondArray::from(t).with_timezone("UTC")) };
+    let utc = |t: TimestampMicrosecondArray| -> ArrayRef { Arc::new(t.with_timezone("UTC")) };
     let columns: Vec<ArrayRef> = Col::ALL
         .iter()
         .map(|col| match col {
             Col::RequestId => text(&rows.request_id),
-            Col::RequestTime => Ok(times(rows.request_time.iter().copied().map(Some).collect())),
+            // Not nullable: no validity bitmap to build.
+            Col::RequestTime => Ok(utc(TimestampMicrosecondArray::from(rows.request_time.clone()))),
             Col::View => text(&rows.view),
             Col::Entity => text(&rows.entity),
-            Col::EventTimestamp => Ok(times(rows.event_ts.clone())),
+            Col::EventTimestamp => Ok(utc(TimestampMicrosecondArray::from(rows.event_ts.clone()))),
             Col::Values => text(&rows.values),
             Col::Statuses => text(&rows.statuses),
         })

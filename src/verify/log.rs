@@ -110,7 +110,9 @@ impl Replay<'_> {
             view.features.iter().map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() }).collect();
         let mut unreadable = vec![0u64; view.features.len()];
         let mut gone: BTreeSet<String> = BTreeSet::new();
-        let joined = Joined { batch: &joined, first: spine.num_columns(), view };
+        let first = spine.num_columns();
+        let offline_ts = joined.column(first + view.features.len()).as_primitive::<Micros>();
+        let joined = Joined { batch: &joined, first, view, offline_ts };
         for (j, &at) in kept.iter().enumerate() {
             self.compare_row(&joined, j, at, &mut reports, &mut unreadable, &mut gone);
         }
@@ -189,14 +191,15 @@ struct Joined<'a> {
     batch: &'a RecordBatch,
     first: usize,
     view: &'a FeatureView,
+    /// The winning rows' event times (the column after the features).
+    offline_ts: &'a arrow::array::PrimitiveArray<Micros>,
 }
 
 impl Joined<'_> {
     /// What should have been served for feature `k` at spine row `j`, requested at
     /// `request_time`.
     fn expected(&self, j: usize, k: usize, request_time: i64) -> Answer {
-        let offline_ts = self.batch.column(self.first + self.view.features.len()).as_primitive::<Micros>();
-        let found = (!offline_ts.is_null(j)).then(|| offline_ts.value(j));
+        let found = (!self.offline_ts.is_null(j)).then(|| self.offline_ts.value(j));
         match (expected_status(self.view, found, request_time), found) {
             // No row, or past the TTL and the key's grace period: the store dropped it.
             (Status::NotFound, _) | (_, None) => (Status::NotFound, "null".to_string(), None),
