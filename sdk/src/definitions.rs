@@ -12,6 +12,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::aggregation::Aggregation;
 use crate::types::{DType, KeyType, Ttl};
 
 /// One join key of an entity: a spine column and its type.
@@ -119,9 +120,43 @@ pub struct FeatureView {
     pub tags: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
+    /// Windowed aggregations of the view's events (SPEC §11). A view with any is an
+    /// event log: its rows are events, its served features are these aggregations, and
+    /// its `features` are the event columns they read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aggregations: Vec<Aggregation>,
 }
 
 impl FeatureView {
+    /// Whether the view is an event log (it has aggregations).
+    pub fn is_event_log(&self) -> bool {
+        !self.aggregations.is_empty()
+    }
+
+    /// The aggregation of this name, if any.
+    pub fn aggregation(&self, name: &str) -> Option<&Aggregation> {
+        self.aggregations.iter().find(|a| a.name == name)
+    }
+
+    /// The served feature `name`: an aggregation (typed by its output) of an event log,
+    /// a feature of any other view.
+    pub fn served_feature(&self, name: &str) -> Option<Feature> {
+        if !self.is_event_log() {
+            return self.feature(name).cloned();
+        }
+        let agg = self.aggregation(name)?;
+        let dtype = agg.output_dtype(self.feature(&agg.column)?.dtype)?;
+        Some(Feature { name: agg.name.clone(), dtype, description: agg.description.clone() })
+    }
+
+    /// Every served feature, in order (see [`FeatureView::served_feature`]).
+    pub fn served_features(&self) -> Vec<Feature> {
+        if !self.is_event_log() {
+            return self.features.clone();
+        }
+        self.aggregations.iter().filter_map(|a| self.served_feature(&a.name)).collect()
+    }
+
     /// The ttl in microseconds; `None` when unbounded (absent, 0, or beyond an i64).
     pub fn ttl_us(&self) -> Option<i64> {
         self.ttl.as_duration().and_then(|d| i64::try_from(d.as_micros()).ok())
@@ -261,7 +296,7 @@ impl Definitions {
     /// # Errors
     /// [`Unknown`]: an unknown view (naming the views there are) or an unknown feature
     /// (naming the view's features).
-    pub fn find_feature(&self, r: &FeatureRef) -> Result<(&FeatureView, &Feature), Unknown> {
+    pub fn find_feature(&self, r: &FeatureRef) -> Result<(&FeatureView, Feature), Unknown> {
         let Some(view) = self.feature_view(&r.view) else {
             return Err(Unknown(format!(
                 "unknown feature view `{}` in `{r}` (known: {})",
@@ -269,11 +304,11 @@ impl Definitions {
                 known(self.feature_views.iter().map(|v| v.name.as_str()))
             )));
         };
-        let feature = view.feature(&r.feature).ok_or_else(|| {
+        let feature = view.served_feature(&r.feature).ok_or_else(|| {
             Unknown(format!(
                 "unknown feature `{r}` (feature view `{}` has: {})",
                 view.name,
-                known(view.features.iter().map(|f| f.name.as_str()))
+                known(view.served_features().iter().map(|f| f.name.as_str()))
             ))
         })?;
         Ok((view, feature))
@@ -391,7 +426,15 @@ impl FeatureView {
             online: true,
             tags: BTreeMap::new(),
             description: String::new(),
+            aggregations: Vec::new(),
         }
+    }
+
+    /// Adds a windowed aggregation (making the view an event log).
+    #[must_use]
+    pub fn with_aggregation(mut self, aggregation: Aggregation) -> Self {
+        self.aggregations.push(aggregation);
+        self
     }
 
     #[must_use]

@@ -176,10 +176,20 @@ pub fn fingerprint(view: &FeatureView) -> u64 {
         eat(f.name.as_bytes());
         eat(f.dtype.as_str().as_bytes());
     }
+    // An event log's online records hold one partial per aggregation: any change to
+    // the aggregations is another layout.
+    for a in &view.aggregations {
+        eat(a.name.as_bytes());
+        eat(a.function.as_str().as_bytes());
+        eat(a.column.as_bytes());
+        eat(&a.window_us().to_le_bytes());
+        eat(&a.hop_us().to_le_bytes());
+        eat(&(a.keep() as u64).to_le_bytes());
+    }
     h
 }
 
-fn order_bytes(v: i64) -> [u8; 8] {
+pub(crate) fn order_bytes(v: i64) -> [u8; 8] {
     ((v as u64) ^ (1 << 63)).to_be_bytes()
 }
 
@@ -196,68 +206,8 @@ impl OnlineRow {
         out.push(FORMAT);
         out.extend_from_slice(&self.fingerprint.to_le_bytes());
         out.extend_from_slice(&(self.values.len() as u32).to_le_bytes());
-        let len = |out: &mut Vec<u8>, n: usize| out.extend_from_slice(&(n as u32).to_le_bytes());
         for v in &self.values {
-            match v {
-                Value::Null => out.push(0),
-                Value::Int32(x) => {
-                    out.push(1);
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-                Value::Int64(x) => {
-                    out.push(2);
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-                Value::Float32(x) => {
-                    out.push(3);
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-                Value::Float64(x) => {
-                    out.push(4);
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-                Value::Bool(x) => {
-                    out.push(5);
-                    out.push(u8::from(*x));
-                }
-                Value::String(s) => {
-                    out.push(6);
-                    len(&mut out, s.len());
-                    out.extend_from_slice(s.as_bytes());
-                }
-                Value::Bytes(b) => {
-                    out.push(7);
-                    len(&mut out, b.len());
-                    out.extend_from_slice(b);
-                }
-                Value::Timestamp(x) => {
-                    out.push(8);
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-                Value::ListInt64(xs) => {
-                    out.push(9);
-                    len(&mut out, xs.len());
-                    xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
-                }
-                Value::ListFloat32(xs) => {
-                    out.push(10);
-                    len(&mut out, xs.len());
-                    xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
-                }
-                Value::ListFloat64(xs) => {
-                    out.push(11);
-                    len(&mut out, xs.len());
-                    xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
-                }
-                Value::ListString(xs) => {
-                    out.push(12);
-                    len(&mut out, xs.len());
-                    for s in xs {
-                        len(&mut out, s.len());
-                        out.extend_from_slice(s.as_bytes());
-                    }
-                }
-            }
+            write_value(&mut out, v);
         }
         out
     }
@@ -278,31 +228,77 @@ impl OnlineRow {
         let n = r.len()?;
         let mut values = Vec::with_capacity(n.min(4096));
         for _ in 0..n {
-            let tag = r.take(1)?[0];
-            values.push(match tag {
-                0 => Value::Null,
-                1 => Value::Int32(i32::from_le_bytes(r.array()?)),
-                2 => Value::Int64(i64::from_le_bytes(r.array()?)),
-                3 => Value::Float32(f32::from_le_bytes(r.array()?)),
-                4 => Value::Float64(f64::from_le_bytes(r.array()?)),
-                5 => Value::Bool(r.take(1)?[0] != 0),
-                6 => Value::String(r.string()?),
-                7 => {
-                    let n = r.len()?;
-                    Value::Bytes(r.take(n)?.to_vec())
-                }
-                8 => Value::Timestamp(i64::from_le_bytes(r.array()?)),
-                9 => Value::ListInt64(r.list(|r| Ok(i64::from_le_bytes(r.array()?)))?),
-                10 => Value::ListFloat32(r.list(|r| Ok(f32::from_le_bytes(r.array()?)))?),
-                11 => Value::ListFloat64(r.list(|r| Ok(f64::from_le_bytes(r.array()?)))?),
-                12 => Value::ListString(r.list(Reader::string)?),
-                other => return Err(DecodeError(format!("unknown value tag {other}"))),
-            });
+            values.push(r.value()?);
         }
         if r.at != bytes.len() {
             return Err(DecodeError(format!("{} trailing bytes", bytes.len() - r.at)));
         }
         Ok(OnlineRow { event_ts, created_ts, fingerprint, values })
+    }
+}
+
+/// Appends one value in the packed encoding (a tag byte, then the value).
+pub(crate) fn write_value(out: &mut Vec<u8>, v: &Value) {
+    let len = |out: &mut Vec<u8>, n: usize| out.extend_from_slice(&(n as u32).to_le_bytes());
+    match v {
+        Value::Null => out.push(0),
+        Value::Int32(x) => {
+            out.push(1);
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        Value::Int64(x) => {
+            out.push(2);
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        Value::Float32(x) => {
+            out.push(3);
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        Value::Float64(x) => {
+            out.push(4);
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        Value::Bool(x) => {
+            out.push(5);
+            out.push(u8::from(*x));
+        }
+        Value::String(s) => {
+            out.push(6);
+            len(out, s.len());
+            out.extend_from_slice(s.as_bytes());
+        }
+        Value::Bytes(b) => {
+            out.push(7);
+            len(out, b.len());
+            out.extend_from_slice(b);
+        }
+        Value::Timestamp(x) => {
+            out.push(8);
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        Value::ListInt64(xs) => {
+            out.push(9);
+            len(out, xs.len());
+            xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        }
+        Value::ListFloat32(xs) => {
+            out.push(10);
+            len(out, xs.len());
+            xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        }
+        Value::ListFloat64(xs) => {
+            out.push(11);
+            len(out, xs.len());
+            xs.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+        }
+        Value::ListString(xs) => {
+            out.push(12);
+            len(out, xs.len());
+            for s in xs {
+                len(out, s.len());
+                out.extend_from_slice(s.as_bytes());
+            }
+        }
     }
 }
 
@@ -335,13 +331,46 @@ pub fn replaces(stored: &[u8], incoming: &[u8]) -> bool {
     }
 }
 
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Reader { bytes, at: 0 }
+    }
+
+    /// Whether every byte was read.
+    pub(crate) fn is_done(&self) -> bool {
+        self.at == self.bytes.len()
+    }
+
+    /// One value written by [`write_value`].
+    pub(crate) fn value(&mut self) -> Result<Value, DecodeError> {
+        let tag = self.take(1)?[0];
+        Ok(match tag {
+            0 => Value::Null,
+            1 => Value::Int32(i32::from_le_bytes(self.array()?)),
+            2 => Value::Int64(i64::from_le_bytes(self.array()?)),
+            3 => Value::Float32(f32::from_le_bytes(self.array()?)),
+            4 => Value::Float64(f64::from_le_bytes(self.array()?)),
+            5 => Value::Bool(self.take(1)?[0] != 0),
+            6 => Value::String(self.string()?),
+            7 => {
+                let n = self.len()?;
+                Value::Bytes(self.take(n)?.to_vec())
+            }
+            8 => Value::Timestamp(i64::from_le_bytes(self.array()?)),
+            9 => Value::ListInt64(self.list(|r| Ok(i64::from_le_bytes(r.array()?)))?),
+            10 => Value::ListFloat32(self.list(|r| Ok(f32::from_le_bytes(r.array()?)))?),
+            11 => Value::ListFloat64(self.list(|r| Ok(f64::from_le_bytes(r.array()?)))?),
+            12 => Value::ListString(self.list(Reader::string)?),
+            other => return Err(DecodeError(format!("unknown value tag {other}"))),
+        })
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
         let Some(end) = end else {
             return Err(DecodeError(format!("truncated at byte {}", self.at)));
@@ -351,20 +380,20 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+    pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
         Ok(self.take(N)?.try_into().expect("took N bytes"))
     }
 
-    fn len(&mut self) -> Result<usize, DecodeError> {
+    pub(crate) fn len(&mut self) -> Result<usize, DecodeError> {
         Ok(u32::from_le_bytes(self.array()?) as usize)
     }
 
-    fn string(&mut self) -> Result<String, DecodeError> {
+    pub(crate) fn string(&mut self) -> Result<String, DecodeError> {
         let n = self.len()?;
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| DecodeError("bad UTF-8".into()))
     }
 
-    fn list<T>(&mut self, item: impl Fn(&mut Self) -> Result<T, DecodeError>) -> Result<Vec<T>, DecodeError> {
+    pub(crate) fn list<T>(&mut self, item: impl Fn(&mut Self) -> Result<T, DecodeError>) -> Result<Vec<T>, DecodeError> {
         let n = self.len()?;
         let mut out = Vec::with_capacity(n.min(1 << 16));
         for _ in 0..n {

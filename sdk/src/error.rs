@@ -41,6 +41,10 @@ pub enum DefinitionError {
     KeyTypeClash { key: String, first_entity: String, first_type: String, entity: String, dtype: String },
     #[error("feature view `{view}`: column `{column}` {reason}")]
     ColumnClash { view: String, column: String, reason: &'static str },
+    #[error("feature view `{view}`: ttl does not apply to a view with aggregations (each window bounds what it counts); remove it")]
+    EventLogTtl { view: String },
+    #[error("feature view `{view}`, aggregation `{aggregation}`: {reason}")]
+    BadAggregation { view: String, aggregation: String, reason: String },
     #[error("feature view `{view}`: stream topic is empty (expected a Kafka topic name)")]
     EmptyTopic { view: String },
     #[error("feature views `{first}` and `{second}` use the same table {table} (each view needs its own)")]

@@ -28,6 +28,7 @@
 //! defs.validate().unwrap();
 //! ```
 
+pub mod aggregation;
 pub mod config;
 pub mod definitions;
 pub mod encoding;
@@ -40,6 +41,7 @@ pub mod types;
 mod validate;
 pub mod yaml;
 
+pub use aggregation::{AggFunction, Aggregation};
 pub use config::{Config, OnlineStoreConfig, StoreLocation};
 pub use definitions::{
     Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source, StreamFormat, StreamSource, Unknown, known,

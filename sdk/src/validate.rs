@@ -6,6 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::definitions::{Definitions, known};
 use crate::error::DefinitionError;
 
+/// The longest window: ten years.
+const MAX_WINDOW_SECS: u64 = 3650 * 86_400;
+
 /// Names become column names (`view__feature`), Delta table folders and Redis key parts,
 /// so they are plain identifiers.
 fn check_name(kind: &'static str, name: &str) -> Result<(), DefinitionError> {
@@ -124,6 +127,7 @@ impl Definitions {
                 check_name("feature", &feature.name)?;
             }
             self.check_columns(view)?;
+            self.check_aggregations(view)?;
             if let Some(stream) = &view.source.stream
                 && stream.topic.trim().is_empty()
             {
@@ -152,12 +156,12 @@ impl Definitions {
                         known: known(self.feature_views.iter().map(|v| v.name.as_str())),
                     });
                 };
-                if view.feature(&reference.feature).is_none() {
+                if view.served_feature(&reference.feature).is_none() {
                     return Err(DefinitionError::UnknownFeature {
                         service: service.name.clone(),
                         reference: text.clone(),
                         view: view.name.clone(),
-                        known: known(view.features.iter().map(|f| f.name.as_str())),
+                        known: known(view.served_features().iter().map(|f| f.name.as_str())),
                     });
                 }
             }
@@ -191,6 +195,71 @@ impl Definitions {
             }
             if name == ts || Some(name) == view.source.created_timestamp_field.as_deref() {
                 return Err(clash(name, "is both a timestamp field and a feature"));
+            }
+        }
+        Ok(())
+    }
+
+    /// An event log's aggregations (SPEC §11): names, columns, functions, windows.
+    fn check_aggregations(&self, view: &crate::FeatureView) -> Result<(), DefinitionError> {
+        if !view.is_event_log() {
+            return Ok(());
+        }
+        if !view.ttl.is_unbounded() {
+            return Err(DefinitionError::EventLogTtl { view: view.name.clone() });
+        }
+        let scope = format!(" in feature view `{}`", view.name);
+        no_duplicates("aggregation", &scope, view.aggregations.iter().map(|a| a.name.as_str()))?;
+        let keys = self.join_keys(view);
+        for agg in &view.aggregations {
+            check_name("aggregation", &agg.name)?;
+            let bad = |reason: String| DefinitionError::BadAggregation { view: view.name.clone(), aggregation: agg.name.clone(), reason };
+            let source = &view.source;
+            let clashes = keys.iter().any(|k| k.name == agg.name)
+                || agg.name == source.timestamp_field
+                || source.created_timestamp_field.as_deref() == Some(agg.name.as_str())
+                || view.feature(&agg.name).is_some();
+            if clashes {
+                return Err(bad("the name clashes with a column of the view (aggregations are served under their own names)".into()));
+            }
+            let Some(column) = view.feature(&agg.column) else {
+                return Err(bad(format!(
+                    "unknown column `{}` (the view's event columns are its features: {})",
+                    agg.column,
+                    known(view.features.iter().map(|f| f.name.as_str()))
+                )));
+            };
+            if agg.output_dtype(column.dtype).is_none() {
+                return Err(bad(if agg.function.is_numeric() {
+                    format!(
+                        "{} needs a numeric column (int32, int64, float32 or float64); `{}` is {}",
+                        agg.function, agg.column, column.dtype
+                    )
+                } else {
+                    format!("last_k needs an int, float or string column; `{}` is {}", agg.column, column.dtype)
+                }));
+            }
+            let (window, hop) = (agg.window.secs(), agg.hop().secs());
+            if window == 0 {
+                return Err(bad("window must be positive (e.g. 1h, 7d)".into()));
+            }
+            if hop == 0 {
+                return Err(bad("hop must be positive (e.g. 5m, 1h)".into()));
+            }
+            if window > MAX_WINDOW_SECS {
+                return Err(bad(format!("window {} is longer than 3650d", agg.window)));
+            }
+            if window % hop != 0 {
+                let hint = if agg.hop.is_none() { " (the default hop; give one that divides the window)" } else { "" };
+                return Err(bad(format!("window {} is not a multiple of its hop {}{hint}", agg.window, agg.hop())));
+            }
+            match (agg.function, agg.k) {
+                (crate::AggFunction::LastK, None) => return Err(bad(format!("last_k needs k (1 to {})", crate::aggregation::MAX_K))),
+                (crate::AggFunction::LastK, Some(k)) if k == 0 || k > crate::aggregation::MAX_K => {
+                    return Err(bad(format!("k must be 1 to {}, got {k}", crate::aggregation::MAX_K)));
+                }
+                (crate::AggFunction::LastK, Some(_)) | (_, None) => {}
+                (f, Some(_)) => return Err(bad(format!("k applies only to last_k, not to {f}"))),
             }
         }
         Ok(())

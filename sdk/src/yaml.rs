@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::aggregation::{AggFunction, Aggregation};
 use crate::definitions::{Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source};
 use crate::error::{DefinitionError, Error, Result};
 use crate::types::{DTYPE_NAMES, DType, KeyType, Ttl};
@@ -56,6 +57,24 @@ struct RawView {
     online: Option<bool>,
     #[serde(default)]
     tags: BTreeMap<String, String>,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    aggregations: Vec<RawAggregation>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAggregation {
+    name: String,
+    function: String,
+    column: String,
+    #[serde(default, alias = "time_window")]
+    window: Option<serde_yaml::Value>,
+    #[serde(default)]
+    hop: Option<serde_yaml::Value>,
+    #[serde(default)]
+    k: Option<u32>,
     #[serde(default)]
     description: String,
 }
@@ -151,6 +170,7 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
             features.push(Feature { name: f.name, dtype, description: f.description });
         }
         let ttl = parse_ttl(&v.name, v.ttl.as_ref())?;
+        let aggregations = v.aggregations.into_iter().map(|a| convert_aggregation(&v.name, a)).collect::<Result<_, _>>()?;
         defs.feature_views.push(FeatureView {
             name: v.name,
             entities: v.entities,
@@ -160,6 +180,7 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
             online: v.online.unwrap_or(true),
             tags: v.tags,
             description: v.description,
+            aggregations,
         });
     }
     for s in raw.feature_services.unwrap_or_default() {
@@ -171,6 +192,27 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
         defs.feature_services.push(FeatureService { name: s.name, features, description: s.description, tags: s.tags });
     }
     Ok(defs)
+}
+
+fn convert_aggregation(view: &str, a: RawAggregation) -> Result<Aggregation, DefinitionError> {
+    let bad = |reason: String| DefinitionError::BadAggregation { view: view.to_string(), aggregation: a.name.clone(), reason };
+    let function: AggFunction = a.function.parse().map_err(bad)?;
+    let duration = |what: &str, value: &serde_yaml::Value| -> Result<Ttl, DefinitionError> {
+        let text = match value {
+            serde_yaml::Value::Number(n) => {
+                return n.as_u64().map(Ttl::from_secs).ok_or_else(|| bad(format!("bad {what} `{n}`: expected whole, non-negative seconds")));
+            }
+            serde_yaml::Value::String(s) => s.clone(),
+            other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+        };
+        Ttl::parse(&text).map_err(|e| bad(format!("bad {what} `{}`: {} (expected e.g. 30m, 1h, 7d)", e.text, e.reason)))
+    };
+    let window = match &a.window {
+        Some(w) => duration("window", w)?,
+        None => return Err(bad("no window (expected e.g. `window: 1h`)".to_string())),
+    };
+    let hop = a.hop.as_ref().map(|h| duration("hop", h)).transpose()?;
+    Ok(Aggregation { name: a.name.clone(), function, column: a.column.clone(), window, hop, k: a.k, description: a.description.clone() })
 }
 
 fn parse_ttl(view: &str, value: Option<&serde_yaml::Value>) -> Result<Ttl, DefinitionError> {

@@ -257,3 +257,101 @@ fn builder_definitions_pass_the_same_validation() {
     let msg = defs.validate().unwrap_err().to_string();
     assert!(msg.contains("feature service `broken`: unknown feature view `ghost`"), "{msg}");
 }
+
+const RIDES: &str = r#"
+entities: [{name: rider, join_keys: [{name: rider_id, dtype: int64}]}]
+feature_views:
+  - name: rides
+    entities: [rider]
+    source: {timestamp_field: event_timestamp, created_timestamp_field: created_timestamp}
+    features:
+      - {name: fare, dtype: float64}
+      - {name: minutes, dtype: int64}
+      - {name: city, dtype: string}
+    aggregations:
+      - {name: fare_sum_1h, function: sum, column: fare, window: 1h}
+      - {name: rides_7d, function: count, column: fare, time_window: 7d}
+      - {name: minutes_min_30m, function: min, column: minutes, window: 30m, hop: 10m}
+      - {name: last_cities, function: last_k, k: 3, column: city, window: 7d}
+feature_services:
+  - {name: rider_model, features: ["rides:fare_sum_1h", "rides:last_cities"]}
+"#;
+
+#[test]
+fn aggregations_parse_and_are_the_views_served_features() {
+    let defs = parse_definitions(RIDES).unwrap();
+    let view = defs.feature_view("rides").unwrap();
+    assert!(view.is_event_log());
+    let served: Vec<(String, String)> = view.served_features().into_iter().map(|f| (f.name, f.dtype.to_string())).collect();
+    let expected = [("fare_sum_1h", "float64"), ("rides_7d", "int64"), ("minutes_min_30m", "int64"), ("last_cities", "list<string>")];
+    assert_eq!(served, expected.map(|(a, b)| (a.to_string(), b.to_string())));
+    assert_eq!(view.aggregations[1].window.to_string(), "7d", "Feast's time_window is the window");
+    assert_eq!(view.aggregations[1].hop().to_string(), "1h");
+    assert_eq!(view.aggregations[2].hop().to_string(), "10m");
+    // An event column is not a served feature of an event log.
+    let err = defs.find_feature(&"rides:fare".parse().unwrap()).unwrap_err().to_string();
+    assert!(err.contains("unknown feature `rides:fare`") && err.contains("fare_sum_1h, rides_7d"), "{err}");
+    // The registry's JSON round-trips them.
+    let json = serde_json::to_string(&defs).unwrap();
+    assert_eq!(serde_json::from_str::<Definitions>(&json).unwrap(), defs);
+}
+
+#[test]
+fn bad_aggregations_are_refused_naming_view_and_aggregation() {
+    let cases = [
+        ("{name: a, function: sum, column: nope, window: 1h}", "unknown column `nope`"),
+        ("{name: a, function: avg, column: city, window: 1h}", "avg needs a numeric column"),
+        ("{name: a, function: sum, column: fare, window: 1h, hop: 7m}", "window 1h is not a multiple of its hop 7m"),
+        ("{name: a, function: sum, column: fare, window: 1d5m}", "not a multiple of its hop 1h (the default hop"),
+        ("{name: a, function: last_k, column: city, window: 1h, k: 0}", "k must be 1 to 1000, got 0"),
+        ("{name: a, function: last_k, column: city, window: 1h, k: 1001}", "k must be 1 to 1000, got 1001"),
+        ("{name: a, function: last_k, column: city, window: 1h}", "last_k needs k"),
+        ("{name: a, function: count, column: city, window: 1h, k: 2}", "k applies only to last_k"),
+        ("{name: fare, function: count, column: city, window: 1h}", "clashes with a column"),
+        ("{name: rider_id, function: count, column: city, window: 1h}", "clashes with a column"),
+        ("{name: a, function: median, column: fare, window: 1h}", "unknown function `median`"),
+        ("{name: a, function: count, column: fare, window: 0}", "window must be positive"),
+        ("{name: a, function: count, column: fare, window: 2 weeks}", "bad window `2 weeks`"),
+        ("{name: a, function: count, column: fare}", "no window"),
+    ];
+    for (agg, expected) in cases {
+        let yaml = format!(
+            "entities: [{{name: rider, join_keys: [{{name: rider_id, dtype: int64}}]}}]\nfeature_views:\n  - name: rides\n    entities: [rider]\n    features: [{{name: fare, dtype: float64}}, {{name: city, dtype: string}}, {{name: flag, dtype: bool}}]\n    aggregations: [{agg}]\n"
+        );
+        let err = parse_definitions(&yaml).unwrap_err().to_string();
+        assert!(err.contains(expected), "{agg}: {err}");
+        if !expected.contains("clashes") {
+            assert!(err.contains("feature view `rides`, aggregation `a`"), "{agg}: {err}");
+        }
+    }
+    let last_k_of_bool = RIDES
+        .replace("column: city, window: 7d", "column: flag, window: 7d")
+        .replace("{name: city, dtype: string}", "{name: city, dtype: string}\n      - {name: flag, dtype: bool}");
+    let err = parse_definitions(&last_k_of_bool).unwrap_err().to_string();
+    assert!(err.contains("last_k needs an int, float or string column; `flag` is bool"), "{err}");
+    let with_ttl = RIDES.replace("    entities: [rider]\n", "    entities: [rider]\n    ttl: 2h\n");
+    let err = parse_definitions(&with_ttl).unwrap_err().to_string();
+    assert!(err.contains("ttl does not apply to a view with aggregations"), "{err}");
+    let service_on_event_column = RIDES.replace("\"rides:last_cities\"", "\"rides:city\"");
+    let err = parse_definitions(&service_on_event_column).unwrap_err().to_string();
+    assert!(err.contains("unknown feature `rides:city`"), "{err}");
+}
+
+#[test]
+fn the_builder_api_writes_aggregations_too() {
+    use quiver_sdk::{AggFunction, Aggregation};
+    let defs = Definitions::default().with_entity(Entity::new("rider").with_join_key("rider_id", KeyType::Int64)).with_feature_view(
+        FeatureView::new("rides").with_entity("rider").with_feature("fare", DType::Float64).with_aggregation(Aggregation::new(
+            "fare_sum_1h",
+            AggFunction::Sum,
+            "fare",
+            Ttl::parse("1h").unwrap(),
+        )),
+    );
+    defs.validate().unwrap();
+    let from_yaml = parse_definitions(
+        "entities: [{name: rider, join_keys: [{name: rider_id, dtype: int64}]}]\nfeature_views:\n  - {name: rides, entities: [rider], features: [{name: fare, dtype: float64}], aggregations: [{name: fare_sum_1h, function: sum, column: fare, window: 1h}]}\n",
+    )
+    .unwrap();
+    assert_eq!(defs, from_yaml);
+}

@@ -66,10 +66,15 @@ pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<Vie
                 out.last_mut().expect("just pushed")
             }
         };
-        if entry.features.contains(&feature.name.as_str()) {
+        // The name as the view holds it (an aggregation's, for an event log).
+        let name: &'a str = match view.aggregation(&feature.name) {
+            Some(a) => &a.name,
+            None => &view.feature(&feature.name).expect("a served feature").name,
+        };
+        if entry.features.contains(&name) {
             return Err(Error::Request(format!("feature `{r}` requested twice")));
         }
-        entry.features.push(&feature.name);
+        entry.features.push(name);
         entry.positions.push(position);
     }
     Ok(out)
