@@ -70,17 +70,21 @@ impl AsOfKernel for CpuKernel {
 
 /// Feature rows grouped by entity, each group sorted by (ts, created, seq). The event
 /// times are copied next to the row ids so that sorting and searching a run reads
-/// contiguous memory; created times and seqs are read only to break ties.
-pub(crate) struct EntityRuns {
+/// contiguous memory; created times and seqs are read only to break ties. Windowed
+/// aggregations sweep the same runs.
+#[derive(Debug)]
+pub struct EntityRuns {
     /// `rows[offsets[e]..offsets[e + 1]]` are entity `e`'s rows.
-    pub(crate) offsets: Vec<u32>,
-    pub(crate) rows: Vec<u32>,
+    pub offsets: Vec<u32>,
+    pub rows: Vec<u32>,
     /// `ts[i]` is the event time of `rows[i]`.
-    pub(crate) ts: Vec<i64>,
+    pub ts: Vec<i64>,
 }
 
 impl EntityRuns {
-    pub(crate) fn build(input: &AsOfInput<'_>, threads: usize) -> Self {
+    /// Groups and sorts `input`'s feature rows on `threads` threads (its spine and
+    /// TTL play no part).
+    pub fn build(input: &AsOfInput<'_>, threads: usize) -> Self {
         let n_ent = input.n_entities as usize;
         let n = input.feature_entity.len();
         // A stable, parallel counting sort: each thread counts its chunk of rows per

@@ -14,6 +14,6 @@ mod cpu;
 pub mod cuda;
 mod kernel;
 
-pub use cpu::CpuKernel;
+pub use cpu::{CpuKernel, EntityRuns};
 pub use cuda::CudaKernel;
 pub use kernel::{AsOfInput, AsOfKernel, FixedColumn, Gathered, KernelError, NO_ENTITY, NO_ROW, gather_on_host};

@@ -10,6 +10,7 @@
 //! order, followed by one `view__feature` column per requested feature. [`latest`]
 //! is the same scan's other use: each entity's latest row, for materialization.
 
+mod aggregate;
 mod gather;
 mod kernel_input;
 pub mod latest;
@@ -186,6 +187,9 @@ impl Join<'_> {
             )));
         }
         let index = EntityIndex::build(&self.spine_keys(view)?)?;
+        if view.is_event_log() {
+            return self.aggregate(request, index).await;
+        }
         let (min_t, max_t) = (self.times.iter().min().copied().unwrap_or(0), self.times.iter().max().copied().unwrap_or(0));
         let ttl_us = view.ttl_us();
         let range = ScanRange {
