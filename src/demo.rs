@@ -67,6 +67,22 @@ feature_views:
       - {name: rides_together, dtype: int64}
       - {name: avg_rating, dtype: float32}
 
+  - name: customer_rides
+    description: Every ride a customer took (an event log), aggregated over time windows.
+    entities: [customer]
+    online: true
+    source: {timestamp_field: event_timestamp, created_timestamp_field: created_timestamp}
+    features:                               # the events' columns
+      - {name: fare, dtype: float64}
+      - {name: minutes, dtype: int64}
+      - {name: city, dtype: string}
+    aggregations:                           # the served features
+      - {name: fare_sum_1h, function: sum, column: fare, window: 1h}
+      - {name: rides_7d, function: count, column: fare, window: 7d}
+      - {name: minutes_min_30m, function: min, column: minutes, window: 30m, hop: 10m}
+      - {name: fare_avg_1d, function: avg, column: fare, window: 1d}
+      - {name: last_cities, function: last_k, k: 3, column: city, window: 7d}
+
 feature_services:
   - name: ranker_v1
     description: Features of the ride-ranking model.
@@ -77,6 +93,8 @@ feature_services:
       - customer_profile:lifetime_value
       - customer_profile:embedding
       - driver_customer:rides_together
+      - customer_rides:rides_7d
+      - customer_rides:fare_sum_1h
 "#;
 
 /// Where `init --demo` puts the sample data, relative to the repository.
@@ -149,6 +167,7 @@ pub fn write_sample_data_at(dir: &Path, now: DateTime<Utc>, scale: Scale) -> Res
         ("driver_hourly", driver_hourly(&mut rng, anchor, &scale)?),
         ("customer_profile", customer_profile(&mut rng, anchor, &scale)?),
         ("driver_customer", driver_customer(&mut rng, anchor, &scale)?),
+        ("customer_rides", customer_rides(&mut rng, anchor, &scale)?),
         ("spine", spine(&mut rng, anchor, &scale)?),
     ];
     let mut files = Vec::new();
@@ -281,6 +300,34 @@ fn driver_customer(rng: &mut StdRng, anchor: DateTime<Utc>, scale: &Scale) -> Re
         ("created_timestamp", timestamps(created)),
         ("rides_together", Arc::new(Int64Array::from(together))),
         ("avg_rating", Arc::new(Float32Array::from(rating))),
+    ])?)
+}
+
+/// Ride events of customers over the last 7 days (three per driver/customer ride of
+/// the demo's scale), several per hour for busy customers, some with no fare.
+fn customer_rides(rng: &mut StdRng, anchor: DateTime<Utc>, scale: &Scale) -> Result<RecordBatch> {
+    let n = scale.rides * 3;
+    let (mut ids, mut events, mut created) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut fare, mut minutes, mut city) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n {
+        // Busy customers first: the lower ids ride more often.
+        let c = rng.random_range(0..scale.customers).min(rng.random_range(0..scale.customers));
+        let span = if rng.random_bool(0.25) { 3 * 3600 } else { 7 * 86_400 };
+        let at = anchor - TimeDelta::seconds(rng.random_range(0..span));
+        ids.push(customer_id(c));
+        events.push(micros(at));
+        created.push(micros(at + TimeDelta::seconds(rng.random_range(1..120))));
+        fare.push((!rng.random_bool(0.05)).then(|| (rng.random_range(5.0..60.0_f64) * 100.0).round() / 100.0));
+        minutes.push(rng.random_range(3..90_i64));
+        city.push(CITIES[rng.random_range(0..CITIES.len())]);
+    }
+    Ok(RecordBatch::try_from_iter([
+        ("customer_id", Arc::new(StringArray::from(ids)) as ArrayRef),
+        ("event_timestamp", timestamps(events)),
+        ("created_timestamp", timestamps(created)),
+        ("fare", Arc::new(Float64Array::from(fare))),
+        ("minutes", Arc::new(Int64Array::from(minutes))),
+        ("city", Arc::new(StringArray::from(city))),
     ])?)
 }
 

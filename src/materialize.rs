@@ -6,7 +6,7 @@ use std::time::Instant;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use quiver_offline::historical::{Window, latest_per_entity};
+use quiver_offline::historical::{Window, events_since, latest_per_entity};
 use quiver_online::OnlineStore;
 use quiver_sdk::{Config, Definitions, FeatureView};
 use serde::{Deserialize, Serialize};
@@ -39,6 +39,12 @@ async fn load_view(
     store: &dyn OnlineStore,
     progress: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<(ViewReport, Option<u64>)> {
+    if view.is_event_log() {
+        let end = match window {
+            Window::Range { end, .. } | Window::Since { end, .. } => end,
+        };
+        return load_event_log(config, defs, view, end, store, progress).await;
+    }
     let began = Instant::now();
     let latest = latest_per_entity(config, defs, view, window).await?;
     let Some(batch) = latest.batch else {
@@ -62,6 +68,29 @@ async fn load_view(
         "materialized"
     );
     Ok((ViewReport { view: view.name.clone(), entities: rows.len(), written }, latest.version))
+}
+
+/// Rebuilds the online records of an event log (SPEC §11) from every event its windows
+/// can still count at `now` (and those after it, kept pending): one record per entity,
+/// dated by the table version, so the guarded write keeps the newest rebuild and a
+/// rerun writes the same records again.
+async fn load_event_log(
+    config: &Config,
+    defs: &Definitions,
+    view: &FeatureView,
+    now: i64,
+    store: &dyn OnlineStore,
+    progress: &(dyn Fn(&str, u64) + Sync),
+) -> Result<(ViewReport, Option<u64>)> {
+    let since = quiver_streaming::write::event_log_reach(view, now);
+    let events = events_since(config, defs, view, since, None).await?;
+    let rows = quiver_streaming::write::event_log_rows(&config.project, view, &events, now);
+    let mut written = 0;
+    for (i, chunk) in rows.chunks(WRITE_BATCH).enumerate() {
+        written += store.write(chunk).await?;
+        progress(&format!("materializing {}", view.name), ((i + 1) * WRITE_BATCH).min(rows.len()) as u64);
+    }
+    Ok((ViewReport { view: view.name.clone(), entities: rows.len(), written }, events.version))
 }
 
 /// Loads, for each view, the latest row per entity with event time in `[start, end]`

@@ -14,7 +14,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, Float32Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow::array::{
+    Array, ArrayRef, AsArray, Float32Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
 use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
 use quiver_gpu_join::CpuKernel;
 use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, resolve};
@@ -231,7 +233,9 @@ fn oracle(events: &[Event], agg: &quiver_sdk::Aggregation, has_created: bool, ke
             let k = agg.k.unwrap() as usize;
             let top = &vals[..n.min(k)];
             match events.iter().find(|e| e.values.contains_key(agg.column.as_str())).map(|e| &e.values[agg.column.as_str()]) {
-                Some(V::Str(_)) => Want::Strs(top.iter().map(|v| if let V::Str(Some(s)) = v { s.clone() } else { unreachable!() }).collect()),
+                Some(V::Str(_)) => {
+                    Want::Strs(top.iter().map(|v| if let V::Str(Some(s)) = v { s.clone() } else { unreachable!() }).collect())
+                }
                 Some(V::I64(_) | V::I32(_)) => Want::Ints(top.iter().map(|v| v.int()).collect()),
                 _ => Want::Floats(top.iter().map(|v| v.num()).collect()),
             }

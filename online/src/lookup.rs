@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use quiver_sdk::aggregation::record::{AggRecord, Layout};
 use quiver_sdk::encoding::{KeyValue, OnlineRow, Value, fingerprint, store_key};
 use quiver_sdk::{Definitions, FeatureRef, FeatureView, KeyType};
 
@@ -124,17 +125,67 @@ pub async fn get_online_features(
     let keys = store_keys(project, defs, &views, entities, n)?;
     let stored = store.read(&keys).await?;
     let mut rows: HashMap<&str, Vec<Option<OnlineRow>>> = HashMap::new();
+    let mut answers: HashMap<&str, Vec<Option<Answer>>> = HashMap::new();
     for (i, name) in views.iter().enumerate() {
         let view = defs.feature_view(name).expect("checked");
-        rows.insert(name, decode_rows(defs, view, &stored[i * n..(i + 1) * n]));
+        let stored = &stored[i * n..(i + 1) * n];
+        if view.is_event_log() {
+            answers.insert(name, answer_records(view, stored, now));
+        } else {
+            rows.insert(name, decode_rows(defs, view, stored));
+        }
     }
     let mut out: Vec<Column> = entities.iter().map(|(name, values)| key_column(name, values)).collect();
     for r in refs {
         let view = defs.feature_view(&r.view).expect("checked");
         let name = if full_names { r.column_name() } else { r.feature.clone() };
-        out.push(feature_column(view, &r.feature, name, &rows[view.name.as_str()], now));
+        out.push(match answers.get(view.name.as_str()) {
+            Some(answers) => aggregation_column(view, &r.feature, name, answers),
+            None => feature_column(view, &r.feature, name, &rows[view.name.as_str()], now),
+        });
     }
     Ok(out)
+}
+
+/// Every aggregation's value at `now` and the time of the latest event in its window.
+type Answer = Vec<(Value, Option<i64>)>;
+
+/// The answers of an event log's records at `now` (SPEC §11): an entity without a
+/// record has no events in any window; `None` for a record written under other
+/// aggregations (until the view is materialized again).
+fn answer_records(view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> Vec<Option<Answer>> {
+    let layout = Layout::of(view);
+    stored
+        .iter()
+        .map(|b| {
+            let record = match b {
+                None => AggRecord::empty(&layout),
+                Some(bytes) => AggRecord::decode(&layout, bytes).ok()?,
+            };
+            Some(record.answer(&layout, now))
+        })
+        .collect()
+}
+
+/// Aggregation `feature` of an event log for each entity: PRESENT, or NULL_VALUE for a
+/// null value; the event time is the latest event in the window (epoch 0 when none).
+fn aggregation_column(view: &FeatureView, feature: &str, name: String, answers: &[Option<Answer>]) -> Column {
+    let k = view.aggregations.iter().position(|a| a.name == feature).expect("checked");
+    let n = answers.len();
+    let mut column = Column { name, values: Vec::with_capacity(n), statuses: Vec::with_capacity(n), event_ts: Vec::with_capacity(n) };
+    for answer in answers {
+        let (value, status, ts) = match answer {
+            None => (Value::Null, Status::NotFound, None),
+            Some(a) => match &a[k] {
+                (Value::Null, ts) => (Value::Null, Status::NullValue, Some(ts.unwrap_or(0))),
+                (v, ts) => (v.clone(), Status::Present, Some(ts.unwrap_or(0))),
+            },
+        };
+        column.values.push(value);
+        column.statuses.push(status);
+        column.event_ts.push(ts);
+    }
+    column
 }
 
 /// One store key per (view, row), views in `views` order, after checking that every

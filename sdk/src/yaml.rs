@@ -200,7 +200,10 @@ fn convert_aggregation(view: &str, a: RawAggregation) -> Result<Aggregation, Def
     let duration = |what: &str, value: &serde_yaml::Value| -> Result<Ttl, DefinitionError> {
         let text = match value {
             serde_yaml::Value::Number(n) => {
-                return n.as_u64().map(Ttl::from_secs).ok_or_else(|| bad(format!("bad {what} `{n}`: expected whole, non-negative seconds")));
+                return n
+                    .as_u64()
+                    .map(Ttl::from_secs)
+                    .ok_or_else(|| bad(format!("bad {what} `{n}`: expected whole, non-negative seconds")));
             }
             serde_yaml::Value::String(s) => s.clone(),
             other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),

@@ -106,13 +106,16 @@ impl Replay<'_> {
         let spine = super::spine_batch(&keys, &parsed, kept.iter().map(|&at| self.row(at).0.request_time(at.1)))?;
         drop(parsed);
         let joined = self.offline_join(view, &spine).await?;
+        let served = view.served_features();
         let mut reports: Vec<FeatureReport> =
-            view.features.iter().map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() }).collect();
-        let mut unreadable = vec![0u64; view.features.len()];
+            served.iter().map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() }).collect();
+        let mut unreadable = vec![0u64; served.len()];
         let mut gone: BTreeSet<String> = BTreeSet::new();
         let first = spine.num_columns();
-        let offline_ts = joined.column(first + view.features.len()).as_primitive::<Micros>();
-        let joined = Joined { batch: &joined, first, view, offline_ts };
+        // An event log's join has no event-time column: its aggregations are judged
+        // by status and value (SPEC §11: the status follows from the value).
+        let offline_ts = (!view.is_event_log()).then(|| joined.column(first + served.len()).as_primitive::<Micros>());
+        let joined = Joined { batch: &joined, first, view, served: &served, offline_ts };
         for (j, &at) in kept.iter().enumerate() {
             self.compare_row(&joined, j, at, &mut reports, &mut unreadable, &mut gone);
         }
@@ -120,7 +123,7 @@ impl Replay<'_> {
             report.skipped.push(format!("feature `{name}:{gone}` is logged but no longer defined"));
         }
         for (k, n) in unreadable.into_iter().enumerate().filter(|(_, n)| *n > 0) {
-            report.skipped.push(format!("{n} logged values of `{name}:{}` with an unknown status", view.features[k].name));
+            report.skipped.push(format!("{n} logged values of `{name}:{}` with an unknown status", served[k].name));
         }
         // Features never asked for in the window are not reported.
         report.features.extend(reports.into_iter().filter(|f| f.compared > 0));
@@ -135,10 +138,10 @@ impl Replay<'_> {
         for v in unbounded.feature_views.iter_mut().filter(|v| v.name == view.name) {
             v.ttl = quiver_sdk::Ttl::UNBOUNDED;
         }
-        let refs: Vec<FeatureRef> = view.features.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
+        let refs: Vec<FeatureRef> = view.served_features().iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
         let resolved = resolve(&unbounded, &refs)?;
         let options = HistoricalOptions {
-            event_times: true,
+            event_times: !view.is_event_log(),
             // Views without a created time have nothing to cut by.
             created_cutoff: self.created_cutoff && view.source.created_timestamp_field.is_some(),
             ..Default::default()
@@ -165,11 +168,11 @@ impl Replay<'_> {
             _ => serde_json::Map::new(),
         };
         let (values, statuses) = (object(b.values(r)), object(b.statuses(r)));
-        for logged in statuses.keys().filter(|f| view.feature(f).is_none()) {
+        for logged in statuses.keys().filter(|f| view.served_feature(f).is_none()) {
             gone.insert(logged.clone());
         }
         let request_time = b.request_time(r);
-        for (k, feature) in view.features.iter().enumerate() {
+        for (k, feature) in joined.served.iter().enumerate() {
             let Some(status) = statuses.get(&feature.name) else {
                 continue; // not asked for in this request
             };
@@ -179,7 +182,7 @@ impl Replay<'_> {
             };
             let served_value = values.get(&feature.name).map_or_else(|| "null".to_string(), ToString::to_string);
             let served = (served_status, served_value, b.event_ts(r));
-            let expected = joined.expected(j, k, request_time);
+            let expected = joined.expected(j, k, request_time, served.2);
             judge(&mut reports[k], &served, &expected, request_time, b.entity(r));
         }
     }
@@ -191,20 +194,30 @@ struct Joined<'a> {
     batch: &'a RecordBatch,
     first: usize,
     view: &'a FeatureView,
-    /// The winning rows' event times (the column after the features).
-    offline_ts: &'a arrow::array::PrimitiveArray<Micros>,
+    /// The view's served features (an event log's aggregations).
+    served: &'a [quiver_sdk::Feature],
+    /// The winning rows' event times (the column after the features); none for an
+    /// event log.
+    offline_ts: Option<&'a arrow::array::PrimitiveArray<Micros>>,
 }
 
 impl Joined<'_> {
     /// What should have been served for feature `k` at spine row `j`, requested at
-    /// `request_time`.
-    fn expected(&self, j: usize, k: usize, request_time: i64) -> Answer {
-        let found = (!self.offline_ts.is_null(j)).then(|| self.offline_ts.value(j));
+    /// `request_time`. An aggregation's event time is not judged: the served one is
+    /// taken as it is.
+    fn expected(&self, j: usize, k: usize, request_time: i64, served_ts: Option<i64>) -> Answer {
+        let Some(offline_ts) = self.offline_ts else {
+            return match value_at(self.batch.column(self.first + k).as_ref(), j, self.served[k].dtype) {
+                Value::Null => (Status::NullValue, "null".to_string(), served_ts),
+                v => (Status::Present, value_json(&v), served_ts),
+            };
+        };
+        let found = (!offline_ts.is_null(j)).then(|| offline_ts.value(j));
         match (expected_status(self.view, found, request_time), found) {
             // No row, or past the TTL and the key's grace period: the store dropped it.
             (Status::NotFound, _) | (_, None) => (Status::NotFound, "null".to_string(), None),
             (Status::OutsideMaxAge, ts) => (Status::OutsideMaxAge, "null".to_string(), ts),
-            (_, Some(ts)) => match value_at(self.batch.column(self.first + k).as_ref(), j, self.view.features[k].dtype) {
+            (_, Some(ts)) => match value_at(self.batch.column(self.first + k).as_ref(), j, self.served[k].dtype) {
                 Value::Null => (Status::NullValue, "null".to_string(), Some(ts)),
                 v => (Status::Present, value_json(&v), Some(ts)),
             },
@@ -212,10 +225,20 @@ impl Joined<'_> {
     }
 }
 
+/// The same status and event time, and values that are floats within 1e-9 relative
+/// (SPEC §11: an aggregation's float sums are added in another order online).
+fn floats_agree(served: &Answer, expected: &Answer) -> bool {
+    let float = |s: &str| s.parse::<f64>().ok();
+    match (served.0 == expected.0 && served.2 == expected.2, float(&served.1), float(&expected.1)) {
+        (true, Some(a), Some(b)) => (a - b).abs() <= 1e-9 * a.abs().max(b.abs()),
+        _ => false,
+    }
+}
+
 /// Counts one served answer against the expected one, keeping a few examples.
 fn judge(report: &mut FeatureReport, served: &Answer, expected: &Answer, request_time: i64, entity: &str) {
     report.compared += 1;
-    let kind = if served == expected {
+    let kind = if served == expected || floats_agree(served, expected) {
         report.matches += 1;
         return;
     } else if served.2.is_some_and(|t| t > request_time) {

@@ -13,9 +13,11 @@ use std::path::Path;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
+use quiver_offline::historical::EntityEvents;
 use quiver_offline::ingest::{AppendOptions, IngestReport, append};
 use quiver_offline::schema::{ViewLayout, rows_to_columns, table_schema, value_at};
 use quiver_online::{OnlineStore, WriteRow};
+use quiver_sdk::aggregation::record::{AggRecord, Layout};
 use quiver_sdk::encoding::{KeyValue, OnlineRow, expire_at_ms, fingerprint, store_key};
 use quiver_sdk::rows::ViewRow;
 use quiver_sdk::{Config, Definitions, FeatureView, KeyType};
@@ -138,12 +140,16 @@ pub async fn push_batches(
     let latest = config.event_horizon(chrono::Utc::now().timestamp_micros());
     let conformed = quiver_offline::ingest::conform_batches(defs, view, source, &batches, Some(latest))?;
     let rows = conformed.iter().map(RecordBatch::num_rows).sum();
-    let offline_version = if target.offline() {
+    // An event log's online records come from its table: its events go there first.
+    let offline_version = if target.offline() || view.is_event_log() {
         Some(append(&config.view_table(view), defs, view, source, conformed.clone(), AppendOptions::new(None), &|_, _| {}).await?.version)
     } else {
         None
     };
     let online_written = match (target.online(), store) {
+        (true, Some(store)) if view.is_event_log() => {
+            Some(refresh_event_log(config, defs, view, &batch_entities(defs, view, &conformed), store).await?)
+        }
         (true, Some(store)) => {
             let mut written = 0;
             for batch in &conformed {
@@ -155,6 +161,71 @@ pub async fn push_batches(
         (false, _) => None,
     };
     Ok(PushReport { rows, online_written, offline_version })
+}
+
+/// The online records of an event log's entities (SPEC §11), built at `now` from their
+/// events read at table `version`: one guarded write per entity, dated by the version.
+pub fn event_log_rows(project: &str, view: &FeatureView, events: &EntityEvents, now: i64) -> Vec<WriteRow> {
+    let layout = Layout::of(view);
+    let version = events.version.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
+    events
+        .entities
+        .iter()
+        .map(|(keys, events)| {
+            let record = AggRecord::build(&layout, events, now, version);
+            WriteRow { key: store_key(project, &view.name, keys), row: record.encode(&layout), expire_at_ms: record.expire_at_ms(&layout) }
+        })
+        .collect()
+}
+
+/// The first event time any window of `view` can count at `now`.
+pub fn event_log_reach(view: &FeatureView, now: i64) -> i64 {
+    view.aggregations.iter().map(|a| a.tail(now)).min().unwrap_or(now)
+}
+
+/// Rebuilds the online records of `entities` of an event log from its Delta table, as
+/// it is now: how pushes and the stream update an event log online, after their
+/// Delta commit. A record is a function of the table, so a replay writes the same
+/// record again and no event is counted twice or lost. Returns the records written.
+///
+/// # Errors
+/// An unreadable table or an unavailable store.
+pub async fn refresh_event_log(
+    config: &Config,
+    defs: &Definitions,
+    view: &FeatureView,
+    entities: &[Vec<KeyValue>],
+    store: &dyn OnlineStore,
+) -> Result<usize> {
+    if entities.is_empty() {
+        return Ok(0);
+    }
+    let mut unique = entities.to_vec();
+    unique.sort();
+    unique.dedup();
+    let now = chrono::Utc::now().timestamp_micros();
+    let events = quiver_offline::historical::events_since(config, defs, view, event_log_reach(view, now), Some(&unique)).await?;
+    Ok(store.write(&event_log_rows(&config.project, view, &events, now)).await?)
+}
+
+/// The join-key values of each row of batches laid out as the view's table columns.
+pub fn batch_entities(defs: &Definitions, view: &FeatureView, batches: &[RecordBatch]) -> Vec<Vec<KeyValue>> {
+    let keys = defs.join_keys(view);
+    let mut out = Vec::new();
+    for batch in batches {
+        for r in 0..batch.num_rows() {
+            out.push(
+                keys.iter()
+                    .enumerate()
+                    .map(|(i, k)| match k.dtype {
+                        KeyType::Int64 => KeyValue::Int(batch.column(i).as_primitive::<Int64Type>().value(r)),
+                        KeyType::String => KeyValue::Str(batch.column(i).as_string::<i32>().value(r).to_string()),
+                    })
+                    .collect(),
+            );
+        }
+    }
+    out
 }
 
 /// Refuses an online write to a view with `online: false` (SPEC §13: such a view takes
@@ -183,5 +254,15 @@ impl quiver_online::server::OfflineWriter for DeltaWriter {
             .await
             .map(|r| r.version)
             .map_err(|e| e.to_string())
+    }
+
+    async fn refresh_event_log(
+        &self,
+        defs: &Definitions,
+        view: &FeatureView,
+        entities: &[Vec<KeyValue>],
+        store: &dyn OnlineStore,
+    ) -> std::result::Result<usize, String> {
+        refresh_event_log(&self.config, defs, view, entities, store).await.map_err(|e| e.to_string())
     }
 }

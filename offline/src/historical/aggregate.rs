@@ -47,7 +47,12 @@ impl Join<'_> {
         }
         let (min_t, max_t) = (self.times.iter().min().copied().unwrap_or(0), self.times.iter().max().copied().unwrap_or(0));
         let reach = aggs.iter().map(|a| a.window_us().saturating_add(a.hop_us())).max().unwrap_or(0);
-        let range = ScanRange { lo: Some(min_t.saturating_sub(reach)), hi: max_t, extra: None, version: self.options.versions.get(&view.name).copied() };
+        let range = ScanRange {
+            lo: Some(min_t.saturating_sub(reach)),
+            hi: max_t,
+            extra: None,
+            version: self.options.versions.get(&view.name).copied(),
+        };
         let scan = scan_view_at(&self.config.view_table(view), self.defs, view, &columns, range).await?;
         (self.progress)(&format!("scanned {}", view.name), scan.rows as u64);
         let has_created = view.source.created_timestamp_field.is_some();
@@ -128,7 +133,15 @@ struct Events<'a> {
 
 impl Events<'_> {
     /// One aggregation for every spine row: its value, or the empty window's.
-    fn aggregate(&self, agg: &Aggregation, column: &ArrayRef, dtype: DType, spine: &SpineRuns, times: &[i64], threads: usize) -> Vec<Value> {
+    fn aggregate(
+        &self,
+        agg: &Aggregation,
+        column: &ArrayRef,
+        dtype: DType,
+        spine: &SpineRuns,
+        times: &[i64],
+        threads: usize,
+    ) -> Vec<Value> {
         let n_entities = spine.offsets.len() - 1;
         let empty = Partial::default().finish(agg, dtype);
         let mut out = vec![empty; times.len()];
@@ -174,7 +187,16 @@ impl Events<'_> {
 
     /// The sweep of one entity's spine rows for one aggregation.
     #[allow(clippy::too_many_arguments)]
-    fn entity(&self, agg: &Aggregation, column: &dyn Array, dtype: DType, e: usize, spine: &SpineRuns, times: &[i64], found: &mut Vec<(u32, Value)>) {
+    fn entity(
+        &self,
+        agg: &Aggregation,
+        column: &dyn Array,
+        dtype: DType,
+        e: usize,
+        spine: &SpineRuns,
+        times: &[i64],
+        found: &mut Vec<(u32, Value)>,
+    ) {
         let (r0, r1) = (self.runs.offsets[e] as usize, self.runs.offsets[e + 1] as usize);
         let rows = &self.runs.rows[r0..r1];
         let ts = &self.runs.ts[r0..r1];

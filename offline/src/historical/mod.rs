@@ -11,6 +11,7 @@
 //! is the same scan's other use: each entity's latest row, for materialization.
 
 mod aggregate;
+pub mod events;
 mod gather;
 mod kernel_input;
 pub mod latest;
@@ -34,6 +35,7 @@ use crate::schema::{arrow_type, key_type};
 use kernel_input::KernelColumns;
 use scan::{ScanRange, scan_view_at};
 
+pub use events::{EntityEvents, events_since};
 pub use latest::{Latest, Window, latest_per_entity};
 pub use output::write_parquet;
 pub use scan::{read_view, table_versions};

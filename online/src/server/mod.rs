@@ -228,6 +228,16 @@ async fn registry(State(state): State<Arc<ServerState>>) -> Json<Json_> {
 pub trait OfflineWriter: Send + Sync {
     /// Appends `rows` of `view` in one commit; returns the table version committed.
     async fn append(&self, defs: &Definitions, view: &quiver_sdk::FeatureView, rows: &[ViewRow]) -> Result<u64, String>;
+
+    /// Rebuilds the online records of an event log's `entities` from its table (after
+    /// their events were appended); returns the records written.
+    async fn refresh_event_log(
+        &self,
+        defs: &Definitions,
+        view: &quiver_sdk::FeatureView,
+        entities: &[Vec<quiver_sdk::encoding::KeyValue>],
+        store: &dyn crate::OnlineStore,
+    ) -> Result<usize, String>;
 }
 
 #[cfg(test)]

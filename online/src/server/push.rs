@@ -70,14 +70,24 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     }
     let mut answer = serde_json::Map::new();
     answer.insert("rows".into(), json!(n));
-    if offline {
+    // An event log's online records come from its table: its events go there first,
+    // and then its entities' records are rebuilt from it.
+    if offline || view.is_event_log() {
         let Some(writer) = &state.offline else {
             return Err(ApiError(StatusCode::NOT_IMPLEMENTED, "this server has no offline store to push to".into()));
         };
         let version = writer.append(&defs, view, &rows).await.map_err(|e| state.unavailable("offline store", &e))?;
         answer.insert("offline_version".into(), json!(version));
     }
-    if online {
+    if online && view.is_event_log() {
+        let writer = state.offline.as_ref().expect("checked above");
+        let entities: Vec<Vec<quiver_sdk::encoding::KeyValue>> = rows.iter().map(|r| r.keys.clone()).collect();
+        let written = writer
+            .refresh_event_log(&defs, view, &entities, state.store.as_ref())
+            .await
+            .map_err(|e| state.unavailable("online store", &e))?;
+        answer.insert("written".into(), json!(written));
+    } else if online {
         let writes = crate::store::WriteRow::of_rows(&state.project, view, &rows);
         let written = state.store_call(state.store.write(&writes)).await?;
         answer.insert("written".into(), json!(written));

@@ -104,6 +104,12 @@ impl<'a> Layout<'a> {
 }
 
 impl AggRecord {
+    /// The record of an entity without events: what a lookup assumes when none is stored.
+    pub fn empty(layout: &Layout<'_>) -> AggRecord {
+        let series = layout.series.iter().map(|(hop_us, _)| TileSeries { hop_us: *hop_us, tiles: Vec::new() }).collect();
+        AggRecord { version: -1, layout: fingerprint(layout.view), series, pending: Vec::new() }
+    }
+
     /// The record of an entity's `events` (any order) for lookups at `now` or later:
     /// events within the longest window of their hop go into tiles, those after `now`
     /// stay pending, older ones are left out.

@@ -255,6 +255,7 @@ fn connect(
         fatal: None,
         config: config.clone(),
         rows: vec![Vec::new(); chosen.len()],
+        replayed: vec![Vec::new(); chosen.len()],
         views: chosen,
         defs,
         by_topic,

@@ -59,6 +59,10 @@ pub(super) struct Pipeline {
     pub(super) shutdown: Arc<AtomicBool>,
     /// Per view (same order as `views`): good rows.
     pub(super) rows: Vec<Vec<ViewRow>>,
+    /// Per view: rows of messages its table already holds (read again after a crash or
+    /// a rebalance). An event log rebuilds their entities' online records, which a
+    /// crash may have left without them.
+    pub(super) replayed: Vec<Vec<ViewRow>>,
     pub(super) dead: Vec<DeadLetter>,
     /// Highest offset read per (topic, partition) in this batch.
     pub(super) consumed: BTreeMap<(String, i32), i64>,
@@ -94,6 +98,11 @@ impl Pipeline {
         let mut replayed = true;
         for &i in views {
             if self.floors.get(&(i, partition)).is_some_and(|&floor| offset <= floor) {
+                if self.readers[i].view.is_event_log()
+                    && let Ok(row) = self.readers[i].from_slice(payload)
+                {
+                    self.replayed[i].push(row);
+                }
                 continue;
             }
             replayed = false;
@@ -182,7 +191,7 @@ impl Pipeline {
 
     /// Forgets the batch (its rows, dead letters and offsets).
     pub(super) fn clear(&mut self) {
-        for rows in &mut self.rows {
+        for rows in self.rows.iter_mut().chain(&mut self.replayed) {
             rows.clear();
         }
         self.dead.clear();
@@ -283,7 +292,7 @@ impl Pipeline {
         }
         let mut outcome = Written::All;
         for i in 0..self.views.len() {
-            if self.rows[i].is_empty() {
+            if self.rows[i].is_empty() && self.replayed[i].is_empty() {
                 continue;
             }
             match self.write_view(i)? {
@@ -302,6 +311,9 @@ impl Pipeline {
     fn write_view(&mut self, i: usize) -> Result<Written> {
         let view = self.view(i).clone();
         let rows: Vec<ViewRow> = std::mem::take(&mut self.rows[i]);
+        if view.is_event_log() {
+            return self.write_event_log(i, &view, rows);
+        }
         let rt = self.rt.clone();
         if view.online {
             let writes = quiver_online::WriteRow::of_rows(&self.config.project, &view, &rows);
@@ -315,6 +327,43 @@ impl Pipeline {
                 self.metrics.observe_freshness((now - r.event_ts) as f64 / 1e6);
             }
         }
+        self.append_offline(i, &view, &rows)
+    }
+
+    /// An event log's rows of the batch (SPEC §11): 2. offline first, as any view's;
+    /// 3. then the online records of the batch's entities — of its new rows and of
+    /// those read again — rebuilt from the table. A record is a function of the
+    /// table, so a crash anywhere, and the replay after it, never counts an event
+    /// twice or loses one.
+    fn write_event_log(&mut self, i: usize, view: &FeatureView, rows: Vec<ViewRow>) -> Result<Written> {
+        if !rows.is_empty() {
+            match self.append_offline(i, view, &rows)? {
+                Written::All => {}
+                other => return Ok(other),
+            }
+        }
+        if !view.online {
+            return Ok(Written::All);
+        }
+        let replayed = std::mem::take(&mut self.replayed[i]);
+        let entities: Vec<Vec<quiver_sdk::encoding::KeyValue>> = rows.iter().chain(&replayed).map(|r| r.keys.clone()).collect();
+        let (rt, store, config, defs) = (self.rt.clone(), self.store.clone(), self.config.clone(), self.defs.clone());
+        let refresh = || Ok(rt.block_on(crate::write::refresh_event_log(&config, &defs, view, &entities, store.as_ref()))?);
+        let Some(written) = self.retry(&format!("rebuilding `{}` online", view.name), refresh) else {
+            return Ok(Written::Interrupted);
+        };
+        Metrics::add(&self.metrics.written_online, written);
+        let now = chrono::Utc::now().timestamp_micros();
+        for r in &rows {
+            self.metrics.observe_freshness((now - r.event_ts) as f64 / 1e6);
+        }
+        Ok(Written::All)
+    }
+
+    /// Appends view `i`'s rows to its Delta table with the partitions' last offsets.
+    fn append_offline(&mut self, i: usize, view: &FeatureView, rows: &[ViewRow]) -> Result<Written> {
+        let rt = self.rt.clone();
+        let view = view.clone();
         let topic = self.topic(i).to_string();
         let partitions: Vec<(i32, i64)> = self.consumed.iter().filter(|((t, _), _)| *t == topic).map(|((_, p), o)| (*p, *o)).collect();
         let app_ids: Vec<String> = partitions.iter().map(|(p, _)| app_id(&view.name, &topic, *p)).collect();
@@ -334,7 +383,7 @@ impl Pipeline {
                 }
             }
             let options = AppendOptions::new(None).with_txns(txns.clone()).with_expected_txns(expected.clone());
-            match rt.block_on(write_offline(&self.config, &self.defs, &view, &source, &rows, options)) {
+            match rt.block_on(write_offline(&self.config, &self.defs, &view, &source, rows, options)) {
                 Ok(report) => Ok(Some(report.rows)),
                 Err(Error::Offline(e @ quiver_offline::Error::Fenced { .. })) => {
                     let name = &view.name;
