@@ -186,7 +186,7 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
             column: r.column_name(),
             dtype: defs
                 .feature_view(&r.view)
-                .and_then(|v| v.feature(&r.feature))
+                .and_then(|v| v.served_feature(&r.feature))
                 .map_or_else(String::new, |f| f.dtype.as_str().to_string()),
         })
         .collect();

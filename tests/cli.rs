@@ -71,7 +71,7 @@ fn demo_sample_data_matches_the_demo_definitions() {
     }
     let defs = quiver::sdk::yaml::load_definitions(&repo.join("features.yaml")).unwrap();
     assert_eq!(defs.entities.len(), 2);
-    assert_eq!(defs.feature_views.len(), 3);
+    assert_eq!(defs.feature_views.len(), 4);
     assert_eq!(defs.feature_services.len(), 1);
     let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
     for view in &defs.feature_views {
@@ -99,10 +99,11 @@ fn init_plan_apply_list_describe() {
         "+ entity customer",
         "+ entity driver",
         "+ feature_view customer_profile",
+        "+ feature_view customer_rides",
         "+ feature_view driver_customer",
         "+ feature_view driver_hourly",
         "+ feature_service ranker_v1",
-        "6 to add, 0 to change, 0 to remove",
+        "7 to add, 0 to change, 0 to remove",
         "as version 1",
     ] {
         assert!(plan.contains(line), "plan lacks {line:?}:\n{plan}");
@@ -114,7 +115,7 @@ fn init_plan_apply_list_describe() {
     let registry: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(repo.join("registry.json")).unwrap()).unwrap();
     assert_eq!(registry["version"], 1);
     assert_eq!(registry["project"], "demo");
-    assert_eq!(registry["definitions"]["feature_views"].as_array().unwrap().len(), 3);
+    assert_eq!(registry["definitions"]["feature_views"].as_array().unwrap().len(), 4);
 
     let before = std::fs::read(repo.join("registry.json")).unwrap();
     let again = ok(&repo, &["apply"]);
@@ -123,7 +124,16 @@ fn init_plan_apply_list_describe() {
     assert!(ok(&repo, &["plan"]).contains("no changes: registry is at version 1"));
 
     let list = ok(&repo, &["list"]);
-    for part in ["registry version 1", "driver_id:int64", "customer_id:string", "driver_hourly", "ttl 2h", "ranker_v1", "6 features"] {
+    for part in [
+        "registry version 1",
+        "driver_id:int64",
+        "customer_id:string",
+        "driver_hourly",
+        "ttl 2h",
+        "ranker_v1",
+        "8 features",
+        "5 aggregations of 3 columns",
+    ] {
         assert!(list.contains(part), "list lacks {part:?}:\n{list}");
     }
 
@@ -309,12 +319,12 @@ fn ingest_then_historical_on_the_demo() {
     let (_tmp, repo) = demo_repo();
     let applied = ok(&repo, &["apply"]);
     assert!(applied.contains("created delta table"), "{applied}");
-    for view in ["driver_hourly", "customer_profile", "driver_customer"] {
+    for view in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
         let out = ok(&repo, &["ingest", view, &format!("sample_data/{view}.parquet")]);
         assert!(out.contains(&format!("rows into {view} (table version 1)")), "{out}");
     }
     let out = ok(&repo, &["historical", "--spine", "sample_data/spine.parquet", "--service", "ranker_v1", "--out", "train.parquet"]);
-    assert!(out.contains("historical: 500 rows x 6 features"), "{out}");
+    assert!(out.contains("historical: 500 rows x 8 features"), "{out}");
     let spine = read_parquet(&repo.join("sample_data/spine.parquet"));
     let joined = read_parquet(&repo.join("train.parquet"));
     assert_eq!(joined.num_rows(), 500);
@@ -332,8 +342,14 @@ fn ingest_then_historical_on_the_demo() {
             "customer_profile__lifetime_value",
             "customer_profile__embedding",
             "driver_customer__rides_together",
+            "customer_rides__rides_7d",
+            "customer_rides__fare_sum_1h",
         ]
     );
+    // A count is never null: 0 for a window without events.
+    let rides = joined.column(10).as_primitive::<arrow::datatypes::Int64Type>();
+    assert_eq!(rides.null_count(), 0);
+    assert!(rides.values().iter().any(|&n| n > 0) && rides.values().contains(&0), "{rides:?}");
     for i in 0..4 {
         assert_eq!(joined.column(i).as_ref(), spine.column(i).as_ref(), "spine column {i} changed");
     }
@@ -368,7 +384,7 @@ fn doctor_reports_and_compiles_the_kernels() {
     let (_tmp, repo) = demo_repo();
     ok(&repo, &["apply"]);
     let out = ok(&repo, &["doctor"]);
-    for part in ["ok   config: project `demo`", "ok   registry: version 1, 3 feature views", "ok   online store: embedded"] {
+    for part in ["ok   config: project `demo`", "ok   registry: version 1, 4 feature views", "ok   online store: embedded"] {
         assert!(out.contains(part), "{out}");
     }
     // The demo's broker address has nothing listening: reported, not a failure.
@@ -400,7 +416,7 @@ fn doctor_reports_and_compiles_the_kernels() {
 fn engines_fall_back_or_fail_clearly() {
     let (_tmp, repo) = demo_repo();
     ok(&repo, &["apply"]);
-    for v in ["driver_hourly", "customer_profile", "driver_customer"] {
+    for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
         ok(&repo, &["ingest", v, &format!("sample_data/{v}.parquet")]);
     }
     let args = |engine: &str, out: &str| {
@@ -671,7 +687,7 @@ fn bad_historical_requests_are_refused_and_write_nothing() {
 fn materialize_then_online_lookup_from_the_shell() {
     let (_tmp, repo) = demo_repo();
     ok(&repo, &["apply"]);
-    for view in ["driver_hourly", "customer_profile", "driver_customer"] {
+    for view in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
         ok(&repo, &["ingest", view, &format!("sample_data/{view}.parquet")]);
     }
     let out = ok(&repo, &["materialize", "2000-01-01T00:00:00Z", "now", "driver_hourly", "customer_profile"]);

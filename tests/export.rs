@@ -18,7 +18,7 @@ fn demo() -> (tempfile::TempDir, PathBuf) {
     ok(tmp.path(), &["init", "demo", "--demo"]);
     let repo = tmp.path().join("demo");
     ok(&repo, &["apply"]);
-    for v in ["driver_hourly", "customer_profile", "driver_customer"] {
+    for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
         ok(&repo, &["ingest", v, &format!("sample_data/{v}.parquet")]);
     }
     (tmp, repo)
@@ -73,7 +73,10 @@ fn export_writes_shards_and_a_manifest_that_rebuilds_them_exactly() {
         .collect();
     assert_eq!(features[0], ("driver_hourly:conv_rate".to_string(), "float64".to_string()));
     assert_eq!(features[4], ("customer_profile:embedding".to_string(), "list<float32>".to_string()));
-    assert_eq!(m["delta_versions"], serde_json::json!({"customer_profile": 1, "driver_customer": 1, "driver_hourly": 1}));
+    assert_eq!(
+        m["delta_versions"],
+        serde_json::json!({"customer_profile": 1, "customer_rides": 1, "driver_customer": 1, "driver_hourly": 1})
+    );
     assert_eq!(m["schema"].as_array().unwrap().len(), whole.num_columns());
     assert_eq!(m["training_set_id"].as_str().unwrap().len(), 32);
     assert_eq!(m["spine"]["sha256"].as_str().unwrap(), sha256(&repo.join(spine)));

@@ -24,7 +24,7 @@ async fn verify_finds_what_the_online_store_gets_wrong() {
     assert!(quiver(tmp.path(), &["init", "demo", "--demo"]).status.success());
     let repo = tmp.path().join("demo");
     assert!(quiver(&repo, &["apply"]).status.success());
-    for v in ["driver_hourly", "customer_profile", "driver_customer"] {
+    for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
         assert!(quiver(&repo, &["ingest", v, &format!("sample_data/{v}.parquet")]).status.success());
     }
 
@@ -107,7 +107,7 @@ async fn verify_since_replays_the_serving_log() {
     config.push_str("serving_log:\n  enabled: true\n  batch_ms: 100\n");
     std::fs::write(repo.join("quiver.yaml"), config).unwrap();
     assert!(quiver(&repo, &["apply"]).status.success());
-    for v in ["driver_hourly", "customer_profile", "driver_customer"] {
+    for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
         assert!(quiver(&repo, &["ingest", v, &format!("sample_data/{v}.parquet")]).status.success());
     }
     assert!(quiver(&repo, &["materialize-incremental", "now"]).status.success());

@@ -24,7 +24,7 @@ def exported(tmp_path_factory):
     cli(tmp, "init", "demo", "--demo")
     repo = tmp / "demo"
     cli(repo, "apply")
-    for v in ("driver_hourly", "customer_profile", "driver_customer"):
+    for v in ("driver_hourly", "customer_profile", "driver_customer", "customer_rides"):
         cli(repo, "ingest", v, f"sample_data/{v}.parquet")
     cli(repo, "export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "ts", "--shard-rows", "37")
     cli(repo, "historical", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "whole.parquet")

@@ -118,13 +118,18 @@ fn render_list(doc: &RegistryDoc) -> String {
     }
     out.push_str(&format!("\nfeature views ({})\n", defs.feature_views.len()));
     for v in &defs.feature_views {
+        // An event log's served features are its aggregations, over its event columns.
+        let (window, served) = if v.is_event_log() {
+            ("events".to_string(), format!("{:>2} aggregations of {} columns", v.aggregations.len(), v.features.len()))
+        } else {
+            (format!("ttl {}", v.ttl), format!("{:>2} features", v.features.len()))
+        };
         out.push_str(&format!(
-            "  {:<24} v{:<3} entities {:<20} ttl {:<6} {:>2} features{}\n",
+            "  {:<24} v{:<3} entities {:<20} {:<10} {served}{}\n",
             v.name,
             meta(doc, "feature_view", &v.name).map_or(0, |m| m.version),
             v.entities.join(","),
-            v.ttl.to_string(),
-            v.features.len(),
+            window,
             if v.online { "  online" } else { "" }
         ));
     }
