@@ -64,6 +64,26 @@ fn unique(name: &str) -> String {
 }
 
 async fn setup(name: &str, brokers: &str, redis: &str, partitions: i32) -> Setup {
+    setup_with(name, brokers, redis, partitions, "").await
+}
+
+/// An event log of the same topic (SPEC §11): every trip counted, summed, the latest.
+const TRIP_LOG: &str = r#"  - name: trip_log
+    entities: [driver]
+    online: true
+    source:
+      timestamp_field: event_timestamp
+      stream: {topic: TOPIC, format: json}
+    features:
+      - {name: fare, dtype: float64}
+      - {name: seq, dtype: int64}
+    aggregations:
+      - {name: trips, function: count, column: seq, window: 1000d}
+      - {name: fare_sum, function: sum, column: fare, window: 1000d}
+      - {name: last_seq, function: last, column: seq, window: 1000d}
+"#;
+
+async fn setup_with(name: &str, brokers: &str, redis: &str, partitions: i32, extra_views: &str) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("repo");
     std::fs::create_dir_all(&dir).unwrap();
@@ -93,7 +113,8 @@ feature_views:
       - {{name: fare, dtype: float64}}
       - {{name: seq, dtype: int64}}
       - {{name: city, dtype: string}}
-"#
+{}"#,
+            extra_views.replace("TOPIC", &topic)
         ),
     )
     .unwrap();
@@ -418,6 +439,76 @@ async fn stream_is_exactly_once_across_crashes() {
     assert!(status.success());
     assert_exactly_once(&s, 0..3000).await;
     assert_online(&s, 0..3000).await;
+}
+
+/// The event log's online answers at `now` for every driver: each good message of
+/// `produced` counted exactly once (a crash replays batches: none counted twice, none
+/// lost), and equal to the offline answer for a spine row at `now`.
+async fn assert_event_log(s: &Setup, produced: std::ops::Range<i64>) {
+    use quiver::sdk::FeatureRef;
+    let repo = Repo::open(&s.dir).unwrap();
+    let defs = repo.applied().unwrap().definitions;
+    let store = RedisStore::connect(&s.redis).await.unwrap();
+    let refs: Vec<FeatureRef> = ["trips", "fare_sum", "last_seq"].iter().map(|a| FeatureRef::new("trip_log", *a)).collect();
+    let drivers: Vec<i64> = (0..DRIVERS).collect();
+    let entities = vec![("driver_id".to_string(), drivers.iter().map(|&d| KeyValue::Int(d)).collect())];
+    let now = chrono::Utc::now().timestamp_micros();
+    let online = quiver::online::lookup::get_online_features(&store, &s.project, &defs, &refs, &entities, now, true).await.unwrap();
+    let spine = arrow::array::RecordBatch::try_from_iter([
+        ("driver_id", std::sync::Arc::new(arrow::array::Int64Array::from(drivers.clone())) as arrow::array::ArrayRef),
+        (
+            "event_timestamp",
+            std::sync::Arc::new(arrow::array::TimestampMicrosecondArray::from(vec![now; drivers.len()]).with_timezone("UTC")),
+        ),
+    ])
+    .unwrap();
+    let requests = quiver::offline::historical::resolve(&defs, &refs).unwrap();
+    let rows = quiver::offline::historical::SpineRows { source: "spine", rows: &spine };
+    let kernel = quiver::gpu_join::CpuKernel::new();
+    let options = quiver::offline::historical::HistoricalOptions::default();
+    let offline =
+        quiver::offline::historical::historical(&repo.config, &defs, rows, &requests, options, &kernel, &|_, _| {}).await.unwrap();
+    for (k, d) in drivers.iter().enumerate() {
+        let good: Vec<i64> = produced.clone().filter(|&i| kind(i) == Kind::Good && i % DRIVERS == *d).collect();
+        let sum: f64 = good.iter().map(|&i| fare(i)).sum();
+        assert_eq!(online[1].values[k], Value::Int64(good.len() as i64), "driver {d}: trips");
+        let Value::Float64(got) = online[2].values[k] else { panic!("driver {d}: fare_sum {:?}", online[2].values[k]) };
+        assert!((got - sum).abs() <= 1e-9 * sum.abs(), "driver {d}: fare_sum {got} vs {sum}");
+        assert_eq!(online[3].values[k], Value::Int64(*good.last().unwrap()), "driver {d}: last_seq");
+        for (j, r) in refs.iter().enumerate() {
+            let dtype = defs.feature_view("trip_log").unwrap().served_feature(&r.feature).unwrap().dtype;
+            let off = quiver::offline::schema::value_at(offline.column(2 + j).as_ref(), k, dtype);
+            match (&online[1 + j].values[k], &off) {
+                (Value::Float64(a), Value::Float64(b)) => assert!((a - b).abs() <= 1e-9 * a.abs(), "{r} driver {d}"),
+                (a, b) => assert_eq!(a, b, "{r} driver {d}"),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_log_counts_each_event_once_across_crashes() {
+    let Some((brokers, redis)) = services("an_event_log_counts_each_event_once_across_crashes") else { return };
+    let s = setup_with("elog", &brokers, &redis, 2, TRIP_LOG).await;
+    produce(&s, 0..600, 2).await;
+    // 1. Abort after the second batch reached both tables and the online records,
+    //    before its offsets are committed: the restart reads it again.
+    let mut a = start(&s, "a", &[("QUIVER_STREAM_ABORT_AFTER_DELTA", "2")]);
+    let status = wait_exit(&mut a.child, WAIT);
+    assert!(!status.success(), "the hook aborts the process");
+    // 2. Restart, kill -9 in the middle of more messages, restart again.
+    let b = start(&s, "b", &[]);
+    wait_for_rows(&s, expected_rows(0..600).len(), &[&b]).await;
+    produce(&s, 600..1800, 2).await;
+    wait_for_rows(&s, expected_rows(0..600).len() + 40, &[&b]).await;
+    b.kill9();
+    let c = start(&s, "c", &[]);
+    wait_for_rows(&s, expected_rows(0..1800).len(), &[&c]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, _) = c.stop();
+    assert!(status.success());
+    assert_exactly_once(&s, 0..1800).await;
+    assert_event_log(&s, 0..1800).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
