@@ -338,3 +338,48 @@ def test_tables_cross_through_the_arrow_pycapsule_interface(store):
         pa.table(stream)
     with pytest.raises(qv.ValidationError, match="entity_df: not an Arrow table"):
         _quiver.get_historical_features(store.repo_path, {"rider_id": [1]}, ["trips:fare"])
+
+
+def test_aggregations_from_python_equal_yaml_and_serve_offline_and_online(tmp_path):
+    yaml = """entities:
+  - {name: rider, join_keys: [{name: rider_id, dtype: int64}]}
+feature_views:
+  - name: rides
+    entities: [rider]
+    features: [{name: fare, dtype: float64}, {name: city, dtype: string}]
+    aggregations:
+      - {name: fare_sum_1h, function: sum, column: fare, window: 1h}
+      - {name: cities, function: last_k, k: 2, column: city, window: 1d, hop: 1h}
+"""
+    a = new_repo(tmp_path / "a" / "repo")
+    (a / "features.yaml").write_text(yaml)
+    cli(a, "apply")
+    b = new_repo(tmp_path / "b" / "repo")
+    rider = qv.Entity(name="rider", join_keys=[qv.Field(name="rider_id", dtype=qv.Int64)])
+    rides = qv.FeatureView(
+        name="rides", entities=[rider], schema=[qv.Field(name="fare", dtype=qv.Float64), qv.Field(name="city", dtype=qv.String)],
+        aggregations=[qv.Aggregation(name="fare_sum_1h", function="sum", column="fare", time_window=timedelta(hours=1)),
+                      qv.Aggregation(name="cities", function="last_k", k=2, column="city", window=timedelta(days=1),
+                                     hop=timedelta(hours=1))])
+    store = qv.FeatureStore(str(b))
+    store.apply([rider, rides])
+    reg = lambda p: json.loads((p / "registry.json").read_text())  # noqa: E731
+    assert reg(a)["definitions"] == reg(b)["definitions"]
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    events = pa.table({"rider_id": pa.array([1, 1, 1, 2], pa.int64()),
+                       "event_timestamp": pa.array([now - timedelta(minutes=m) for m in (5, 30, 90, 10)], pa.timestamp("us", tz="UTC")),
+                       "fare": pa.array([1.5, 2.0, 4.0, None], pa.float64()), "city": ["a", "b", "c", "z"]})
+    store.ingest("rides", events)
+    spine = pa.table({"rider_id": pa.array([1, 2, 3], pa.int64()), "event_timestamp": pa.array([now] * 3, pa.timestamp("us", tz="UTC"))})
+    got = store.get_historical_features(entity_df=spine, features=["rides:fare_sum_1h", "rides:cities"]).to_arrow()
+    assert got.column("rides__fare_sum_1h").to_pylist() == [3.5, None, None]
+    assert got.column("rides__cities").to_pylist() == [["a", "b"], ["z"], []]
+    store.materialize(now - timedelta(days=2), now)
+    online = store.get_online_features(["rides:fare_sum_1h", "rides:cities"], [{"rider_id": 1}, {"rider_id": 3}]).to_dict()
+    assert online["fare_sum_1h"] == [3.5, None] and online["cities"] == [["a", "b"], []]
+    with pytest.raises(qv.ValidationError, match="aggregation `bad`: window 1h is not a multiple of its hop 7m"):
+        store.apply([rider, qv.FeatureView(name="rides", entities=[rider], schema=[qv.Field(name="fare", dtype=qv.Float64)],
+                                           aggregations=[qv.Aggregation(name="bad", function="sum", column="fare",
+                                                                        window=timedelta(hours=1), hop=timedelta(minutes=7))])])
+    with pytest.raises(qv.ValidationError, match="give window or time_window"):
+        qv.Aggregation(name="x", function="count", column="fare", window=timedelta(hours=1), time_window=timedelta(hours=1))

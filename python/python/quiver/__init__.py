@@ -25,7 +25,7 @@ from ._quiver import NotFoundError, QuiverError, StoreUnavailableError, Validati
 from .training import TrainingSet, shard_plan, to_tensors
 
 __all__ = [
-    "Array", "Bool", "Bytes", "DeltaSource", "Entity", "FeatureService", "FeatureStore", "FeatureView",
+    "Aggregation", "Array", "Bool", "Bytes", "DeltaSource", "Entity", "FeatureService", "FeatureStore", "FeatureView",
     "Field", "Float32", "Float64", "Int32", "Int64", "KafkaSource", "NotFoundError", "OnlineResponse",
     "QuiverError", "RetrievalJob", "StoreUnavailableError", "String", "TrainingSet", "UnixTimestamp",
     "ValidationError", "shard_plan", "to_tensors",
@@ -139,28 +139,64 @@ class DeltaSource:
         return out
 
 
-def _ttl(ttl: Optional[timedelta]) -> str:
+def _ttl(ttl: Optional[timedelta], what: str = "ttl") -> str:
     if ttl is None:
         return "0"
     if not isinstance(ttl, timedelta):
-        raise ValidationError(f"ttl must be a datetime.timedelta, got {ttl!r}")
+        raise ValidationError(f"{what} must be a datetime.timedelta, got {ttl!r}")
     if ttl.microseconds:
-        raise ValidationError(f"ttl {ttl} has a fraction of a second; quiver ttls are whole seconds")
+        raise ValidationError(f"{what} {ttl} has a fraction of a second; quiver durations are whole seconds")
     seconds = int(ttl.total_seconds())
     if seconds < 0:
-        raise ValidationError(f"ttl {ttl} is negative")
+        raise ValidationError(f"{what} {ttl} is negative")
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds and seconds % size == 0:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
 
 
+class Aggregation:
+    """A windowed aggregation of one event column (SPEC §11): ``function`` is count, sum,
+    avg, stddev, min, max, last or last_k (with ``k``); ``window`` (Feast: ``time_window``)
+    and ``hop`` are timedeltas. A view with aggregations is an event log, and serves them."""
+
+    def __init__(self, name: str, function: str, column: str, window: Optional[timedelta] = None,
+                 hop: Optional[timedelta] = None, k: Optional[int] = None, time_window: Optional[timedelta] = None,
+                 description: str = ""):
+        if window is not None and time_window is not None:
+            raise ValidationError(f"aggregation `{name}`: give window or time_window, not both")
+        window = window if window is not None else time_window
+        if window is None:
+            raise ValidationError(f"aggregation `{name}`: no window (window=timedelta(hours=1), say)")
+        self.name = name
+        self.function = function
+        self.column = column
+        self.window = window
+        self.hop = hop
+        self.k = k
+        self.description = description
+
+    def _json(self) -> dict:
+        out: Dict[str, Any] = {"name": self.name, "function": self.function, "column": self.column,
+                               "window": _ttl(self.window, f"aggregation `{self.name}`: window")}
+        if self.hop is not None:
+            out["hop"] = _ttl(self.hop, f"aggregation `{self.name}`: hop")
+        if self.k is not None:
+            out["k"] = self.k
+        if self.description:
+            out["description"] = self.description
+        return out
+
+
 class FeatureView:
-    """Features of some entities, with a ttl, a Delta source and an optional stream."""
+    """Features of some entities, with a ttl, a Delta source and an optional stream; with
+    ``aggregations``, an event log whose served features are those aggregations."""
 
     def __init__(self, name: str, entities: Sequence[Union[Entity, str]], schema: Sequence[Field],
                  ttl: Optional[timedelta] = None, online: bool = True, source: Optional[DeltaSource] = None,
-                 tags: Optional[Mapping[str, str]] = None, description: str = ""):
+                 tags: Optional[Mapping[str, str]] = None, description: str = "",
+                 aggregations: Sequence[Aggregation] = ()):
+        self.aggregations = list(aggregations)
         self.name = name
         self.entities = list(entities)
         self.schema = list(schema)
@@ -184,6 +220,8 @@ class FeatureView:
             out["tags"] = self.tags
         if self.description:
             out["description"] = self.description
+        if self.aggregations:
+            out["aggregations"] = [a._json() for a in self.aggregations]
         return out
 
 
