@@ -159,10 +159,12 @@ async fn query(addr: SocketAddr, scale: &quiver::demo::Scale, t: Instant) -> any
         "serve + query",
         t,
         format!(
-            "http://{addr}: {} requests x 10 rows x 6 features, p50 {:.2} ms (new connection each); conv_rate {}",
+            "http://{addr}: {} requests x 10 rows x {} features, p50 {:.2} ms (new connection each); conv_rate {}, rides_7d {}",
             latencies.len(),
+            answer["metadata"]["feature_names"].as_array().map_or(0, |f| f.len() - 2),
             latencies[latencies.len() / 2],
-            answer["results"][2]["values"][0]
+            answer["results"][2]["values"][0],
+            feature(&answer, "rides_7d")
         ),
     );
     Ok(())
@@ -187,7 +189,38 @@ async fn push_and_query(addr: SocketAddr) -> anyhow::Result<()> {
         t,
         format!("served {} right after the push (Delta version {})", after["results"][1]["values"][0], pushed["offline_version"]),
     );
+
+    // A ride event for an event log: its windows count it as soon as it is pushed.
+    let t = Instant::now();
+    let count = r#"{"entities": {"customer_id": ["C001"]}, "features": ["customer_rides:rides_7d", "customer_rides:last_cities"]}"#;
+    let before = tokio::task::spawn_blocking(move || post(addr, "/get-online-features", count)).await??;
+    // Dated after the request above, which was rightly answered without it.
+    let fresh = chrono::Utc::now().to_rfc3339();
+    let ride = format!(
+        r#"{{"feature_view": "customer_rides", "df": {{"customer_id": ["C001"], "event_timestamp": ["{fresh}"], "created_timestamp": ["{fresh}"], "fare": [12.5], "minutes": [14], "city": ["Quickstart"]}}}}"#
+    );
+    tokio::task::spawn_blocking(move || post(addr, "/push", &ride)).await??;
+    let after = tokio::task::spawn_blocking(move || post(addr, "/get-online-features", count)).await??;
+    let (n0, n1) = (before["results"][1]["values"][0].as_i64(), after["results"][1]["values"][0].as_i64());
+    anyhow::ensure!(n1 == n0.map(|n| n + 1), "the pushed ride is not counted: {before} then {after}");
+    step(
+        "push an event",
+        t,
+        format!(
+            "customer_rides:rides_7d of C001 {} -> {}, last_cities {}",
+            n0.unwrap_or(0),
+            n1.unwrap_or(0),
+            after["results"][2]["values"][0]
+        ),
+    );
     Ok(())
+}
+
+/// The value of `name` for the first entity row of a Feast-shaped answer.
+fn feature<'a>(answer: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    let names = answer["metadata"]["feature_names"].as_array();
+    let at = names.and_then(|n| n.iter().position(|f| f.as_str().is_some_and(|f| f.ends_with(name))));
+    at.map_or(&serde_json::Value::Null, |i| &answer["results"][i]["values"][0])
 }
 
 /// Online and offline agree: every logged answer replayed, then sampled entities.
