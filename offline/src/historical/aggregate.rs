@@ -204,6 +204,9 @@ impl Events<'_> {
         if asks.is_empty() || rows.is_empty() {
             return;
         }
+        if !self.cutoff && prefix_sums(agg, column, dtype, rows, ts, asks, times, found) {
+            return;
+        }
         let k = self.kernel;
         let created = |p: usize| if k.created.is_empty() { 0 } else { k.created[rows[p] as usize] };
         // When each position may be seen, and the positions in that order.
@@ -229,6 +232,59 @@ impl Events<'_> {
             found.push((s, partial.finish(agg, dtype)));
         }
     }
+}
+
+/// The fast path of count, sum, avg and stddev without the created-time cutoff: what
+/// is visible at `t` is then a prefix of the run (`ts <= t`), so a window is a
+/// difference of prefix sums (double-double sums, wrapping integer sums: exact enough,
+/// and exact for integers). False, having pushed nothing, when it does not apply: another
+/// function, or a value or prefix that is not finite (inf - inf would be NaN: the
+/// Fenwick path adds instead).
+#[allow(clippy::too_many_arguments)]
+fn prefix_sums(
+    agg: &Aggregation,
+    column: &dyn Array,
+    dtype: DType,
+    rows: &[u32],
+    ts: &[i64],
+    asks: &[u32],
+    times: &[i64],
+    found: &mut Vec<(u32, Value)>,
+) -> bool {
+    if !matches!(agg.function, AggFunction::Count | AggFunction::Sum | AggFunction::Avg | AggFunction::Stddev) {
+        return false;
+    }
+    let mut prefix: Vec<Sums> = Vec::with_capacity(rows.len() + 1);
+    let mut running = Sums::default();
+    prefix.push(running);
+    for &r in rows {
+        let r = r as usize;
+        if !column.is_null(r) {
+            match agg.function {
+                AggFunction::Count => running.n += 1,
+                f => {
+                    if let Some(x) = Num::of(&value_at(column, r, dtype)) {
+                        running.add(f, x);
+                    }
+                }
+            }
+        }
+        if !(running.sum.hi.is_finite() && running.squares.hi.is_finite()) {
+            return false;
+        }
+        prefix.push(running);
+    }
+    for &s in asks {
+        let t = times[s as usize];
+        let hi = ts.partition_point(|&x| x <= t);
+        let lo = ts.partition_point(|&x| x < agg.tail(t)).min(hi);
+        let (a, b) = (&prefix[lo], &prefix[hi]);
+        let sums =
+            Sums { n: b.n - a.n, int_sum: b.int_sum.wrapping_sub(a.int_sum), sum: b.sum.sub(a.sum), squares: b.squares.sub(a.squares) };
+        let partial = Partial { sums, ..Partial::default() };
+        found.push((s, partial.finish(agg, dtype)));
+    }
+    true
 }
 
 /// What one sweep keeps for one aggregation.
