@@ -280,7 +280,7 @@ fn prefix_sums(
         let lo = ts.partition_point(|&x| x < agg.tail(t)).min(hi);
         let (a, b) = (&prefix[lo], &prefix[hi]);
         let sums =
-            Sums { n: b.n - a.n, int_sum: b.int_sum.wrapping_sub(a.int_sum), sum: b.sum.sub(a.sum), squares: b.squares.sub(a.squares) };
+            Sums { n: b.n - a.n, int_sum: b.int_sum.wrapping_sub(a.int_sum), sum: b.sum.minus(a.sum), squares: b.squares.minus(a.squares) };
         let partial = Partial { sums, ..Partial::default() };
         found.push((s, partial.finish(agg, dtype)));
     }
@@ -353,7 +353,7 @@ fn extreme(function: AggFunction, a: Option<Num>, b: Option<Num>) -> Option<Num>
     match (a, b) {
         (None, x) | (x, None) => x,
         (Some(a), Some(b)) => {
-            let order = b.cmp(&a);
+            let order = b.order(&a);
             let take_b = if function == AggFunction::Min { order.is_lt() } else { order.is_gt() };
             Some(if take_b { b } else { a })
         }

@@ -52,11 +52,11 @@ impl Dd {
 
     /// The square of a double-double (to about 32 digits).
     pub fn squared(self) -> Dd {
-        self.mul(self)
+        self.times(self)
     }
 
     #[must_use]
-    pub fn add(self, o: Dd) -> Dd {
+    pub fn plus(self, o: Dd) -> Dd {
         let (s, e) = two_sum(self.hi, o.hi);
         if !s.is_finite() {
             return Dd::from_f64(s);
@@ -65,12 +65,12 @@ impl Dd {
     }
 
     #[must_use]
-    pub fn sub(self, o: Dd) -> Dd {
-        self.add(Dd { hi: -o.hi, lo: -o.lo })
+    pub fn minus(self, o: Dd) -> Dd {
+        self.plus(Dd { hi: -o.hi, lo: -o.lo })
     }
 
     #[must_use]
-    pub fn mul(self, o: Dd) -> Dd {
+    pub fn times(self, o: Dd) -> Dd {
         let p = self.hi * o.hi;
         if !p.is_finite() {
             return Dd::from_f64(p);
@@ -116,7 +116,8 @@ impl Num {
         })
     }
 
-    pub fn cmp(&self, o: &Num) -> Ordering {
+    /// Integers by value, floats by IEEE total order.
+    pub fn order(&self, o: &Num) -> Ordering {
         match (self, o) {
             (Num::I(a), Num::I(b)) => a.cmp(b),
             (Num::F(a), Num::F(b)) => a.total_cmp(b),
@@ -172,17 +173,17 @@ impl Sums {
         if let (AggFunction::Sum, Num::I(i)) = (function, x) {
             self.int_sum = self.int_sum.wrapping_add(i);
         }
-        self.sum = self.sum.add(x.dd());
+        self.sum = self.sum.plus(x.dd());
         if function == AggFunction::Stddev {
-            self.squares = self.squares.add(x.square());
+            self.squares = self.squares.plus(x.square());
         }
     }
 
     pub fn merge(&mut self, o: &Sums) {
         self.n += o.n;
         self.int_sum = self.int_sum.wrapping_add(o.int_sum);
-        self.sum = self.sum.add(o.sum);
-        self.squares = self.squares.add(o.squares);
+        self.sum = self.sum.plus(o.sum);
+        self.squares = self.squares.plus(o.squares);
     }
 }
 
@@ -259,7 +260,7 @@ impl Partial {
             AggFunction::Stddev if s.n < 2 => Value::Null,
             AggFunction::Stddev => {
                 let n = s.n as f64;
-                let var = s.squares.sub(s.sum.squared().div_f64(n)).div_f64(n - 1.0).to_f64();
+                let var = s.squares.minus(s.sum.squared().div_f64(n)).div_f64(n - 1.0).to_f64();
                 Value::Float64(if var < 0.0 { 0.0 } else { var.sqrt() })
             }
             AggFunction::Min | AggFunction::Max => self.extreme.map_or(Value::Null, |x| x.value(column)),
@@ -274,8 +275,8 @@ fn pick(function: AggFunction, current: Option<Num>, x: Num) -> Num {
         None => x,
         Some(c) => {
             let better = match function {
-                AggFunction::Min => x.cmp(&c) == Ordering::Less,
-                _ => x.cmp(&c) == Ordering::Greater,
+                AggFunction::Min => x.order(&c) == Ordering::Less,
+                _ => x.order(&c) == Ordering::Greater,
             };
             if better { x } else { c }
         }
@@ -315,12 +316,12 @@ mod tests {
     fn double_doubles_keep_what_plain_floats_lose() {
         let mut s = Dd::default();
         for x in [1e16, 1.0, -1e16, 1.0] {
-            s = s.add(Dd::from_f64(x));
+            s = s.plus(Dd::from_f64(x));
         }
         assert_eq!(s.to_f64(), 2.0);
-        assert_eq!(Dd::from_i64(i64::MAX).add(Dd::from_i64(-1)).sub(Dd::from_i64(i64::MAX - 1)).to_f64(), 0.0);
+        assert_eq!(Dd::from_i64(i64::MAX).plus(Dd::from_i64(-1)).minus(Dd::from_i64(i64::MAX - 1)).to_f64(), 0.0);
         assert_eq!(Dd::from_f64(1.0).div_f64(3.0).to_f64(), 1.0 / 3.0);
-        assert!(Dd::from_f64(f64::INFINITY).add(Dd::from_f64(1.0)).to_f64().is_infinite());
+        assert!(Dd::from_f64(f64::INFINITY).plus(Dd::from_f64(1.0)).to_f64().is_infinite());
     }
 
     #[test]

@@ -348,7 +348,7 @@ impl Pipeline {
         let replayed = std::mem::take(&mut self.replayed[i]);
         let entities: Vec<Vec<quiver_sdk::encoding::KeyValue>> = rows.iter().chain(&replayed).map(|r| r.keys.clone()).collect();
         let (rt, store, config, defs) = (self.rt.clone(), self.store.clone(), self.config.clone(), self.defs.clone());
-        let refresh = || Ok(rt.block_on(crate::write::refresh_event_log(&config, &defs, view, &entities, store.as_ref()))?);
+        let refresh = || rt.block_on(crate::write::refresh_event_log(&config, &defs, view, &entities, store.as_ref()));
         let Some(written) = self.retry(&format!("rebuilding `{}` online", view.name), refresh) else {
             return Ok(Written::Interrupted);
         };
