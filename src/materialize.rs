@@ -82,7 +82,7 @@ async fn load_event_log(
     store: &dyn OnlineStore,
     progress: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<(ViewReport, Option<u64>)> {
-    let since = quiver_streaming::write::event_log_reach(view, now);
+    let since = quiver_sdk::aggregation::record::Layout::of(view).earliest_tail(now);
     let events = events_since(config, defs, view, since, None).await?;
     let rows = quiver_streaming::write::event_log_rows(&config.project, view, &events, now);
     let mut written = 0;

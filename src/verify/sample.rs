@@ -72,7 +72,7 @@ async fn sample_event_log(
     let served = view.served_features();
     let mut reports: Vec<FeatureReport> =
         served.iter().map(|f| FeatureReport { feature: format!("{}:{}", view.name, f.name), ..FeatureReport::default() }).collect();
-    let since = view.aggregations.iter().map(|a| a.tail(now)).min().unwrap_or(now);
+    let since = quiver_sdk::aggregation::record::Layout::of(view).earliest_tail(now);
     let events = quiver_offline::historical::events_since(config, defs, view, since, None).await?;
     if events.entities.is_empty() {
         return Ok(reports);

@@ -178,11 +178,6 @@ pub fn event_log_rows(project: &str, view: &FeatureView, events: &EntityEvents, 
         .collect()
 }
 
-/// The first event time any window of `view` can count at `now`.
-pub fn event_log_reach(view: &FeatureView, now: i64) -> i64 {
-    view.aggregations.iter().map(|a| a.tail(now)).min().unwrap_or(now)
-}
-
 /// Rebuilds the online records of `entities` of an event log from its Delta table, as
 /// it is now: how pushes and the stream update an event log online, after their
 /// Delta commit. A record is a function of the table, so a replay writes the same
@@ -204,7 +199,7 @@ pub async fn refresh_event_log(
     unique.sort();
     unique.dedup();
     let now = chrono::Utc::now().timestamp_micros();
-    let events = quiver_offline::historical::events_since(config, defs, view, event_log_reach(view, now), Some(&unique)).await?;
+    let events = quiver_offline::historical::events_since(config, defs, view, Layout::of(view).earliest_tail(now), Some(&unique)).await?;
     Ok(store.write(&event_log_rows(&config.project, view, &events, now)).await?)
 }
 

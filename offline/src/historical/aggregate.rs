@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 
 use arrow::array::{Array, ArrayRef, new_null_array};
 use arrow::datatypes::Field;
-use quiver_gpu_join::{AsOfInput, EntityRuns, NO_ENTITY};
+use quiver_gpu_join::{EntityRuns, NO_ENTITY};
 use quiver_sdk::aggregation::state::{Num, Partial, Sums};
 use quiver_sdk::encoding::Value;
 use quiver_sdk::{AggFunction, Aggregation, DType};
@@ -74,17 +74,7 @@ impl Join<'_> {
             })
             .collect::<Result<_>>()?;
         drop(scan);
-        let input = AsOfInput {
-            spine_entity: &index.spine_ids,
-            spine_ts: self.times,
-            feature_entity: &kernel.entity,
-            feature_ts: &kernel.ts,
-            feature_created: has_created.then_some(kernel.created.as_slice()),
-            feature_seq: &kernel.seq,
-            n_entities: index.n_entities,
-            ttl_us: None,
-            created_cutoff: self.options.created_cutoff,
-        };
+        let input = kernel.input(&index, self.times, None, self.options.created_cutoff);
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let runs = EntityRuns::build(&input, threads);
         let spine = SpineRuns::build(&index.spine_ids, self.times, index.n_entities as usize);

@@ -20,6 +20,27 @@ pub(super) struct KernelColumns {
 }
 
 impl KernelColumns {
+    /// The kernel's input for these rows and the spine's entities and times.
+    pub(super) fn input<'a>(
+        &'a self,
+        index: &'a EntityIndex,
+        times: &'a [i64],
+        ttl_us: Option<i64>,
+        created_cutoff: bool,
+    ) -> quiver_gpu_join::AsOfInput<'a> {
+        quiver_gpu_join::AsOfInput {
+            spine_entity: &index.spine_ids,
+            spine_ts: times,
+            feature_entity: &self.entity,
+            feature_ts: &self.ts,
+            feature_created: (!self.created.is_empty()).then_some(self.created.as_slice()),
+            feature_seq: &self.seq,
+            n_entities: index.n_entities,
+            ttl_us,
+            created_cutoff,
+        }
+    }
+
     /// Flattens the scan into entity ids, times and seqs, splitting the batches over
     /// the cores (the hash lookups dominate).
     pub(super) fn fill(

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{Field, Schema};
-use quiver_gpu_join::{AsOfInput, AsOfKernel, NO_ROW};
+use quiver_gpu_join::{AsOfKernel, NO_ROW};
 use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView};
 
 use crate::error::{Error, Result};
@@ -208,17 +208,7 @@ impl Join<'_> {
         let columns = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
         // Keep only the feature columns of the scan while the kernel runs.
         let scan = scan.features_only()?;
-        let input = AsOfInput {
-            spine_entity: &index.spine_ids,
-            spine_ts: self.times,
-            feature_entity: &columns.entity,
-            feature_ts: &columns.ts,
-            feature_created: has_created.then_some(columns.created.as_slice()),
-            feature_seq: &columns.seq,
-            n_entities: index.n_entities,
-            ttl_us,
-            created_cutoff: self.options.created_cutoff,
-        };
+        let input = columns.input(&index, self.times, ttl_us, self.options.created_cutoff);
         let phase = std::time::Instant::now();
         let winners = self.kernel.join(&input)?;
         tracing::debug!(view = %view.name, engine = self.kernel.name(), secs = phase.elapsed().as_secs_f64(), "kernel");

@@ -96,6 +96,12 @@ impl<'a> Layout<'a> {
         &self.view.aggregations[i]
     }
 
+    /// The first event time any window of the view can count at `now`: what a record
+    /// built at `now` must be built from.
+    pub fn earliest_tail(&self, now: i64) -> i64 {
+        self.view.aggregations.iter().map(|a| a.tail(now)).min().unwrap_or(now)
+    }
+
     /// The longest window plus hop of the view: how long after its latest event a
     /// record can still count it.
     pub fn reach_us(&self) -> i64 {
