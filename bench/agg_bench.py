@@ -140,7 +140,9 @@ for name, f, c, w in aggs:
         keep = inside & pl.col(c).is_not_null()
         expr = pl.col(c).filter(keep).sort_by([pl.col("ets").filter(keep), pl.col("seq").filter(keep)], descending=True).head(3)
     exprs.append(expr.alias(f"rides__{{name}}"))
-res = j.group_by("row_id").agg(exprs).sort("row_id").collect()
+# A rider with events but none inside the widest window loses all its joined rows to
+# the filter: join the groups back onto the spine so its row stays (with empty values).
+res = s.select("row_id").join(j.group_by("row_id").agg(exprs), on="row_id", how="left").sort("row_id").collect()
 res.write_parquet(out)
 """
 
@@ -148,6 +150,8 @@ res.write_parquet(out)
 def check(a, b, what):
     """Equal column by column: ints, strings and lists exactly, floats 1e-9 relative
     (a null equals a null; a sum over no values is null in all three)."""
+    if a.num_rows != b.num_rows:
+        sys.exit(f"{what}: {a.num_rows} vs {b.num_rows} rows")
     for name in [c for c in a.column_names if c.startswith("rides__")]:
         x, y = a.column(name).to_pylist(), b.column(name).to_pylist()
         for i, (p, q) in enumerate(zip(x, y)):
@@ -161,8 +165,6 @@ def check(a, b, what):
                 ok = p == q
             if not ok:
                 sys.exit(f"{what}: {name} differs at row {i}: {p!r} vs {q!r}")
-        if len(x) != len(y):
-            sys.exit(f"{what}: {name}: {len(x)} vs {len(y)} rows")
 
 
 def main():

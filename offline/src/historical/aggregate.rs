@@ -3,41 +3,55 @@
 //!
 //! Not a range join. The events are grouped by entity and sorted by (ts, created,
 //! seq) — the as-of kernel's [`EntityRuns`] — and the entity's spine rows by time.
-//! One sweep per (entity, aggregation) walks the spine rows in time order and inserts
-//! each event once it may be seen: at its event time, or under `--created-cutoff` at
-//! the later of its event and created times. Every structure answers for a suffix of
-//! the run (the window is `floor(t - w, h) <= ts`, found by binary search) over what
-//! was inserted so far (`ts <= t`, and `created <= t` under the cutoff):
+//! One sweep per entity walks its spine rows in time order and answers every requested
+//! aggregation of the view at once. The window is `floor(t - w, h) <= ts <= t`; both
+//! edges only move forward as `t` grows, so each is a pointer into the run, shared by
+//! the aggregations with the same window and hop:
 //!
-//! - count, sum, avg, stddev: a Fenwick tree of [`Sums`] (double-double sums);
-//! - min, max: a Fenwick tree of the extreme;
-//! - last, last_k: an ordered set of the inserted non-null positions, read from the
-//!   top (the run's order is the tie-break order).
+//! - count, sum, avg, stddev: differences of the column's prefix sums (double-double
+//!   sums, wrapping integer sums), built once per column for all its aggregations;
+//! - min, max: a monotonic deque of the window's candidates;
+//! - last, last_k: the column's non-null positions, read back from the window's end
+//!   (the run's order is the tie-break order).
 //!
-//! So each event costs O(log n) and each spine row O(log n) (plus `k`), whatever the
-//! window: big windows over dense entities are not quadratic. The value comes from the
-//! same [`Partial::finish`] the online lookup uses.
+//! So an entity costs O(events + spine rows) per aggregation, whatever the window: big
+//! windows over dense entities are not quadratic. Under `--created-cutoff` an event may
+//! be seen only from the later of its event and created times, so what is visible is no
+//! longer a prefix of the run; the sweep then inserts each event at that time into a
+//! Fenwick tree (sums, extremes) or an ordered set (latest) and answers for the
+//! window's suffix, O(log n) per event and spine row. Prefix sums that overflow to
+//! infinity take that path too (inf - inf would be NaN).
+//!
+//! Numeric values come from the same [`Partial::finish`] the online lookup uses; last
+//! and last_k keep the table rows of the chosen events, newest first, and their values
+//! are taken from the column at the end (what `finish` does with them: the first, or
+//! the list).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use arrow::array::{Array, ArrayRef, new_null_array};
-use arrow::datatypes::Field;
+use arrow::array::{Array, ArrayRef, AsArray, Float32Array, Float64Array, Int32Array, Int64Array, ListArray, UInt32Array, new_null_array};
+use arrow::buffer::{NullBuffer, OffsetBuffer};
+use arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Int32Type, Int64Type};
 use quiver_gpu_join::{EntityRuns, NO_ENTITY};
 use quiver_sdk::aggregation::state::{Num, Partial, Sums};
 use quiver_sdk::encoding::Value;
-use quiver_sdk::{AggFunction, Aggregation, DType};
+use quiver_sdk::{AggFunction, Aggregation, DType, FeatureView};
 
 use super::kernel_input::KernelColumns;
 use super::scan::{ScanRange, scan_view_at};
 use super::{Join, ViewJoined, ViewRequest};
 use crate::error::Result;
 use crate::keys::EntityIndex;
-use crate::schema::{arrow_type, value_at, values_to_array};
+use crate::schema::arrow_type;
 
 impl Join<'_> {
     /// The requested aggregations of an event log, one column each.
     pub(super) async fn aggregate(&self, request: &ViewRequest<'_>, index: EntityIndex) -> Result<ViewJoined> {
         let view = request.view;
+        let started = Instant::now();
         let aggs: Vec<&Aggregation> = request.features.iter().map(|name| view.aggregation(name).expect("resolved")).collect();
         let mut columns: Vec<&str> = Vec::new();
         for a in &aggs {
@@ -55,6 +69,7 @@ impl Join<'_> {
         };
         let scan = scan_view_at(&self.config.view_table(view), self.defs, view, &columns, range).await?;
         (self.progress)(&format!("scanned {}", view.name), scan.rows as u64);
+        tracing::debug!(view = %view.name, rows = scan.rows, ms = started.elapsed().as_millis() as u64, "aggregation: scanned");
         let has_created = view.source.created_timestamp_field.is_some();
         let kernel = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
         // Each event column as one array, indexed like the kernel's rows.
@@ -78,17 +93,21 @@ impl Join<'_> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let runs = EntityRuns::build(&input, threads);
         let spine = SpineRuns::build(&index.spine_ids, self.times, index.n_entities as usize);
+        tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: events grouped and sorted");
+        let plan = Plan::new(view, &aggs, &columns, values, &runs);
+        tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: columns in run order");
         let events = Events { runs: &runs, kernel: &kernel, cutoff: self.options.created_cutoff };
-        let mut features = Vec::with_capacity(aggs.len());
-        for agg in aggs {
-            let column = &values[columns.iter().position(|c| *c == agg.column).expect("collected")];
-            let dtype = view.feature(&agg.column).expect("validated").dtype;
-            let out = events.aggregate(agg, column, dtype, &spine, self.times, threads);
-            let output = agg.output_dtype(dtype).expect("validated");
-            let array = values_to_array(output, out.iter());
-            features.push((Field::new(format!("{}__{}", view.name, agg.name), arrow_type(output), true), array));
-        }
+        let table = events.aggregate(&plan, &spine, self.times, threads);
+        tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: swept");
+        let columns = table.into_columns(&plan, &spine.positions(self.times.len()))?;
+        let features = plan
+            .aggs
+            .iter()
+            .zip(columns)
+            .map(|(planned, array)| (Field::new(format!("{}__{}", view.name, planned.agg.name), arrow_type(planned.output), true), array))
+            .collect();
         (self.progress)(&format!("aggregated {}", view.name), self.times.len() as u64);
+        tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: columns built");
         Ok(ViewJoined { features, event_time: None })
     }
 }
@@ -112,9 +131,361 @@ impl SpineRuns {
         }
         SpineRuns { offsets, rows }
     }
+
+    /// For each spine row, its position in `rows` (`NO_ENTITY` for a row whose key is
+    /// missing or null: it gets the empty window's value).
+    fn positions(&self, n_rows: usize) -> Vec<u32> {
+        let mut position = vec![NO_ENTITY; n_rows];
+        for (p, &r) in self.rows.iter().enumerate() {
+            position[r as usize] = p as u32;
+        }
+        position
+    }
 }
 
-/// The events, grouped and sorted, with what their order and visibility need.
+/// What the sweeps read: the requested aggregations and their event columns.
+struct Plan<'a> {
+    aggs: Vec<Planned<'a>>,
+    columns: Vec<RunColumn>,
+    /// One aggregation per distinct (window, hop): what the window pointers follow.
+    tails: Vec<&'a Aggregation>,
+}
+
+/// One requested aggregation.
+struct Planned<'a> {
+    agg: &'a Aggregation,
+    /// Index into [`Plan::columns`].
+    column: usize,
+    /// Index into [`Plan::tails`].
+    tail: usize,
+    dtype: DType,
+    output: DType,
+}
+
+/// One event column: by table row (as the kernel's rows), and in the runs' order
+/// (position `p` of [`EntityRuns::rows`]) what the sweeps read per event.
+struct RunColumn {
+    array: ArrayRef,
+    valid: Vec<bool>,
+    nums: Numbers,
+    /// Whether count, sum, avg or stddev read it (its prefix sums are built), and
+    /// stddev (with squares); whether last or last_k read it (its non-null positions).
+    sums: bool,
+    squares: bool,
+    latest: bool,
+}
+
+/// A numeric column's values in run order (a null reads as 0: check validity).
+enum Numbers {
+    None,
+    Int(Vec<i64>),
+    Float(Vec<f64>),
+}
+
+impl Numbers {
+    fn of(array: &dyn Array, dtype: DType, rows: &[u32]) -> Numbers {
+        match dtype {
+            DType::Int32 => {
+                let a = array.as_primitive::<Int32Type>().values();
+                Numbers::Int(rows.iter().map(|&r| i64::from(a[r as usize])).collect())
+            }
+            DType::Int64 => {
+                let a = array.as_primitive::<Int64Type>().values();
+                Numbers::Int(rows.iter().map(|&r| a[r as usize]).collect())
+            }
+            DType::Float32 => {
+                let a = array.as_primitive::<Float32Type>().values();
+                Numbers::Float(rows.iter().map(|&r| f64::from(a[r as usize])).collect())
+            }
+            DType::Float64 => {
+                let a = array.as_primitive::<Float64Type>().values();
+                Numbers::Float(rows.iter().map(|&r| a[r as usize]).collect())
+            }
+            _ => Numbers::None,
+        }
+    }
+
+    /// The value at run position `p`; `None` for a non-numeric column.
+    fn at(&self, p: usize) -> Option<Num> {
+        match self {
+            Numbers::None => None,
+            Numbers::Int(v) => Some(Num::I(v[p])),
+            Numbers::Float(v) => Some(Num::F(v[p])),
+        }
+    }
+}
+
+impl<'a> Plan<'a> {
+    fn new(view: &FeatureView, aggs: &[&'a Aggregation], names: &[&str], arrays: Vec<ArrayRef>, runs: &EntityRuns) -> Plan<'a> {
+        let mut columns: Vec<RunColumn> = names
+            .iter()
+            .zip(arrays)
+            .map(|(name, array)| {
+                let dtype = view.feature(name).expect("validated").dtype;
+                let valid = runs.rows.iter().map(|&r| array.is_valid(r as usize)).collect();
+                let nums = Numbers::of(array.as_ref(), dtype, &runs.rows);
+                RunColumn { array, valid, nums, sums: false, squares: false, latest: false }
+            })
+            .collect();
+        let mut tails: Vec<&Aggregation> = Vec::new();
+        let planned = aggs
+            .iter()
+            .map(|&agg| {
+                let column = names.iter().position(|c| *c == agg.column).expect("collected");
+                let tail = match tails.iter().position(|t| (t.window_us(), t.hop_us()) == (agg.window_us(), agg.hop_us())) {
+                    Some(i) => i,
+                    None => {
+                        tails.push(agg);
+                        tails.len() - 1
+                    }
+                };
+                let c = &mut columns[column];
+                if is_sums(agg.function) {
+                    c.sums = true;
+                    c.squares |= agg.function == AggFunction::Stddev;
+                }
+                c.latest |= is_latest(agg.function);
+                let dtype = view.feature(&agg.column).expect("validated").dtype;
+                Planned { agg, column, tail, dtype, output: agg.output_dtype(dtype).expect("validated") }
+            })
+            .collect();
+        Plan { aggs: planned, columns, tails }
+    }
+}
+
+fn is_sums(function: AggFunction) -> bool {
+    matches!(function, AggFunction::Count | AggFunction::Sum | AggFunction::Avg | AggFunction::Stddev)
+}
+
+fn is_latest(function: AggFunction) -> bool {
+    matches!(function, AggFunction::Last | AggFunction::LastK)
+}
+
+/// Every aggregation's answer for every spine row, row-major in the order of
+/// [`SpineRuns::rows`], so that putting the rows back in spine order reads each row's
+/// answers together (one cache miss per row, not one per value). A row is `masks`
+/// words of null bits, then per aggregation its words: a numeric value (an integer, or
+/// the bits of a float, widened losslessly), or for last/last_k the table rows of the
+/// chosen events, newest first (`NO_ROW` past the last one).
+struct Table {
+    words: Vec<u64>,
+    layout: Layout,
+}
+
+const NO_ROW: u64 = u64::MAX;
+
+/// Where each aggregation's answer sits in a [`Table`] row.
+#[derive(Clone)]
+struct Layout {
+    slots: Vec<Slot>,
+    width: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    /// A numeric value in word `at`, null when bit `bit` of the masks is set.
+    Value { at: usize, bit: usize },
+    /// Up to `k` table rows in words `at..at + k`.
+    Rows { at: usize, k: usize },
+}
+
+/// A chunk of a [`Table`]: the rows of some consecutive entities.
+struct TableSlice<'a> {
+    words: &'a mut [u64],
+    layout: &'a Layout,
+}
+
+impl Layout {
+    fn new(plan: &Plan<'_>) -> Layout {
+        let n_values = plan.aggs.iter().filter(|a| !is_latest(a.agg.function)).count();
+        let mut at = n_values.div_ceil(64);
+        let mut bit = 0;
+        let slots = plan
+            .aggs
+            .iter()
+            .map(|a| {
+                let slot = if is_latest(a.agg.function) {
+                    Slot::Rows { at, k: a.agg.keep() }
+                } else {
+                    bit += 1;
+                    Slot::Value { at, bit: bit - 1 }
+                };
+                at += match slot {
+                    Slot::Rows { k, .. } => k,
+                    Slot::Value { .. } => 1,
+                };
+                slot
+            })
+            .collect();
+        Layout { slots, width: at }
+    }
+
+    /// Writes a numeric value (or null) into a row.
+    fn put(row: &mut [u64], slot: Slot, value: &Value) {
+        let Slot::Value { at, bit } = slot else { unreachable!("a value goes to a value slot") };
+        let word = match *value {
+            Value::Int32(x) => Some(i64::from(x) as u64),
+            Value::Int64(x) => Some(x as u64),
+            Value::Float32(x) => Some(f64::from(x).to_bits()),
+            Value::Float64(x) => Some(x.to_bits()),
+            _ => None,
+        };
+        let (mask, bit) = (bit / 64, 1u64 << (bit % 64));
+        match word {
+            Some(w) => {
+                row[at] = w;
+                row[mask] &= !bit;
+            }
+            None => row[mask] |= bit,
+        }
+    }
+
+    /// Writes the chosen table rows (newest first) into a row.
+    fn put_rows(row: &mut [u64], slot: Slot, rows: impl Iterator<Item = u32>) {
+        let Slot::Rows { at, k } = slot else { unreachable!("rows go to a rows slot") };
+        let words = &mut row[at..at + k];
+        words.fill(NO_ROW);
+        for (w, r) in words.iter_mut().zip(rows) {
+            *w = u64::from(r);
+        }
+    }
+}
+
+impl Table {
+    /// `n` rows, each with every aggregation's empty-window answer.
+    fn new(plan: &Plan<'_>, n: usize) -> Table {
+        let layout = Layout::new(plan);
+        let mut row = vec![0u64; layout.width];
+        for (planned, &slot) in plan.aggs.iter().zip(&layout.slots) {
+            match slot {
+                Slot::Value { .. } => Layout::put(&mut row, slot, &Partial::default().finish(planned.agg, planned.dtype)),
+                Slot::Rows { .. } => Layout::put_rows(&mut row, slot, std::iter::empty()),
+            }
+        }
+        Table { words: row.repeat(n), layout }
+    }
+
+    fn slice(&mut self) -> TableSlice<'_> {
+        TableSlice { words: &mut self.words, layout: &self.layout }
+    }
+
+    /// One column per aggregation, in spine order (`position` from
+    /// [`SpineRuns::positions`]; a row without one gets the empty window's answer).
+    /// Last and last_k take their values from the column by the rows chosen.
+    fn into_columns(self, plan: &Plan<'_>, position: &[u32]) -> Result<Vec<ArrayRef>> {
+        let layout = &self.layout;
+        let n = position.len();
+        let empty = Table::new(plan, 1);
+        let mut gathered: Vec<Gathered> = layout
+            .slots
+            .iter()
+            .map(|slot| match slot {
+                Slot::Value { .. } => Gathered::Values(Vec::with_capacity(n), Vec::with_capacity(n)),
+                Slot::Rows { k, .. } => Gathered::Rows(Vec::with_capacity(n * k.min(&4)), vec![0]),
+            })
+            .collect();
+        for &p in position {
+            let row =
+                if p == NO_ENTITY { &empty.words[..] } else { &self.words[p as usize * layout.width..(p as usize + 1) * layout.width] };
+            for (slot, out) in layout.slots.iter().zip(&mut gathered) {
+                match (*slot, out) {
+                    (Slot::Value { at, bit }, Gathered::Values(words, valid)) => {
+                        words.push(row[at]);
+                        valid.push(row[bit / 64] & (1 << (bit % 64)) == 0);
+                    }
+                    (Slot::Rows { at, k }, Gathered::Rows(items, offsets)) => {
+                        items.extend(row[at..at + k].iter().take_while(|&&r| r != NO_ROW).map(|&r| r as u32));
+                        offsets.push(items.len() as i32);
+                    }
+                    _ => unreachable!("gathered by slot"),
+                }
+            }
+        }
+        drop(self.words);
+        plan.aggs.iter().zip(gathered).map(|(planned, out)| out.into_array(planned, &plan.columns[planned.column].array)).collect()
+    }
+}
+
+/// One aggregation's answers in spine order, before they are an array.
+enum Gathered {
+    /// Words and validity.
+    Values(Vec<u64>, Vec<bool>),
+    /// The chosen table rows of every spine row, and where each spine row's start.
+    Rows(Vec<u32>, Vec<i32>),
+}
+
+impl Gathered {
+    fn into_array(self, planned: &Planned<'_>, column: &ArrayRef) -> Result<ArrayRef> {
+        Ok(match self {
+            Gathered::Values(w, valid) => {
+                let nulls = valid.iter().any(|v| !v).then(|| NullBuffer::from(valid));
+                match planned.output {
+                    DType::Int32 => Arc::new(Int32Array::new(w.into_iter().map(|x| x as i64 as i32).collect(), nulls)),
+                    DType::Int64 => Arc::new(Int64Array::new(w.into_iter().map(|x| x as i64).collect(), nulls)),
+                    DType::Float32 => Arc::new(Float32Array::new(w.into_iter().map(|x| f64::from_bits(x) as f32).collect(), nulls)),
+                    _ => Arc::new(Float64Array::new(w.into_iter().map(f64::from_bits).collect(), nulls)),
+                }
+            }
+            Gathered::Rows(items, offsets) => match arrow_type(planned.output) {
+                // last_k: the values of the chosen rows, as the list's item type.
+                DataType::List(field) => {
+                    let values = arrow::compute::take(column, &UInt32Array::from(items), None)?;
+                    let values = arrow::compute::cast(&values, field.data_type())?;
+                    Arc::new(ListArray::try_new(field, OffsetBuffer::new(offsets.into()), values, None)?)
+                }
+                // last: the first chosen row's value, null when there is none.
+                _ => {
+                    let first: UInt32Array = offsets.windows(2).map(|w| (w[1] > w[0]).then(|| items[w[0] as usize])).collect();
+                    arrow::compute::take(column, &first, None)?
+                }
+            },
+        })
+    }
+}
+
+impl<'a> TableSlice<'a> {
+    /// The first `rows` rows, and the rest.
+    fn split_at(self, rows: usize) -> (TableSlice<'a>, TableSlice<'a>) {
+        let (a, b) = self.words.split_at_mut(rows * self.layout.width);
+        (TableSlice { words: a, layout: self.layout }, TableSlice { words: b, layout: self.layout })
+    }
+
+    fn row(&mut self, j: usize) -> &mut [u64] {
+        let w = self.layout.width;
+        &mut self.words[j * w..(j + 1) * w]
+    }
+
+    /// Aggregation `i`'s numeric value for row `j` of the slice.
+    fn put(&mut self, j: usize, i: usize, value: &Value) {
+        let slot = self.layout.slots[i];
+        Layout::put(self.row(j), slot, value);
+    }
+
+    /// Aggregation `i`'s chosen table rows (newest first) for row `j` of the slice.
+    fn put_rows(&mut self, j: usize, i: usize, rows: impl Iterator<Item = u32>) {
+        let slot = self.layout.slots[i];
+        Layout::put_rows(self.row(j), slot, rows);
+    }
+}
+
+/// What one thread reuses from entity to entity.
+#[derive(Default)]
+struct Scratch {
+    /// Per column: the prefix sums of the entity's run (when the column has sums).
+    prefix: Vec<Vec<Sums>>,
+    /// Per column: whether its prefix sums stayed finite.
+    finite: Vec<bool>,
+    /// Per column: the run positions of non-null values (when last/last_k read it).
+    present: Vec<Vec<u32>>,
+    /// Per column: how many of `present` are before the window's end.
+    present_hi: Vec<usize>,
+    /// Per aggregation: the candidates of min/max.
+    deques: Vec<VecDeque<u32>>,
+    /// Per window: its first position.
+    lo: Vec<usize>,
+}
+
+/// The events, grouped and sorted, with what their visibility needs.
 struct Events<'a> {
     runs: &'a EntityRuns,
     kernel: &'a KernelColumns,
@@ -122,23 +493,16 @@ struct Events<'a> {
 }
 
 impl Events<'_> {
-    /// One aggregation for every spine row: its value, or the empty window's.
-    fn aggregate(
-        &self,
-        agg: &Aggregation,
-        column: &ArrayRef,
-        dtype: DType,
-        spine: &SpineRuns,
-        times: &[i64],
-        threads: usize,
-    ) -> Vec<Value> {
+    /// Every planned aggregation for every spine row: its answer, or the empty
+    /// window's, in the order of [`SpineRuns::rows`].
+    fn aggregate(&self, plan: &Plan<'_>, spine: &SpineRuns, times: &[i64], threads: usize) -> Table {
         let n_entities = spine.offsets.len() - 1;
-        let empty = Partial::default().finish(agg, dtype);
-        let mut out = vec![empty; times.len()];
-        // Entities in chunks of about equal work (events plus spine rows).
+        let mut table = Table::new(plan, spine.rows.len());
+        // Entities in chunks of about equal work (events plus spine rows), each chunk
+        // with its own slice of the table.
         let total = self.runs.rows.len() + spine.rows.len();
         let target = total.div_ceil(threads * 4).max(1);
-        let mut chunks = Vec::new();
+        let mut chunks: Vec<Range<usize>> = Vec::new();
         let mut first = 0;
         let mut work = 0;
         for e in 0..n_entities {
@@ -149,135 +513,209 @@ impl Events<'_> {
                 work = 0;
             }
         }
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<Vec<(u32, Value)>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads.min(chunks.len()).max(1))
-                .map(|_| {
-                    let (chunks, next) = (&chunks, &next);
-                    s.spawn(move || {
-                        let mut found = Vec::new();
-                        loop {
-                            let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(range) = chunks.get(c) else { break };
-                            for e in range.clone() {
-                                self.entity(agg, column.as_ref(), dtype, e, spine, times, &mut found);
-                            }
-                        }
-                        found
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("no panic in the sweep")).collect()
-        });
-        for (row, value) in results.into_iter().flatten() {
-            out[row as usize] = value;
+        let mut slices: Vec<TableSlice<'_>> = Vec::with_capacity(chunks.len());
+        let mut rest = table.slice();
+        for range in &chunks {
+            let (head, tail) = rest.split_at((spine.offsets[range.end] - spine.offsets[range.start]) as usize);
+            slices.push(head);
+            rest = tail;
         }
-        out
+        let work = Mutex::new(chunks.into_iter().zip(slices));
+        std::thread::scope(|s| {
+            for _ in 0..threads.max(1) {
+                let work = &work;
+                s.spawn(move || {
+                    let mut scratch = Scratch::default();
+                    loop {
+                        let next = work.lock().expect("no panic while holding the chunks").next();
+                        let Some((range, mut out)) = next else { break };
+                        let base = spine.offsets[range.start] as usize;
+                        for e in range {
+                            let (a, b) = (spine.offsets[e] as usize, spine.offsets[e + 1] as usize);
+                            self.entity(plan, e, &spine.rows[a..b], times, &mut out, a - base, &mut scratch);
+                        }
+                    }
+                });
+            }
+        });
+        table
     }
 
-    /// The sweep of one entity's spine rows for one aggregation.
+    /// The sweep of one entity's spine rows (`asks`, by time) for every aggregation;
+    /// aggregation `i`'s answer for `asks[j]` goes to `out` at row `at + j`.
     #[allow(clippy::too_many_arguments)]
-    fn entity(
-        &self,
-        agg: &Aggregation,
-        column: &dyn Array,
-        dtype: DType,
-        e: usize,
-        spine: &SpineRuns,
-        times: &[i64],
-        found: &mut Vec<(u32, Value)>,
-    ) {
+    fn entity(&self, plan: &Plan<'_>, e: usize, asks: &[u32], times: &[i64], out: &mut TableSlice<'_>, at: usize, scratch: &mut Scratch) {
         let (r0, r1) = (self.runs.offsets[e] as usize, self.runs.offsets[e + 1] as usize);
-        let rows = &self.runs.rows[r0..r1];
+        if asks.is_empty() || r0 == r1 {
+            return;
+        }
+        if self.cutoff {
+            for i in 0..plan.aggs.len() {
+                self.visible_sweep(plan, i, r0..r1, asks, times, out, at);
+            }
+            return;
+        }
         let ts = &self.runs.ts[r0..r1];
-        let asks = &spine.rows[spine.offsets[e] as usize..spine.offsets[e + 1] as usize];
-        if asks.is_empty() || rows.is_empty() {
-            return;
+        let n = ts.len();
+        let n_columns = plan.columns.len();
+        scratch.prefix.resize_with(n_columns, Vec::new);
+        scratch.present.resize_with(n_columns, Vec::new);
+        scratch.finite.resize(n_columns, true);
+        scratch.present_hi.resize(n_columns, 0);
+        scratch.deques.resize_with(plan.aggs.len(), VecDeque::new);
+        for (c, column) in plan.columns.iter().enumerate() {
+            let prefix = &mut scratch.prefix[c];
+            prefix.clear();
+            scratch.finite[c] = true;
+            if column.sums {
+                let mut running = Sums::default();
+                prefix.push(running);
+                for p in r0..r1 {
+                    if column.valid[p] {
+                        match column.nums.at(p) {
+                            Some(x) => running.add_all(x, column.squares),
+                            None => running.n += 1,
+                        }
+                    }
+                    prefix.push(running);
+                }
+                scratch.finite[c] = running.sum.hi.is_finite() && running.squares.hi.is_finite();
+            }
+            let present = &mut scratch.present[c];
+            present.clear();
+            if column.latest {
+                present.extend((r0..r1).filter(|&p| column.valid[p]).map(|p| (p - r0) as u32));
+            }
+            scratch.present_hi[c] = 0;
         }
-        if !self.cutoff && prefix_sums(agg, column, dtype, rows, ts, asks, times, found) {
-            return;
+        // Sums that overflowed: the general sweep, which adds instead of subtracting.
+        for (i, planned) in plan.aggs.iter().enumerate() {
+            if is_sums(planned.agg.function) && !scratch.finite[planned.column] {
+                self.visible_sweep(plan, i, r0..r1, asks, times, out, at);
+            }
         }
+        for d in &mut scratch.deques {
+            d.clear();
+        }
+        scratch.lo.clear();
+        scratch.lo.resize(plan.tails.len(), 0);
+        let mut hi = 0;
+        for (j, &s) in asks.iter().enumerate() {
+            let t = times[s as usize];
+            let before = hi;
+            while hi < n && ts[hi] <= t {
+                hi += 1;
+            }
+            for (w, rep) in plan.tails.iter().enumerate() {
+                let tail = rep.tail(t);
+                let lo = &mut scratch.lo[w];
+                while *lo < hi && ts[*lo] < tail {
+                    *lo += 1;
+                }
+            }
+            for c in 0..n_columns {
+                let present = &scratch.present[c];
+                let mut h = scratch.present_hi[c];
+                while h < present.len() && (present[h] as usize) < hi {
+                    h += 1;
+                }
+                scratch.present_hi[c] = h;
+            }
+            for (i, planned) in plan.aggs.iter().enumerate() {
+                let lo = scratch.lo[planned.tail];
+                let column = &plan.columns[planned.column];
+                let mut partial = Partial::default();
+                match planned.agg.function {
+                    f if is_sums(f) => {
+                        if !scratch.finite[planned.column] {
+                            continue;
+                        }
+                        let prefix = &scratch.prefix[planned.column];
+                        partial.sums = prefix[hi].since(&prefix[lo]);
+                    }
+                    f @ (AggFunction::Min | AggFunction::Max) => {
+                        let deque = &mut scratch.deques[i];
+                        for p in before..hi {
+                            let Some(x) = column.nums.at(r0 + p).filter(|_| column.valid[r0 + p]) else { continue };
+                            // Keep only candidates better than every later one.
+                            while let Some(&q) = deque.back() {
+                                let order = column.nums.at(r0 + q as usize).expect("numeric").order(&x);
+                                let dominated = if f == AggFunction::Min { order.is_ge() } else { order.is_le() };
+                                if !dominated {
+                                    break;
+                                }
+                                deque.pop_back();
+                            }
+                            deque.push_back(p as u32);
+                        }
+                        while deque.front().is_some_and(|&q| (q as usize) < lo) {
+                            deque.pop_front();
+                        }
+                        partial.extreme = deque.front().and_then(|&q| column.nums.at(r0 + q as usize));
+                    }
+                    _ => {
+                        let present = &scratch.present[planned.column][..scratch.present_hi[planned.column]];
+                        let chosen = present.iter().rev().take_while(|&&p| p as usize >= lo).map(|&p| self.runs.rows[r0 + p as usize]);
+                        out.put_rows(at + j, i, chosen);
+                        continue;
+                    }
+                }
+                out.put(at + j, i, &partial.finish(planned.agg, planned.dtype));
+            }
+        }
+    }
+
+    /// The general sweep of one entity's spine rows for aggregation `i`: each event is
+    /// inserted once it may be seen (at its event time, or under the cutoff at the
+    /// later of its event and created times) and each spine row reads the window's
+    /// suffix of what was inserted.
+    #[allow(clippy::too_many_arguments)]
+    fn visible_sweep(
+        &self,
+        plan: &Plan<'_>,
+        i: usize,
+        run: Range<usize>,
+        asks: &[u32],
+        times: &[i64],
+        out: &mut TableSlice<'_>,
+        at: usize,
+    ) {
+        let planned = &plan.aggs[i];
+        let (agg, dtype) = (planned.agg, planned.dtype);
+        let column = &plan.columns[planned.column];
+        let r0 = run.start;
+        let rows = &self.runs.rows[run.clone()];
+        let ts = &self.runs.ts[run];
         let k = self.kernel;
-        let created = |p: usize| if k.created.is_empty() { 0 } else { k.created[rows[p] as usize] };
         // When each position may be seen, and the positions in that order.
-        let visible = |p: usize| if self.cutoff { ts[p].max(created(p)) } else { ts[p] };
+        let visible = |p: usize| if self.cutoff && !k.created.is_empty() { ts[p].max(k.created[rows[p] as usize]) } else { ts[p] };
         let mut arrival: Vec<u32> = (0..rows.len() as u32).collect();
         if self.cutoff {
             arrival.sort_by_key(|&p| (visible(p as usize), p));
         }
         let mut index = WindowIndex::new(agg, rows.len());
         let mut inserted = 0;
-        for &s in asks {
+        for (j, &s) in asks.iter().enumerate() {
             let t = times[s as usize];
             while inserted < arrival.len() && visible(arrival[inserted] as usize) <= t {
                 let p = arrival[inserted] as usize;
-                index.insert(agg, p, column, rows[p] as usize, dtype);
+                if column.valid[r0 + p] {
+                    index.insert(agg, p, column.nums.at(r0 + p));
+                }
                 inserted += 1;
             }
             let tail = ts.partition_point(|&x| x < agg.tail(t));
-            let partial = index.query(agg, tail, |p| {
-                let r = rows[p] as usize;
-                ((ts[p], created(p), k.seq[r]), value_at(column, r, dtype))
-            });
-            found.push((s, partial.finish(agg, dtype)));
-        }
-    }
-}
-
-/// The fast path of count, sum, avg and stddev without the created-time cutoff: what
-/// is visible at `t` is then a prefix of the run (`ts <= t`), so a window is a
-/// difference of prefix sums (double-double sums, wrapping integer sums: exact enough,
-/// and exact for integers). False, having pushed nothing, when it does not apply: another
-/// function, or a value or prefix that is not finite (inf - inf would be NaN: the
-/// Fenwick path adds instead).
-#[allow(clippy::too_many_arguments)]
-fn prefix_sums(
-    agg: &Aggregation,
-    column: &dyn Array,
-    dtype: DType,
-    rows: &[u32],
-    ts: &[i64],
-    asks: &[u32],
-    times: &[i64],
-    found: &mut Vec<(u32, Value)>,
-) -> bool {
-    if !matches!(agg.function, AggFunction::Count | AggFunction::Sum | AggFunction::Avg | AggFunction::Stddev) {
-        return false;
-    }
-    let mut prefix: Vec<Sums> = Vec::with_capacity(rows.len() + 1);
-    let mut running = Sums::default();
-    prefix.push(running);
-    for &r in rows {
-        let r = r as usize;
-        if !column.is_null(r) {
-            match agg.function {
-                AggFunction::Count => running.n += 1,
-                f => {
-                    if let Some(x) = Num::of(&value_at(column, r, dtype)) {
-                        running.add(f, x);
-                    }
+            match &index {
+                WindowIndex::Latest(set) => {
+                    out.put_rows(at + j, i, set.range(tail as u32..).rev().map(|&p| rows[p as usize]));
                 }
+                _ => out.put(at + j, i, &index.query(agg, tail).finish(agg, dtype)),
             }
         }
-        if !(running.sum.hi.is_finite() && running.squares.hi.is_finite()) {
-            return false;
-        }
-        prefix.push(running);
     }
-    for &s in asks {
-        let t = times[s as usize];
-        let hi = ts.partition_point(|&x| x <= t);
-        let lo = ts.partition_point(|&x| x < agg.tail(t)).min(hi);
-        let (a, b) = (&prefix[lo], &prefix[hi]);
-        let sums =
-            Sums { n: b.n - a.n, int_sum: b.int_sum.wrapping_sub(a.int_sum), sum: b.sum.minus(a.sum), squares: b.squares.minus(a.squares) };
-        let partial = Partial { sums, ..Partial::default() };
-        found.push((s, partial.finish(agg, dtype)));
-    }
-    true
 }
 
-/// What one sweep keeps for one aggregation.
+/// What one general sweep keeps for one aggregation.
 enum WindowIndex {
     Sums(Fenwick<Sums>),
     Extreme(Fenwick<Option<Num>>),
@@ -293,25 +731,21 @@ impl WindowIndex {
         }
     }
 
-    /// Makes run position `p` (table row `row`) visible; null values are skipped.
-    fn insert(&mut self, agg: &Aggregation, p: usize, column: &dyn Array, row: usize, dtype: DType) {
-        if column.is_null(row) {
-            return;
-        }
+    /// Makes run position `p`, a non-null value (`x` when the column is numeric),
+    /// visible.
+    fn insert(&mut self, agg: &Aggregation, p: usize, x: Option<Num>) {
         match self {
             WindowIndex::Sums(tree) => {
                 let mut one = Sums::default();
-                match agg.function {
-                    AggFunction::Count => one.n = 1,
-                    f => match Num::of(&value_at(column, row, dtype)) {
-                        Some(x) => one.add(f, x),
-                        None => return,
-                    },
+                match (agg.function, x) {
+                    (AggFunction::Count, _) => one.n = 1,
+                    (f, Some(x)) => one.add(f, x),
+                    (_, None) => return,
                 }
                 tree.add(p, &one, |a, b| a.merge(b));
             }
             WindowIndex::Extreme(tree) => {
-                if let Some(x) = Num::of(&value_at(column, row, dtype)) {
+                if let Some(x) = x {
                     let function = agg.function;
                     tree.add(p, &Some(x), |a, b| *a = extreme(function, *a, *b));
                 }
@@ -322,8 +756,8 @@ impl WindowIndex {
         }
     }
 
-    /// The partial of the visible events at run positions `tail..`.
-    fn query(&self, agg: &Aggregation, tail: usize, event: impl Fn(usize) -> ((i64, i64, i64), Value)) -> Partial {
+    /// The partial of the visible events at run positions `tail..` (sums and extremes).
+    fn query(&self, agg: &Aggregation, tail: usize) -> Partial {
         let mut partial = Partial::default();
         match self {
             WindowIndex::Sums(tree) => partial.sums = tree.suffix(tail, |a, b| a.merge(b)),
@@ -331,9 +765,7 @@ impl WindowIndex {
                 let function = agg.function;
                 partial.extreme = tree.suffix(tail, |a, b| *a = extreme(function, *a, *b));
             }
-            WindowIndex::Latest(set) => {
-                partial.latest = set.range(tail as u32..).rev().take(agg.keep()).map(|&p| event(p as usize)).collect();
-            }
+            WindowIndex::Latest(_) => unreachable!("latest answers by rows"),
         }
         partial
     }

@@ -179,6 +179,30 @@ impl Sums {
         }
     }
 
+    /// Adds a value to every sum one column's aggregations read at once (the integer
+    /// sum of an integer, the sum, the squares when `squares`): the prefix sums the
+    /// offline sweep shares between the aggregations of a column.
+    pub fn add_all(&mut self, x: Num, squares: bool) {
+        self.n += 1;
+        if let Num::I(i) = x {
+            self.int_sum = self.int_sum.wrapping_add(i);
+        }
+        self.sum = self.sum.plus(x.dd());
+        if squares {
+            self.squares = self.squares.plus(x.square());
+        }
+    }
+
+    /// The sums of the values in `self` but not in `before` (a prefix of `self`'s).
+    pub fn since(&self, before: &Sums) -> Sums {
+        Sums {
+            n: self.n - before.n,
+            int_sum: self.int_sum.wrapping_sub(before.int_sum),
+            sum: self.sum.minus(before.sum),
+            squares: self.squares.minus(before.squares),
+        }
+    }
+
     pub fn merge(&mut self, o: &Sums) {
         self.n += o.n;
         self.int_sum = self.int_sum.wrapping_add(o.int_sum);
