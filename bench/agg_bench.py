@@ -2,7 +2,7 @@
 """Windowed aggregations offline beside DuckDB and Polars (not a test).
 
     <venv>/bin/python bench/agg_bench.py --quiver target/release/quiver
-        [--spine-rows 1000000] [--events 5000000] [--entities 100000] [--reps 1]
+        [--spine-rows 1000000] [--events 5000000] [--entities 100000] [--reps 3] [--no-polars]
 
 (`./run bench-agg` builds and runs this.) Generates an event log (rider, event time,
 fare with 5% nulls, minutes, city) and a spine, then computes 12 aggregations (count,
@@ -15,11 +15,13 @@ SPEC §11) three ways on the same files, each under /usr/bin/time:
 - Polars: the same as a join on the key, a filter and a group_by (lazy, streaming off).
 
 All three results are checked equal (integers and lists exactly, floats to 1e-9
-relative) before any time is printed; ratios are against DuckDB.
+relative) before any time is printed; the engines run round robin `--reps` times and
+the ratios are of median wall times against DuckDB's.
 """
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -175,6 +177,7 @@ def main():
     ap.add_argument("--entities", type=int, default=100_000)
     ap.add_argument("--python", default=sys.executable, help="a Python with duckdb, polars and pyarrow for the peers")
     ap.add_argument("--no-polars", action="store_true")
+    ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="quiver-agg-bench.")
     try:
@@ -189,29 +192,35 @@ def main():
         subprocess.run([q, "apply"], cwd=repo, check=True, capture_output=True)
         subprocess.run([q, "ingest", "rides", os.path.join(work, "events_q.parquet")], cwd=repo, check=True, capture_output=True)
         refs = ",".join(f"rides:{n}" for n, *_ in AGGS)
-        results = []
         out_q = os.path.join(work, "quiver.parquet")
-        wall, cpu, rss, _, _ = time_v([q, "historical", "--spine", os.path.join(work, "spine.parquet"), "--features", refs,
-                                       "--out", out_q, "--engine", "cpu"], cwd=repo)
-        results.append(("quiver historical", wall, cpu, rss))
         tails = {w: (wu, h) for _, _, _, w, wu, h in AGGS}
         aggs = [(n, f, c, w) for n, f, c, w, _, _ in AGGS]
         peers = [("duckdb range join + GROUP BY", DUCKDB)] + ([] if args.no_polars else [("polars join + filter + group_by", POLARS)])
-        quiver_out = pq.read_table(out_q).sort_by("row_id")
+        engines = [("quiver historical", [q, "historical", "--spine", os.path.join(work, "spine.parquet"), "--features", refs,
+                                          "--out", out_q, "--engine", "cpu"], repo, out_q)]
         for name, code in peers:
             script = os.path.join(work, "peer_" + name.split()[0] + ".py")
             with open(script, "w") as f:
                 f.write(code.format(tails=repr(tails), aggs=repr(aggs)))
             out = os.path.join(work, name.split()[0] + ".parquet")
-            wall, cpu, rss, _, _ = time_v([args.python, script, work, out])
-            check(quiver_out, pq.read_table(out).sort_by("row_id"), f"quiver vs {name}")
-            results.append((name, wall, cpu, rss))
-        duck = results[1][1]
+            engines.append((name, [args.python, script, work, out], None, out))
+        # Round robin, so that a slow moment of the machine does not fall on one engine.
+        runs = {name: [] for name, *_ in engines}
+        for rep in range(args.reps):
+            for name, cmd, cwd, out in engines:
+                wall, cpu, rss, _, _ = time_v(cmd, cwd=cwd)
+                runs[name].append((wall, cpu, rss))
+                print(f"rep {rep + 1} {name:<34} wall {wall:6.2f} s  cpu {cpu:6.2f} s  peak {rss / 2**20:6.0f} MiB", flush=True)
+                if rep == 0 and name != engines[0][0]:
+                    check(pq.read_table(out_q).sort_by("row_id"), pq.read_table(out).sort_by("row_id"), f"quiver vs {name}")
+        med = {name: (statistics.median(w for w, _, _ in r), statistics.median(c for _, c, _ in r), max(m for _, _, m in r),
+                      min(w for w, _, _ in r), max(w for w, _, _ in r)) for name, r in runs.items()}
+        duck = med[peers[0][0]][0]
         print(f"windowed aggregations: {args.spine_rows:,} spine rows x {args.events:,} events ({args.entities:,} riders) x {len(AGGS)} "
-              f"aggregations, {os.cpu_count()} cores; results checked equal")
-        print(f"{'engine':<34} {'wall s':>8} {'cpu s':>8} {'peak RSS':>10} {'vs duckdb':>10}")
-        for name, wall, cpu, rss in results:
-            print(f"{name:<34} {wall:>8.2f} {cpu:>8.2f} {rss / 2**20:>8.0f} MiB {wall / duck:>9.2f}x")
+              f"aggregations, {os.cpu_count()} cores, {args.reps} reps round robin (median wall); results checked equal")
+        print(f"{'engine':<34} {'wall s':>8} {'(min-max)':>13} {'cpu s':>8} {'peak RSS':>10} {'vs duckdb':>10}")
+        for name, (wall, cpu, rss, lo, hi) in med.items():
+            print(f"{name:<34} {wall:>8.2f} {f'({lo:.2f}-{hi:.2f})':>13} {cpu:>8.2f} {rss / 2**20:>6.0f} MiB {wall / duck:>9.2f}x")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

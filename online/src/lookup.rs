@@ -157,12 +157,9 @@ fn answer_records(view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> V
     let layout = Layout::of(view);
     stored
         .iter()
-        .map(|b| {
-            let record = match b {
-                None => AggRecord::empty(&layout),
-                Some(bytes) => AggRecord::decode(&layout, bytes).ok()?,
-            };
-            Some(record.answer(&layout, now))
+        .map(|b| match b {
+            None => Some(AggRecord::empty(&layout).answer(&layout, now)),
+            Some(bytes) => AggRecord::answer_stored(&layout, bytes, now).ok(),
         })
         .collect()
 }

@@ -71,7 +71,7 @@ impl Join<'_> {
         (self.progress)(&format!("scanned {}", view.name), scan.rows as u64);
         tracing::debug!(view = %view.name, rows = scan.rows, ms = started.elapsed().as_millis() as u64, "aggregation: scanned");
         let has_created = view.source.created_timestamp_field.is_some();
-        let kernel = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
+        let mut kernel = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
         // Each event column as one array, indexed like the kernel's rows.
         let values: Vec<ArrayRef> = columns
             .iter()
@@ -92,11 +92,15 @@ impl Join<'_> {
         let input = kernel.input(&index, self.times, None, self.options.created_cutoff);
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let runs = EntityRuns::build(&input, threads);
+        // Past here only the cutoff reads the kernel's columns (the created times): the
+        // runs hold the order. Freed now, their memory serves what follows.
+        let created = if self.options.created_cutoff { std::mem::take(&mut kernel.created) } else { Vec::new() };
+        drop(kernel);
         let spine = SpineRuns::build(&index.spine_ids, self.times, index.n_entities as usize);
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: events grouped and sorted");
         let plan = Plan::new(view, &aggs, &columns, values, &runs);
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: columns in run order");
-        let events = Events { runs: &runs, kernel: &kernel, cutoff: self.options.created_cutoff };
+        let events = Events { runs: &runs, created: &created, cutoff: self.options.created_cutoff };
         let table = events.aggregate(&plan, &spine, self.times, threads);
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: swept");
         let columns = table.into_columns(&plan, &spine.positions(self.times.len()))?;
@@ -162,10 +166,11 @@ struct Planned<'a> {
     output: DType,
 }
 
-/// One event column: by table row (as the kernel's rows), and in the runs' order
-/// (position `p` of [`EntityRuns::rows`]) what the sweeps read per event.
+/// One event column: in the runs' order (position `p` of [`EntityRuns::rows`]) what
+/// the sweeps read per event, and by table row (as the kernel's rows) the values
+/// last/last_k take (for other columns dropped once in run order).
 struct RunColumn {
-    array: ArrayRef,
+    array: Option<ArrayRef>,
     valid: Vec<bool>,
     nums: Numbers,
     /// Whether count, sum, avg or stddev read it (its prefix sums are built), and
@@ -217,6 +222,7 @@ impl Numbers {
 
 impl<'a> Plan<'a> {
     fn new(view: &FeatureView, aggs: &[&'a Aggregation], names: &[&str], arrays: Vec<ArrayRef>, runs: &EntityRuns) -> Plan<'a> {
+        let reads = |c: &str, f: fn(AggFunction) -> bool| aggs.iter().any(|a| a.column == c && f(a.function));
         let mut columns: Vec<RunColumn> = names
             .iter()
             .zip(arrays)
@@ -224,7 +230,8 @@ impl<'a> Plan<'a> {
                 let dtype = view.feature(name).expect("validated").dtype;
                 let valid = runs.rows.iter().map(|&r| array.is_valid(r as usize)).collect();
                 let nums = Numbers::of(array.as_ref(), dtype, &runs.rows);
-                RunColumn { array, valid, nums, sums: false, squares: false, latest: false }
+                let latest = reads(name, is_latest);
+                RunColumn { array: latest.then_some(array), valid, nums, sums: false, squares: false, latest }
             })
             .collect();
         let mut tails: Vec<&Aggregation> = Vec::new();
@@ -244,7 +251,6 @@ impl<'a> Plan<'a> {
                     c.sums = true;
                     c.squares |= agg.function == AggFunction::Stddev;
                 }
-                c.latest |= is_latest(agg.function);
                 let dtype = view.feature(&agg.column).expect("validated").dtype;
                 Planned { agg, column, tail, dtype, output: agg.output_dtype(dtype).expect("validated") }
             })
@@ -402,7 +408,7 @@ impl Table {
             }
         }
         drop(self.words);
-        plan.aggs.iter().zip(gathered).map(|(planned, out)| out.into_array(planned, &plan.columns[planned.column].array)).collect()
+        plan.aggs.iter().zip(gathered).map(|(planned, out)| out.into_array(planned, plan.columns[planned.column].array.as_ref())).collect()
     }
 }
 
@@ -415,7 +421,7 @@ enum Gathered {
 }
 
 impl Gathered {
-    fn into_array(self, planned: &Planned<'_>, column: &ArrayRef) -> Result<ArrayRef> {
+    fn into_array(self, planned: &Planned<'_>, column: Option<&ArrayRef>) -> Result<ArrayRef> {
         Ok(match self {
             Gathered::Values(w, valid) => {
                 let nulls = valid.iter().any(|v| !v).then(|| NullBuffer::from(valid));
@@ -426,19 +432,22 @@ impl Gathered {
                     _ => Arc::new(Float64Array::new(w.into_iter().map(f64::from_bits).collect(), nulls)),
                 }
             }
-            Gathered::Rows(items, offsets) => match arrow_type(planned.output) {
-                // last_k: the values of the chosen rows, as the list's item type.
-                DataType::List(field) => {
-                    let values = arrow::compute::take(column, &UInt32Array::from(items), None)?;
-                    let values = arrow::compute::cast(&values, field.data_type())?;
-                    Arc::new(ListArray::try_new(field, OffsetBuffer::new(offsets.into()), values, None)?)
+            Gathered::Rows(items, offsets) => {
+                let column = column.expect("kept for last and last_k");
+                match arrow_type(planned.output) {
+                    // last_k: the values of the chosen rows, as the list's item type.
+                    DataType::List(field) => {
+                        let values = arrow::compute::take(column, &UInt32Array::from(items), None)?;
+                        let values = arrow::compute::cast(&values, field.data_type())?;
+                        Arc::new(ListArray::try_new(field, OffsetBuffer::new(offsets.into()), values, None)?)
+                    }
+                    // last: the first chosen row's value, null when there is none.
+                    _ => {
+                        let first: UInt32Array = offsets.windows(2).map(|w| (w[1] > w[0]).then(|| items[w[0] as usize])).collect();
+                        arrow::compute::take(column, &first, None)?
+                    }
                 }
-                // last: the first chosen row's value, null when there is none.
-                _ => {
-                    let first: UInt32Array = offsets.windows(2).map(|w| (w[1] > w[0]).then(|| items[w[0] as usize])).collect();
-                    arrow::compute::take(column, &first, None)?
-                }
-            },
+            }
         })
     }
 }
@@ -488,7 +497,8 @@ struct Scratch {
 /// The events, grouped and sorted, with what their visibility needs.
 struct Events<'a> {
     runs: &'a EntityRuns,
-    kernel: &'a KernelColumns,
+    /// By table row, under the cutoff (else empty).
+    created: &'a [i64],
     cutoff: bool,
 }
 
@@ -686,9 +696,8 @@ impl Events<'_> {
         let r0 = run.start;
         let rows = &self.runs.rows[run.clone()];
         let ts = &self.runs.ts[run];
-        let k = self.kernel;
         // When each position may be seen, and the positions in that order.
-        let visible = |p: usize| if self.cutoff && !k.created.is_empty() { ts[p].max(k.created[rows[p] as usize]) } else { ts[p] };
+        let visible = |p: usize| if self.cutoff { ts[p].max(self.created[rows[p] as usize]) } else { ts[p] };
         let mut arrival: Vec<u32> = (0..rows.len() as u32).collect();
         if self.cutoff {
             arrival.sort_by_key(|&p| (visible(p as usize), p));

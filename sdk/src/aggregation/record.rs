@@ -2,10 +2,15 @@
 //! aggregation of the view at any `now` until the record is rewritten.
 //!
 //! - **Tiles**, one series per distinct hop: the tile starting at `s` (a multiple of
-//!   the hop) holds one [`Partial`] per aggregation with that hop, of the events with
-//!   `s <= ts < s + hop`. A window's tail is a multiple of its hop, so a window is a
-//!   whole number of tiles: those with `tail <= s <= now`. Tiles older than the
-//!   longest window of their series needs are dropped when the record is written.
+//!   the hop) holds the partials of the events with `s <= ts < s + hop`. A window's
+//!   tail is a multiple of its hop, so a window is a whole number of tiles: those with
+//!   `tail <= s <= now`. Tiles older than the longest window of their series needs are
+//!   dropped when the record is written.
+//! - **Cells**: the aggregations of a series that read the same column the same way
+//!   share one partial per tile — count, sum, avg and stddev of a column one set of
+//!   sums, min (or max) of a column one extreme, last and last_k of a column one list
+//!   of the latest values (as long as the longest k). Ten aggregations over three
+//!   columns are then about four partials per tile.
 //! - **Pending events**: those dated after the writer's clock, kept as they are. The
 //!   tile holding `now` must not count events after `now`, so an event enters a tile
 //!   only once the writer's clock has passed it; until then a lookup adds it itself
@@ -14,16 +19,24 @@
 //! Encoded, a record starts with the 16-byte ordering header of every online row (here
 //! the Delta version it is complete as of), so the stores' guarded write keeps the
 //! newest rebuild and a replay rewrites the same bytes.
+//!
+//! A lookup reads the bytes without decoding the whole record. Every stored tile is at
+//! or before the writer's clock, so at any `now` after it a window holds a suffix of its
+//! series' tiles; each tile is therefore stored as the merge of itself and every later
+//! tile (its suffix partials), the tiles' start times and byte offsets come first, and a
+//! window is answered by a binary search of the starts and one tile's partials — the
+//! same cost for a window of 168 tiles as for one of 2. A suffix list of latest values
+//! equal to the next tile's is stored once and referred to.
 
 use std::collections::BTreeMap;
 
-use super::Aggregation;
 use super::state::{Dd, EventOrder, Num, Partial, Sums};
+use super::{AggFunction, Aggregation};
 use crate::definitions::FeatureView;
 use crate::encoding::{DecodeError, Reader, Value, fingerprint, order_bytes, write_value};
 use crate::types::DType;
 
-const FORMAT: u8 = 2;
+const FORMAT: u8 = 4;
 
 /// One event of an event log: its order and one value per view feature (in the
 /// view's order; null for a column it lacks).
@@ -47,7 +60,7 @@ pub struct Tile {
     pub start: i64,
     /// The latest event time in the tile (whatever its values).
     pub last_ts: i64,
-    /// One per aggregation of the series, in [`Layout`] order.
+    /// One per cell of the series, in [`Layout`] order.
     pub partials: Vec<Partial>,
 }
 
@@ -64,12 +77,28 @@ pub struct AggRecord {
     pub pending: Vec<Event>,
 }
 
-/// Which aggregations of a view share a hop, and where their columns are.
+/// What one cell holds per tile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CellKind {
+    /// Count, sum, avg, stddev: the count of non-null values and, for a numeric column,
+    /// the sums (with the integer sum for an integer column, the squares when a stddev
+    /// reads it).
+    Sums { numeric: bool, integer: bool, squares: bool },
+    /// Min or max.
+    Extreme(AggFunction),
+    /// Last and last_k: the latest `k` non-null values.
+    Latest { k: usize },
+}
+
+/// Which aggregations of a view share a hop and a cell, and where their columns are.
 #[derive(Debug, Clone)]
 pub struct Layout<'a> {
     pub view: &'a FeatureView,
-    /// Per hop (in order of first appearance): the hop and the aggregations' indices.
-    pub series: Vec<(i64, Vec<usize>)>,
+    /// Per hop (in order of first appearance): the hop and its cells (column position
+    /// among the view's features, kind).
+    pub series: Vec<(i64, Vec<(usize, CellKind)>)>,
+    /// Per aggregation: its series and cell.
+    pub cells: Vec<(usize, usize)>,
     /// Per aggregation: its column's position among the view's features and type.
     pub columns: Vec<(usize, DType)>,
 }
@@ -77,19 +106,51 @@ pub struct Layout<'a> {
 impl<'a> Layout<'a> {
     /// The layout of a (validated) event log.
     pub fn of(view: &'a FeatureView) -> Layout<'a> {
-        let mut series: Vec<(i64, Vec<usize>)> = Vec::new();
-        for (i, a) in view.aggregations.iter().enumerate() {
-            match series.iter_mut().find(|(h, _)| *h == a.hop_us()) {
-                Some((_, members)) => members.push(i),
-                None => series.push((a.hop_us(), vec![i])),
-            }
-        }
-        let columns = view
+        let columns: Vec<(usize, DType)> = view
             .aggregations
             .iter()
             .map(|a| view.features.iter().enumerate().find(|(_, f)| f.name == a.column).map_or((0, DType::Int64), |(k, f)| (k, f.dtype)))
             .collect();
-        Layout { view, series, columns }
+        let mut series: Vec<(i64, Vec<(usize, CellKind)>)> = Vec::new();
+        let mut cells = Vec::with_capacity(view.aggregations.len());
+        for (i, a) in view.aggregations.iter().enumerate() {
+            let s = match series.iter().position(|(h, _)| *h == a.hop_us()) {
+                Some(s) => s,
+                None => {
+                    series.push((a.hop_us(), Vec::new()));
+                    series.len() - 1
+                }
+            };
+            let (column, dtype) = columns[i];
+            let numeric = matches!(dtype, DType::Int32 | DType::Int64 | DType::Float32 | DType::Float64);
+            let kind = match a.function {
+                AggFunction::Count | AggFunction::Sum | AggFunction::Avg | AggFunction::Stddev => {
+                    CellKind::Sums { numeric, integer: matches!(dtype, DType::Int32 | DType::Int64), squares: false }
+                }
+                AggFunction::Min | AggFunction::Max => CellKind::Extreme(a.function),
+                AggFunction::Last | AggFunction::LastK => CellKind::Latest { k: a.keep() },
+            };
+            let same = |k: &CellKind| match (k, kind) {
+                (CellKind::Sums { .. }, CellKind::Sums { .. }) | (CellKind::Latest { .. }, CellKind::Latest { .. }) => true,
+                (CellKind::Extreme(f), CellKind::Extreme(g)) => *f == g,
+                _ => false,
+            };
+            let members = &mut series[s].1;
+            let c = match members.iter().position(|(col, k)| *col == column && same(k)) {
+                Some(c) => c,
+                None => {
+                    members.push((column, kind));
+                    members.len() - 1
+                }
+            };
+            match &mut members[c].1 {
+                CellKind::Sums { squares, .. } => *squares |= a.function == AggFunction::Stddev,
+                CellKind::Latest { k } => *k = (*k).max(a.keep()),
+                CellKind::Extreme(_) => {}
+            }
+            cells.push((s, c));
+        }
+        Layout { view, series, cells, columns }
     }
 
     fn agg(&self, i: usize) -> &Aggregation {
@@ -107,6 +168,72 @@ impl<'a> Layout<'a> {
     pub fn reach_us(&self) -> i64 {
         self.view.aggregations.iter().map(|a| a.window_us().saturating_add(a.hop_us())).max().unwrap_or(0)
     }
+
+    /// The earliest tail at `now` of the aggregations of series `s`.
+    fn series_tail(&self, s: usize, now: i64) -> i64 {
+        self.cells.iter().enumerate().filter(|(_, (si, _))| *si == s).map(|(i, _)| self.agg(i).tail(now)).min().unwrap_or(now)
+    }
+}
+
+impl CellKind {
+    /// Adds one event's value (nulls count for nothing).
+    fn push(&self, p: &mut Partial, order: EventOrder, value: &Value) {
+        if matches!(value, Value::Null) {
+            return;
+        }
+        match *self {
+            CellKind::Sums { squares, .. } => match Num::of(value) {
+                Some(x) => p.sums.add_all(x, squares),
+                None => p.sums.n += 1,
+            },
+            CellKind::Extreme(f) => {
+                if let Some(x) = Num::of(value) {
+                    p.extreme = Some(pick(f, p.extreme, x));
+                }
+            }
+            CellKind::Latest { k } => {
+                let at = p.latest.partition_point(|(o, _)| *o > order);
+                if at < k {
+                    p.latest.insert(at, (order, value.clone()));
+                    p.latest.truncate(k);
+                }
+            }
+        }
+    }
+
+    /// Merges the partial of other events into `p`.
+    fn merge(&self, p: &mut Partial, o: &Partial) {
+        match *self {
+            CellKind::Sums { .. } => p.sums.merge(&o.sums),
+            CellKind::Extreme(f) => {
+                if let Some(x) = o.extreme {
+                    p.extreme = Some(pick(f, p.extreme, x));
+                }
+            }
+            CellKind::Latest { .. } => {
+                for (order, value) in &o.latest {
+                    self.push(p, *order, value);
+                }
+            }
+        }
+    }
+}
+
+fn pick(f: AggFunction, current: Option<Num>, x: Num) -> Num {
+    match current {
+        None => x,
+        Some(c) => {
+            let order = x.order(&c);
+            let better = if f == AggFunction::Min { order.is_lt() } else { order.is_gt() };
+            if better { x } else { c }
+        }
+    }
+}
+
+/// Aggregation `agg`'s value from its cell's partial of the window.
+fn finish(agg: &Aggregation, column: DType, mut p: Partial) -> Value {
+    p.latest.truncate(agg.keep());
+    p.finish(agg, column)
 }
 
 impl AggRecord {
@@ -121,19 +248,19 @@ impl AggRecord {
     /// stay pending, older ones are left out.
     pub fn build(layout: &Layout<'_>, events: &[Event], now: i64, version: i64) -> AggRecord {
         let mut series = Vec::with_capacity(layout.series.len());
-        for (hop, members) in &layout.series {
-            let oldest = members.iter().map(|&i| layout.agg(i).tail(now)).min().unwrap_or(now);
+        for (s, (hop, cells)) in layout.series.iter().enumerate() {
+            let oldest = layout.series_tail(s, now);
             let mut tiles: BTreeMap<i64, Tile> = BTreeMap::new();
             for e in events.iter().filter(|e| e.order.0 >= oldest && e.order.0 <= now) {
                 let start = e.order.0 - e.order.0.rem_euclid(*hop);
                 let tile = tiles.entry(start).or_insert_with(|| Tile {
                     start,
                     last_ts: e.order.0,
-                    partials: vec![Partial::default(); members.len()],
+                    partials: vec![Partial::default(); cells.len()],
                 });
                 tile.last_ts = tile.last_ts.max(e.order.0);
-                for (p, &i) in tile.partials.iter_mut().zip(members) {
-                    p.push(layout.agg(i), e.order, &e.values[layout.columns[i].0]);
+                for (p, (column, kind)) in tile.partials.iter_mut().zip(cells) {
+                    kind.push(p, e.order, &e.values[*column]);
                 }
             }
             series.push(TileSeries { hop_us: *hop, tiles: tiles.into_values().collect() });
@@ -143,28 +270,29 @@ impl AggRecord {
     }
 
     /// Every aggregation's value at `now`, in the view's order, with the time of the
-    /// latest event in its window (`None`: no event).
+    /// latest event in its window (`None`: no event): by merging the window's tiles.
     pub fn answer(&self, layout: &Layout<'_>, now: i64) -> Vec<(Value, Option<i64>)> {
-        let mut out = vec![(Value::Null, None); layout.view.aggregations.len()];
-        for ((_, members), series) in layout.series.iter().zip(&self.series) {
-            for (slot, &i) in members.iter().enumerate() {
+        (0..layout.view.aggregations.len())
+            .map(|i| {
                 let agg = layout.agg(i);
+                let (s, c) = layout.cells[i];
+                let kind = layout.series[s].1[c].1;
                 let tail = agg.tail(now);
                 let mut partial = Partial::default();
                 let mut last: Option<i64> = None;
-                let first = series.tiles.partition_point(|t| t.start < tail);
-                for tile in series.tiles[first..].iter().take_while(|t| t.start <= now) {
-                    partial.merge(agg, &tile.partials[slot]);
+                let tiles = &self.series[s].tiles;
+                let first = tiles.partition_point(|t| t.start < tail);
+                for tile in tiles[first..].iter().take_while(|t| t.start <= now) {
+                    kind.merge(&mut partial, &tile.partials[c]);
                     last = last.max(Some(tile.last_ts));
                 }
                 for e in self.pending.iter().filter(|e| e.order.0 >= tail && e.order.0 <= now) {
-                    partial.push(agg, e.order, &e.values[layout.columns[i].0]);
+                    kind.push(&mut partial, e.order, &e.values[layout.columns[i].0]);
                     last = last.max(Some(e.order.0));
                 }
-                out[i] = (partial.finish(agg, layout.columns[i].1), last);
-            }
-        }
-        out
+                (finish(agg, layout.columns[i].1, partial), last)
+            })
+            .collect()
     }
 
     /// When no window can count any of the record's events any more: the latest event
@@ -175,7 +303,8 @@ impl AggRecord {
         Some(latest.saturating_add(layout.reach_us()).div_euclid(1000).saturating_add(1).max(1))
     }
 
-    /// Packs the record.
+    /// Packs the record: per series the tile count, the latest event time, the tiles'
+    /// starts and byte offsets, then each tile's suffix partials, one per cell.
     pub fn encode(&self, layout: &Layout<'_>) -> Vec<u8> {
         let mut out = Vec::with_capacity(64);
         out.extend_from_slice(&order_bytes(self.version));
@@ -183,15 +312,66 @@ impl AggRecord {
         out.push(FORMAT);
         out.extend_from_slice(&self.layout.to_le_bytes());
         put_len(&mut out, self.series.len());
-        for ((_, members), series) in layout.series.iter().zip(&self.series) {
-            put_i64(&mut out, series.hop_us);
-            put_len(&mut out, series.tiles.len());
-            for tile in &series.tiles {
-                put_i64(&mut out, tile.start);
-                put_i64(&mut out, tile.last_ts);
-                for (p, &i) in tile.partials.iter().zip(members) {
-                    put_partial(&mut out, layout.agg(i), p);
+        for ((_, cells), series) in layout.series.iter().zip(&self.series) {
+            let n = series.tiles.len();
+            put_len(&mut out, n);
+            put_i64(&mut out, series.tiles.iter().map(|t| t.last_ts).max().unwrap_or(0));
+            // Suffix partials, from the newest tile back.
+            let mut suffixes: Vec<Vec<Partial>> = vec![Vec::new(); n];
+            let mut acc: Vec<Partial> = vec![Partial::default(); cells.len()];
+            for (k, tile) in series.tiles.iter().enumerate().rev() {
+                for ((a, p), (_, kind)) in acc.iter_mut().zip(&tile.partials).zip(cells) {
+                    let mut merged = p.clone();
+                    kind.merge(&mut merged, a);
+                    *a = merged;
                 }
+                suffixes[k] = acc.clone();
+            }
+            // A latest list equal to the next tile's is not written again: a reference
+            // (tag 1, then the list's position in the area) to the nearest newer tile's
+            // written list (tag 0, then the list).
+            let mut tile_bytes: Vec<Vec<u8>> = Vec::with_capacity(n);
+            let mut inline_at: Vec<Vec<Option<usize>>> = Vec::with_capacity(n);
+            let mut references: Vec<(usize, usize, usize)> = Vec::new(); // (tile, byte, cell)
+            for k in 0..n {
+                let mut bytes = Vec::new();
+                let mut inline = vec![None; cells.len()];
+                for (c, (_, kind)) in cells.iter().enumerate() {
+                    let p = &suffixes[k][c];
+                    if let CellKind::Latest { .. } = kind {
+                        if k + 1 < n && suffixes[k + 1][c].latest == p.latest {
+                            bytes.push(1);
+                            references.push((k, bytes.len(), c));
+                            put_len(&mut bytes, 0);
+                            continue;
+                        }
+                        bytes.push(0);
+                        inline[c] = Some(bytes.len());
+                    }
+                    put_cell(&mut bytes, kind, p);
+                }
+                tile_bytes.push(bytes);
+                inline_at.push(inline);
+            }
+            let mut offsets = Vec::with_capacity(n);
+            let mut size = 0;
+            for bytes in &tile_bytes {
+                offsets.push(size);
+                size += bytes.len();
+            }
+            for (k, at, c) in references {
+                let target = (k + 1..n).find_map(|j| inline_at[j][c].map(|rel| offsets[j] + rel)).expect("the newest list is written");
+                tile_bytes[k][at..at + 4].copy_from_slice(&(target as u32).to_le_bytes());
+            }
+            for t in &series.tiles {
+                put_i64(&mut out, t.start);
+            }
+            for &o in &offsets {
+                put_len(&mut out, o);
+            }
+            put_len(&mut out, size);
+            for bytes in tile_bytes {
+                out.extend_from_slice(&bytes);
             }
         }
         put_len(&mut out, self.pending.len());
@@ -205,48 +385,88 @@ impl AggRecord {
         out
     }
 
-    /// Unpacks a record written under `layout`.
+    /// Every aggregation's value at `now` (at or after the writer's clock) from a
+    /// record's bytes, as [`AggRecord::answer`] of the record: per window one binary
+    /// search and one tile's cell, plus the pending events that are due.
     ///
     /// # Errors
     /// [`DecodeError`] for bytes that are not such a record, or a record of another
-    /// layout (written before the view's aggregations changed).
-    pub fn decode(layout: &Layout<'_>, bytes: &[u8]) -> Result<AggRecord, DecodeError> {
+    /// layout (written before the view's aggregations changed, or by an older version).
+    pub fn answer_stored(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
         let mut r = Reader::new(bytes);
-        let version = (u64::from_be_bytes(r.array()?) ^ (1 << 63)) as i64;
-        r.take(8)?;
+        r.take(16)?;
         if r.take(1)?[0] != FORMAT {
-            return Err(DecodeError("not an aggregation record".into()));
+            return Err(DecodeError("not an aggregation record of this version (materialize again)".into()));
         }
         let print = u64::from_le_bytes(r.array()?);
         if print != fingerprint(layout.view) || r.len()? != layout.series.len() {
             return Err(DecodeError("an aggregation record of another layout".into()));
         }
-        let mut series = Vec::with_capacity(layout.series.len());
-        for (_, members) in &layout.series {
-            let hop_us = get_i64(&mut r)?;
+        let mut partials: Vec<(Partial, Option<i64>)> = vec![(Partial::default(), None); layout.view.aggregations.len()];
+        for (s, (_, cells)) in layout.series.iter().enumerate() {
             let n = r.len()?;
-            let mut tiles = Vec::with_capacity(n.min(1 << 16));
-            for _ in 0..n {
-                let (start, last_ts) = (get_i64(&mut r)?, get_i64(&mut r)?);
-                let partials = members.iter().map(|&i| get_partial(&mut r, layout.agg(i))).collect::<Result<_, _>>()?;
-                tiles.push(Tile { start, last_ts, partials });
+            let latest = get_i64(&mut r)?;
+            let starts = r.take(n.checked_mul(8).ok_or_else(|| DecodeError("too many tiles".into()))?)?;
+            let offsets = r.take(n * 4)?;
+            let size = r.len()?;
+            let area = r.take(size)?;
+            let start = |k: usize| i64::from_le_bytes(starts[k * 8..k * 8 + 8].try_into().expect("8 bytes"));
+            let offset = |k: usize| u32::from_le_bytes(offsets[k * 4..k * 4 + 4].try_into().expect("4 bytes")) as usize;
+            let at = |pos: usize| area.get(pos..).map(Reader::new).ok_or_else(|| DecodeError(format!("offset {pos} past the record")));
+            for (i, &(si, c)) in layout.cells.iter().enumerate() {
+                if si != s {
+                    continue;
+                }
+                let tail = layout.agg(i).tail(now);
+                // The first tile at or after the tail (starts ascend).
+                let (mut lo, mut hi) = (0, n);
+                while lo < hi {
+                    let mid = (lo + hi) / 2;
+                    if start(mid) < tail {
+                        lo = mid + 1;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                if lo == n {
+                    continue;
+                }
+                let mut tile = at(offset(lo))?;
+                for (_, kind) in &cells[..c] {
+                    skip_cell(&mut tile, kind)?;
+                }
+                let kind = &cells[c].1;
+                let partial = match kind {
+                    CellKind::Latest { .. } => match tile.take(1)?[0] {
+                        0 => get_cell(&mut tile, kind)?,
+                        1 => get_cell(&mut at(tile.len()?)?, kind)?,
+                        t => return Err(DecodeError(format!("unknown latest tag {t}"))),
+                    },
+                    _ => get_cell(&mut tile, kind)?,
+                };
+                partials[i] = (partial, Some(latest));
             }
-            series.push(TileSeries { hop_us, tiles });
         }
         let n = r.len()?;
-        let mut pending = Vec::with_capacity(n.min(1 << 16));
         for _ in 0..n {
             let order = get_order(&mut r)?;
             let values = r.list(Reader::value)?;
             if values.len() != layout.view.features.len() {
                 return Err(DecodeError("a pending event of another layout".into()));
             }
-            pending.push(Event { order, values });
+            for (i, agg) in layout.view.aggregations.iter().enumerate() {
+                if order.0 >= agg.tail(now) && order.0 <= now {
+                    let (s, c) = layout.cells[i];
+                    let (p, last) = &mut partials[i];
+                    layout.series[s].1[c].1.push(p, order, &values[layout.columns[i].0]);
+                    *last = (*last).max(Some(order.0));
+                }
+            }
         }
         if !r.is_done() {
             return Err(DecodeError("trailing bytes after an aggregation record".into()));
         }
-        Ok(AggRecord { version, layout: print, series, pending })
+        Ok(partials.into_iter().enumerate().map(|(i, (p, last))| (finish(layout.agg(i), layout.columns[i].1, p), last)).collect())
     }
 }
 
@@ -280,31 +500,26 @@ fn get_order(r: &mut Reader<'_>) -> Result<EventOrder, DecodeError> {
     Ok((get_i64(r)?, get_i64(r)?, get_i64(r)?))
 }
 
-/// Only what the function reads: a count is 8 bytes, a tile of stddev 40.
-fn put_partial(out: &mut Vec<u8>, agg: &Aggregation, p: &Partial) {
-    use super::AggFunction as F;
-    match agg.function {
-        F::Count | F::Sum | F::Avg | F::Stddev => {
+/// Only what the cell's aggregations read: a count is 8 bytes, sums of a float
+/// column 24, with squares 40. A latest list holds the values without their order:
+/// every event of a tile comes before every pending one, and the list is in order.
+fn put_cell(out: &mut Vec<u8>, kind: &CellKind, p: &Partial) {
+    match *kind {
+        CellKind::Sums { numeric, integer, squares } => {
             put_i64(out, p.sums.n);
-            match agg.function {
-                F::Count => {}
-                F::Sum => {
-                    put_i64(out, p.sums.int_sum);
-                    put_f64(out, p.sums.sum.hi);
-                    put_f64(out, p.sums.sum.lo);
-                }
-                F::Avg => {
-                    put_f64(out, p.sums.sum.hi);
-                    put_f64(out, p.sums.sum.lo);
-                }
-                _ => {
-                    for x in [p.sums.sum.hi, p.sums.sum.lo, p.sums.squares.hi, p.sums.squares.lo] {
-                        put_f64(out, x);
-                    }
-                }
+            if numeric {
+                put_f64(out, p.sums.sum.hi);
+                put_f64(out, p.sums.sum.lo);
+            }
+            if integer {
+                put_i64(out, p.sums.int_sum);
+            }
+            if squares {
+                put_f64(out, p.sums.squares.hi);
+                put_f64(out, p.sums.squares.lo);
             }
         }
-        F::Min | F::Max => match p.extreme {
+        CellKind::Extreme(_) => match p.extreme {
             None => out.push(0),
             Some(Num::I(x)) => {
                 out.push(1);
@@ -315,38 +530,36 @@ fn put_partial(out: &mut Vec<u8>, agg: &Aggregation, p: &Partial) {
                 put_f64(out, x);
             }
         },
-        F::Last | F::LastK => {
+        CellKind::Latest { .. } => {
             put_len(out, p.latest.len());
-            for (order, value) in &p.latest {
-                put_order(out, *order);
+            for (_, value) in &p.latest {
                 write_value(out, value);
             }
         }
     }
 }
 
-fn get_partial(r: &mut Reader<'_>, agg: &Aggregation) -> Result<Partial, DecodeError> {
-    use super::AggFunction as F;
+/// The order given to a stored latest value: before any real event's.
+const STORED: EventOrder = (i64::MIN, i64::MIN, i64::MIN);
+
+fn get_cell(r: &mut Reader<'_>, kind: &CellKind) -> Result<Partial, DecodeError> {
     let mut p = Partial::default();
     let dd = |r: &mut Reader<'_>| -> Result<Dd, DecodeError> { Ok(Dd { hi: get_f64(r)?, lo: get_f64(r)? }) };
-    match agg.function {
-        F::Count | F::Sum | F::Avg | F::Stddev => {
+    match *kind {
+        CellKind::Sums { numeric, integer, squares } => {
             let mut sums = Sums { n: get_i64(r)?, ..Sums::default() };
-            match agg.function {
-                F::Count => {}
-                F::Sum => {
-                    sums.int_sum = get_i64(r)?;
-                    sums.sum = dd(r)?;
-                }
-                F::Avg => sums.sum = dd(r)?,
-                _ => {
-                    sums.sum = dd(r)?;
-                    sums.squares = dd(r)?;
-                }
+            if numeric {
+                sums.sum = dd(r)?;
+            }
+            if integer {
+                sums.int_sum = get_i64(r)?;
+            }
+            if squares {
+                sums.squares = dd(r)?;
             }
             p.sums = sums;
         }
-        F::Min | F::Max => {
+        CellKind::Extreme(_) => {
             p.extreme = match r.take(1)?[0] {
                 0 => None,
                 1 => Some(Num::I(get_i64(r)?)),
@@ -354,15 +567,28 @@ fn get_partial(r: &mut Reader<'_>, agg: &Aggregation) -> Result<Partial, DecodeE
                 t => return Err(DecodeError(format!("unknown extreme tag {t}"))),
             }
         }
-        F::Last | F::LastK => {
+        CellKind::Latest { k } => {
             let n = r.len()?;
-            for _ in 0..n.min(super::MAX_K as usize) {
-                let order = get_order(r)?;
-                p.latest.push((order, r.value()?));
+            if n > k {
+                return Err(DecodeError(format!("{n} latest values where at most {k} are kept")));
+            }
+            for _ in 0..n {
+                p.latest.push((STORED, r.value()?));
             }
         }
     }
     Ok(p)
+}
+
+/// Moves past one cell of a tile (a latest list by its tag).
+fn skip_cell(r: &mut Reader<'_>, kind: &CellKind) -> Result<(), DecodeError> {
+    if let CellKind::Latest { .. } = kind {
+        if r.take(1)?[0] == 1 {
+            r.take(4)?;
+            return Ok(());
+        }
+    }
+    get_cell(r, kind).map(drop)
 }
 
 #[cfg(test)]
@@ -378,7 +604,33 @@ mod tests {
             Aggregation::new("cities", AggFunction::LastK, "city", Ttl::from_secs(7 * 86_400)).with_k(2),
             Aggregation::new("n", AggFunction::Count, "fare", Ttl::from_secs(1800)).with_hop(Ttl::from_secs(600)),
         ];
+        // Aggregations sharing cells with those above: the sums of fare, the latest
+        // cities (a shorter k), and an extreme beside them.
+        let (h1, h2) = (v.aggregations[0].hop(), v.aggregations[1].hop());
+        v.aggregations.extend([
+            Aggregation::new("fare_avg", AggFunction::Avg, "fare", Ttl::from_secs(7200)).with_hop(h1),
+            Aggregation::new("fare_std", AggFunction::Stddev, "fare", Ttl::from_secs(3600)).with_hop(h1),
+            Aggregation::new("n_h", AggFunction::Count, "fare", Ttl::from_secs(3 * 3600)).with_hop(h1),
+            Aggregation::new("last_city", AggFunction::Last, "city", Ttl::from_secs(3600)).with_hop(h2),
+            Aggregation::new("fare_max", AggFunction::Max, "fare", Ttl::from_secs(86_400)).with_hop(h1),
+        ]);
         v
+    }
+
+    #[test]
+    fn aggregations_reading_a_column_alike_share_a_cell() {
+        let v = view();
+        let layout = Layout::of(&v);
+        let cell = |name: &str| layout.cells[v.aggregations.iter().position(|a| a.name == name).unwrap()];
+        assert_eq!(cell("fare_sum"), cell("fare_avg"));
+        assert_eq!(cell("fare_sum"), cell("fare_std"));
+        assert_eq!(cell("fare_sum"), cell("n_h"));
+        assert_eq!(cell("cities"), cell("last_city"));
+        assert_ne!(cell("fare_max"), cell("fare_sum"));
+        let (s, c) = cell("fare_sum");
+        assert!(matches!(layout.series[s].1[c].1, CellKind::Sums { numeric: true, integer: false, squares: true }));
+        let (s, c) = cell("cities");
+        assert_eq!(layout.series[s].1[c].1, CellKind::Latest { k: 2 });
     }
 
     #[test]
@@ -395,17 +647,23 @@ mod tests {
         let now = 200 * m;
         let record = AggRecord::build(&layout, &events, now, 3);
         assert!(!record.pending.is_empty(), "events after now stay pending");
-        let decoded = AggRecord::decode(&layout, &record.encode(&layout)).unwrap();
-        assert_eq!(decoded, record);
-        for at in [now, now + 3 * m, now + 61 * m] {
-            let answer = decoded.answer(&layout, at);
+        let bytes = record.encode(&layout);
+        for at in [now, now + 3 * m, now + 61 * m, now + 3 * 86_400 * m / 1440, now + 8 * 86_400 * 1_000_000] {
+            let answer = record.answer(&layout, at);
+            assert_eq!(AggRecord::answer_stored(&layout, &bytes, at).unwrap(), answer, "the stored answer at {at}");
             for (i, agg) in v.aggregations.iter().enumerate() {
                 let mut p = Partial::default();
+                let mut last = None;
                 for e in events.iter().filter(|e| e.order.0 >= agg.tail(at) && e.order.0 <= at) {
                     p.push(agg, e.order, &e.values[layout.columns[i].0]);
+                    last = last.max(Some(e.order.0));
                 }
                 assert_eq!(answer[i].0, p.finish(agg, layout.columns[i].1), "{} at {at}", agg.name);
+                assert_eq!(answer[i].1, last, "{} at {at}: the latest event's time", agg.name);
             }
+        }
+        for cut in [0, 10, 17, bytes.len() / 2, bytes.len() - 1] {
+            assert!(AggRecord::answer_stored(&layout, &bytes[..cut], now).is_err(), "truncated at {cut}");
         }
     }
 
@@ -415,6 +673,6 @@ mod tests {
         let record = AggRecord::build(&Layout::of(&v), &[], 0, 1).encode(&Layout::of(&v));
         let mut changed = v.clone();
         changed.aggregations[0].window = Ttl::from_secs(7200);
-        assert!(AggRecord::decode(&Layout::of(&changed), &record).is_err());
+        assert!(AggRecord::answer_stored(&Layout::of(&changed), &record, 0).is_err());
     }
 }
