@@ -582,11 +582,12 @@ fn get_cell(r: &mut Reader<'_>, kind: &CellKind) -> Result<Partial, DecodeError>
 
 /// Moves past one cell of a tile (a latest list by its tag).
 fn skip_cell(r: &mut Reader<'_>, kind: &CellKind) -> Result<(), DecodeError> {
-    if let CellKind::Latest { .. } = kind {
-        if r.take(1)?[0] == 1 {
-            r.take(4)?;
-            return Ok(());
-        }
+    // A latest list's tag is read here; an inline list follows it.
+    if let CellKind::Latest { .. } = kind
+        && r.take(1)?[0] == 1
+    {
+        r.take(4)?;
+        return Ok(());
     }
     get_cell(r, kind).map(drop)
 }
