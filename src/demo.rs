@@ -193,7 +193,7 @@ fn created_by(batch: RecordBatch, now: i64) -> Result<RecordBatch> {
 }
 
 fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
-    let parquet_err = |source| Error::Parquet { path: path.to_path_buf(), source };
+    let parquet_err = |error| Error::Parquet { path: path.to_path_buf(), error };
     let file = File::create(path).map_err(|e| Error::io(path, e))?;
     let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
     let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(parquet_err)?;

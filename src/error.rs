@@ -23,18 +23,12 @@ pub enum Error {
     Engine(String),
     #[error("{path}: {message}", path = path.display())]
     Init { path: PathBuf, message: String },
-    #[error("{path}: {source}", path = path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("writing {path}: {source}", path = path.display())]
-    Parquet {
-        path: PathBuf,
-        #[source]
-        source: parquet::errors::ParquetError,
-    },
+    // The causes below are fields, not `source`s: the message already says them, and
+    // the printed error chain (`{:#}`) would say them twice.
+    #[error("{path}: {error}", path = path.display())]
+    Io { path: PathBuf, error: std::io::Error },
+    #[error("writing {path}: {error}", path = path.display())]
+    Parquet { path: PathBuf, error: parquet::errors::ParquetError },
     #[error("{0}")]
     Arrow(#[from] arrow::error::ArrowError),
 }
@@ -51,13 +45,13 @@ impl Error {
             Error::Streaming(e) => e.kind(),
             Error::Invalid(_) | Error::Engine(_) | Error::Init { .. } => K::Invalid,
             Error::NotFound(_) => K::NotFound,
-            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => K::NotFound,
+            Error::Io { error, .. } if error.kind() == std::io::ErrorKind::NotFound => K::NotFound,
             Error::Io { .. } | Error::Parquet { .. } | Error::Arrow(_) => K::Internal,
         }
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io { path: path.into(), error: source }
     }
 }
 

@@ -124,7 +124,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// The shard's bytes; `path` is where they are going, for errors.
 fn encode(path: &Path, batch: &RecordBatch, format: ShardFormat) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
-    let parquet = |source| Error::Parquet { path: path.to_path_buf(), source };
+    let parquet = |error| Error::Parquet { path: path.to_path_buf(), error };
     match format {
         ShardFormat::Parquet => {
             let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), None).map_err(parquet)?;
@@ -432,7 +432,7 @@ fn shard_schema(path: &Path, format: ShardFormat) -> Result<Vec<(String, String)
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let schema = match format {
         ShardFormat::Parquet => parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-            .map_err(|e| Error::Parquet { path: path.to_path_buf(), source: e })?
+            .map_err(|e| Error::Parquet { path: path.to_path_buf(), error: e })?
             .schema()
             .clone(),
         ShardFormat::Arrow => arrow::ipc::reader::FileReader::try_new(file, None)?.schema(),

@@ -16,7 +16,7 @@ impl Repo {
     /// table inside another's folder, or at the serving log's table, likewise.
     fn check_tables_distinct(&self, defs: &Definitions) -> Result<()> {
         let refuse = |source: quiver_sdk::DefinitionError| -> crate::Error {
-            quiver_sdk::Error::Definition { file: Some(self.definitions_path.clone()), source: Box::new(source) }.into()
+            quiver_sdk::Error::Definition { file: Some(self.definitions_path.clone()), error: Box::new(source) }.into()
         };
         let log = table_identity(&self.config.serving_log.location);
         let mut seen: Vec<(String, &str, String)> = Vec::new();

@@ -182,6 +182,11 @@ fn bad_definitions_name_the_file_and_field() {
         .unwrap();
     fails(&repo, &["apply"], 1, &["features.yaml", "feature view `driver_customer`, feature `avg_rating`", "unknown dtype `real`"]);
     assert!(!repo.join("registry.json").exists());
+    // A validation error (not a parse error) names the view and aggregation once.
+    let bad = yaml.replacen("function: count, column: fare", "function: sum, column: city", 1);
+    assert_ne!(bad, yaml, "the demo's event log counts fares");
+    std::fs::write(repo.join("features.yaml"), bad).unwrap();
+    fails(&repo, &["apply"], 1, &["features.yaml: feature view `customer_rides`, aggregation", "sum needs a numeric column"]);
 }
 
 #[test]

@@ -5,12 +5,13 @@ use std::path::PathBuf;
 /// Everything that can go wrong in the offline store.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("delta table {table}: {source}")]
+    // The causes are fields, not `source`s: the message already says them, and the
+    // printed error chain (`{:#}`) would say them twice.
+    #[error("delta table {table}: {error}")]
     Delta {
         table: String,
         /// Boxed, as is a query's: the two are most of the enum's size otherwise.
-        #[source]
-        source: Box<deltalake::DeltaTableError>,
+        error: Box<deltalake::DeltaTableError>,
     },
     #[error("delta table {table}: bad location: {message}")]
     Location { table: String, message: String },
@@ -25,12 +26,8 @@ pub enum Error {
     /// An unknown feature view, feature or service.
     #[error("{0}")]
     Unknown(String),
-    #[error("query of {table}: {source}")]
-    Query {
-        table: String,
-        #[source]
-        source: Box<datafusion::error::DataFusionError>,
-    },
+    #[error("query of {table}: {error}")]
+    Query { table: String, error: Box<datafusion::error::DataFusionError> },
     #[error("{0}")]
     Arrow(#[from] arrow::error::ArrowError),
     #[error("writing {file}: {message}", file = file.display())]
@@ -62,11 +59,11 @@ impl Error {
     }
 
     pub(crate) fn delta(table: impl std::fmt::Display, source: deltalake::DeltaTableError) -> Self {
-        Error::Delta { table: table.to_string(), source: Box::new(source) }
+        Error::Delta { table: table.to_string(), error: Box::new(source) }
     }
 
     pub(crate) fn query(table: impl std::fmt::Display, source: datafusion::error::DataFusionError) -> Self {
-        Error::Query { table: table.to_string(), source: Box::new(source) }
+        Error::Query { table: table.to_string(), error: Box::new(source) }
     }
 }
 

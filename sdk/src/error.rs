@@ -82,13 +82,13 @@ pub enum Error {
     #[error("{file}: not found: not a quiver repository (run `quiver init DIR` or pass --repo DIR)", file = file.display())]
     NoRepository { file: PathBuf },
     /// A definition problem, located in a file (or in builder code when `file` is empty).
-    #[error("{}{source}", location(file))]
+    #[error("{}{error}", location(file))]
     Definition {
         file: Option<PathBuf>,
         /// Boxed: the definition errors are large, and every `Result` of the sdk (and
-        /// of the crates above it) would carry their size.
-        #[source]
-        source: Box<DefinitionError>,
+        /// of the crates above it) would carry their size. Not a `source`: the message
+        /// already says it, and an error chain would say it twice.
+        error: Box<DefinitionError>,
     },
     /// A bad `quiver.yaml` setting.
     #[error("{file}: {message}", file = file.display())]
@@ -107,11 +107,11 @@ pub enum Error {
     #[error("{0}")]
     Store(String),
     /// A file that could not be read or written.
-    #[error("{path}: {source}", path = path.display())]
+    #[error("{path}: {error}", path = path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        /// Not a `source`, for the same reason.
+        error: std::io::Error,
     },
 }
 
@@ -124,7 +124,7 @@ fn location(file: &Option<PathBuf>) -> String {
 
 impl From<DefinitionError> for Error {
     fn from(source: DefinitionError) -> Self {
-        Error::Definition { file: None, source: Box::new(source) }
+        Error::Definition { file: None, error: Box::new(source) }
     }
 }
 
@@ -137,7 +137,7 @@ impl Error {
             Error::Registry { .. } => ErrorKind::Internal,
             Error::Locked { .. } => ErrorKind::Conflict,
             Error::Store(_) => ErrorKind::Unavailable,
-            Error::Io { source, .. } => match source.kind() {
+            Error::Io { error, .. } => match error.kind() {
                 std::io::ErrorKind::NotFound => ErrorKind::NotFound,
                 std::io::ErrorKind::WouldBlock => ErrorKind::Conflict,
                 _ => ErrorKind::Internal,
@@ -148,13 +148,13 @@ impl Error {
     /// Attaches a file to a definition error that has none.
     pub fn in_file(self, path: impl Into<PathBuf>) -> Self {
         match self {
-            Error::Definition { file: None, source } => Error::Definition { file: Some(path.into()), source },
+            Error::Definition { file: None, error } => Error::Definition { file: Some(path.into()), error },
             other => other,
         }
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io { path: path.into(), error: source }
     }
 }
 

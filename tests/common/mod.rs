@@ -74,6 +74,9 @@ pub fn fails(dir: &Path, args: &[&str], parts: &[&str]) -> String {
     assert_eq!(err.lines().filter(|l| l.starts_with("error: ")).count(), 1, "{err}");
     for p in parts {
         assert!(line.contains(p), "error {line:?} lacks {p:?}");
+        // Said once: an error chain printing a cause its message already holds says
+        // it twice.
+        assert!(p.len() < 12 || line.matches(p).count() == 1, "error {line:?} says {p:?} more than once");
     }
     line.to_string()
 }
@@ -90,6 +93,7 @@ pub fn fails_alone(dir: &Path, args: &[&str], code: i32, parts: &[&str]) -> Stri
     assert!(err.starts_with("error: "), "{err}");
     for p in parts {
         assert!(err.contains(p), "error {err:?} lacks {p:?}");
+        assert!(p.len() < 12 || err.matches(p).count() == 1, "error {err:?} says {p:?} more than once");
     }
     err.to_string()
 }
