@@ -783,12 +783,21 @@ async fn offline_views_get_no_online_writes_and_a_changed_registry_is_picked_up(
     assert!(store.read(&keys).await.unwrap().iter().all(Option::is_none), "an offline-only view has no online rows");
     let repo = Repo::open(&s.dir).unwrap();
     let defs = repo.applied().unwrap().definitions;
-    let audit_rows: usize = quiver::offline::historical::read_view(&repo.config, &defs, defs.feature_view("audit").unwrap())
-        .await
-        .unwrap()
-        .iter()
-        .map(|b| b.num_rows())
-        .sum();
+    // `wait_for_rows` waited for the online view's table; the offline-only view's commit
+    // of the same micro-batch may land a moment later.
+    let mut audit_rows = 0;
+    for _ in 0..100 {
+        audit_rows = quiver::offline::historical::read_view(&repo.config, &defs, defs.feature_view("audit").unwrap())
+            .await
+            .unwrap()
+            .iter()
+            .map(|b| b.num_rows())
+            .sum();
+        if audit_rows >= expected_rows(0..100).len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert_eq!(audit_rows, expected_rows(0..100).len(), "but every event is in its Delta table");
 
     // A feature is added while the stream runs.

@@ -173,10 +173,9 @@ struct RunColumn {
     array: Option<ArrayRef>,
     valid: Vec<bool>,
     nums: Numbers,
-    /// Whether count, sum, avg or stddev read it (its prefix sums are built), and
-    /// stddev (with squares); whether last or last_k read it (its non-null positions).
+    /// Whether count, sum or avg read it (its prefix sums are built); whether last or
+    /// last_k read it (its non-null positions).
     sums: bool,
-    squares: bool,
     latest: bool,
 }
 
@@ -231,7 +230,7 @@ impl<'a> Plan<'a> {
                 let valid = runs.rows.iter().map(|&r| array.is_valid(r as usize)).collect();
                 let nums = Numbers::of(array.as_ref(), dtype, &runs.rows);
                 let latest = reads(name, is_latest);
-                RunColumn { array: latest.then_some(array), valid, nums, sums: false, squares: false, latest }
+                RunColumn { array: latest.then_some(array), valid, nums, sums: false, latest }
             })
             .collect();
         let mut tails: Vec<&Aggregation> = Vec::new();
@@ -247,9 +246,8 @@ impl<'a> Plan<'a> {
                     }
                 };
                 let c = &mut columns[column];
-                if is_sums(agg.function) {
+                if is_prefix(agg.function) {
                     c.sums = true;
-                    c.squares |= agg.function == AggFunction::Stddev;
                 }
                 let dtype = view.feature(&agg.column).expect("validated").dtype;
                 Planned { agg, column, tail, dtype, output: agg.output_dtype(dtype).expect("validated") }
@@ -261,6 +259,14 @@ impl<'a> Plan<'a> {
 
 fn is_sums(function: AggFunction) -> bool {
     matches!(function, AggFunction::Count | AggFunction::Sum | AggFunction::Avg | AggFunction::Stddev)
+}
+
+/// Whether the prefix-sum difference answers `function` to 1e-9: count, sum and avg.
+/// Not stddev: its squares minus the squared sum cancel, and a difference of prefixes
+/// as large as an entity's whole history loses the window's few digits (a window of
+/// 1.0 and 1.001 after an event of 1e12); it adds the window's sums instead.
+fn is_prefix(function: AggFunction) -> bool {
+    matches!(function, AggFunction::Count | AggFunction::Sum | AggFunction::Avg)
 }
 
 fn is_latest(function: AggFunction) -> bool {
@@ -302,7 +308,8 @@ struct TableSlice<'a> {
 }
 
 impl Layout {
-    fn new(plan: &Plan<'_>) -> Layout {
+    /// `longest`: the most events of one entity (no last_k can choose more).
+    fn new(plan: &Plan<'_>, longest: usize) -> Layout {
         let n_values = plan.aggs.iter().filter(|a| !is_latest(a.agg.function)).count();
         let mut at = n_values.div_ceil(64);
         let mut bit = 0;
@@ -311,7 +318,7 @@ impl Layout {
             .iter()
             .map(|a| {
                 let slot = if is_latest(a.agg.function) {
-                    Slot::Rows { at, k: a.agg.keep() }
+                    Slot::Rows { at, k: a.agg.keep().min(longest) }
                 } else {
                     bit += 1;
                     Slot::Value { at, bit: bit - 1 }
@@ -324,6 +331,18 @@ impl Layout {
             })
             .collect();
         Layout { slots, width: at }
+    }
+
+    /// A row of every aggregation's empty-window answer.
+    fn empty_row(&self, plan: &Plan<'_>) -> Vec<u64> {
+        let mut row = vec![0u64; self.width];
+        for (planned, &slot) in plan.aggs.iter().zip(&self.slots) {
+            match slot {
+                Slot::Value { .. } => Layout::put(&mut row, slot, &Partial::default().finish(planned.agg, planned.dtype)),
+                Slot::Rows { .. } => Layout::put_rows(&mut row, slot, std::iter::empty()),
+            }
+        }
+        row
     }
 
     /// Writes a numeric value (or null) into a row.
@@ -359,16 +378,10 @@ impl Layout {
 
 impl Table {
     /// `n` rows, each with every aggregation's empty-window answer.
-    fn new(plan: &Plan<'_>, n: usize) -> Table {
-        let layout = Layout::new(plan);
-        let mut row = vec![0u64; layout.width];
-        for (planned, &slot) in plan.aggs.iter().zip(&layout.slots) {
-            match slot {
-                Slot::Value { .. } => Layout::put(&mut row, slot, &Partial::default().finish(planned.agg, planned.dtype)),
-                Slot::Rows { .. } => Layout::put_rows(&mut row, slot, std::iter::empty()),
-            }
-        }
-        Table { words: row.repeat(n), layout }
+    fn new(plan: &Plan<'_>, n: usize, longest: usize) -> Table {
+        let layout = Layout::new(plan, longest);
+        let words = layout.empty_row(plan).repeat(n);
+        Table { words, layout }
     }
 
     fn slice(&mut self) -> TableSlice<'_> {
@@ -381,7 +394,7 @@ impl Table {
     fn into_columns(self, plan: &Plan<'_>, position: &[u32]) -> Result<Vec<ArrayRef>> {
         let layout = &self.layout;
         let n = position.len();
-        let empty = Table::new(plan, 1);
+        let empty = layout.empty_row(plan);
         let mut gathered: Vec<Gathered> = layout
             .slots
             .iter()
@@ -391,8 +404,7 @@ impl Table {
             })
             .collect();
         for &p in position {
-            let row =
-                if p == NO_ENTITY { &empty.words[..] } else { &self.words[p as usize * layout.width..(p as usize + 1) * layout.width] };
+            let row = if p == NO_ENTITY { &empty[..] } else { &self.words[p as usize * layout.width..(p as usize + 1) * layout.width] };
             for (slot, out) in layout.slots.iter().zip(&mut gathered) {
                 match (*slot, out) {
                     (Slot::Value { at, bit }, Gathered::Values(words, valid)) => {
@@ -507,7 +519,8 @@ impl Events<'_> {
     /// window's, in the order of [`SpineRuns::rows`].
     fn aggregate(&self, plan: &Plan<'_>, spine: &SpineRuns, times: &[i64], threads: usize) -> Table {
         let n_entities = spine.offsets.len() - 1;
-        let mut table = Table::new(plan, spine.rows.len());
+        let longest = self.runs.offsets.windows(2).map(|w| (w[1] - w[0]) as usize).max().unwrap_or(0);
+        let mut table = Table::new(plan, spine.rows.len(), longest);
         // Entities in chunks of about equal work (events plus spine rows), each chunk
         // with its own slice of the table.
         let total = self.runs.rows.len() + spine.rows.len();
@@ -583,13 +596,13 @@ impl Events<'_> {
                 for p in r0..r1 {
                     if column.valid[p] {
                         match column.nums.at(p) {
-                            Some(x) => running.add_all(x, column.squares),
+                            Some(x) => running.add_all(x, false),
                             None => running.n += 1,
                         }
                     }
                     prefix.push(running);
                 }
-                scratch.finite[c] = running.sum.hi.is_finite() && running.squares.hi.is_finite();
+                scratch.finite[c] = running.sum.hi.is_finite();
             }
             let present = &mut scratch.present[c];
             present.clear();
@@ -598,9 +611,11 @@ impl Events<'_> {
             }
             scratch.present_hi[c] = 0;
         }
-        // Sums that overflowed: the general sweep, which adds instead of subtracting.
+        // Stddev, and sums that overflowed: the general sweep, which adds instead of
+        // subtracting.
         for (i, planned) in plan.aggs.iter().enumerate() {
-            if is_sums(planned.agg.function) && !scratch.finite[planned.column] {
+            let f = planned.agg.function;
+            if f == AggFunction::Stddev || (is_prefix(f) && !scratch.finite[planned.column]) {
                 self.visible_sweep(plan, i, r0..r1, asks, times, out, at);
             }
         }
@@ -637,7 +652,7 @@ impl Events<'_> {
                 let mut partial = Partial::default();
                 match planned.agg.function {
                     f if is_sums(f) => {
-                        if !scratch.finite[planned.column] {
+                        if f == AggFunction::Stddev || !scratch.finite[planned.column] {
                             continue;
                         }
                         let prefix = &scratch.prefix[planned.column];

@@ -36,7 +36,7 @@ use crate::definitions::FeatureView;
 use crate::encoding::{DecodeError, Reader, Value, fingerprint, order_bytes, write_value};
 use crate::types::DType;
 
-const FORMAT: u8 = 4;
+const FORMAT: u8 = 5;
 
 /// One event of an event log: its order and one value per view feature (in the
 /// view's order; null for a column it lacks).
@@ -75,6 +75,10 @@ pub struct AggRecord {
     pub series: Vec<TileSeries>,
     /// Events dated after the writer's clock, in no particular order.
     pub pending: Vec<Event>,
+    /// The writer's clock: the record answers for it or later. A lookup at an earlier
+    /// time (a server clock behind the writer's) is answered as of the clock — its head
+    /// tile already counts events up to the clock, and a suffix cannot be taken back.
+    pub clock: i64,
 }
 
 /// What one cell holds per tile.
@@ -240,7 +244,7 @@ impl AggRecord {
     /// The record of an entity without events: what a lookup assumes when none is stored.
     pub fn empty(layout: &Layout<'_>) -> AggRecord {
         let series = layout.series.iter().map(|(hop_us, _)| TileSeries { hop_us: *hop_us, tiles: Vec::new() }).collect();
-        AggRecord { version: -1, layout: fingerprint(layout.view), series, pending: Vec::new() }
+        AggRecord { version: -1, layout: fingerprint(layout.view), series, pending: Vec::new(), clock: i64::MIN }
     }
 
     /// The record of an entity's `events` (any order) for lookups at `now` or later:
@@ -266,12 +270,13 @@ impl AggRecord {
             series.push(TileSeries { hop_us: *hop, tiles: tiles.into_values().collect() });
         }
         let pending = events.iter().filter(|e| e.order.0 > now).cloned().collect();
-        AggRecord { version, layout: fingerprint(layout.view), series, pending }
+        AggRecord { version, layout: fingerprint(layout.view), series, pending, clock: now }
     }
 
     /// Every aggregation's value at `now`, in the view's order, with the time of the
     /// latest event in its window (`None`: no event): by merging the window's tiles.
     pub fn answer(&self, layout: &Layout<'_>, now: i64) -> Vec<(Value, Option<i64>)> {
+        let now = now.max(self.clock);
         (0..layout.view.aggregations.len())
             .map(|i| {
                 let agg = layout.agg(i);
@@ -311,6 +316,7 @@ impl AggRecord {
         out.extend_from_slice(&order_bytes(0));
         out.push(FORMAT);
         out.extend_from_slice(&self.layout.to_le_bytes());
+        put_i64(&mut out, self.clock);
         put_len(&mut out, self.series.len());
         for ((_, cells), series) in layout.series.iter().zip(&self.series) {
             let n = series.tiles.len();
@@ -399,9 +405,11 @@ impl AggRecord {
             return Err(DecodeError("not an aggregation record of this version (materialize again)".into()));
         }
         let print = u64::from_le_bytes(r.array()?);
+        let clock = get_i64(&mut r)?;
         if print != fingerprint(layout.view) || r.len()? != layout.series.len() {
             return Err(DecodeError("an aggregation record of another layout".into()));
         }
+        let now = now.max(clock);
         let mut partials: Vec<(Partial, Option<i64>)> = vec![(Partial::default(), None); layout.view.aggregations.len()];
         for (s, (_, cells)) in layout.series.iter().enumerate() {
             let n = r.len()?;
@@ -663,6 +671,10 @@ mod tests {
                 assert_eq!(answer[i].1, last, "{} at {at}: the latest event's time", agg.name);
             }
         }
+        // Before the writer's clock: answered as of the clock, by both.
+        let early = now - 90 * m;
+        assert_eq!(AggRecord::answer_stored(&layout, &bytes, early).unwrap(), record.answer(&layout, now), "a lookup before the clock");
+        assert_eq!(record.answer(&layout, early), record.answer(&layout, now));
         for cut in [0, 10, 17, bytes.len() / 2, bytes.len() - 1] {
             assert!(AggRecord::answer_stored(&layout, &bytes[..cut], now).is_err(), "truncated at {cut}");
         }
