@@ -57,7 +57,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// A batch command never hands freed memory back to the system while it runs (purge
 /// delay -1): its peak is what it needs anyway, and it exits soon. The long-running
-/// `serve` and `stream` keep mimalloc's default (purged after 10 ms).
+/// `serve` and `stream` keep mimalloc's default (freed memory purged after a delay).
 fn keep_freed_memory() {
     // SAFETY: sets one of mimalloc's options, a plain integer it reads on purging.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) }
