@@ -20,9 +20,7 @@ riders is checked against a count made here from the generated events (the windo
 `floor(now - 7d, 1h) <= ts <= now`).
 """
 import argparse
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -33,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import requests
-from benchlib import free_port
+from benchlib import free_port, wait_http, wrk
 
 US = 1_000_000
 HOUR, DAY = 3600 * US, 86400 * US
@@ -50,28 +48,6 @@ AGGS = [
     ("last_cities_7d", "last_k", "city", "7d"),
 ]
 PLAIN = [f"p{i}" for i in range(10)]
-
-
-def to_ms(text):
-    m = re.match(r"([\d.]+)(us|ms|s)", text)
-    value, unit = float(m.group(1)), m.group(2)
-    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
-
-
-def wrk(url, body, duration, work):
-    script = os.path.join(work, "post.lua")
-    with open(script, "w") as fh:
-        fh.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                 f"wrk.body = '{json.dumps(body)}'\n")
-    out = subprocess.run(["wrk", "-t2", "-c8", f"-d{duration}s", "--latency", "-s", script, url],
-                         capture_output=True, text=True, check=True).stdout
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if errors:
-        sys.exit(f"{url}: {errors.group(1)} error responses under load\n{out}")
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    p50 = to_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
-    p99 = to_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
-    return rps, p50, p99
 
 
 def run(cmd, **kw):
@@ -146,15 +122,7 @@ def main():
         port = free_port()
         procs.append(subprocess.Popen(q + ["serve", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         url = f"http://127.0.0.1:{port}"
-        end = time.time() + 60
-        while True:
-            try:
-                requests.get(url + "/health", timeout=0.5)
-                break
-            except requests.RequestException:
-                if time.time() > end:
-                    sys.exit("quiver serve did not come up")
-                time.sleep(0.2)
+        wait_http(url + "/health", "quiver serve")
 
         sample = [int(x) for x in rng.choice(ids, 100, replace=False)]
         aggs = [f"rides:{a}" for a, *_ in AGGS]

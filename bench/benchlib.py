@@ -1,10 +1,14 @@
 """What the benchmark scripts share (they run under different venvs; each imports this
 file from its own folder)."""
+import json
+import os
 import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 
 def free_port():
@@ -40,3 +44,42 @@ def time_v(cmd, cwd=None):
     cpu = float(re.search(r"User time \(seconds\): (\S+)", se).group(1)) + float(re.search(r"System time \(seconds\): (\S+)", se).group(1))
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", se).group(1)) * 1024
     return wall, cpu, rss, p.stdout, se
+
+
+def wait_http(url, what, timeout=60):
+    """Waits until `url` answers HTTP (any status), or exits naming `what`."""
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            urllib.request.urlopen(url, timeout=0.5).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.2)
+    sys.exit(f"{what} did not come up at {url}")
+
+
+def to_ms(text):
+    """A wrk latency (`512.00us`, `1.20ms`, `2.00s`) in milliseconds."""
+    m = re.match(r"([\d.]+)(us|ms|s)", text)
+    value, unit = float(m.group(1)), m.group(2)
+    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+
+def wrk(url, body, duration, work):
+    """POSTs `body` as JSON to `url` under wrk (2 threads, 8 connections) for `duration`
+    seconds; exits on any error response. Returns (requests/s, p50 ms, p99 ms)."""
+    script = os.path.join(work, "post.lua")
+    with open(script, "w") as fh:
+        fh.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                 f"wrk.body = '{json.dumps(body)}'\n")
+    out = subprocess.run(["wrk", "-t2", "-c8", f"-d{duration}s", "--latency", "-s", script, url],
+                         capture_output=True, text=True, check=True).stdout
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors:
+        sys.exit(f"{url}: {errors.group(1)} error responses under load\n{out}")
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    p50 = to_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
+    p99 = to_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
+    return rps, p50, p99

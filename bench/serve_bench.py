@@ -34,24 +34,13 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 import requests
-from benchlib import free_port
+from benchlib import free_port, wait_http, wrk
 
 VIEWS = {
     "driver_a": [f"a{i}" for i in range(10)],
     "driver_b": [f"b{i}" for i in range(10)],
 }
 INT_FEATURES = {"a7", "a8", "a9", "b7", "b8", "b9"}
-
-
-def wait_http(url, what, timeout=60):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            requests.get(url, timeout=0.5)
-            return
-        except requests.RequestException:
-            time.sleep(0.2)
-    sys.exit(f"{what} did not come up at {url}")
 
 
 def generate(work, n_entities, per_entity, now, rng):
@@ -128,28 +117,6 @@ def timed(cmd, **kw):
     if res.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return secs, res.stdout + res.stderr
-
-
-def to_ms(text):
-    m = re.match(r"([\d.]+)(us|ms|s)", text)
-    value, unit = float(m.group(1)), m.group(2)
-    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
-
-
-def wrk(url, body, duration, work):
-    script = os.path.join(work, "post.lua")
-    with open(script, "w") as fh:
-        fh.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                 f"wrk.body = '{json.dumps(body)}'\n")
-    out = subprocess.run(["wrk", "-t2", "-c8", f"-d{duration}s", "--latency", "-s", script, url],
-                         capture_output=True, text=True, check=True).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    p50 = to_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
-    p99 = to_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    if errors:
-        sys.exit(f"{url}: {errors.group(1)} error responses under load\n{out}")
-    return rps, p50, p99
 
 
 def main():
