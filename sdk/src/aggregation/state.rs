@@ -241,14 +241,16 @@ impl Partial {
                     self.extreme = Some(pick(agg.function, self.extreme, x));
                 }
             }
-            AggFunction::Last | AggFunction::LastK => {
-                let keep = agg.keep();
-                let at = self.latest.partition_point(|(o, _)| *o > order);
-                if at < keep {
-                    self.latest.insert(at, (order, value.clone()));
-                    self.latest.truncate(keep);
-                }
-            }
+            AggFunction::Last | AggFunction::LastK => self.push_latest(order, value, agg.keep()),
+        }
+    }
+
+    /// Keeps `value` among the latest `keep` non-null values, newest first.
+    pub fn push_latest(&mut self, order: EventOrder, value: &Value, keep: usize) {
+        let at = self.latest.partition_point(|(o, _)| *o > order);
+        if at < keep {
+            self.latest.insert(at, (order, value.clone()));
+            self.latest.truncate(keep);
         }
     }
 
@@ -294,7 +296,9 @@ impl Partial {
     }
 }
 
-fn pick(function: AggFunction, current: Option<Num>, x: Num) -> Num {
+/// The better of `current` and `x` for min or max (IEEE total order for floats; a tie
+/// keeps `current`).
+pub fn pick(function: AggFunction, current: Option<Num>, x: Num) -> Num {
     match current {
         None => x,
         Some(c) => {

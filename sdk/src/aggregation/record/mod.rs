@@ -28,11 +28,16 @@
 //! same cost for a window of 168 tiles as for one of 2. A suffix list of latest values
 //! equal to the next tile's is stored once and referred to.
 
+mod codec;
+mod layout;
+
 use std::collections::BTreeMap;
 
-use super::state::{Dd, EventOrder, Num, Partial, Sums};
-use super::{AggFunction, Aggregation};
-use crate::definitions::FeatureView;
+use codec::{get_cell, get_i64, get_order, put_cell, put_i64, put_len, put_order, skip_cell};
+pub use layout::{CellKind, Layout};
+
+use super::Aggregation;
+use super::state::{EventOrder, Partial};
 use crate::encoding::{DecodeError, Reader, Value, fingerprint, order_bytes, write_value};
 use crate::types::DType;
 
@@ -79,159 +84,6 @@ pub struct AggRecord {
     /// time (a server clock behind the writer's) is answered as of the clock — its head
     /// tile already counts events up to the clock, and a suffix cannot be taken back.
     pub clock: i64,
-}
-
-/// What one cell holds per tile.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum CellKind {
-    /// Count, sum, avg, stddev: the count of non-null values and, for a numeric column,
-    /// the sums (with the integer sum for an integer column, the squares when a stddev
-    /// reads it).
-    Sums { numeric: bool, integer: bool, squares: bool },
-    /// Min or max.
-    Extreme(AggFunction),
-    /// Last and last_k: the latest `k` non-null values.
-    Latest { k: usize },
-}
-
-/// Which aggregations of a view share a hop and a cell, and where their columns are.
-#[derive(Debug, Clone)]
-pub struct Layout<'a> {
-    pub view: &'a FeatureView,
-    /// Per hop (in order of first appearance): the hop and its cells (column position
-    /// among the view's features, kind).
-    pub series: Vec<(i64, Vec<(usize, CellKind)>)>,
-    /// Per aggregation: its series and cell.
-    pub cells: Vec<(usize, usize)>,
-    /// Per aggregation: its column's position among the view's features and type.
-    pub columns: Vec<(usize, DType)>,
-}
-
-impl<'a> Layout<'a> {
-    /// The layout of a (validated) event log.
-    pub fn of(view: &'a FeatureView) -> Layout<'a> {
-        let columns: Vec<(usize, DType)> = view
-            .aggregations
-            .iter()
-            .map(|a| view.features.iter().enumerate().find(|(_, f)| f.name == a.column).map_or((0, DType::Int64), |(k, f)| (k, f.dtype)))
-            .collect();
-        let mut series: Vec<(i64, Vec<(usize, CellKind)>)> = Vec::new();
-        let mut cells = Vec::with_capacity(view.aggregations.len());
-        for (i, a) in view.aggregations.iter().enumerate() {
-            let s = match series.iter().position(|(h, _)| *h == a.hop_us()) {
-                Some(s) => s,
-                None => {
-                    series.push((a.hop_us(), Vec::new()));
-                    series.len() - 1
-                }
-            };
-            let (column, dtype) = columns[i];
-            let numeric = matches!(dtype, DType::Int32 | DType::Int64 | DType::Float32 | DType::Float64);
-            let kind = match a.function {
-                AggFunction::Count | AggFunction::Sum | AggFunction::Avg | AggFunction::Stddev => {
-                    CellKind::Sums { numeric, integer: matches!(dtype, DType::Int32 | DType::Int64), squares: false }
-                }
-                AggFunction::Min | AggFunction::Max => CellKind::Extreme(a.function),
-                AggFunction::Last | AggFunction::LastK => CellKind::Latest { k: a.keep() },
-            };
-            let same = |k: &CellKind| match (k, kind) {
-                (CellKind::Sums { .. }, CellKind::Sums { .. }) | (CellKind::Latest { .. }, CellKind::Latest { .. }) => true,
-                (CellKind::Extreme(f), CellKind::Extreme(g)) => *f == g,
-                _ => false,
-            };
-            let members = &mut series[s].1;
-            let c = match members.iter().position(|(col, k)| *col == column && same(k)) {
-                Some(c) => c,
-                None => {
-                    members.push((column, kind));
-                    members.len() - 1
-                }
-            };
-            match &mut members[c].1 {
-                CellKind::Sums { squares, .. } => *squares |= a.function == AggFunction::Stddev,
-                CellKind::Latest { k } => *k = (*k).max(a.keep()),
-                CellKind::Extreme(_) => {}
-            }
-            cells.push((s, c));
-        }
-        Layout { view, series, cells, columns }
-    }
-
-    fn agg(&self, i: usize) -> &Aggregation {
-        &self.view.aggregations[i]
-    }
-
-    /// The first event time any window of the view can count at `now`: what a record
-    /// built at `now` must be built from.
-    pub fn earliest_tail(&self, now: i64) -> i64 {
-        self.view.aggregations.iter().map(|a| a.tail(now)).min().unwrap_or(now)
-    }
-
-    /// The longest window plus hop of the view: how long after its latest event a
-    /// record can still count it.
-    pub fn reach_us(&self) -> i64 {
-        self.view.aggregations.iter().map(|a| a.window_us().saturating_add(a.hop_us())).max().unwrap_or(0)
-    }
-
-    /// The earliest tail at `now` of the aggregations of series `s`.
-    fn series_tail(&self, s: usize, now: i64) -> i64 {
-        self.cells.iter().enumerate().filter(|(_, (si, _))| *si == s).map(|(i, _)| self.agg(i).tail(now)).min().unwrap_or(now)
-    }
-}
-
-impl CellKind {
-    /// Adds one event's value (nulls count for nothing).
-    fn push(&self, p: &mut Partial, order: EventOrder, value: &Value) {
-        if matches!(value, Value::Null) {
-            return;
-        }
-        match *self {
-            CellKind::Sums { squares, .. } => match Num::of(value) {
-                Some(x) => p.sums.add_all(x, squares),
-                None => p.sums.n += 1,
-            },
-            CellKind::Extreme(f) => {
-                if let Some(x) = Num::of(value) {
-                    p.extreme = Some(pick(f, p.extreme, x));
-                }
-            }
-            CellKind::Latest { k } => {
-                let at = p.latest.partition_point(|(o, _)| *o > order);
-                if at < k {
-                    p.latest.insert(at, (order, value.clone()));
-                    p.latest.truncate(k);
-                }
-            }
-        }
-    }
-
-    /// Merges the partial of other events into `p`.
-    fn merge(&self, p: &mut Partial, o: &Partial) {
-        match *self {
-            CellKind::Sums { .. } => p.sums.merge(&o.sums),
-            CellKind::Extreme(f) => {
-                if let Some(x) = o.extreme {
-                    p.extreme = Some(pick(f, p.extreme, x));
-                }
-            }
-            CellKind::Latest { .. } => {
-                for (order, value) in &o.latest {
-                    self.push(p, *order, value);
-                }
-            }
-        }
-    }
-}
-
-fn pick(f: AggFunction, current: Option<Num>, x: Num) -> Num {
-    match current {
-        None => x,
-        Some(c) => {
-            let order = x.order(&c);
-            let better = if f == AggFunction::Min { order.is_lt() } else { order.is_gt() };
-            if better { x } else { c }
-        }
-    }
 }
 
 /// Aggregation `agg`'s value from its cell's partial of the window.
@@ -476,128 +328,6 @@ impl AggRecord {
         }
         Ok(partials.into_iter().enumerate().map(|(i, (p, last))| (finish(layout.agg(i), layout.columns[i].1, p), last)).collect())
     }
-}
-
-fn put_len(out: &mut Vec<u8>, n: usize) {
-    out.extend_from_slice(&(n as u32).to_le_bytes());
-}
-
-fn put_i64(out: &mut Vec<u8>, v: i64) {
-    out.extend_from_slice(&v.to_le_bytes());
-}
-
-fn put_f64(out: &mut Vec<u8>, v: f64) {
-    out.extend_from_slice(&v.to_le_bytes());
-}
-
-fn put_order(out: &mut Vec<u8>, (ts, created, seq): EventOrder) {
-    put_i64(out, ts);
-    put_i64(out, created);
-    put_i64(out, seq);
-}
-
-fn get_i64(r: &mut Reader<'_>) -> Result<i64, DecodeError> {
-    Ok(i64::from_le_bytes(r.array()?))
-}
-
-fn get_f64(r: &mut Reader<'_>) -> Result<f64, DecodeError> {
-    Ok(f64::from_le_bytes(r.array()?))
-}
-
-fn get_order(r: &mut Reader<'_>) -> Result<EventOrder, DecodeError> {
-    Ok((get_i64(r)?, get_i64(r)?, get_i64(r)?))
-}
-
-/// Only what the cell's aggregations read: a count is 8 bytes, sums of a float
-/// column 24, with squares 40. A latest list holds the values without their order:
-/// every event of a tile comes before every pending one, and the list is in order.
-fn put_cell(out: &mut Vec<u8>, kind: &CellKind, p: &Partial) {
-    match *kind {
-        CellKind::Sums { numeric, integer, squares } => {
-            put_i64(out, p.sums.n);
-            if numeric {
-                put_f64(out, p.sums.sum.hi);
-                put_f64(out, p.sums.sum.lo);
-            }
-            if integer {
-                put_i64(out, p.sums.int_sum);
-            }
-            if squares {
-                put_f64(out, p.sums.squares.hi);
-                put_f64(out, p.sums.squares.lo);
-            }
-        }
-        CellKind::Extreme(_) => match p.extreme {
-            None => out.push(0),
-            Some(Num::I(x)) => {
-                out.push(1);
-                put_i64(out, x);
-            }
-            Some(Num::F(x)) => {
-                out.push(2);
-                put_f64(out, x);
-            }
-        },
-        CellKind::Latest { .. } => {
-            put_len(out, p.latest.len());
-            for (_, value) in &p.latest {
-                write_value(out, value);
-            }
-        }
-    }
-}
-
-/// The order given to a stored latest value: before any real event's.
-const STORED: EventOrder = (i64::MIN, i64::MIN, i64::MIN);
-
-fn get_cell(r: &mut Reader<'_>, kind: &CellKind) -> Result<Partial, DecodeError> {
-    let mut p = Partial::default();
-    let dd = |r: &mut Reader<'_>| -> Result<Dd, DecodeError> { Ok(Dd { hi: get_f64(r)?, lo: get_f64(r)? }) };
-    match *kind {
-        CellKind::Sums { numeric, integer, squares } => {
-            let mut sums = Sums { n: get_i64(r)?, ..Sums::default() };
-            if numeric {
-                sums.sum = dd(r)?;
-            }
-            if integer {
-                sums.int_sum = get_i64(r)?;
-            }
-            if squares {
-                sums.squares = dd(r)?;
-            }
-            p.sums = sums;
-        }
-        CellKind::Extreme(_) => {
-            p.extreme = match r.take(1)?[0] {
-                0 => None,
-                1 => Some(Num::I(get_i64(r)?)),
-                2 => Some(Num::F(get_f64(r)?)),
-                t => return Err(DecodeError(format!("unknown extreme tag {t}"))),
-            }
-        }
-        CellKind::Latest { k } => {
-            let n = r.len()?;
-            if n > k {
-                return Err(DecodeError(format!("{n} latest values where at most {k} are kept")));
-            }
-            for _ in 0..n {
-                p.latest.push((STORED, r.value()?));
-            }
-        }
-    }
-    Ok(p)
-}
-
-/// Moves past one cell of a tile (a latest list by its tag).
-fn skip_cell(r: &mut Reader<'_>, kind: &CellKind) -> Result<(), DecodeError> {
-    // A latest list's tag is read here; an inline list follows it.
-    if let CellKind::Latest { .. } = kind
-        && r.take(1)?[0] == 1
-    {
-        r.take(4)?;
-        return Ok(());
-    }
-    get_cell(r, kind).map(drop)
 }
 
 #[cfg(test)]

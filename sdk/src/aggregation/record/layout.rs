@@ -1,0 +1,144 @@
+//! Which aggregations of an event log share a hop (a series of tiles) and a cell (one
+//! partial per tile), and what a cell does with an event.
+
+use super::super::state::{EventOrder, Num, Partial, pick};
+use super::super::{AggFunction, Aggregation};
+use crate::definitions::FeatureView;
+use crate::encoding::Value;
+use crate::types::DType;
+
+/// What one cell holds per tile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CellKind {
+    /// Count, sum, avg, stddev: the count of non-null values and, for a numeric column,
+    /// the sums (with the integer sum for an integer column, the squares when a stddev
+    /// reads it).
+    Sums { numeric: bool, integer: bool, squares: bool },
+    /// Min or max.
+    Extreme(AggFunction),
+    /// Last and last_k: the latest `k` non-null values.
+    Latest { k: usize },
+}
+
+/// Which aggregations of a view share a hop and a cell, and where their columns are.
+#[derive(Debug, Clone)]
+pub struct Layout<'a> {
+    pub view: &'a FeatureView,
+    /// Per hop (in order of first appearance): the hop and its cells (column position
+    /// among the view's features, kind).
+    pub series: Vec<(i64, Vec<(usize, CellKind)>)>,
+    /// Per aggregation: its series and cell.
+    pub cells: Vec<(usize, usize)>,
+    /// Per aggregation: its column's position among the view's features and type.
+    pub columns: Vec<(usize, DType)>,
+}
+
+impl<'a> Layout<'a> {
+    /// The layout of a (validated) event log.
+    pub fn of(view: &'a FeatureView) -> Layout<'a> {
+        let columns: Vec<(usize, DType)> = view
+            .aggregations
+            .iter()
+            .map(|a| view.features.iter().enumerate().find(|(_, f)| f.name == a.column).map_or((0, DType::Int64), |(k, f)| (k, f.dtype)))
+            .collect();
+        let mut series: Vec<(i64, Vec<(usize, CellKind)>)> = Vec::new();
+        let mut cells = Vec::with_capacity(view.aggregations.len());
+        for (i, a) in view.aggregations.iter().enumerate() {
+            let s = match series.iter().position(|(h, _)| *h == a.hop_us()) {
+                Some(s) => s,
+                None => {
+                    series.push((a.hop_us(), Vec::new()));
+                    series.len() - 1
+                }
+            };
+            let (column, dtype) = columns[i];
+            let numeric = matches!(dtype, DType::Int32 | DType::Int64 | DType::Float32 | DType::Float64);
+            let kind = match a.function {
+                AggFunction::Count | AggFunction::Sum | AggFunction::Avg | AggFunction::Stddev => {
+                    CellKind::Sums { numeric, integer: matches!(dtype, DType::Int32 | DType::Int64), squares: false }
+                }
+                AggFunction::Min | AggFunction::Max => CellKind::Extreme(a.function),
+                AggFunction::Last | AggFunction::LastK => CellKind::Latest { k: a.keep() },
+            };
+            let same = |k: &CellKind| match (k, kind) {
+                (CellKind::Sums { .. }, CellKind::Sums { .. }) | (CellKind::Latest { .. }, CellKind::Latest { .. }) => true,
+                (CellKind::Extreme(f), CellKind::Extreme(g)) => *f == g,
+                _ => false,
+            };
+            let members = &mut series[s].1;
+            let c = match members.iter().position(|(col, k)| *col == column && same(k)) {
+                Some(c) => c,
+                None => {
+                    members.push((column, kind));
+                    members.len() - 1
+                }
+            };
+            match &mut members[c].1 {
+                CellKind::Sums { squares, .. } => *squares |= a.function == AggFunction::Stddev,
+                CellKind::Latest { k } => *k = (*k).max(a.keep()),
+                CellKind::Extreme(_) => {}
+            }
+            cells.push((s, c));
+        }
+        Layout { view, series, cells, columns }
+    }
+
+    pub(super) fn agg(&self, i: usize) -> &Aggregation {
+        &self.view.aggregations[i]
+    }
+
+    /// The first event time any window of the view can count at `now`: what a record
+    /// built at `now` must be built from.
+    pub fn earliest_tail(&self, now: i64) -> i64 {
+        self.view.aggregations.iter().map(|a| a.tail(now)).min().unwrap_or(now)
+    }
+
+    /// The longest window plus hop of the view: how long after its latest event a
+    /// record can still count it.
+    pub fn reach_us(&self) -> i64 {
+        self.view.aggregations.iter().map(|a| a.window_us().saturating_add(a.hop_us())).max().unwrap_or(0)
+    }
+
+    /// The earliest tail at `now` of the aggregations of series `s`.
+    pub(super) fn series_tail(&self, s: usize, now: i64) -> i64 {
+        self.cells.iter().enumerate().filter(|(_, (si, _))| *si == s).map(|(i, _)| self.agg(i).tail(now)).min().unwrap_or(now)
+    }
+}
+
+impl CellKind {
+    /// Adds one event's value (nulls count for nothing).
+    pub(super) fn push(&self, p: &mut Partial, order: EventOrder, value: &Value) {
+        if matches!(value, Value::Null) {
+            return;
+        }
+        match *self {
+            CellKind::Sums { squares, .. } => match Num::of(value) {
+                Some(x) => p.sums.add_all(x, squares),
+                None => p.sums.n += 1,
+            },
+            CellKind::Extreme(f) => {
+                if let Some(x) = Num::of(value) {
+                    p.extreme = Some(pick(f, p.extreme, x));
+                }
+            }
+            CellKind::Latest { k } => p.push_latest(order, value, k),
+        }
+    }
+
+    /// Merges the partial of other events into `p`.
+    pub(super) fn merge(&self, p: &mut Partial, o: &Partial) {
+        match *self {
+            CellKind::Sums { .. } => p.sums.merge(&o.sums),
+            CellKind::Extreme(f) => {
+                if let Some(x) = o.extreme {
+                    p.extreme = Some(pick(f, p.extreme, x));
+                }
+            }
+            CellKind::Latest { .. } => {
+                for (order, value) in &o.latest {
+                    self.push(p, *order, value);
+                }
+            }
+        }
+    }
+}
