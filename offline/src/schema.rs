@@ -125,6 +125,17 @@ pub fn table_schema(defs: &Definitions, view: &FeatureView) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+/// One join key's value at a row of its column (laid out as [`key_type`]).
+pub fn key_at(dtype: KeyType, array: &dyn arrow::array::Array, row: usize) -> quiver_sdk::encoding::KeyValue {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Int64Type;
+    use quiver_sdk::encoding::KeyValue;
+    match dtype {
+        KeyType::Int64 => KeyValue::Int(array.as_primitive::<Int64Type>().value(row)),
+        KeyType::String => KeyValue::Str(array.as_string::<i32>().value(row).to_string()),
+    }
+}
+
 /// The value at `row` of a column holding a feature of `dtype`, as the online encoding's
 /// [`Value`](quiver_sdk::encoding::Value). The column must have `dtype`'s Arrow type
 /// ([`arrow_type`]); anything else reads as null.

@@ -155,10 +155,12 @@ type Answer = Vec<(Value, Option<i64>)>;
 /// aggregations (until the view is materialized again).
 fn answer_records(view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> Vec<Option<Answer>> {
     let layout = Layout::of(view);
+    // An entity without a record: the answer of no events, the same for all.
+    let none = AggRecord::empty(&layout).answer(&layout, now);
     stored
         .iter()
         .map(|b| match b {
-            None => Some(AggRecord::empty(&layout).answer(&layout, now)),
+            None => Some(none.clone()),
             Some(bytes) => AggRecord::answer_stored(&layout, bytes, now).ok(),
         })
         .collect()

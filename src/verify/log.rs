@@ -226,11 +226,11 @@ impl Joined<'_> {
 }
 
 /// The same status and event time, and values that are floats within 1e-9 relative
-/// (SPEC §11: an aggregation's float sums are added in another order online).
+/// ([`super::floats_close`]).
 fn floats_agree(served: &Answer, expected: &Answer) -> bool {
     let float = |s: &str| s.parse::<f64>().ok();
     match (served.0 == expected.0 && served.2 == expected.2, float(&served.1), float(&expected.1)) {
-        (true, Some(a), Some(b)) => (a - b).abs() <= 1e-9 * a.abs().max(b.abs()),
+        (true, Some(a), Some(b)) => super::floats_close(a, b),
         _ => false,
     }
 }

@@ -66,6 +66,12 @@ pub struct LogReport {
     pub skipped: Vec<String>,
 }
 
+/// Floats that agree to 1e-9 relative (SPEC §11: an aggregation's float sums are added
+/// in another order online than offline).
+pub(crate) fn floats_close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
 pub(crate) fn show(v: &Value) -> String {
     match v {
         Value::Null => "null".into(),

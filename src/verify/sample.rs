@@ -1,17 +1,17 @@
 //! `verify --sample N`: sampled entities looked up online against the offline winners.
 
 use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
+use arrow::datatypes::TimestampMicrosecondType;
 use quiver_offline::historical::{Window, latest_per_entity};
-use quiver_offline::schema::{ViewLayout, value_at};
+use quiver_offline::schema::{ViewLayout, key_at, value_at};
 use quiver_online::OnlineStore;
 use quiver_online::lookup::{Column, Status, expected_status, get_online_features};
 use quiver_sdk::encoding::{KeyValue, Value};
-use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, JoinKey, KeyType};
+use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, JoinKey};
 use rand::SeedableRng;
 use rand::seq::index::sample;
 
-use super::{EXAMPLES, FeatureReport, show};
+use super::{EXAMPLES, FeatureReport, floats_close, show};
 use crate::error::Result;
 
 /// Compares up to `n` sampled entities per online view at `now` (UTC microseconds).
@@ -99,7 +99,7 @@ async fn sample_event_log(
             let got = (column.statuses[j], column.values[j].clone());
             report.compared += 1;
             let close = match (&got.1, &expected.1) {
-                (Value::Float64(a), Value::Float64(b)) => got.0 == expected.0 && (a - b).abs() <= 1e-9 * a.abs().max(b.abs()),
+                (Value::Float64(a), Value::Float64(b)) => got.0 == expected.0 && floats_close(*a, *b),
                 _ => false,
             };
             if got == expected || close {
@@ -126,13 +126,7 @@ fn sampled_entities(batch: &RecordBatch, keys: &[JoinKey], rows: &[usize]) -> Ve
         .enumerate()
         .map(|(i, k)| {
             let col = batch.column(i);
-            let values = rows
-                .iter()
-                .map(|&r| match k.dtype {
-                    KeyType::Int64 => KeyValue::Int(col.as_primitive::<Int64Type>().value(r)),
-                    KeyType::String => KeyValue::Str(col.as_string::<i32>().value(r).to_string()),
-                })
-                .collect();
+            let values = rows.iter().map(|&r| key_at(k.dtype, col, r)).collect();
             (k.name.clone(), values)
         })
         .collect()

@@ -12,15 +12,15 @@
 use std::path::Path;
 
 use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
+use arrow::datatypes::TimestampMicrosecondType;
 use quiver_offline::historical::EntityEvents;
 use quiver_offline::ingest::{AppendOptions, IngestReport, append};
-use quiver_offline::schema::{ViewLayout, rows_to_columns, table_schema, value_at};
+use quiver_offline::schema::{ViewLayout, key_at, rows_to_columns, table_schema, value_at};
 use quiver_online::{OnlineStore, WriteRow};
 use quiver_sdk::aggregation::record::{AggRecord, Layout};
 use quiver_sdk::encoding::{KeyValue, OnlineRow, expire_at_ms, fingerprint, store_key};
 use quiver_sdk::rows::ViewRow;
-use quiver_sdk::{Config, Definitions, FeatureView, KeyType};
+use quiver_sdk::{Config, Definitions, FeatureView};
 
 use crate::error::{Error, Result};
 
@@ -37,14 +37,7 @@ pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch:
     let print = fingerprint(view);
     (0..batch.num_rows())
         .map(|r| {
-            let key_values: Vec<KeyValue> = keys
-                .iter()
-                .enumerate()
-                .map(|(i, k)| match k.dtype {
-                    KeyType::Int64 => KeyValue::Int(batch.column(i).as_primitive::<Int64Type>().value(r)),
-                    KeyType::String => KeyValue::Str(batch.column(i).as_string::<i32>().value(r).to_string()),
-                })
-                .collect();
+            let key_values: Vec<KeyValue> = keys.iter().enumerate().map(|(i, k)| key_at(k.dtype, batch.column(i), r)).collect();
             let event_ts = ts.value(r);
             let row = OnlineRow {
                 event_ts,
@@ -209,15 +202,7 @@ pub fn batch_entities(defs: &Definitions, view: &FeatureView, batches: &[RecordB
     let mut out = Vec::new();
     for batch in batches {
         for r in 0..batch.num_rows() {
-            out.push(
-                keys.iter()
-                    .enumerate()
-                    .map(|(i, k)| match k.dtype {
-                        KeyType::Int64 => KeyValue::Int(batch.column(i).as_primitive::<Int64Type>().value(r)),
-                        KeyType::String => KeyValue::Str(batch.column(i).as_string::<i32>().value(r).to_string()),
-                    })
-                    .collect(),
-            );
+            out.push(keys.iter().enumerate().map(|(i, k)| key_at(k.dtype, batch.column(i), r)).collect());
         }
     }
     out

@@ -1,19 +1,19 @@
 //! An event log's recent events, per entity: what materialization builds the online
 //! records (tiles) of an aggregation view from.
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::array::{ArrayRef, AsArray, RecordBatch};
 use arrow::compute::concat_batches;
 use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
 use datafusion::prelude::{Expr, ident, lit};
 use quiver_sdk::aggregation::record::Event;
 use quiver_sdk::encoding::KeyValue;
-use quiver_sdk::{Config, Definitions, FeatureView, KeyType};
+use quiver_sdk::{Config, Definitions, FeatureView};
 
 use super::scan::{ScanRange, scan_view_at};
 use crate::error::{Error, Result};
 use crate::input::widen;
 use crate::keys::EntityIndex;
-use crate::schema::{ViewLayout, arrow_type, key_type, timestamp_type, value_at};
+use crate::schema::{ViewLayout, arrow_type, key_at, key_type, timestamp_type, value_at};
 
 /// The events of each entity, and the table version they were read at.
 #[derive(Debug, Clone, Default)]
@@ -71,7 +71,7 @@ pub async fn events_since(
         }
         let (key, events) = &mut entities[e as usize];
         if key.is_empty() {
-            *key = keys.iter().zip(&key_arrays).map(|(k, a)| key_value(k.dtype, a.as_ref(), r)).collect();
+            *key = keys.iter().zip(&key_arrays).map(|(k, a)| key_at(k.dtype, a.as_ref(), r)).collect();
         }
         let values = view
             .features
@@ -99,11 +99,4 @@ fn entity_filter(keys: &[quiver_sdk::JoinKey], entities: &[Vec<KeyValue>]) -> Ex
         .map(|e| keys.iter().zip(e).map(|(k, v)| ident(&k.name).eq(literal(v))).reduce(Expr::and).unwrap_or(lit(true)))
         .reduce(Expr::or)
         .unwrap_or(lit(false))
-}
-
-fn key_value(dtype: KeyType, array: &dyn Array, row: usize) -> KeyValue {
-    match dtype {
-        KeyType::Int64 => KeyValue::Int(array.as_primitive::<Int64Type>().value(row)),
-        KeyType::String => KeyValue::Str(array.as_string::<i32>().value(row).to_string()),
-    }
 }

@@ -4,7 +4,7 @@
 use super::super::state::{EventOrder, Num, Partial, pick};
 use super::super::{AggFunction, Aggregation};
 use crate::definitions::FeatureView;
-use crate::encoding::Value;
+use crate::encoding::{Value, fingerprint};
 use crate::types::DType;
 
 /// What one cell holds per tile.
@@ -31,6 +31,9 @@ pub struct Layout<'a> {
     pub cells: Vec<(usize, usize)>,
     /// Per aggregation: its column's position among the view's features and type.
     pub columns: Vec<(usize, DType)>,
+    /// The view's [`fingerprint`], computed once: every record is stamped and checked
+    /// with it.
+    pub fingerprint: u64,
 }
 
 impl<'a> Layout<'a> {
@@ -80,7 +83,7 @@ impl<'a> Layout<'a> {
             }
             cells.push((s, c));
         }
-        Layout { view, series, cells, columns }
+        Layout { view, series, cells, columns, fingerprint: fingerprint(view) }
     }
 
     pub(super) fn agg(&self, i: usize) -> &Aggregation {

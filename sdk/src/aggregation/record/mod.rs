@@ -38,7 +38,7 @@ pub use layout::{CellKind, Layout};
 
 use super::Aggregation;
 use super::state::{EventOrder, Partial};
-use crate::encoding::{DecodeError, Reader, Value, fingerprint, order_bytes, write_value};
+use crate::encoding::{DecodeError, Reader, Value, order_bytes, write_value};
 use crate::types::DType;
 
 const FORMAT: u8 = 5;
@@ -74,7 +74,7 @@ pub struct Tile {
 pub struct AggRecord {
     /// The Delta version the record is complete as of.
     pub version: i64,
-    /// The view's [`fingerprint`] when written: a record of another layout is not used.
+    /// The view's [`crate::encoding::fingerprint`] when written: a record of another layout is not used.
     pub layout: u64,
     /// One per hop, in [`Layout`] order.
     pub series: Vec<TileSeries>,
@@ -96,7 +96,7 @@ impl AggRecord {
     /// The record of an entity without events: what a lookup assumes when none is stored.
     pub fn empty(layout: &Layout<'_>) -> AggRecord {
         let series = layout.series.iter().map(|(hop_us, _)| TileSeries { hop_us: *hop_us, tiles: Vec::new() }).collect();
-        AggRecord { version: -1, layout: fingerprint(layout.view), series, pending: Vec::new(), clock: i64::MIN }
+        AggRecord { version: -1, layout: layout.fingerprint, series, pending: Vec::new(), clock: i64::MIN }
     }
 
     /// The record of an entity's `events` (any order) for lookups at `now` or later:
@@ -122,7 +122,7 @@ impl AggRecord {
             series.push(TileSeries { hop_us: *hop, tiles: tiles.into_values().collect() });
         }
         let pending = events.iter().filter(|e| e.order.0 > now).cloned().collect();
-        AggRecord { version, layout: fingerprint(layout.view), series, pending, clock: now }
+        AggRecord { version, layout: layout.fingerprint, series, pending, clock: now }
     }
 
     /// Every aggregation's value at `now`, in the view's order, with the time of the
@@ -174,17 +174,25 @@ impl AggRecord {
             let n = series.tiles.len();
             put_len(&mut out, n);
             put_i64(&mut out, series.tiles.iter().map(|t| t.last_ts).max().unwrap_or(0));
-            // Suffix partials, from the newest tile back.
-            let mut suffixes: Vec<Vec<Partial>> = vec![Vec::new(); n];
-            let mut acc: Vec<Partial> = vec![Partial::default(); cells.len()];
-            for (k, tile) in series.tiles.iter().enumerate().rev() {
-                for ((a, p), (_, kind)) in acc.iter_mut().zip(&tile.partials).zip(cells) {
-                    let mut merged = p.clone();
-                    kind.merge(&mut merged, a);
-                    *a = merged;
-                }
-                suffixes[k] = acc.clone();
+            // Suffix partials: each tile merged with the next tile's suffix, from the
+            // newest tile back (the newest with an empty one).
+            let none = Partial::default();
+            let mut suffixes: Vec<Vec<Partial>> = Vec::with_capacity(n);
+            for tile in series.tiles.iter().rev() {
+                let merged = tile
+                    .partials
+                    .iter()
+                    .zip(cells)
+                    .enumerate()
+                    .map(|(c, (p, (_, kind)))| {
+                        let mut m = p.clone();
+                        kind.merge(&mut m, suffixes.last().map_or(&none, |later: &Vec<Partial>| &later[c]));
+                        m
+                    })
+                    .collect();
+                suffixes.push(merged);
             }
+            suffixes.reverse();
             // A latest list equal to the next tile's is not written again: a reference
             // (tag 1, then the list's position in the area) to the nearest newer tile's
             // written list (tag 0, then the list).
@@ -258,7 +266,7 @@ impl AggRecord {
         }
         let print = u64::from_le_bytes(r.array()?);
         let clock = get_i64(&mut r)?;
-        if print != fingerprint(layout.view) || r.len()? != layout.series.len() {
+        if print != layout.fingerprint || r.len()? != layout.series.len() {
             return Err(DecodeError("an aggregation record of another layout".into()));
         }
         let now = now.max(clock);
