@@ -29,6 +29,9 @@ pub struct Layout<'a> {
     pub series: Vec<(i64, Vec<(usize, CellKind)>)>,
     /// Per aggregation: its series and cell.
     pub cells: Vec<(usize, usize)>,
+    /// Per series: its aggregations, longest window first — in the order of their
+    /// tails at any `now` (a hop's multiples), so one pass of a series' tiles finds each.
+    pub by_tail: Vec<Vec<usize>>,
     /// Per aggregation: its column's position among the view's features and type.
     pub columns: Vec<(usize, DType)>,
     /// The view's [`fingerprint`], computed once: every record is stamped and checked
@@ -83,7 +86,14 @@ impl<'a> Layout<'a> {
             }
             cells.push((s, c));
         }
-        Layout { view, series, cells, columns, fingerprint: fingerprint(view) }
+        let mut by_tail: Vec<Vec<usize>> = vec![Vec::new(); series.len()];
+        for (i, &(s, _)) in cells.iter().enumerate() {
+            by_tail[s].push(i);
+        }
+        for members in &mut by_tail {
+            members.sort_by_key(|&i| std::cmp::Reverse(view.aggregations[i].window_us()));
+        }
+        Layout { view, series, cells, by_tail, columns, fingerprint: fingerprint(view) }
     }
 
     pub(super) fn agg(&self, i: usize) -> &Aggregation {

@@ -23,17 +23,19 @@
 //! A lookup reads the bytes without decoding the whole record. Every stored tile is at
 //! or before the writer's clock, so at any `now` after it a window holds a suffix of its
 //! series' tiles; each tile is therefore stored as the merge of itself and every later
-//! tile (its suffix partials), the tiles' start times and byte offsets come first, and a
-//! window is answered by a binary search of the starts and one tile's partials — the
-//! same cost for a window of 168 tiles as for one of 2. A suffix list of latest values
-//! equal to the next tile's is stored once and referred to.
+//! tile (its suffix partials), an index of the tiles' starts and sizes comes first, and a
+//! window is answered by one pass over the index (a byte or two a tile) and one tile's
+//! partials, whatever the window's length. A suffix list of latest values equal to the
+//! next tile's is stored once and referred to. Counts, sizes, hop steps and integers are
+//! varints and sums keep one float each (see `codec::put_cell`): a lookup's cost is
+//! mostly the bytes it moves, so a record is kept small.
 
 mod codec;
 mod layout;
 
 use std::collections::BTreeMap;
 
-use codec::{get_cell, get_i64, get_order, put_cell, put_i64, put_len, put_order, skip_cell};
+use codec::{get_cell, get_i64, get_order, get_size, get_var, get_zig, put_cell, put_i64, put_order, put_var, put_zig, skip_cell};
 pub use layout::{CellKind, Layout};
 
 use super::Aggregation;
@@ -41,7 +43,7 @@ use super::state::{EventOrder, Partial};
 use crate::encoding::{DecodeError, Reader, Value, order_bytes, write_value};
 use crate::types::DType;
 
-const FORMAT: u8 = 5;
+const FORMAT: u8 = 6;
 
 /// One event of an event log: its order and one value per view feature (in the
 /// view's order; null for a column it lacks).
@@ -160,8 +162,8 @@ impl AggRecord {
         Some(latest.saturating_add(layout.reach_us()).div_euclid(1000).saturating_add(1).max(1))
     }
 
-    /// Packs the record: per series the tile count, the latest event time, the tiles'
-    /// starts and byte offsets, then each tile's suffix partials, one per cell.
+    /// Packs the record: per series the tile count, the latest event time, the index
+    /// (tile starts in hops and sizes), then each tile's suffix partials, one per cell.
     pub fn encode(&self, layout: &Layout<'_>) -> Vec<u8> {
         let mut out = Vec::with_capacity(64);
         out.extend_from_slice(&order_bytes(self.version));
@@ -169,10 +171,10 @@ impl AggRecord {
         out.push(FORMAT);
         out.extend_from_slice(&self.layout.to_le_bytes());
         put_i64(&mut out, self.clock);
-        put_len(&mut out, self.series.len());
-        for ((_, cells), series) in layout.series.iter().zip(&self.series) {
+        put_var(&mut out, self.series.len() as u64);
+        for ((hop, cells), series) in layout.series.iter().zip(&self.series) {
             let n = series.tiles.len();
-            put_len(&mut out, n);
+            put_var(&mut out, n as u64);
             put_i64(&mut out, series.tiles.iter().map(|t| t.last_ts).max().unwrap_or(0));
             // Suffix partials: each tile merged with the next tile's suffix, from the
             // newest tile back (the newest with an empty one).
@@ -193,57 +195,61 @@ impl AggRecord {
                 suffixes.push(merged);
             }
             suffixes.reverse();
-            // A latest list equal to the next tile's is not written again: a reference
-            // (tag 1, then the list's position in the area) to the nearest newer tile's
-            // written list (tag 0, then the list).
+            // Tiles are written from the newest back, so that a latest list equal to
+            // the next tile's is not written again: a reference (tag 1, then how far past
+            // the end of its own tile the list is) to the nearest newer tile's written
+            // list (tag 0, then the list).
             let mut tile_bytes: Vec<Vec<u8>> = Vec::with_capacity(n);
-            let mut inline_at: Vec<Vec<Option<usize>>> = Vec::with_capacity(n);
-            let mut references: Vec<(usize, usize, usize)> = Vec::new(); // (tile, byte, cell)
-            for k in 0..n {
+            let mut written: Vec<Option<usize>> = vec![None; cells.len()]; // bytes from the area's end
+            let mut after = 0; // bytes of the tiles newer than this one
+            for k in (0..n).rev() {
                 let mut bytes = Vec::new();
-                let mut inline = vec![None; cells.len()];
+                let mut inline = Vec::new();
                 for (c, (_, kind)) in cells.iter().enumerate() {
                     let p = &suffixes[k][c];
                     if let CellKind::Latest { .. } = kind {
                         if k + 1 < n && suffixes[k + 1][c].latest == p.latest {
+                            let from_end = written[c].expect("the newest list is written");
                             bytes.push(1);
-                            references.push((k, bytes.len(), c));
-                            put_len(&mut bytes, 0);
+                            put_var(&mut bytes, (after - from_end) as u64);
                             continue;
                         }
                         bytes.push(0);
-                        inline[c] = Some(bytes.len());
+                        inline.push((c, bytes.len()));
                     }
                     put_cell(&mut bytes, kind, p);
                 }
+                after += bytes.len();
+                for (c, at) in inline {
+                    written[c] = Some(after - at);
+                }
                 tile_bytes.push(bytes);
-                inline_at.push(inline);
             }
-            let mut offsets = Vec::with_capacity(n);
-            let mut size = 0;
-            for bytes in &tile_bytes {
-                offsets.push(size);
-                size += bytes.len();
+            tile_bytes.reverse();
+            // The index (after its length in bytes, so a lookup can stop early): the
+            // first tile's start in hops, then each tile's distance in hops from the one
+            // before and its size in bytes.
+            let mut index = Vec::with_capacity(2 * n + 4);
+            for (k, (t, bytes)) in series.tiles.iter().zip(&tile_bytes).enumerate() {
+                let hops = t.start.div_euclid(*hop);
+                if k == 0 {
+                    put_zig(&mut index, hops);
+                } else {
+                    put_var(&mut index, (hops - series.tiles[k - 1].start.div_euclid(*hop)) as u64);
+                }
+                put_var(&mut index, bytes.len() as u64);
             }
-            for (k, at, c) in references {
-                let target = (k + 1..n).find_map(|j| inline_at[j][c].map(|rel| offsets[j] + rel)).expect("the newest list is written");
-                tile_bytes[k][at..at + 4].copy_from_slice(&(target as u32).to_le_bytes());
-            }
-            for t in &series.tiles {
-                put_i64(&mut out, t.start);
-            }
-            for &o in &offsets {
-                put_len(&mut out, o);
-            }
-            put_len(&mut out, size);
+            put_var(&mut out, index.len() as u64);
+            out.extend_from_slice(&index);
+            put_var(&mut out, after as u64);
             for bytes in tile_bytes {
                 out.extend_from_slice(&bytes);
             }
         }
-        put_len(&mut out, self.pending.len());
+        put_var(&mut out, self.pending.len() as u64);
         for e in &self.pending {
             put_order(&mut out, e.order);
-            put_len(&mut out, e.values.len());
+            put_var(&mut out, e.values.len() as u64);
             for v in &e.values {
                 write_value(&mut out, v);
             }
@@ -252,8 +258,9 @@ impl AggRecord {
     }
 
     /// Every aggregation's value at `now` (at or after the writer's clock) from a
-    /// record's bytes, as [`AggRecord::answer`] of the record: per window one binary
-    /// search and one tile's cell, plus the pending events that are due.
+    /// record's bytes, as [`AggRecord::answer`] of the record (floats to a rounding or
+    /// two): per window one tile's cell found in one pass over the series' index, plus
+    /// the pending events that are due.
     ///
     /// # Errors
     /// [`DecodeError`] for bytes that are not such a record, or a record of another
@@ -266,59 +273,78 @@ impl AggRecord {
         }
         let print = u64::from_le_bytes(r.array()?);
         let clock = get_i64(&mut r)?;
-        if print != layout.fingerprint || r.len()? != layout.series.len() {
+        if print != layout.fingerprint || get_size(&mut r)? != layout.series.len() {
             return Err(DecodeError("an aggregation record of another layout".into()));
         }
         let now = now.max(clock);
         let mut partials: Vec<(Partial, Option<i64>)> = vec![(Partial::default(), None); layout.view.aggregations.len()];
-        for (s, (_, cells)) in layout.series.iter().enumerate() {
-            let n = r.len()?;
+        let past = || DecodeError("a tile past the record".into());
+        for (s, (hop, cells)) in layout.series.iter().enumerate() {
+            let n = get_size(&mut r)?;
             let latest = get_i64(&mut r)?;
-            let starts = r.take(n.checked_mul(8).ok_or_else(|| DecodeError("too many tiles".into()))?)?;
-            let offsets = r.take(n * 4)?;
-            let size = r.len()?;
-            let area = r.take(size)?;
-            let start = |k: usize| i64::from_le_bytes(starts[k * 8..k * 8 + 8].try_into().expect("8 bytes"));
-            let offset = |k: usize| u32::from_le_bytes(offsets[k * 4..k * 4 + 4].try_into().expect("4 bytes")) as usize;
-            let at = |pos: usize| area.get(pos..).map(Reader::new).ok_or_else(|| DecodeError(format!("offset {pos} past the record")));
-            for (i, &(si, c)) in layout.cells.iter().enumerate() {
-                if si != s {
-                    continue;
-                }
-                let tail = layout.agg(i).tail(now);
-                // The first tile at or after the tail (starts ascend).
-                let (mut lo, mut hi) = (0, n);
-                while lo < hi {
-                    let mid = (lo + hi) / 2;
-                    if start(mid) < tail {
-                        lo = mid + 1;
-                    } else {
-                        hi = mid;
-                    }
-                }
-                if lo == n {
-                    continue;
-                }
-                let mut tile = at(offset(lo))?;
+            let len = get_size(&mut r)?;
+            let mut index = Reader::new(r.take(len)?);
+            let len = get_size(&mut r)?;
+            let area = r.take(len)?;
+            let at = |pos: usize| area.get(pos..).map(Reader::new).ok_or_else(past);
+            // Aggregation `i`'s cell in the tile at `offset` (`size` bytes long).
+            let cell = |i: usize, offset: usize, size: usize| -> Result<Partial, DecodeError> {
+                let c = layout.cells[i].1;
+                let mut tile = at(offset)?;
                 for (_, kind) in &cells[..c] {
                     skip_cell(&mut tile, kind)?;
                 }
                 let kind = &cells[c].1;
-                let partial = match kind {
+                match kind {
                     CellKind::Latest { .. } => match tile.take(1)?[0] {
-                        0 => get_cell(&mut tile, kind)?,
-                        1 => get_cell(&mut at(tile.len()?)?, kind)?,
-                        t => return Err(DecodeError(format!("unknown latest tag {t}"))),
+                        0 => get_cell(&mut tile, kind),
+                        1 => {
+                            let ahead = get_size(&mut tile)?;
+                            get_cell(&mut at(offset.checked_add(size).and_then(|end| end.checked_add(ahead)).ok_or_else(past)?)?, kind)
+                        }
+                        t => Err(DecodeError(format!("unknown latest tag {t}"))),
                     },
-                    _ => get_cell(&mut tile, kind)?,
+                    _ => get_cell(&mut tile, kind),
+                }
+            };
+            // One pass of the index (the first tile's start in hops, then per tile the
+            // step in hops and the size) answers the series' aggregations in the order
+            // of their tails, each from the first tile at or after its tail, and stops
+            // once all are answered.
+            let members = &layout.by_tail[s];
+            let tail = |next: usize| members.get(next).map(|&i| layout.agg(i).tail(now));
+            let (mut hops, mut offset, mut next) = (0i64, 0usize, 0usize);
+            let mut want = tail(0);
+            for k in 0..n {
+                let Some(mut t) = want else {
+                    break;
                 };
-                partials[i] = (partial, Some(latest));
+                hops = if k == 0 {
+                    get_zig(&mut index)?
+                } else {
+                    let step = i64::try_from(get_var(&mut index)?).map_err(|_| past())?;
+                    hops.checked_add(step).ok_or_else(past)?
+                };
+                let start = hops.checked_mul(*hop).ok_or_else(past)?;
+                let size = get_size(&mut index)?;
+                while start >= t {
+                    let i = members[next];
+                    partials[i] = (cell(i, offset, size)?, Some(latest));
+                    next += 1;
+                    want = tail(next);
+                    match want {
+                        Some(w) => t = w,
+                        None => break,
+                    }
+                }
+                offset = offset.checked_add(size).ok_or_else(past)?;
             }
         }
-        let n = r.len()?;
+        let n = get_size(&mut r)?;
         for _ in 0..n {
             let order = get_order(&mut r)?;
-            let values = r.list(Reader::value)?;
+            let count = get_size(&mut r)?;
+            let values = (0..count).map(|_| r.value()).collect::<Result<Vec<_>, _>>()?;
             if values.len() != layout.view.features.len() {
                 return Err(DecodeError("a pending event of another layout".into()));
             }
@@ -380,6 +406,20 @@ mod tests {
         assert_eq!(layout.series[s].1[c].1, CellKind::Latest { k: 2 });
     }
 
+    /// Equal answers, floats to 1e-12 relative (a stored sum is rounded once).
+    fn assert_close(got: &[(Value, Option<i64>)], want: &[(Value, Option<i64>)], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (g, w) in got.iter().zip(want) {
+            match (&g.0, &w.0) {
+                (Value::Float64(a), Value::Float64(b)) => {
+                    assert!(a == b || (a - b).abs() <= 1e-12 * b.abs().max(1e-300) || (a.is_nan() && b.is_nan()), "{what}: {a} vs {b}")
+                }
+                _ => assert_eq!(g, w, "{what}"),
+            }
+            assert_eq!(g.1, w.1, "{what}: the latest event's time");
+        }
+    }
+
     #[test]
     fn records_round_trip_and_answer_like_a_scan() {
         let v = view();
@@ -397,7 +437,7 @@ mod tests {
         let bytes = record.encode(&layout);
         for at in [now, now + 3 * m, now + 61 * m, now + 3 * 86_400 * m / 1440, now + 8 * 86_400 * 1_000_000] {
             let answer = record.answer(&layout, at);
-            assert_eq!(AggRecord::answer_stored(&layout, &bytes, at).unwrap(), answer, "the stored answer at {at}");
+            assert_close(&AggRecord::answer_stored(&layout, &bytes, at).unwrap(), &answer, &format!("the stored answer at {at}"));
             for (i, agg) in v.aggregations.iter().enumerate() {
                 let mut p = Partial::default();
                 let mut last = None;
@@ -411,10 +451,41 @@ mod tests {
         }
         // Before the writer's clock: answered as of the clock, by both.
         let early = now - 90 * m;
-        assert_eq!(AggRecord::answer_stored(&layout, &bytes, early).unwrap(), record.answer(&layout, now), "a lookup before the clock");
+        assert_close(&AggRecord::answer_stored(&layout, &bytes, early).unwrap(), &record.answer(&layout, now), "a lookup before the clock");
         assert_eq!(record.answer(&layout, early), record.answer(&layout, now));
         for cut in [0, 10, 17, bytes.len() / 2, bytes.len() - 1] {
             assert!(AggRecord::answer_stored(&layout, &bytes[..cut], now).is_err(), "truncated at {cut}");
+        }
+    }
+
+    #[test]
+    fn overflowing_sums_and_negative_integers_survive_the_compact_cells() {
+        let mut v = FeatureView::new("t").with_entity("e").with_feature("x", DType::Float64).with_feature("i", DType::Int64);
+        let w = Ttl::from_secs(3600);
+        v.aggregations = vec![
+            Aggregation::new("x_sum", AggFunction::Sum, "x", w),
+            Aggregation::new("x_std", AggFunction::Stddev, "x", w),
+            Aggregation::new("i_sum", AggFunction::Sum, "i", w),
+            Aggregation::new("i_avg", AggFunction::Avg, "i", w),
+            Aggregation::new("i_min", AggFunction::Min, "i", w),
+        ];
+        let layout = Layout::of(&v);
+        let m = 60_000_000i64;
+        for big in [1e308, 3.5] {
+            // (1e308: the sums overflow, and the record keeps them as they are.)
+            let events: Vec<Event> = (0..20)
+                .map(|j| Event { order: (j * 3 * m, 0, j), values: vec![Value::Float64(big * (j % 3) as f64), Value::Int64(-(1 << 60) + j * 977)] })
+                .collect();
+            let record = AggRecord::build(&layout, &events, 61 * m, 1);
+            let bytes = record.encode(&layout);
+            for at in [61 * m, 70 * m, 100 * m] {
+                let want = record.answer(&layout, at);
+                if big > 1e300 {
+                    assert_eq!(want[0].0, Value::Float64(f64::INFINITY), "the fare sum overflows");
+                }
+                assert!(matches!(want[4].0, Value::Int64(x) if x < -(1 << 59)), "{:?}", want[4]);
+                assert_close(&AggRecord::answer_stored(&layout, &bytes, at).unwrap(), &want, &format!("{big} at {at}"));
+            }
         }
     }
 
