@@ -69,7 +69,14 @@ fn main() -> ExitCode {
         keep_freed_memory();
     }
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("QUIVER_LOG").unwrap_or_else(|_| "warn".into()))
+        // deltalake warns when a commit loses a race to another writer; Quiver's commit
+        // loop starts over on the new snapshot then, so that is not the user's concern.
+        // Delta's kernel logs every failed read (an unreachable object store, a missing
+        // checkpoint hint) that it also returns: Quiver reports it on its one error line.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("QUIVER_LOG")
+                .unwrap_or_else(|_| "warn,deltalake_core::kernel::transaction=error,buoyant_kernel=off".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let ctx = cli::Ctx { repo: args.repo };

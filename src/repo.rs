@@ -64,7 +64,7 @@ pub fn table_identity(location: &quiver_sdk::config::StoreLocation) -> String {
     use quiver_sdk::config::StoreLocation;
     match location {
         StoreLocation::Local(path) => local_identity(path),
-        StoreLocation::Uri(uri) => match uri.strip_prefix("file://") {
+        StoreLocation::Uri(uri, _) => match uri.strip_prefix("file://") {
             Some(path) => local_identity(Path::new(path)),
             None => {
                 let (scheme, rest) = uri.split_once("://").unwrap_or(("", uri));

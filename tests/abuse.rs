@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{fails, ok, quiver, request};
+use common::{fails, ok, quiver, request, unique};
 
 const HOUR_US: i64 = 3_600_000_000;
 
@@ -44,11 +44,6 @@ fn now_us() -> i64 {
 
 fn rfc3339(us: i64) -> String {
     quiver::sdk::rows::format_instant(us)
-}
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("{name}{}x{nanos}", std::process::id())
 }
 
 /// A repository with [`FEATURES`] applied; `online` is the `online_store:` mapping and

@@ -28,6 +28,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 
 mod common;
 
+use common::unique;
+
 const BASE_TS: i64 = 1_735_689_600_000_000; // 2025-01-01T00:00:00Z
 const DRIVERS: i64 = 40;
 const WAIT: Duration = Duration::from_secs(150);
@@ -58,11 +60,6 @@ struct Setup {
     redis: String,
 }
 
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("{name}{}x{nanos}", std::process::id())
-}
-
 async fn setup(name: &str, brokers: &str, redis: &str, partitions: i32) -> Setup {
     setup_with(name, brokers, redis, partitions, "").await
 }
@@ -84,6 +81,11 @@ const TRIP_LOG: &str = r#"  - name: trip_log
 "#;
 
 async fn setup_with(name: &str, brokers: &str, redis: &str, partitions: i32, extra_views: &str) -> Setup {
+    setup_in(name, brokers, redis, partitions, extra_views, "offline_store:\n  path: data\n").await
+}
+
+/// As [`setup_with`], the tables where `offline` (a quiver.yaml section) puts them.
+async fn setup_in(name: &str, brokers: &str, redis: &str, partitions: i32, extra_views: &str, offline: &str) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("repo");
     std::fs::create_dir_all(&dir).unwrap();
@@ -92,7 +94,7 @@ async fn setup_with(name: &str, brokers: &str, redis: &str, partitions: i32, ext
     std::fs::write(
         dir.join("quiver.yaml"),
         format!(
-            "project: {project}\nregistry: registry.json\noffline_store:\n  path: data\nonline_store:\n  type: redis\n  url: {redis}\nkafka:\n  brokers: {brokers}\n"
+            "project: {project}\nregistry: registry.json\n{offline}online_store:\n  type: redis\n  url: {redis}\nkafka:\n  brokers: {brokers}\n"
         ),
     )
     .unwrap();
@@ -439,6 +441,32 @@ async fn stream_is_exactly_once_across_crashes() {
     assert!(status.success());
     assert_exactly_once(&s, 0..3000).await;
     assert_online(&s, 0..3000).await;
+}
+
+/// The stream on Delta tables in an object store (SPEC §12): a crash between the Delta
+/// commit and the offset commit replays a batch the S3 table already holds, and every
+/// message still lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_on_s3_tables_is_exactly_once_across_a_crash() {
+    let test = "stream_on_s3_tables_is_exactly_once_across_a_crash";
+    let Some((brokers, redis)) = services(test) else { return };
+    let Some(offline) = common::s3_offline_store(test, &unique("stream")) else { return };
+    let s = setup_in("s3crash", &brokers, &redis, 2, "", &offline).await;
+    assert!(!s.dir.join("data").exists());
+    produce(&s, 0..1000, 2).await;
+    let mut a = start(&s, "a", &[("QUIVER_STREAM_ABORT_AFTER_DELTA", "3")]);
+    let status = wait_exit(&mut a.child, WAIT);
+    assert!(!status.success(), "the hook aborts the process");
+    assert!(a.log().contains("aborting before the offset commit"), "{}", a.log());
+    let (before, _) = delta_rows(&s).await;
+    assert!(before > 0 && before < expected_rows(0..1000).len(), "aborted mid-stream with {before} rows");
+    let b = start(&s, "b", &[]);
+    wait_for_rows(&s, expected_rows(0..1000).len(), &[&b]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, _) = b.stop();
+    assert!(status.success());
+    assert_exactly_once(&s, 0..1000).await;
+    assert_online(&s, 0..1000).await;
 }
 
 /// The event log's online answers at `now` for every driver: each good message of

@@ -1,5 +1,8 @@
 //! Opening the views' Delta tables, local or at an object-store URI.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use deltalake::{DeltaTable, DeltaTableError};
 use quiver_sdk::config::{Config, StoreLocation};
 use quiver_sdk::{DataProbe, FeatureView};
@@ -18,7 +21,114 @@ pub fn table_url(location: &StoreLocation) -> Result<Url> {
             let abs = std::path::absolute(path).map_err(|e| bad(e.to_string()))?;
             Url::from_directory_path(&abs).map_err(|()| bad("not an absolute path".to_string()))
         }
-        StoreLocation::Uri(uri) => Url::parse(uri).map_err(|e| bad(e.to_string())),
+        StoreLocation::Uri(uri, _) => Url::parse(uri).map_err(|e| bad(e.to_string())),
+    }
+}
+
+/// The storage options deltalake opens a location with (none for a local folder).
+fn options(location: &StoreLocation) -> HashMap<String, String> {
+    match location {
+        StoreLocation::Local(_) => HashMap::new(),
+        StoreLocation::Uri(_, options) => options.to_map(),
+    }
+}
+
+/// The URL schemes of the object stores compiled in (object_store's `aws`, `gcp` and
+/// `azure`), beside deltalake's own `file://` and `memory://`.
+const CLOUD_SCHEMES: &[&str] = &["s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss"];
+
+/// Registers the object stores with deltalake, once per process: deltalake without its
+/// `s3`/`gcs`/`azure` features knows only local files. Commits go through deltalake's
+/// default log store, which writes each log entry with a conditional put
+/// (`If-None-Match: *` on S3): of two writers racing for a version one wins, the other
+/// gets "version already exists" and its append starts over on the new snapshot
+/// (`ingest`'s commit loop). No DynamoDB lock table is needed on stores that honour
+/// conditional puts (S3 since 2024, MinIO, moto, GCS, Azure).
+fn register_object_stores() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let stores = deltalake::logstore::object_store_factories();
+        let logs = deltalake::logstore::logstore_factories();
+        for scheme in CLOUD_SCHEMES {
+            let url = Url::parse(&format!("{scheme}://")).expect("a scheme URL");
+            stores.insert(url.clone(), Arc::new(CloudStores));
+            logs.insert(url, Arc::new(CloudStores));
+        }
+    });
+}
+
+/// object_store's S3, GCS and Azure clients for deltalake.
+struct CloudStores;
+
+impl deltalake::logstore::ObjectStoreFactory for CloudStores {
+    fn parse_url_opts(
+        &self,
+        url: &Url,
+        config: &deltalake::logstore::StorageConfig,
+    ) -> deltalake::DeltaResult<(deltalake::logstore::ObjectStoreRef, object_store::path::Path)> {
+        // Options deltalake took for itself (retries, limits, its IO runtime) are not the
+        // client's; every other one must be, or it is a typo worth an error.
+        let ours = |key: &str| !config.unknown_properties.contains_key(key);
+        let unknown = |key: &str| {
+            DeltaTableError::Generic(format!(
+                "offline_store.storage_options: `{key}` is not a setting of the {} object store",
+                url.scheme()
+            ))
+        };
+        let mut options: Vec<(&String, &String)> = config.raw.iter().collect();
+        options.sort();
+        let store: deltalake::logstore::ObjectStoreRef = match url.scheme() {
+            "s3" | "s3a" => {
+                use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+                let mut b = AmazonS3Builder::from_env().with_url(url.as_str());
+                for (k, v) in options {
+                    match k.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
+                        Ok(key) => b = b.with_config(key, v),
+                        Err(_) if ours(k) => {}
+                        Err(_) => return Err(unknown(k)),
+                    }
+                }
+                Arc::new(b.build()?)
+            }
+            "gs" => {
+                use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+                let mut b = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
+                for (k, v) in options {
+                    match k.to_ascii_lowercase().parse::<GoogleConfigKey>() {
+                        Ok(key) => b = b.with_config(key, v),
+                        Err(_) if ours(k) => {}
+                        Err(_) => return Err(unknown(k)),
+                    }
+                }
+                Arc::new(b.build()?)
+            }
+            _ => {
+                use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+                let mut b = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
+                for (k, v) in options {
+                    match k.to_ascii_lowercase().parse::<AzureConfigKey>() {
+                        Ok(key) => b = b.with_config(key, v),
+                        Err(_) if ours(k) => {}
+                        Err(_) => return Err(unknown(k)),
+                    }
+                }
+                Arc::new(b.build()?)
+            }
+        };
+        let path = object_store::path::Path::from_url_path(url.path())?;
+        Ok((store, path))
+    }
+}
+
+impl deltalake::logstore::LogStoreFactory for CloudStores {
+    fn with_options(
+        &self,
+        prefixed_store: deltalake::logstore::ObjectStoreRef,
+        root_store: deltalake::logstore::ObjectStoreRef,
+        location: &Url,
+        options: &deltalake::logstore::StorageConfig,
+    ) -> deltalake::DeltaResult<Arc<dyn deltalake::logstore::LogStore>> {
+        Ok(deltalake::logstore::default_logstore(prefixed_store, root_store, location, options))
     }
 }
 
@@ -33,12 +143,25 @@ pub async fn open_table(location: &StoreLocation) -> Result<Option<DeltaTable>> 
     {
         return Ok(None);
     }
+    register_object_stores();
     let url = table_url(location)?;
-    match deltalake::open_table(url).await {
+    match deltalake::open_table_with_storage_options(url, options(location)).await {
         Ok(table) => Ok(Some(table)),
         Err(DeltaTableError::NotATable(_)) => Ok(None),
         Err(source) => Err(Error::delta(location, source)),
     }
+}
+
+/// The object store a table location lives in, as deltalake reaches it (prefixed to
+/// the location): what the table's files and log entries are read and written through.
+///
+/// # Errors
+/// [`Error::Location`] for a location that is not a valid URL, [`Error::Delta`] for one
+/// no compiled-in store serves or options it refuses.
+pub fn object_store(location: &StoreLocation) -> Result<Arc<dyn object_store::ObjectStore>> {
+    register_object_stores();
+    let url = table_url(location)?;
+    deltalake::logstore::store_for(&url, options(location)).map_err(|e| Error::delta(location, e))
 }
 
 /// Whether the table at `location` exists and holds at least one data file.
@@ -94,7 +217,7 @@ pub async fn ensure_table(location: &StoreLocation, schema: &arrow::datatypes::S
     let url = table_url(location)?;
     // Build without loading: there is no log yet, and loading would only log an error.
     deltalake::DeltaTableBuilder::from_url(url)
-        .and_then(|b| b.build())
+        .and_then(|b| b.with_storage_options(options(location)).build())
         .map_err(|e| Error::delta(location, e))?
         .create()
         .with_table_name(name)

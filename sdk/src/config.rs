@@ -57,6 +57,7 @@ struct RawServingLog {
 #[serde(deny_unknown_fields)]
 struct RawOffline {
     path: Option<String>,
+    storage_options: Option<Mapping>,
 }
 
 #[derive(Deserialize, Default)]
@@ -90,8 +91,35 @@ struct RawServer {
 pub enum StoreLocation {
     /// A local folder (absolute; relative paths are taken from the repository).
     Local(PathBuf),
-    /// An object-store URI such as `s3://bucket/prefix`.
-    Uri(String),
+    /// An object-store URI such as `s3://bucket/prefix`, with the options that reach it.
+    Uri(String, StorageOptions),
+}
+
+/// `offline_store.storage_options`: settings for the object store of every `s3://`
+/// (`gs://`, `az://`, ...) table, passed to deltalake and object_store unchanged
+/// (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, ...). Shown by key only: values
+/// may be secrets.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StorageOptions(std::sync::Arc<std::collections::BTreeMap<String, String>>);
+
+impl StorageOptions {
+    pub fn new(options: impl IntoIterator<Item = (String, String)>) -> StorageOptions {
+        StorageOptions(std::sync::Arc::new(options.into_iter().collect()))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.0.iter()
+    }
+
+    pub fn to_map(&self) -> std::collections::HashMap<String, String> {
+        self.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+}
+
+impl std::fmt::Debug for StorageOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
 }
 
 impl StoreLocation {
@@ -99,12 +127,14 @@ impl StoreLocation {
     pub fn join(&self, name: &str) -> StoreLocation {
         match self {
             StoreLocation::Local(p) => StoreLocation::Local(p.join(name)),
-            StoreLocation::Uri(u) => StoreLocation::Uri(format!("{}/{name}", u.trim_end_matches('/'))),
+            StoreLocation::Uri(u, o) => StoreLocation::Uri(format!("{}/{name}", u.trim_end_matches('/')), o.clone()),
         }
     }
 
-    fn parse(repo: &Path, text: &str) -> StoreLocation {
-        if text.contains("://") { StoreLocation::Uri(text.to_string()) } else { StoreLocation::Local(repo.join(text)) }
+    /// A folder (relative ones taken from `repo`) or, with a `scheme://`, an object-store
+    /// URI reached with `options`.
+    pub fn parse(repo: &Path, text: &str, options: &StorageOptions) -> StoreLocation {
+        if text.contains("://") { StoreLocation::Uri(text.to_string(), options.clone()) } else { StoreLocation::Local(repo.join(text)) }
     }
 }
 
@@ -112,7 +142,7 @@ impl std::fmt::Display for StoreLocation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreLocation::Local(p) => write!(f, "{}", p.display()),
-            StoreLocation::Uri(u) => f.write_str(u),
+            StoreLocation::Uri(u, _) => f.write_str(u),
         }
     }
 }
@@ -187,6 +217,9 @@ pub struct Config {
     /// Absolute path of the registry file.
     pub registry_path: PathBuf,
     pub offline_root: StoreLocation,
+    /// `offline_store.storage_options`, for every object-store location (the root, a
+    /// view's own `source.path`, the serving log's).
+    pub storage_options: StorageOptions,
     pub online_store: OnlineStoreConfig,
     pub kafka_brokers: String,
     pub server: ServerConfig,
@@ -271,7 +304,7 @@ impl Config {
     /// taken from the repository), else `<offline root>/<view>`.
     pub fn view_table(&self, view: &crate::FeatureView) -> StoreLocation {
         match &view.source.path {
-            Some(p) => StoreLocation::parse(&self.repo, p),
+            Some(p) => StoreLocation::parse(&self.repo, p, &self.storage_options),
             None => self.offline_root.join(&view.name),
         }
     }
@@ -322,7 +355,18 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
         return Err(format!("project `{project}`: expected letters, digits, `_` or `-` (it is part of every online key)"));
     }
     let registry_path = repo.join(raw.registry.as_deref().unwrap_or(DEFAULT_REGISTRY));
-    let offline_root = StoreLocation::parse(repo, raw.offline_store.path.as_deref().unwrap_or(DEFAULT_OFFLINE_PATH));
+    let mut storage_options = Vec::new();
+    for (key, value) in raw.offline_store.storage_options.iter().flatten() {
+        let Some(key) = key.as_str().filter(|k| !k.trim().is_empty()) else {
+            return Err(format!("offline_store.storage_options: key {key:?}: expected a setting name such as AWS_REGION"));
+        };
+        if !matches!(value, Value::String(_) | Value::Bool(_) | Value::Number(_)) {
+            return Err(format!("offline_store.storage_options.{key}: expected a string"));
+        }
+        storage_options.push((key.to_string(), scalar_text(value)));
+    }
+    let storage_options = StorageOptions::new(storage_options);
+    let offline_root = StoreLocation::parse(repo, raw.offline_store.path.as_deref().unwrap_or(DEFAULT_OFFLINE_PATH), &storage_options);
     let online = raw.online_store;
     let online_store = match online.kind.as_deref().unwrap_or("embedded") {
         "embedded" => OnlineStoreConfig::Embedded { path: repo.join(online.path.as_deref().unwrap_or(DEFAULT_ONLINE_PATH)) },
@@ -356,7 +400,7 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
             text.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| format!("server.port `{text}`: expected a port number 1-65535"))?
         }
     };
-    let serving_log = serving_log(repo, &offline_root, raw.serving_log)?;
+    let serving_log = serving_log(repo, &offline_root, &storage_options, raw.serving_log)?;
     let duration = |name: &str, v: Option<&Value>, default: u64, allow_zero: bool| -> std::result::Result<std::time::Duration, String> {
         let Some(text) = v.map(scalar_text) else {
             return Ok(std::time::Duration::from_secs(default));
@@ -389,6 +433,7 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
         project,
         registry_path,
         offline_root,
+        storage_options,
         online_store,
         kafka_brokers,
         server,
@@ -408,7 +453,12 @@ fn scalar_text(v: &Value) -> String {
     }
 }
 
-fn serving_log(repo: &Path, offline_root: &StoreLocation, raw: RawServingLog) -> std::result::Result<ServingLogConfig, String> {
+fn serving_log(
+    repo: &Path,
+    offline_root: &StoreLocation,
+    options: &StorageOptions,
+    raw: RawServingLog,
+) -> std::result::Result<ServingLogConfig, String> {
     let enabled = match raw.enabled.as_ref().map(scalar_text) {
         None => false,
         Some(t) => match t.to_ascii_lowercase().as_str() {
@@ -418,7 +468,7 @@ fn serving_log(repo: &Path, offline_root: &StoreLocation, raw: RawServingLog) ->
         },
     };
     let location = match raw.path {
-        Some(p) if !p.trim().is_empty() => StoreLocation::parse(repo, &p),
+        Some(p) if !p.trim().is_empty() => StoreLocation::parse(repo, &p, options),
         Some(_) => return Err("serving_log.path: empty (expected a folder or object-store URI)".to_string()),
         None => offline_root.join(DEFAULT_SERVING_LOG_TABLE),
     };
@@ -483,7 +533,7 @@ mod tests {
         assert_eq!(c.online_store, OnlineStoreConfig::Redis { url: "redis://127.0.0.1:7777/1".into() });
         assert_eq!(c.server.host, "0.0.0.0");
         assert_eq!(c.server.port, 7000, "file value kept where env is silent");
-        assert_eq!(c.offline_root, StoreLocation::Uri("s3://bucket/tables".into()));
+        assert_eq!(c.offline_root, StoreLocation::Uri("s3://bucket/tables".into(), StorageOptions::default()));
         let c = parse(text, &[("QUIVER_SERVER_PORT", "7100"), ("QUIVER_PROJECT", "2024"), ("QUIVER_SERVER_AUTH_TOKEN", "123456")]).unwrap();
         assert_eq!(c.server.port, 7100);
         assert_eq!(c.project, "2024");
@@ -536,6 +586,23 @@ mod tests {
         assert_eq!(c.server.auth_token.as_deref(), Some("other"));
         let c = parse("project: demo\n", &[("QUIVER_SERVER_AUTH_TOKEN", "other")]).unwrap();
         assert!(!c.server.auth_token_in_file);
+    }
+
+    #[test]
+    fn storage_options_reach_every_object_store_location_and_hide_their_values() {
+        let text = "project: demo\noffline_store:\n  path: s3://lake/features\n  storage_options:\n    AWS_REGION: us-east-1\n    AWS_ALLOW_HTTP: true\n    AWS_SECRET_ACCESS_KEY: hush\nserving_log: {enabled: true}\n";
+        let c = parse(text, &[]).unwrap();
+        let StoreLocation::Uri(root, options) = &c.offline_root else { panic!("{:?}", c.offline_root) };
+        assert_eq!(root, "s3://lake/features");
+        let got: Vec<(&str, &str)> = options.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(got, [("AWS_ALLOW_HTTP", "true"), ("AWS_REGION", "us-east-1"), ("AWS_SECRET_ACCESS_KEY", "hush")]);
+        assert_eq!(c.serving_log.location, StoreLocation::Uri("s3://lake/features/_serving_log".into(), options.clone()));
+        let mut view = crate::FeatureView::new("v");
+        view.source.path = Some("s3://other/v".into());
+        assert_eq!(c.view_table(&view), StoreLocation::Uri("s3://other/v".into(), options.clone()));
+        assert!(!format!("{c:?}").contains("hush"), "a secret in Debug output");
+        let err = parse("project: demo\noffline_store: {storage_options: {AWS_REGION: [a]}}\n", &[]).unwrap_err().to_string();
+        assert!(err.contains("offline_store.storage_options.AWS_REGION: expected a string"), "{err}");
     }
 
     #[test]

@@ -42,7 +42,7 @@ mod validate;
 pub mod yaml;
 
 pub use aggregation::{AggFunction, Aggregation};
-pub use config::{Config, OnlineStoreConfig, StoreLocation};
+pub use config::{Config, OnlineStoreConfig, StorageOptions, StoreLocation};
 pub use definitions::{
     Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source, StreamFormat, StreamSource, Unknown, known,
 };

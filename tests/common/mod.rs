@@ -127,3 +127,32 @@ pub fn redis_url(test: &str) -> Option<String> {
         }
     }
 }
+
+/// The S3-compatible server for end-to-end tests (`QUIVER_TEST_S3_ENDPOINT`, its bucket
+/// `QUIVER_TEST_S3_BUCKET`): the `offline_store` section of a quiver.yaml with its tables
+/// under `s3://<bucket>/<prefix>`. `None` with a visible SKIPPED line when there is none,
+/// a failure when `QUIVER_REQUIRE_S3` is set.
+#[allow(dead_code)]
+pub fn s3_offline_store(test: &str, prefix: &str) -> Option<String> {
+    match (std::env::var("QUIVER_TEST_S3_ENDPOINT"), std::env::var("QUIVER_TEST_S3_BUCKET")) {
+        (Ok(endpoint), Ok(bucket)) => Some(format!(
+            "offline_store:\n  path: s3://{bucket}/{prefix}\n  storage_options:\n    AWS_ENDPOINT_URL: {endpoint}\n    \
+             AWS_ACCESS_KEY_ID: quiver\n    AWS_SECRET_ACCESS_KEY: quiver-secret\n    AWS_REGION: us-east-1\n    AWS_ALLOW_HTTP: \"true\"\n"
+        )),
+        _ => {
+            assert!(
+                std::env::var("QUIVER_REQUIRE_S3").is_err(),
+                "QUIVER_REQUIRE_S3 is set but QUIVER_TEST_S3_ENDPOINT or QUIVER_TEST_S3_BUCKET is not"
+            );
+            eprintln!("SKIPPED {test}: no S3-compatible server (set QUIVER_TEST_S3_ENDPOINT and QUIVER_TEST_S3_BUCKET, or use ./run test)");
+            None
+        }
+    }
+}
+
+/// A name no other test run uses (process id and clock).
+#[allow(dead_code)]
+pub fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}

@@ -474,7 +474,10 @@ mod tests {
         for big in [1e308, 3.5] {
             // (1e308: the sums overflow, and the record keeps them as they are.)
             let events: Vec<Event> = (0..20)
-                .map(|j| Event { order: (j * 3 * m, 0, j), values: vec![Value::Float64(big * (j % 3) as f64), Value::Int64(-(1 << 60) + j * 977)] })
+                .map(|j| Event {
+                    order: (j * 3 * m, 0, j),
+                    values: vec![Value::Float64(big * (j % 3) as f64), Value::Int64(-(1 << 60) + j * 977)],
+                })
                 .collect();
             let record = AggRecord::build(&layout, &events, 61 * m, 1);
             let bytes = record.encode(&layout);
