@@ -1,7 +1,7 @@
 //! The online store: each entity's latest feature row per view (SPEC §4), behind the
-//! [`OnlineStore`] trait, with two implementations that behave identically — Redis
-//! ([`RedisStore`]) and an embedded single-file store ([`EmbeddedStore`]) — proven by one
-//! shared test suite run against both.
+//! [`OnlineStore`] trait, with implementations that behave identically — Redis
+//! ([`RedisStore`]), Redis Cluster ([`RedisClusterStore`]) and an embedded single-file
+//! store ([`EmbeddedStore`]) — proven by one shared test suite run against each.
 //!
 //! Stores hold packed rows ([`quiver_sdk::encoding`]) under store keys, and apply the
 //! guarded write: a row replaces the stored one unless the stored one has a greater
@@ -15,6 +15,7 @@ mod embedded;
 mod error;
 mod listen;
 pub mod lookup;
+mod redis_cluster;
 mod redis_store;
 pub mod server;
 pub mod serving_log;
@@ -22,5 +23,6 @@ mod store;
 
 pub use embedded::EmbeddedStore;
 pub use error::{Error, Result};
+pub use redis_cluster::RedisClusterStore;
 pub use redis_store::RedisStore;
 pub use store::{OnlineStore, WriteRow, open_store};

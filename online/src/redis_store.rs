@@ -14,7 +14,7 @@ use crate::store::{OnlineStore, WriteRow};
 /// stored header (first 16 bytes: event time then created time, order-preserving) is
 /// greater; equal replaces; a stored event time after the horizon never blocks. The
 /// bytes are compared with `string.byte`, so the server's locale plays no part.
-const GUARDED_WRITE: &str = r#"
+pub(crate) const GUARDED_WRITE: &str = r#"
 local horizon = ARGV[1]
 local written = 0
 for i, key in ipairs(KEYS) do
@@ -54,7 +54,7 @@ return written
 "#;
 
 /// Keys per script call; several calls go out in one pipeline.
-const KEYS_PER_CALL: usize = 500;
+pub(crate) const KEYS_PER_CALL: usize = 500;
 /// Script calls per pipeline (one round trip).
 const CALLS_PER_PIPELINE: usize = 20;
 
@@ -119,14 +119,9 @@ impl RedisStore {
         let mut conn = self.conn.clone();
         let answer: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").query_async(&mut conn).await;
         match answer {
-            Ok(pair) => match pair.get(1) {
-                Some(policy) if policy.starts_with("allkeys-") => Err(Error::Misconfigured {
-                    store: redact(&self.url),
-                    message: format!(
-                        "maxmemory-policy is `{policy}`: Redis may evict any key, and an evicted key lets an older row win the guarded write (views without a TTL would lose values silently); set `maxmemory-policy noeviction` or a `volatile-*` policy"
-                    ),
-                }),
-                _ => Ok(()),
+            Ok(pair) => match eviction_refusal(pair.get(1).map(String::as_str)) {
+                Some(message) => Err(Error::Misconfigured { store: redact(&self.url), message }),
+                None => Ok(()),
             },
             Err(e) => {
                 tracing::warn!(store = %redact(&self.url), error = %e, "cannot read maxmemory-policy (CONFIG GET refused); make sure Redis does not evict keys without expiry (allkeys-*)");
@@ -140,20 +135,13 @@ impl RedisStore {
     }
 
     async fn write_pipeline(&self, rows: &[WriteRow]) -> redis::RedisResult<usize> {
-        let now_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-        let horizon = quiver_sdk::encoding::event_order_bytes(now_us.saturating_add(self.max_future_skew_us));
+        let horizon = horizon(self.max_future_skew_us);
         let mut pipe = redis::pipe();
         for chunk in rows.chunks(KEYS_PER_CALL) {
-            let cmd = pipe.cmd("EVALSHA").arg(self.script.get_hash()).arg(chunk.len());
-            for r in chunk {
-                cmd.arg(&r.key);
-            }
-            cmd.arg(&horizon[..]);
-            for r in chunk {
-                cmd.arg(&r.row[..]).arg(r.expire_at_ms.unwrap_or(0));
-            }
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.script.get_hash());
+            guarded_call(&mut cmd, chunk, &horizon);
+            pipe.add_command(cmd);
         }
         let mut conn = self.conn.clone();
         let counts: Vec<usize> = pipe.query_async(&mut conn).await?;
@@ -174,8 +162,40 @@ impl RedisStore {
     }
 }
 
+/// The guarded write's ARGV[1]: the clock plus `max_future_skew_us`, as the 8
+/// order-preserving bytes of an event time.
+pub(crate) fn horizon(max_future_skew_us: i64) -> [u8; 8] {
+    let now_us =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    quiver_sdk::encoding::event_order_bytes(now_us.saturating_add(max_future_skew_us))
+}
+
+/// The rest of one guarded-write call after its script (`EVALSHA sha` or `EVAL body`):
+/// the key count, the keys, the horizon, then (row, expire-at ms or 0) per key.
+pub(crate) fn guarded_call<R: std::borrow::Borrow<WriteRow>>(cmd: &mut redis::Cmd, rows: &[R], horizon: &[u8; 8]) {
+    cmd.arg(rows.len());
+    for r in rows {
+        cmd.arg(&r.borrow().key);
+    }
+    cmd.arg(&horizon[..]);
+    for r in rows {
+        let r = r.borrow();
+        cmd.arg(&r.row[..]).arg(r.expire_at_ms.unwrap_or(0));
+    }
+}
+
+/// Refuses a `maxmemory-policy` that evicts any key (see [`RedisStore::connect`]);
+/// `None` when the server hides `CONFIG`.
+pub(crate) fn eviction_refusal(policy: Option<&str>) -> Option<String> {
+    policy.filter(|p| p.starts_with("allkeys-")).map(|policy| {
+        format!(
+            "maxmemory-policy is `{policy}`: Redis may evict any key, and an evicted key lets an older row win the guarded write (views without a TTL would lose values silently); set `maxmemory-policy noeviction` or a `volatile-*` policy"
+        )
+    })
+}
+
 /// The URL without a password, for messages.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match url.find('@') {
         Some(at) => match url.find("://") {
             Some(scheme) => format!("{}***{}", &url[..scheme + 3], &url[at..]),

@@ -69,5 +69,8 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn OnlineStore>> {
     Ok(match &config.online_store {
         OnlineStoreConfig::Embedded { path } => Arc::new(crate::EmbeddedStore::open(path)?.with_max_future_skew(skew)),
         OnlineStoreConfig::Redis { url } => Arc::new(crate::RedisStore::connect(url).await?.with_max_future_skew(skew)),
+        OnlineStoreConfig::RedisCluster { urls, replica_acks } => {
+            Arc::new(crate::RedisClusterStore::connect(urls, *replica_acks).await?.with_max_future_skew(skew))
+        }
     })
 }

@@ -1,10 +1,11 @@
 //! One suite, every online store: the embedded store always, Redis when the test script
-//! started one (`QUIVER_TEST_REDIS_URL`). With `QUIVER_REQUIRE_REDIS=1` (set by
-//! `./run test`) a missing Redis fails the suite instead of skipping it.
+//! started one (`QUIVER_TEST_REDIS_URL`), a Redis Cluster likewise
+//! (`QUIVER_TEST_REDIS_CLUSTER_URLS`). With `QUIVER_REQUIRE_REDIS=1` (set by `./run
+//! test`) a missing one fails the suite instead of skipping it.
 
 use std::sync::Arc;
 
-use quiver_online::{EmbeddedStore, OnlineStore, RedisStore, WriteRow};
+use quiver_online::{EmbeddedStore, OnlineStore, RedisClusterStore, RedisStore, WriteRow};
 use quiver_sdk::encoding::{KeyValue, OnlineRow, Value, store_key};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -220,6 +221,44 @@ async fn redis_store_passes_the_suite() {
     };
     let store = RedisStore::connect(&url).await.unwrap();
     suite(Arc::new(store), "redis").await;
+}
+
+/// The test cluster's seed nodes (`QUIVER_TEST_REDIS_CLUSTER_URLS`, comma separated).
+fn cluster_urls(test: &str) -> Option<Vec<String>> {
+    match std::env::var("QUIVER_TEST_REDIS_CLUSTER_URLS") {
+        Ok(urls) => Some(urls.split(',').map(str::to_string).collect()),
+        Err(_) => {
+            assert!(
+                std::env::var("QUIVER_REQUIRE_REDIS").is_err(),
+                "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_CLUSTER_URLS is not"
+            );
+            eprintln!("SKIPPED {test}: no Redis Cluster (set QUIVER_TEST_REDIS_CLUSTER_URLS, or use ./run test)");
+            None
+        }
+    }
+}
+
+/// Every node's key count.
+async fn keys_per_node(urls: &[String]) -> Vec<i64> {
+    let mut counts = Vec::new();
+    for url in urls {
+        let mut conn = redis::Client::open(url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        counts.push(redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap());
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_store_passes_the_suite() {
+    let Some(urls) = cluster_urls("redis_cluster_store_passes_the_suite") else { return };
+    for acks in [0, 1] {
+        let store = RedisClusterStore::connect(&urls, acks).await.unwrap();
+        suite(Arc::new(store), &format!("cluster{acks}")).await;
+    }
+    // The suite's keys spread over every master (and so every replica): reads and writes
+    // really crossed nodes.
+    let counts = keys_per_node(&urls).await;
+    assert!(counts.iter().all(|&n| n > 1000), "keys per node: {counts:?}");
 }
 
 #[tokio::test]

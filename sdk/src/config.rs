@@ -18,7 +18,7 @@ pub const CONFIG_FILE: &str = "quiver.yaml";
 /// keys (`project`, `registry`) are their own section: `QUIVER_PROJECT`.
 const SECTIONS: &[(&str, &[&str])] = &[
     ("offline_store", &["path"]),
-    ("online_store", &["type", "path", "url"]),
+    ("online_store", &["type", "path", "url", "replica_acks"]),
     ("kafka", &["brokers"]),
     ("server", &["host", "port", "auth_token", "max_cells", "request_timeout", "max_connections"]),
     ("serving_log", &["enabled", "path", "sample_rate", "batch_rows", "batch_ms"]),
@@ -67,6 +67,8 @@ struct RawOnline {
     kind: Option<String>,
     path: Option<String>,
     url: Option<String>,
+    urls: Option<Vec<String>>,
+    replica_acks: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -154,6 +156,13 @@ pub enum OnlineStoreConfig {
     Embedded { path: PathBuf },
     /// Redis at a `redis://` URL.
     Redis { url: String },
+    /// A Redis Cluster reached through its seed nodes' `redis://` URLs.
+    RedisCluster {
+        urls: Vec<String>,
+        /// How many replicas must hold a write before it is acknowledged (Redis `WAIT`);
+        /// 0 (default): the master's answer. With 1, a failover loses no acknowledged write.
+        replica_acks: u32,
+    },
 }
 
 /// The HTTP server's settings, with the bounds of SPEC §13.
@@ -370,6 +379,12 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
     let online = raw.online_store;
     let online_store = match online.kind.as_deref().unwrap_or("embedded") {
         "embedded" => OnlineStoreConfig::Embedded { path: repo.join(online.path.as_deref().unwrap_or(DEFAULT_ONLINE_PATH)) },
+        "redis" if online.urls.is_some() => {
+            return Err("online_store.urls: a setting of type redis_cluster (type redis takes one `url`)".to_string());
+        }
+        "redis_cluster" if online.url.is_some() => {
+            return Err("online_store.url: type redis_cluster takes `urls`, the list of its seed nodes".to_string());
+        }
         "redis" => {
             let url = online.url.unwrap_or_else(|| DEFAULT_REDIS_URL.to_string());
             if !["redis://", "rediss://", "unix://", "redis+unix://"].iter().any(|s| url.starts_with(s)) {
@@ -377,8 +392,26 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
             }
             OnlineStoreConfig::Redis { url }
         }
+        "redis_cluster" => {
+            let urls = online.urls.unwrap_or_default();
+            if urls.is_empty() {
+                return Err("online_store.urls: missing (expected the cluster's seed nodes, e.g. [redis://10.0.0.1:6379])".to_string());
+            }
+            if let Some(url) = urls.iter().find(|u| !u.starts_with("redis://") && !u.starts_with("rediss://")) {
+                return Err(format!("online_store.urls: `{url}`: expected a redis:// or rediss:// URL"));
+            }
+            let replica_acks = match online.replica_acks.as_ref().map(scalar_text) {
+                None => 0,
+                Some(t) => t
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| *n <= 16)
+                    .ok_or_else(|| format!("online_store.replica_acks `{t}`: expected a number of replicas from 0 to 16"))?,
+            };
+            OnlineStoreConfig::RedisCluster { urls, replica_acks }
+        }
         other => {
-            return Err(format!("online_store.type `{other}`: unknown (expected embedded or redis)"));
+            return Err(format!("online_store.type `{other}`: unknown (expected embedded, redis or redis_cluster)"));
         }
     };
     let kafka_brokers = raw.kafka.brokers.unwrap_or_else(|| DEFAULT_KAFKA_BROKERS.to_string());
@@ -586,6 +619,26 @@ mod tests {
         assert_eq!(c.server.auth_token.as_deref(), Some("other"));
         let c = parse("project: demo\n", &[("QUIVER_SERVER_AUTH_TOKEN", "other")]).unwrap();
         assert!(!c.server.auth_token_in_file);
+    }
+
+    #[test]
+    fn a_redis_cluster_takes_its_seed_nodes() {
+        let c = parse(
+            "project: demo\nonline_store: {type: redis_cluster, urls: [redis://10.0.0.1:6379, redis://10.0.0.2:6379], replica_acks: 1}\n",
+            &[],
+        )
+        .unwrap();
+        let urls = vec!["redis://10.0.0.1:6379".to_string(), "redis://10.0.0.2:6379".to_string()];
+        assert_eq!(c.online_store, OnlineStoreConfig::RedisCluster { urls, replica_acks: 1 });
+        let err = |text: &str| parse(text, &[]).unwrap_err().to_string();
+        assert!(err("project: demo\nonline_store: {type: redis_cluster}\n").contains("online_store.urls: missing"));
+        assert!(err("project: demo\nonline_store: {type: redis_cluster, urls: [http://x]}\n").contains("`http://x`: expected a redis://"));
+        assert!(
+            err("project: demo\nonline_store: {type: redis_cluster, urls: [redis://x], replica_acks: lots}\n")
+                .contains("replica_acks `lots`")
+        );
+        assert!(err("project: demo\nonline_store: {type: redis_cluster, url: redis://x}\n").contains("takes `urls`"));
+        assert!(err("project: demo\nonline_store: {type: redis, urls: [redis://x]}\n").contains("a setting of type redis_cluster"));
     }
 
     #[test]
