@@ -81,11 +81,13 @@ const TRIP_LOG: &str = r#"  - name: trip_log
 "#;
 
 async fn setup_with(name: &str, brokers: &str, redis: &str, partitions: i32, extra_views: &str) -> Setup {
-    setup_in(name, brokers, redis, partitions, extra_views, "offline_store:\n  path: data\n").await
+    let online = format!("online_store:\n  type: redis\n  url: {redis}\n");
+    setup_in(name, brokers, redis, &online, partitions, extra_views, "offline_store:\n  path: data\n").await
 }
 
-/// As [`setup_with`], the tables where `offline` (a quiver.yaml section) puts them.
-async fn setup_in(name: &str, brokers: &str, redis: &str, partitions: i32, extra_views: &str, offline: &str) -> Setup {
+/// As [`setup_with`], the stores where `online` and `offline` (quiver.yaml sections) put
+/// them.
+async fn setup_in(name: &str, brokers: &str, redis: &str, online: &str, partitions: i32, extra_views: &str, offline: &str) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("repo");
     std::fs::create_dir_all(&dir).unwrap();
@@ -93,9 +95,7 @@ async fn setup_in(name: &str, brokers: &str, redis: &str, partitions: i32, extra
     let topic = format!("{project}_events");
     std::fs::write(
         dir.join("quiver.yaml"),
-        format!(
-            "project: {project}\nregistry: registry.json\n{offline}online_store:\n  type: redis\n  url: {redis}\nkafka:\n  brokers: {brokers}\n"
-        ),
+        format!("project: {project}\nregistry: registry.json\n{offline}{online}kafka:\n  brokers: {brokers}\n"),
     )
     .unwrap();
     std::fs::write(
@@ -316,7 +316,7 @@ async fn assert_exactly_once(s: &Setup, produced: std::ops::Range<i64>) {
 
 /// The online store holds, for every driver, its latest good message.
 async fn assert_online(s: &Setup, produced: std::ops::Range<i64>) {
-    let store = RedisStore::connect(&s.redis).await.unwrap();
+    let store = quiver::online::open_store(&Repo::open(&s.dir).unwrap().config).await.unwrap();
     let mut latest: BTreeMap<i64, i64> = BTreeMap::new();
     for i in produced.filter(|&i| kind(i) == Kind::Good) {
         latest.insert(i % DRIVERS, i);
@@ -451,7 +451,8 @@ async fn stream_on_s3_tables_is_exactly_once_across_a_crash() {
     let test = "stream_on_s3_tables_is_exactly_once_across_a_crash";
     let Some((brokers, redis)) = services(test) else { return };
     let Some(offline) = common::s3_offline_store(test, &unique("stream")) else { return };
-    let s = setup_in("s3crash", &brokers, &redis, 2, "", &offline).await;
+    let online = format!("online_store:\n  type: redis\n  url: {redis}\n");
+    let s = setup_in("s3crash", &brokers, &redis, &online, 2, "", &offline).await;
     assert!(!s.dir.join("data").exists());
     produce(&s, 0..1000, 2).await;
     let mut a = start(&s, "a", &[("QUIVER_STREAM_ABORT_AFTER_DELTA", "3")]);
@@ -542,7 +543,28 @@ async fn an_event_log_counts_each_event_once_across_crashes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_streams_in_a_group_split_the_partitions() {
     let Some((brokers, redis)) = services("two_streams_in_a_group_split_the_partitions") else { return };
-    let s = setup("sgroup", &brokers, &redis, 4).await;
+    group_splits_partitions(setup("sgroup", &brokers, &redis, 4).await).await;
+}
+
+/// The same on a Redis Cluster as the online store (SPEC §12): the processes share the
+/// partitions, each message once in Delta, each driver's latest row on its slot's master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_streams_share_the_partitions_on_a_redis_cluster() {
+    let test = "two_streams_share_the_partitions_on_a_redis_cluster";
+    let Some((brokers, redis)) = services(test) else { return };
+    let Ok(urls) = std::env::var("QUIVER_TEST_REDIS_CLUSTER_URLS") else {
+        assert!(std::env::var("QUIVER_REQUIRE_REDIS").is_err(), "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_CLUSTER_URLS is not");
+        eprintln!("SKIPPED {test}: no Redis Cluster (set QUIVER_TEST_REDIS_CLUSTER_URLS, or use ./run test)");
+        return;
+    };
+    let online = format!("online_store:\n  type: redis_cluster\n  urls: [{}]\n", urls.replace(',', ", "));
+    let s = setup_in("sgroupcl", &brokers, &redis, &online, 4, "", "offline_store:\n  path: data\n").await;
+    group_splits_partitions(s).await;
+}
+
+/// Two `quiver stream` processes of one group on `s`'s 4 partitions: each holds some,
+/// none twice, every message consumed once, Delta and the online store as expected.
+async fn group_splits_partitions(s: Setup) {
     let a = start(&s, "a", &[]);
     let b = start(&s, "b", &[]);
     // Wait until the group settled: each process holds some partitions, none twice.
