@@ -42,6 +42,7 @@ enum Command {
     Push(cli::ingest::Push),
     Verify(cli::verify::Verify),
     Doctor(cli::doctor::Doctor),
+    Cluster(cli::cluster::Cluster),
 }
 
 /// The joins allocate and free column-sized buffers phase after phase; glibc returns
@@ -65,7 +66,7 @@ fn keep_freed_memory() {
 
 fn main() -> ExitCode {
     let args = Cli::parse();
-    if !matches!(args.command, Command::Serve(_) | Command::Stream(_)) {
+    if !matches!(args.command, Command::Serve(_) | Command::Stream(_) | Command::Cluster(_)) {
         keep_freed_memory();
     }
     tracing_subscriber::fmt()
@@ -97,6 +98,7 @@ fn main() -> ExitCode {
         Command::Push(c) => c.run(&ctx),
         Command::Verify(c) => c.run(&ctx),
         Command::Doctor(c) => c.run(&ctx),
+        Command::Cluster(c) => c.run(&ctx),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,6 +2,7 @@
 //! `fn run(self, ctx)`, a thin front end over [`quiver::ops`] that parses, prints and
 //! picks the exit code.
 
+pub mod cluster;
 pub mod doctor;
 pub mod export;
 pub mod historical;
