@@ -39,7 +39,8 @@ fn python_reads(uri: &str, endpoint: &str) -> (i64, i64) {
          t = DeltaTable({uri:?}, storage_options={{'AWS_ENDPOINT_URL': {endpoint:?}, 'AWS_ACCESS_KEY_ID': 'x', \
          'AWS_SECRET_ACCESS_KEY': 'x', 'AWS_REGION': 'us-east-1', 'AWS_ALLOW_HTTP': 'true'}})\n\
          print(t.version(), t.to_pyarrow_table().num_rows)\n\
-         assert [h['version'] for h in t.history()] == list(range(t.version(), -1, -1)), t.history()\n"
+         assert [h['version'] for h in t.history()] == list(range(t.version(), -1, -1)), t.history()\n\
+         import os, sys; sys.stdout.flush(); os._exit(0)\n"
     );
     let out = std::process::Command::new(python).args(["-c", &script]).output().unwrap();
     assert!(out.status.success(), "python deltalake: {}", text(&out));

@@ -12,21 +12,6 @@ mod common;
 use common::ok;
 use quiver::sdk::encoding::{KeyValue, store_key};
 
-/// The cluster's seed URLs and the folder of its nodes' config files.
-fn cluster(test: &str) -> Option<(Vec<String>, String)> {
-    match (std::env::var("QUIVER_TEST_REDIS_CLUSTER_URLS"), std::env::var("QUIVER_TEST_REDIS_CLUSTER_DIR")) {
-        (Ok(urls), Ok(dir)) => Some((urls.split(',').map(str::to_string).collect(), dir)),
-        _ => {
-            assert!(
-                std::env::var("QUIVER_REQUIRE_REDIS").is_err(),
-                "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_CLUSTER_URLS is not"
-            );
-            eprintln!("SKIPPED {test}: no Redis Cluster (set QUIVER_TEST_REDIS_CLUSTER_URLS and _DIR, or use ./run test)");
-            None
-        }
-    }
-}
-
 fn cli(port: &str, args: &[&str]) -> String {
     let out = Command::new("redis-cli").args(["-p", port]).args(args).output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -82,7 +67,9 @@ impl Drop for KillOnDrop {
 
 #[test]
 fn a_killed_master_means_503s_then_recovery_without_a_restart_and_nothing_lost() {
-    let Some((urls, dir)) = cluster("a_killed_master_means_503s_then_recovery_without_a_restart_and_nothing_lost") else { return };
+    let Some((urls, dir)) = common::redis_cluster("a_killed_master_means_503s_then_recovery_without_a_restart_and_nothing_lost") else {
+        return;
+    };
     let ports: Vec<&str> = urls.iter().map(|u| port_of(u)).collect();
     wait_healthy(&ports);
     let tmp = tempfile::tempdir().unwrap();

@@ -552,12 +552,8 @@ async fn two_streams_in_a_group_split_the_partitions() {
 async fn two_streams_share_the_partitions_on_a_redis_cluster() {
     let test = "two_streams_share_the_partitions_on_a_redis_cluster";
     let Some((brokers, redis)) = services(test) else { return };
-    let Ok(urls) = std::env::var("QUIVER_TEST_REDIS_CLUSTER_URLS") else {
-        assert!(std::env::var("QUIVER_REQUIRE_REDIS").is_err(), "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_CLUSTER_URLS is not");
-        eprintln!("SKIPPED {test}: no Redis Cluster (set QUIVER_TEST_REDIS_CLUSTER_URLS, or use ./run test)");
-        return;
-    };
-    let online = format!("online_store:\n  type: redis_cluster\n  urls: [{}]\n", urls.replace(',', ", "));
+    let Some((urls, _)) = common::redis_cluster(test) else { return };
+    let online = format!("online_store:\n  type: redis_cluster\n  urls: [{}]\n", urls.join(", "));
     let s = setup_in("sgroupcl", &brokers, &redis, &online, 4, "", "offline_store:\n  path: data\n").await;
     group_splits_partitions(s).await;
 }

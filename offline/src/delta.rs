@@ -77,42 +77,38 @@ impl deltalake::logstore::ObjectStoreFactory for CloudStores {
         };
         let mut options: Vec<(&String, &String)> = config.raw.iter().collect();
         options.sort();
+        // Each option goes to the client that knows it, or is deltalake's, or is refused.
+        fn configure<B, K: std::str::FromStr>(
+            mut builder: B,
+            options: &[(&String, &String)],
+            ours: impl Fn(&str) -> bool,
+            unknown: impl Fn(&str) -> DeltaTableError,
+            set: impl Fn(B, K, &String) -> B,
+        ) -> deltalake::DeltaResult<B> {
+            for (k, v) in options {
+                match k.to_ascii_lowercase().parse::<K>() {
+                    Ok(key) => builder = set(builder, key, v),
+                    Err(_) if ours(k) => {}
+                    Err(_) => return Err(unknown(k)),
+                }
+            }
+            Ok(builder)
+        }
         let store: deltalake::logstore::ObjectStoreRef = match url.scheme() {
             "s3" | "s3a" => {
                 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-                let mut b = AmazonS3Builder::from_env().with_url(url.as_str());
-                for (k, v) in options {
-                    match k.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
-                        Ok(key) => b = b.with_config(key, v),
-                        Err(_) if ours(k) => {}
-                        Err(_) => return Err(unknown(k)),
-                    }
-                }
-                Arc::new(b.build()?)
+                let b = AmazonS3Builder::from_env().with_url(url.as_str());
+                Arc::new(configure(b, &options, ours, unknown, |b, k: AmazonS3ConfigKey, v| b.with_config(k, v))?.build()?)
             }
             "gs" => {
                 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-                let mut b = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
-                for (k, v) in options {
-                    match k.to_ascii_lowercase().parse::<GoogleConfigKey>() {
-                        Ok(key) => b = b.with_config(key, v),
-                        Err(_) if ours(k) => {}
-                        Err(_) => return Err(unknown(k)),
-                    }
-                }
-                Arc::new(b.build()?)
+                let b = GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
+                Arc::new(configure(b, &options, ours, unknown, |b, k: GoogleConfigKey, v| b.with_config(k, v))?.build()?)
             }
             _ => {
                 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
-                let mut b = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
-                for (k, v) in options {
-                    match k.to_ascii_lowercase().parse::<AzureConfigKey>() {
-                        Ok(key) => b = b.with_config(key, v),
-                        Err(_) if ours(k) => {}
-                        Err(_) => return Err(unknown(k)),
-                    }
-                }
-                Arc::new(b.build()?)
+                let b = MicrosoftAzureBuilder::from_env().with_url(url.as_str());
+                Arc::new(configure(b, &options, ours, unknown, |b, k: AzureConfigKey, v| b.with_config(k, v))?.build()?)
             }
         };
         let path = object_store::path::Path::from_url_path(url.path())?;

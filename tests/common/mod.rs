@@ -156,3 +156,21 @@ pub fn unique(name: &str) -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     format!("{name}-{}-{nanos}", std::process::id())
 }
+
+/// The test Redis Cluster (`QUIVER_TEST_REDIS_CLUSTER_URLS`, comma separated) and the
+/// folder of its nodes' config files (`QUIVER_TEST_REDIS_CLUSTER_DIR`); `None` with a
+/// visible SKIPPED line when there is none, a failure when `QUIVER_REQUIRE_REDIS` is set.
+#[allow(dead_code)]
+pub fn redis_cluster(test: &str) -> Option<(Vec<String>, String)> {
+    match (std::env::var("QUIVER_TEST_REDIS_CLUSTER_URLS"), std::env::var("QUIVER_TEST_REDIS_CLUSTER_DIR")) {
+        (Ok(urls), Ok(dir)) => Some((urls.split(',').map(str::to_string).collect(), dir)),
+        _ => {
+            assert!(
+                std::env::var("QUIVER_REQUIRE_REDIS").is_err(),
+                "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_CLUSTER_URLS is not"
+            );
+            eprintln!("SKIPPED {test}: no Redis Cluster (set QUIVER_TEST_REDIS_CLUSTER_URLS and _DIR, or use ./run test)");
+            None
+        }
+    }
+}
