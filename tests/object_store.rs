@@ -52,9 +52,11 @@ fn python_reads(uri: &str, endpoint: &str) -> (i64, i64) {
 #[test]
 fn every_command_runs_on_s3_tables_as_on_local_ones() {
     let prefix = common::unique("every-command");
-    let Some(section) = common::s3_offline_store("every_command_runs_on_s3_tables_as_on_local_ones", &prefix) else { return };
-    let endpoint = std::env::var("QUIVER_TEST_S3_ENDPOINT").unwrap();
-    let bucket = std::env::var("QUIVER_TEST_S3_BUCKET").unwrap();
+    let Some(common::S3 { endpoint, bucket, section }) =
+        common::s3_offline_store("every_command_runs_on_s3_tables_as_on_local_ones", &prefix)
+    else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let (s3, local) = (tmp.path().join("s3"), tmp.path().join("local"));
     demo(&s3, Some(&section));
@@ -121,9 +123,10 @@ fn every_command_runs_on_s3_tables_as_on_local_ones() {
 #[test]
 fn concurrent_writers_on_s3_lose_no_commit() {
     let prefix = common::unique("concurrent");
-    let Some(section) = common::s3_offline_store("concurrent_writers_on_s3_lose_no_commit", &prefix) else { return };
-    let endpoint = std::env::var("QUIVER_TEST_S3_ENDPOINT").unwrap();
-    let bucket = std::env::var("QUIVER_TEST_S3_BUCKET").unwrap();
+    let Some(common::S3 { endpoint, bucket, section }) = common::s3_offline_store("concurrent_writers_on_s3_lose_no_commit", &prefix)
+    else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("demo");
     demo(&repo, Some(&section));
@@ -172,7 +175,10 @@ fn concurrent_writers_on_s3_lose_no_commit() {
 #[test]
 fn bad_object_store_settings_fail_with_one_line() {
     let prefix = common::unique("bad");
-    let Some(section) = common::s3_offline_store("bad_object_store_settings_fail_with_one_line", &prefix) else { return };
+    let Some(common::S3 { endpoint, bucket, section }) = common::s3_offline_store("bad_object_store_settings_fail_with_one_line", &prefix)
+    else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("demo");
     // A misspelt option is refused, not ignored.
@@ -181,11 +187,10 @@ fn bad_object_store_settings_fail_with_one_line() {
     // A server that is not there: the table named, no retry storm for minutes.
     let tmp = tempfile::tempdir().unwrap();
     let repo = tmp.path().join("demo");
-    let endpoint = std::env::var("QUIVER_TEST_S3_ENDPOINT").unwrap();
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     demo(&repo, Some(&section.replace(&endpoint, &format!("http://127.0.0.1:{dead}"))));
     let began = std::time::Instant::now();
-    let table = format!("s3://{}/{prefix}/driver_hourly", std::env::var("QUIVER_TEST_S3_BUCKET").unwrap());
+    let table = format!("s3://{bucket}/{prefix}/driver_hourly");
     fails_alone(&repo, &["apply"], 1, &[&table, "error sending request"]);
     assert!(began.elapsed().as_secs() < 120, "{:?}", began.elapsed());
 }

@@ -450,7 +450,7 @@ async fn stream_is_exactly_once_across_crashes() {
 async fn stream_on_s3_tables_is_exactly_once_across_a_crash() {
     let test = "stream_on_s3_tables_is_exactly_once_across_a_crash";
     let Some((brokers, redis)) = services(test) else { return };
-    let Some(offline) = common::s3_offline_store(test, &unique("stream")) else { return };
+    let Some(common::S3 { section: offline, .. }) = common::s3_offline_store(test, &unique("stream")) else { return };
     let online = format!("online_store:\n  type: redis\n  url: {redis}\n");
     let s = setup_in("s3crash", &brokers, &redis, &online, 2, "", &offline).await;
     assert!(!s.dir.join("data").exists());

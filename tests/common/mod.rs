@@ -114,39 +114,47 @@ pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], bo
     (code, body.to_string())
 }
 
-/// Redis for end-to-end tests (`QUIVER_TEST_REDIS_URL`); `None` with a visible SKIPPED
-/// line when there is none, a failure when `QUIVER_REQUIRE_REDIS` is set.
+/// What a test does when the service it needs is absent: fails when `require` is set
+/// (as `./run test` sets it), else says SKIPPED where the test output shows it.
+fn absent<T>(test: &str, what: &str, require: &str, vars: &str) -> Option<T> {
+    assert!(std::env::var(require).is_err(), "{require} is set but {vars} is not");
+    eprintln!("SKIPPED {test}: no {what} (set {vars}, or use ./run test)");
+    None
+}
+
+/// Redis for end-to-end tests (`QUIVER_TEST_REDIS_URL`); see [`absent`] when there is none.
 #[allow(dead_code)]
 pub fn redis_url(test: &str) -> Option<String> {
     match std::env::var("QUIVER_TEST_REDIS_URL") {
         Ok(url) => Some(url),
-        Err(_) => {
-            assert!(std::env::var("QUIVER_REQUIRE_REDIS").is_err(), "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_URL is not");
-            eprintln!("SKIPPED {test}: no Redis (set QUIVER_TEST_REDIS_URL, or use ./run test)");
-            None
-        }
+        Err(_) => absent(test, "Redis", "QUIVER_REQUIRE_REDIS", "QUIVER_TEST_REDIS_URL"),
     }
 }
 
-/// The S3-compatible server for end-to-end tests (`QUIVER_TEST_S3_ENDPOINT`, its bucket
-/// `QUIVER_TEST_S3_BUCKET`): the `offline_store` section of a quiver.yaml with its tables
-/// under `s3://<bucket>/<prefix>`. `None` with a visible SKIPPED line when there is none,
-/// a failure when `QUIVER_REQUIRE_S3` is set.
+/// The S3-compatible server of the end-to-end tests and a quiver.yaml section for it.
 #[allow(dead_code)]
-pub fn s3_offline_store(test: &str, prefix: &str) -> Option<String> {
+pub struct S3 {
+    /// `QUIVER_TEST_S3_ENDPOINT`.
+    pub endpoint: String,
+    /// `QUIVER_TEST_S3_BUCKET`.
+    pub bucket: String,
+    /// The `offline_store` section putting the tables under `s3://<bucket>/<prefix>`.
+    pub section: String,
+}
+
+/// The S3-compatible server (`QUIVER_TEST_S3_ENDPOINT`, `QUIVER_TEST_S3_BUCKET`) with
+/// the tables under `prefix`; see [`absent`] when there is none.
+#[allow(dead_code)]
+pub fn s3_offline_store(test: &str, prefix: &str) -> Option<S3> {
     match (std::env::var("QUIVER_TEST_S3_ENDPOINT"), std::env::var("QUIVER_TEST_S3_BUCKET")) {
-        (Ok(endpoint), Ok(bucket)) => Some(format!(
-            "offline_store:\n  path: s3://{bucket}/{prefix}\n  storage_options:\n    AWS_ENDPOINT_URL: {endpoint}\n    \
-             AWS_ACCESS_KEY_ID: quiver\n    AWS_SECRET_ACCESS_KEY: quiver-secret\n    AWS_REGION: us-east-1\n    AWS_ALLOW_HTTP: \"true\"\n"
-        )),
-        _ => {
-            assert!(
-                std::env::var("QUIVER_REQUIRE_S3").is_err(),
-                "QUIVER_REQUIRE_S3 is set but QUIVER_TEST_S3_ENDPOINT or QUIVER_TEST_S3_BUCKET is not"
+        (Ok(endpoint), Ok(bucket)) => {
+            let section = format!(
+                "offline_store:\n  path: s3://{bucket}/{prefix}\n  storage_options:\n    AWS_ENDPOINT_URL: {endpoint}\n    \
+                 AWS_ACCESS_KEY_ID: quiver\n    AWS_SECRET_ACCESS_KEY: quiver-secret\n    AWS_REGION: us-east-1\n    AWS_ALLOW_HTTP: \"true\"\n"
             );
-            eprintln!("SKIPPED {test}: no S3-compatible server (set QUIVER_TEST_S3_ENDPOINT and QUIVER_TEST_S3_BUCKET, or use ./run test)");
-            None
+            Some(S3 { endpoint, bucket, section })
         }
+        _ => absent(test, "S3-compatible server", "QUIVER_REQUIRE_S3", "QUIVER_TEST_S3_ENDPOINT and QUIVER_TEST_S3_BUCKET"),
     }
 }
 
@@ -158,19 +166,12 @@ pub fn unique(name: &str) -> String {
 }
 
 /// The test Redis Cluster (`QUIVER_TEST_REDIS_CLUSTER_URLS`, comma separated) and the
-/// folder of its nodes' config files (`QUIVER_TEST_REDIS_CLUSTER_DIR`); `None` with a
-/// visible SKIPPED line when there is none, a failure when `QUIVER_REQUIRE_REDIS` is set.
+/// folder of its nodes' config files (`QUIVER_TEST_REDIS_CLUSTER_DIR`); see [`absent`]
+/// when there is none.
 #[allow(dead_code)]
 pub fn redis_cluster(test: &str) -> Option<(Vec<String>, String)> {
     match (std::env::var("QUIVER_TEST_REDIS_CLUSTER_URLS"), std::env::var("QUIVER_TEST_REDIS_CLUSTER_DIR")) {
         (Ok(urls), Ok(dir)) => Some((urls.split(',').map(str::to_string).collect(), dir)),
-        _ => {
-            assert!(
-                std::env::var("QUIVER_REQUIRE_REDIS").is_err(),
-                "QUIVER_REQUIRE_REDIS is set but QUIVER_TEST_REDIS_CLUSTER_URLS is not"
-            );
-            eprintln!("SKIPPED {test}: no Redis Cluster (set QUIVER_TEST_REDIS_CLUSTER_URLS and _DIR, or use ./run test)");
-            None
-        }
+        _ => absent(test, "Redis Cluster", "QUIVER_REQUIRE_REDIS", "QUIVER_TEST_REDIS_CLUSTER_URLS and _DIR"),
     }
 }
