@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import requests
-from benchlib import free_port, wait_http, wrk
+from benchlib import free_port, stop_all, wait_http, wrk
 
 US = 1_000_000
 HOUR, DAY = 3600 * US, 86400 * US
@@ -165,13 +165,7 @@ def main():
         print(f"redis-benchmark GET, 8 connections: {float(got['rps']):,.0f}/s, p50 {float(got['p50_latency_ms']):.3f} ms, "
               f"p99 {float(got['p99_latency_ms']):.3f} ms")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs, timeout=30)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -83,3 +83,14 @@ def wrk(url, body, duration, work):
     p50 = to_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
     p99 = to_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
     return rps, p50, p99
+
+
+def stop_all(procs, timeout=10):
+    """Stops the started processes, newest first: SIGTERM, then SIGKILL after `timeout` s."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -34,7 +34,7 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 import requests
-from benchlib import free_port, wait_http, wrk
+from benchlib import free_port, stop_all, wait_http, wrk
 
 VIEWS = {
     "driver_a": [f"a{i}" for i in range(10)],
@@ -230,12 +230,7 @@ def main():
         print(f"(feast serve with {args.feast_workers} workers; quiver serve, wrk and Redis share this machine's "
               f"{os.cpu_count()} cores)")
     finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
         if args.keep:
             print(f"work folder: {work}")
         else:

@@ -32,7 +32,7 @@ from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from benchlib import free_port, wait_port
+from benchlib import free_port, stop_all, wait_port
 
 
 def metrics(port):
@@ -223,13 +223,7 @@ feature_views:
               f"(from the stream's histogram; {m['quiver_stream_event_to_online_seconds_count']:.0f} rows)", flush=True)
         print(f"(redis, tansu, the Python producer and quiver share this machine's {os.cpu_count()} cores)")
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop_all(procs)
         shutil.rmtree(work, ignore_errors=True)
 
 
