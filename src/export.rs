@@ -235,6 +235,20 @@ pub struct Exported {
     pub joined: usize,
 }
 
+/// What joins an export's shards: a kernel in this process, or a Ballista cluster
+/// (`df://HOST:PORT`, SPEC §12) whose executors run the same join.
+#[derive(Clone, Copy)]
+pub struct Joiner<'a> {
+    pub kernel: &'a dyn AsOfKernel,
+    pub cluster: Option<&'a str>,
+}
+
+impl std::fmt::Debug for Joiner<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Joiner").field("kernel", &self.kernel.name()).field("cluster", &self.cluster).finish()
+    }
+}
+
 /// What the caller hears of an export as it goes.
 #[derive(Clone, Copy)]
 pub struct Hooks<'h> {
@@ -262,14 +276,7 @@ impl Default for Hooks<'_> {
 /// joined again. A folder holding anything else is refused before anything is written.
 /// With `expected` (a reproduction), every shard is joined again and must hash to the
 /// expected shard's SHA-256 before it is written; a file already equal to it is left.
-async fn run(
-    repo: &Repo,
-    plan: Plan,
-    out: &Path,
-    kernel: &dyn AsOfKernel,
-    hooks: Hooks<'_>,
-    expected: Option<&[Shard]>,
-) -> Result<Exported> {
+async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hooks<'_>, expected: Option<&[Shard]>) -> Result<Exported> {
     let Plan { mut manifest, spine, defs } = plan;
     let progress_path = out.join(PROGRESS);
     let listed = listed_shards(out, &mut manifest, expected.is_some())?;
@@ -292,9 +299,14 @@ async fn run(
         let start = k * per;
         let slice = spine.slice(start as usize, per.min(n - start.min(n)) as usize);
         let versions = manifest.delta_versions.clone();
-        let options = HistoricalOptions { created_cutoff: manifest.options.created_cutoff, versions, ..Default::default() };
+        let options = HistoricalOptions {
+            created_cutoff: manifest.options.created_cutoff,
+            versions,
+            cluster: joiner.cluster.map(str::to_string),
+            ..Default::default()
+        };
         let rows = SpineRows { source: &manifest.spine.path, rows: &slice };
-        let joined = historical(&repo.config, &defs, rows, &requests, options, kernel, &|_, _| {}).await?;
+        let joined = historical(&repo.config, &defs, rows, &requests, options, joiner.kernel, &|_, _| {}).await?;
         joined_now += 1;
         if manifest.schema.is_empty() {
             manifest.schema = joined.schema().fields().iter().map(|f| (f.name().clone(), f.data_type().to_string())).collect();
@@ -450,11 +462,11 @@ pub async fn export(
     spine: &Path,
     out: &Path,
     options: ExportOptions,
-    kernel: &dyn AsOfKernel,
+    joiner: Joiner<'_>,
     hooks: Hooks<'_>,
 ) -> Result<Exported> {
     let plan = plan(repo, spine, options, None).await?;
-    run(repo, plan, out, kernel, hooks, None).await
+    run(repo, plan, out, joiner, hooks, None).await
 }
 
 /// Rebuilds the training set of `manifest_path` into `out`: the same Delta versions,
@@ -465,7 +477,7 @@ pub async fn export(
 /// # Errors
 /// As [`export`], plus a spine that changed, a registry at another version, or a
 /// shard that does not reproduce (nothing of it written).
-pub async fn reproduce(repo: &Repo, manifest_path: &Path, out: &Path, kernel: &dyn AsOfKernel, hooks: Hooks<'_>) -> Result<Exported> {
+pub async fn reproduce(repo: &Repo, manifest_path: &Path, out: &Path, joiner: Joiner<'_>, hooks: Hooks<'_>) -> Result<Exported> {
     let original: Manifest = serde_json::from_slice(&std::fs::read(manifest_path).map_err(|e| Error::io(manifest_path, e))?)
         .map_err(|e| out_err(manifest_path, format!("unreadable manifest: {e}")))?;
     let spine = PathBuf::from(&original.spine.path);
@@ -482,7 +494,7 @@ pub async fn reproduce(repo: &Repo, manifest_path: &Path, out: &Path, kernel: &d
             ),
         ));
     }
-    let rebuilt = run(repo, plan, out, kernel, hooks, Some(&original.shards)).await?;
+    let rebuilt = run(repo, plan, out, joiner, hooks, Some(&original.shards)).await?;
     if original.shards != rebuilt.manifest.shards {
         return Err(out_err(
             out,

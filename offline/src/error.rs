@@ -38,6 +38,10 @@ pub enum Error {
     /// append was refused and nothing written.
     #[error("delta table {table}: `{app}` is at version {recorded:?}, expected {expected:?}: another writer took over; nothing appended")]
     Fenced { table: String, app: String, expected: Option<i64>, recorded: Option<i64> },
+    /// A join on a Ballista cluster that could not be run, or whose answer did not add
+    /// up (never returned as a result).
+    #[error("cluster {cluster}: {message}")]
+    Cluster { cluster: String, message: String },
 }
 
 impl Error {
@@ -47,7 +51,7 @@ impl Error {
         match self {
             Error::Input { .. } | Error::Request(_) => K::Invalid,
             Error::Unknown(_) => K::NotFound,
-            Error::Delta { .. } | Error::Location { .. } => K::Unavailable,
+            Error::Delta { .. } | Error::Location { .. } | Error::Cluster { .. } => K::Unavailable,
             Error::Fenced { .. } => K::Conflict,
             Error::Query { .. } | Error::Arrow(_) | Error::Output { .. } | Error::Kernel(_) => K::Internal,
         }

@@ -1,13 +1,14 @@
 //! `quiver cluster scheduler` and `quiver cluster executor`: DataFusion Ballista's own
 //! scheduler and executor processes (Ballista 55, on DataFusion 55 like the offline
 //! store), for joins spread over machines (SPEC §12). They are Ballista's, configured
-//! from the command line; Quiver's operators join them through the codecs the processes
-//! are started with.
+//! from the command line, with Quiver's physical codec ([`QuiverCodec`]) so executors
+//! can run the as-of join of `historical --cluster` / `export --cluster`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
+use quiver_offline::historical::distributed::{self, QuiverCodec};
 
 use super::{Ctx, runtime};
 
@@ -33,6 +34,10 @@ struct Scheduler {
     bind: String,
     #[arg(long, default_value_t = 50050)]
     port: u16,
+    /// Seconds without a heartbeat after which an executor counts as lost (its tasks
+    /// are run again elsewhere).
+    #[arg(long, default_value_t = 180)]
+    executor_timeout: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -55,6 +60,10 @@ struct Executor {
     /// Where shuffle files go (default: a temporary folder).
     #[arg(long)]
     work_dir: Option<String>,
+    /// Seconds between heartbeats to the scheduler (keep it under the scheduler's
+    /// --executor-timeout).
+    #[arg(long, default_value_t = 60)]
+    heartbeat_interval: u64,
 }
 
 impl Cluster {
@@ -74,7 +83,17 @@ impl Scheduler {
         let addr: SocketAddr = format!("{}:{}", self.bind, self.port)
             .parse()
             .with_context(|| format!("--bind {} --port {}: not an address to listen on", self.bind, self.port))?;
-        let config = SchedulerConfig { bind_host: self.bind.clone(), bind_port: self.port, external_host: self.bind, ..Default::default() };
+        let config = SchedulerConfig {
+            bind_host: self.bind.clone(),
+            bind_port: self.port,
+            external_host: self.bind,
+            executor_timeout_seconds: self.executor_timeout,
+            expire_dead_executor_interval_seconds: self.executor_timeout.clamp(1, 15),
+            override_physical_codec: Some(Arc::new(QuiverCodec::default())),
+            // Plans name the offline store's files under quiver:// URLs.
+            override_session_builder: Some(Arc::new(distributed::scheduler_session)),
+            ..Default::default()
+        };
         let cluster = BallistaCluster::new_from_config(&config).await.context("starting the Ballista scheduler")?;
         println!("ballista scheduler listening on {addr}");
         ballista_scheduler::scheduler_process::start_server(cluster, addr, Arc::new(config))
@@ -91,6 +110,7 @@ impl Executor {
             .rsplit_once(':')
             .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
             .with_context(|| format!("--scheduler `{}`: expected HOST:PORT", self.scheduler))?;
+        let work = self.work_dir.clone();
         let mut config = ExecutorProcessConfig {
             bind_host: self.bind.clone(),
             external_host: Some(self.bind),
@@ -101,6 +121,10 @@ impl Executor {
             scheduler_connect_timeout_seconds: 30,
             work_dir: self.work_dir,
             print_thread_info: false,
+            executor_heartbeat_interval_seconds: self.heartbeat_interval.max(1),
+            override_physical_codec: Some(Arc::new(QuiverCodec::default())),
+            // Plans name the offline store's files under quiver:// URLs.
+            override_runtime_producer: Some(Arc::new(move |_| distributed::runtime_env(work.as_deref()))),
             ..Default::default()
         };
         if let Some(n) = self.concurrency {

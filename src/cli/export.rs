@@ -37,6 +37,10 @@ pub struct Export {
     /// Rebuild the training set of this manifest.json (same Delta versions) into --out.
     #[arg(long, conflicts_with_all = ["service", "spine"])]
     reproduce: Option<PathBuf>,
+    /// Join on a DataFusion Ballista cluster: df://HOST:PORT of its scheduler (see
+    /// `quiver cluster`); `?partitions=N` sets the hash partitions (default 8).
+    #[arg(long)]
+    cluster: Option<String>,
 }
 
 /// `QUIVER_EXPORT_ABORT_AFTER_SHARDS=N` (for the crash test of resuming) aborts the
@@ -63,7 +67,9 @@ impl Export {
         let reproducing = self.reproduce.is_some();
         let exported = rt.block_on(async {
             match self.reproduce {
-                Some(manifest) => repo.reproduce(manifest, out).with_engine(self.engine.into()).with_progress(progress).await,
+                Some(manifest) => {
+                    repo.reproduce(manifest, out).with_engine(self.engine.into()).with_cluster(self.cluster).with_progress(progress).await
+                }
                 None => {
                     repo.export(&self.service.expect("clap requires it"), self.spine.expect("clap requires it"), out)
                         .with_format(match self.format {
@@ -72,6 +78,7 @@ impl Export {
                         })
                         .with_shard_rows(self.shard_rows)
                         .with_created_cutoff(self.created_cutoff)
+                        .with_cluster(self.cluster)
                         .with_engine(self.engine.into())
                         .with_progress(progress)
                         .with_shard_written(abort_after_shards())

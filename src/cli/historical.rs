@@ -25,6 +25,10 @@ pub struct Historical {
     /// Only rows created by the spine time are candidates (guards against backfill leakage).
     #[arg(long)]
     created_cutoff: bool,
+    /// Join on a DataFusion Ballista cluster: df://HOST:PORT of its scheduler (see
+    /// `quiver cluster`); `?partitions=N` sets the hash partitions (default 8).
+    #[arg(long)]
+    cluster: Option<String>,
 }
 
 impl Historical {
@@ -37,6 +41,7 @@ impl Historical {
             .historical(Spine::File(self.spine))
             .with_engine(self.engine.into())
             .with_created_cutoff(self.created_cutoff)
+            .with_cluster(self.cluster)
             .with_progress(progress_on(&bar));
         op = match self.service {
             Some(service) => op.with_service(service),

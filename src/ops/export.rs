@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{Engine, Progress, no_progress, pick_engine};
 use crate::error::Result;
-use crate::export::{ExportOptions, Exported, Hooks, ShardFormat};
+use crate::export::{ExportOptions, Exported, Hooks, Joiner, ShardFormat};
 use crate::repo::Repo;
 
 /// Exports a feature service's point-in-time join of a spine ([`Repo::export`]).
@@ -19,6 +19,7 @@ pub struct Export<'a> {
     engine: Engine,
     progress: Progress,
     shard_written: Option<ShardWritten>,
+    cluster: Option<String>,
 }
 
 /// The injected fault of [`Export::with_shard_written`].
@@ -40,6 +41,7 @@ pub struct Reproduce<'a> {
     out: PathBuf,
     engine: Engine,
     progress: Progress,
+    cluster: Option<String>,
 }
 
 impl Repo {
@@ -59,17 +61,27 @@ impl Repo {
             engine: Engine::Auto,
             progress: no_progress(),
             shard_written: None,
+            cluster: None,
         }
     }
 
     /// Rebuilds the training set `manifest` describes into `out`, checking every shard.
     pub fn reproduce(&self, manifest: impl Into<PathBuf>, out: impl Into<PathBuf>) -> Reproduce<'_> {
-        Reproduce { repo: self, manifest: manifest.into(), out: out.into(), engine: Engine::Auto, progress: no_progress() }
+        Reproduce { repo: self, manifest: manifest.into(), out: out.into(), engine: Engine::Auto, progress: no_progress(), cluster: None }
     }
 }
 
 setters!(Export { engine, progress });
 setters!(Reproduce { engine, progress });
+
+impl Reproduce<'_> {
+    /// Joins the shards on the Ballista cluster at `cluster` (`df://HOST:PORT`); they
+    /// must still hash to the manifest's.
+    pub fn with_cluster(mut self, cluster: Option<String>) -> Self {
+        self.cluster = cluster;
+        self
+    }
+}
 
 impl<'a> Export<'a> {
     pub fn with_format(mut self, format: ShardFormat) -> Self {
@@ -85,6 +97,13 @@ impl<'a> Export<'a> {
 
     pub fn with_created_cutoff(mut self, on: bool) -> Self {
         self.options.created_cutoff = on;
+        self
+    }
+
+    /// Joins the shards on the Ballista cluster at `cluster` (`df://HOST:PORT`): the
+    /// same training set, the same manifest.
+    pub fn with_cluster(mut self, cluster: Option<String>) -> Self {
+        self.cluster = cluster;
         self
     }
 
@@ -108,7 +127,8 @@ impl<'a> Export<'a> {
                 }
             },
         };
-        crate::export::export(self.repo, &self.spine, &self.out, self.options, kernel.as_ref(), hooks).await
+        let joiner = Joiner { kernel: kernel.as_ref(), cluster: self.cluster.as_deref() };
+        crate::export::export(self.repo, &self.spine, &self.out, self.options, joiner, hooks).await
     }
 }
 
@@ -119,7 +139,8 @@ impl<'a> Reproduce<'a> {
         let (kernel, _) = pick_engine(self.engine, 0)?;
         let progress = self.progress.clone();
         let hooks = Hooks { progress: &move |k, n| progress.report(&format!("shard {k} of {n}"), k), ..Hooks::default() };
-        crate::export::reproduce(self.repo, &self.manifest, &self.out, kernel.as_ref(), hooks).await
+        let joiner = Joiner { kernel: kernel.as_ref(), cluster: self.cluster.as_deref() };
+        crate::export::reproduce(self.repo, &self.manifest, &self.out, joiner, hooks).await
     }
 }
 

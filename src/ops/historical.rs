@@ -95,6 +95,13 @@ impl<'a> Historical<'a> {
         self
     }
 
+    /// Runs the join on the Ballista cluster at `cluster` (`df://HOST:PORT`, SPEC §12)
+    /// instead of in this process; the answer is the same.
+    pub fn with_cluster(mut self, cluster: Option<String>) -> Self {
+        self.options.cluster = cluster;
+        self
+    }
+
     /// Reads the views' tables at these Delta versions (time travel).
     pub fn with_versions(mut self, versions: BTreeMap<String, u64>) -> Self {
         self.versions = versions;

@@ -11,6 +11,7 @@
 //! is the same scan's other use: each entity's latest row, for materialization.
 
 mod aggregate;
+pub mod distributed;
 pub mod events;
 mod gather;
 mod kernel_input;
@@ -33,7 +34,7 @@ use crate::input::widen;
 use crate::keys::EntityIndex;
 use crate::schema::{arrow_type, key_type};
 use kernel_input::KernelColumns;
-use scan::{ScanRange, scan_view_at};
+use scan::{Scan, ScanRange, scan_view_at};
 
 pub use events::{EntityEvents, events_since};
 pub use latest::{Latest, Window, latest_per_entity};
@@ -96,6 +97,15 @@ pub struct HistoricalOptions {
     /// version for views it does not name), so a training set can be rebuilt exactly
     /// after more data arrived.
     pub versions: BTreeMap<String, u64>,
+    /// Run the join on a DataFusion Ballista cluster (`df://HOST:PORT`, SPEC §12)
+    /// instead of in this process; the answer is the same.
+    pub cluster: Option<String>,
+}
+
+/// What one view's join reads of its table.
+struct ScanNeed<'a> {
+    columns: Vec<&'a str>,
+    range: ScanRange,
 }
 
 /// A spine: its rows, and where they came from (named in errors).
@@ -127,9 +137,12 @@ pub async fn historical(
     let n_features: usize = requests.iter().map(|r| r.features.len()).sum();
     let mut joined: Vec<Option<(Field, ArrayRef)>> = vec![None; n_features];
     let mut event_times: Vec<(Field, ArrayRef)> = Vec::new();
-    let join = Join { config, defs, spine, times: &times, options: &options, kernel, progress };
+    let join = Join { defs, spine, times: &times, options: &options, kernel, progress };
     for request in requests {
-        let view = join.view(request).await?;
+        let view = match &options.cluster {
+            None => join.view(config, request).await?,
+            Some(cluster) => distributed::join_view(&join, config, cluster, request).await?,
+        };
         for (k, column) in view.features.into_iter().enumerate() {
             joined[request.positions[k]] = Some(column);
         }
@@ -139,14 +152,44 @@ pub async fn historical(
     let mut columns: Vec<ArrayRef> = spine.rows.columns().to_vec();
     for (field, column) in joined.into_iter().flatten().chain(event_times) {
         fields.push(field);
-        columns.push(column);
+        columns.push(canonical(column));
     }
     Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
 }
 
+/// The columns the join of `request` adds, as [`historical`] names and types them: one
+/// per feature (an aggregation's output type for an event log), then the event time of
+/// the joined row when asked (not for event logs, whose answers span many rows).
+fn joined_fields(request: &ViewRequest<'_>, event_times: bool) -> Vec<Field> {
+    let view = request.view;
+    let mut fields: Vec<Field> = request
+        .features
+        .iter()
+        .map(|name| {
+            let dtype = match view.aggregation(name) {
+                Some(a) => a.output_dtype(view.feature(&a.column).expect("validated").dtype).expect("validated"),
+                None => view.feature(name).expect("resolved").dtype,
+            };
+            Field::new(format!("{}__{}", view.name, name), arrow_type(dtype), true)
+        })
+        .collect();
+    if event_times && !view.is_event_log() {
+        fields.push(Field::new(format!("{}__event_timestamp", view.name), crate::schema::timestamp_type(), true));
+    }
+    fields
+}
+
+/// `array` without validity buffers that mark nothing null, at any depth. The same
+/// values then have the same layout whichever way they were computed (gathered from one
+/// scan, or assembled from a cluster's partitions), so writers produce the same bytes:
+/// Parquet's writer, for one, pages a column with an all-valid buffer differently.
+fn canonical(array: ArrayRef) -> ArrayRef {
+    // Through `ArrayData`, whose builder drops them at every level (no copy).
+    arrow::array::make_array(array.to_data())
+}
+
 /// What one join holds for every view it joins.
 struct Join<'a> {
-    config: &'a Config,
     defs: &'a Definitions,
     spine: SpineRows<'a>,
     times: &'a [i64],
@@ -179,8 +222,10 @@ impl Join<'_> {
         Ok(keys)
     }
 
-    /// Scans, runs the kernel on and gathers one requested view.
-    async fn view(&self, request: &ViewRequest<'_>) -> Result<ViewJoined> {
+    /// What `request` reads of its view's table: the columns (the requested features,
+    /// or an event log's aggregated columns) and the rows (event times from the
+    /// earliest spine time less the TTL or the longest window, to the latest).
+    fn need<'r>(&self, request: &ViewRequest<'r>) -> Result<ScanNeed<'r>> {
         let view = request.view;
         if self.options.created_cutoff && view.source.created_timestamp_field.is_none() {
             return Err(Error::Request(format!(
@@ -188,22 +233,36 @@ impl Join<'_> {
                 view.name
             )));
         }
-        let index = EntityIndex::build(&self.spine_keys(view)?)?;
-        if view.is_event_log() {
-            return self.aggregate(request, index).await;
-        }
         let (min_t, max_t) = (self.times.iter().min().copied().unwrap_or(0), self.times.iter().max().copied().unwrap_or(0));
-        let ttl_us = view.ttl_us();
-        let range = ScanRange {
-            lo: ttl_us.map(|ttl| min_t.saturating_sub(ttl)),
-            hi: max_t,
-            extra: None,
-            version: self.options.versions.get(&view.name).copied(),
-        };
+        let version = self.options.versions.get(&view.name).copied();
+        if view.is_event_log() {
+            return Ok(aggregate::need(request, min_t, max_t, version));
+        }
+        let range = ScanRange { lo: view.ttl_us().map(|ttl| min_t.saturating_sub(ttl)), hi: max_t, extra: None, version };
+        Ok(ScanNeed { columns: request.features.clone(), range })
+    }
+
+    /// Scans, runs the kernel on and gathers one requested view.
+    async fn view(&self, config: &Config, request: &ViewRequest<'_>) -> Result<ViewJoined> {
+        let view = request.view;
+        let need = self.need(request)?;
+        let index = EntityIndex::build(&self.spine_keys(view)?)?;
         let phase = std::time::Instant::now();
-        let scan = scan_view_at(&self.config.view_table(view), self.defs, view, &request.features, range).await?;
+        let scan = scan_view_at(&config.view_table(view), self.defs, view, &need.columns, need.range).await?;
         (self.progress)(&format!("scanned {}", view.name), scan.rows as u64);
         tracing::debug!(view = %view.name, rows = scan.rows, secs = phase.elapsed().as_secs_f64(), "scanned");
+        self.scanned(request, index, scan)
+    }
+
+    /// Joins one requested view's scanned rows (`need`'s columns and rows, in any
+    /// order) with the spine: what the local join does after its scan, and what each
+    /// partition of a cluster join does with its share of the rows.
+    fn scanned(&self, request: &ViewRequest<'_>, index: EntityIndex, scan: Scan) -> Result<ViewJoined> {
+        let view = request.view;
+        if view.is_event_log() {
+            return self.aggregate(request, index, scan);
+        }
+        let ttl_us = view.ttl_us();
         let has_created = view.source.created_timestamp_field.is_some();
         let columns = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
         // Keep only the feature columns of the scan while the kernel runs.

@@ -97,10 +97,37 @@ pub(super) async fn scan_view_at(
     let provider = table.table_provider().await.map_err(query)?;
     let df = ctx.read_table(provider).map_err(query)?;
     let available: Vec<String> = df.schema().fields().iter().map(|f| f.name().clone()).collect();
-
-    let mut select: Vec<String> = defs.join_keys(view).into_iter().map(|k| k.name).collect();
+    let (select, feature_columns) = scan_columns(name, &available, defs, view, features)?;
     let ts = view.source.timestamp_field.clone();
-    select.push(ts.clone());
+    let mut filter = ident(&ts).lt_eq(ts_literal(hi));
+    if let Some(lo) = lo {
+        filter = filter.and(ident(&ts).gt_eq(ts_literal(lo)));
+    }
+    if let Some(extra) = extra {
+        filter = filter.and(extra);
+    }
+    let version = table.version();
+    let df = df.filter(filter).map_err(query)?.select(select.iter().map(ident).collect::<Vec<_>>()).map_err(query)?;
+    let batches: Vec<RecordBatch> = df.collect().await.map_err(query)?.into_iter().filter(|b| b.num_rows() > 0).collect();
+    let rows = batches.iter().map(RecordBatch::num_rows).sum();
+    Ok(Scan { batches, rows, version, feature_columns })
+}
+
+/// The columns a scan of `view`'s table (`name`, holding `available`) selects: keys,
+/// event time, created time (if any), seq, then those of `features` the table has;
+/// and for each feature its position in that list (`None`: the table lacks it).
+///
+/// # Errors
+/// [`Error::Request`] when the table lacks a key, time or seq column.
+pub(super) fn scan_columns(
+    name: &str,
+    available: &[String],
+    defs: &Definitions,
+    view: &FeatureView,
+    features: &[&str],
+) -> Result<(Vec<String>, Vec<Option<usize>>)> {
+    let mut select: Vec<String> = defs.join_keys(view).into_iter().map(|k| k.name).collect();
+    select.push(view.source.timestamp_field.clone());
     if let Some(created) = &view.source.created_timestamp_field {
         select.push(created.clone());
     }
@@ -119,18 +146,7 @@ pub(super) async fn scan_view_at(
             feature_columns.push(None);
         }
     }
-    let mut filter = ident(&ts).lt_eq(ts_literal(hi));
-    if let Some(lo) = lo {
-        filter = filter.and(ident(&ts).gt_eq(ts_literal(lo)));
-    }
-    if let Some(extra) = extra {
-        filter = filter.and(extra);
-    }
-    let version = table.version();
-    let df = df.filter(filter).map_err(query)?.select(select.iter().map(ident).collect::<Vec<_>>()).map_err(query)?;
-    let batches: Vec<RecordBatch> = df.collect().await.map_err(query)?.into_iter().filter(|b| b.num_rows() > 0).collect();
-    let rows = batches.iter().map(RecordBatch::num_rows).sum();
-    Ok(Scan { batches, rows, version, feature_columns })
+    Ok((select, feature_columns))
 }
 
 /// Every row of a view's table: keys, event time, created time (if any), the

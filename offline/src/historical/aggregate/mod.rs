@@ -45,35 +45,20 @@ use table::{Table, TableSlice};
 use window_index::WindowIndex;
 
 use super::kernel_input::KernelColumns;
-use super::scan::{ScanRange, scan_view_at};
-use super::{Join, ViewJoined, ViewRequest};
+use super::scan::{Scan, ScanRange};
+use super::{Join, ScanNeed, ViewJoined, ViewRequest};
 use crate::error::Result;
 use crate::keys::EntityIndex;
 use crate::schema::arrow_type;
 
 impl Join<'_> {
-    /// The requested aggregations of an event log, one column each.
-    pub(super) async fn aggregate(&self, request: &ViewRequest<'_>, index: EntityIndex) -> Result<ViewJoined> {
+    /// The requested aggregations of an event log, one column each, from the scanned
+    /// rows of [`need`].
+    pub(super) fn aggregate(&self, request: &ViewRequest<'_>, index: EntityIndex, scan: Scan) -> Result<ViewJoined> {
         let view = request.view;
         let started = Instant::now();
         let aggs: Vec<&Aggregation> = request.features.iter().map(|name| view.aggregation(name).expect("resolved")).collect();
-        let mut columns: Vec<&str> = Vec::new();
-        for a in &aggs {
-            if !columns.contains(&a.column.as_str()) {
-                columns.push(&a.column);
-            }
-        }
-        let (min_t, max_t) = (self.times.iter().min().copied().unwrap_or(0), self.times.iter().max().copied().unwrap_or(0));
-        let reach = aggs.iter().map(|a| a.window_us().saturating_add(a.hop_us())).max().unwrap_or(0);
-        let range = ScanRange {
-            lo: Some(min_t.saturating_sub(reach)),
-            hi: max_t,
-            extra: None,
-            version: self.options.versions.get(&view.name).copied(),
-        };
-        let scan = scan_view_at(&self.config.view_table(view), self.defs, view, &columns, range).await?;
-        (self.progress)(&format!("scanned {}", view.name), scan.rows as u64);
-        tracing::debug!(view = %view.name, rows = scan.rows, ms = started.elapsed().as_millis() as u64, "aggregation: scanned");
+        let columns = event_columns(&aggs);
         let has_created = view.source.created_timestamp_field.is_some();
         let mut kernel = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
         // Each event column as one array, indexed like the kernel's rows.
@@ -118,6 +103,28 @@ impl Join<'_> {
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: columns built");
         Ok(ViewJoined { features, event_time: None })
     }
+}
+
+/// The event columns `aggs` read, each once, in order of first use.
+fn event_columns<'a>(aggs: &[&'a Aggregation]) -> Vec<&'a str> {
+    let mut columns: Vec<&str> = Vec::new();
+    for a in aggs {
+        if !columns.contains(&a.column.as_str()) {
+            columns.push(&a.column);
+        }
+    }
+    columns
+}
+
+/// What an event log's aggregations read: their columns, and the events that can fall
+/// in a window of a spine time in `[min_t, max_t]` (the longest window and hop before
+/// the earliest).
+pub(super) fn need<'a>(request: &ViewRequest<'a>, min_t: i64, max_t: i64, version: Option<u64>) -> ScanNeed<'a> {
+    let view = request.view;
+    let aggs: Vec<&'a Aggregation> = request.features.iter().map(|name| view.aggregation(name).expect("resolved")).collect();
+    let reach = aggs.iter().map(|a| a.window_us().saturating_add(a.hop_us())).max().unwrap_or(0);
+    let range = ScanRange { lo: Some(min_t.saturating_sub(reach)), hi: max_t, extra: None, version };
+    ScanNeed { columns: event_columns(&aggs), range }
 }
 
 /// The spine rows of each entity, by time (then row).
