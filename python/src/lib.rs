@@ -122,9 +122,11 @@ fn ingest(py: Python<'_>, repo: String, view: String, table: &Bound<'_, PyAny>) 
 }
 
 /// The point-in-time join of `entity_df` (a table with the join keys and
-/// `event_timestamp`) with the features; returns a table. `engine`: auto, cpu or gpu.
+/// `event_timestamp`) with the features; returns a table. `engine`: auto, cpu or gpu;
+/// `cluster`: `df://HOST:PORT` of a Ballista scheduler to join on.
 #[pyfunction]
-#[pyo3(signature = (repo, entity_df, features = None, feature_service = None, created_cutoff = false, engine = "auto"))]
+#[pyo3(signature = (repo, entity_df, features = None, feature_service = None, created_cutoff = false, engine = "auto", cluster = None))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments
 fn get_historical_features(
     py: Python<'_>,
     repo: String,
@@ -133,13 +135,14 @@ fn get_historical_features(
     feature_service: Option<String>,
     created_cutoff: bool,
     engine: &str,
+    cluster: Option<String>,
 ) -> PyResult<ArrowStream> {
     let engine: Engine = engine.parse().map_err(ValidationError::new_err)?;
     let (schema, spine_batches) = read_table(entity_df, "entity_df")?;
     let joined = run(py, async move {
         let repo = open(&repo)?;
         let spine = concat_batches(&schema, &spine_batches)?;
-        let mut op = repo.historical(Spine::Batch(spine, "entity_df".into())).with_engine(engine).with_created_cutoff(created_cutoff);
+        let mut op = repo.historical(Spine::Batch(spine, "entity_df".into())).with_engine(engine).with_created_cutoff(created_cutoff).with_cluster(cluster);
         op = match (feature_service, features) {
             (Some(service), _) => op.with_service(service),
             (None, Some(features)) => op.with_features(features),

@@ -383,3 +383,46 @@ feature_views:
                                                                         window=timedelta(hours=1), hop=timedelta(minutes=7))])])
     with pytest.raises(qv.ValidationError, match="give window or time_window"):
         qv.Aggregation(name="x", function="count", column="fare", window=timedelta(hours=1), time_window=timedelta(hours=1))
+
+
+def test_get_historical_features_on_a_cluster_equals_the_local_join(store, tmp_path):
+    """A `quiver cluster` scheduler and executor as processes; cluster= joins on them."""
+    import socket
+    import time
+
+    def free_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
+    logs = open(tmp_path / "cluster.log", "w")
+    procs = [subprocess.Popen([QUIVER, "cluster", "scheduler", "--port", str(port)], stdout=logs, stderr=logs, env=env)]
+    try:
+        began = time.time()
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.time() - began < 60, "the scheduler did not start"
+            time.sleep(0.1)
+        procs.append(subprocess.Popen([QUIVER, "cluster", "executor", "--scheduler", f"127.0.0.1:{port}",
+                                       "--port", str(free_port()), "--grpc-port", str(free_port()),
+                                       "--work-dir", str(tmp_path)], stdout=logs, stderr=logs, env=env))
+        features = ["trips:fare", "trips:city", "trips:embedding"]
+        local = store.get_historical_features(entity_df=spine(), features=features).to_arrow()
+        remote = None
+        began = time.time()
+        while remote is None:
+            try:
+                remote = store.get_historical_features(entity_df=spine(), features=features,
+                                                       cluster=f"df://127.0.0.1:{port}").to_arrow()
+            except qv.QuiverError as e:  # until the executor has registered
+                assert time.time() - began < 60, f"{e}\n{open(tmp_path / 'cluster.log').read()}"
+                time.sleep(0.5)
+        assert remote.equals(local), (remote, local)
+        assert local.column("trips__fare").null_count < local.num_rows  # something joined
+        with pytest.raises(qv.ValidationError, match="not a df:// address"):
+            store.get_historical_features(entity_df=spine(), features=features, cluster="http://127.0.0.1:1")
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)

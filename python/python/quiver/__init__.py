@@ -354,11 +354,13 @@ class FeatureStore:
 
     def get_historical_features(self, entity_df: Any, features: Optional[Sequence[str]] = None,
                                 feature_service: Optional[Union[str, FeatureService]] = None,
-                                created_cutoff: bool = False, engine: str = "auto") -> RetrievalJob:
+                                created_cutoff: bool = False, engine: str = "auto",
+                                cluster: Optional[str] = None) -> RetrievalJob:
         """The point-in-time join (SPEC §3) of ``entity_df`` (join keys and
         ``event_timestamp``, plus anything else) with ``features`` or a service.
         ``engine``: "auto" (the GPU for large spines when one is usable), "cpu" or
-        "gpu" (an error without a usable GPU)."""
+        "gpu" (an error without a usable GPU). ``cluster``: ``"df://HOST:PORT"`` of a
+        ``quiver cluster scheduler`` to join on (SPEC §12); the answer is the same."""
         if isinstance(features, FeatureService):
             feature_service, features = features, None
         service = feature_service.name if isinstance(feature_service, FeatureService) else feature_service
@@ -366,7 +368,7 @@ class FeatureStore:
             raise ValidationError("give exactly one of features=[...] and feature_service=...")
         stream = _quiver.get_historical_features(self.repo_path, _to_arrow(entity_df, "entity_df"),
                                                  list(features) if features is not None else None, service, created_cutoff,
-                                                 engine)
+                                                 engine, cluster)
         return RetrievalJob(pa.RecordBatchReader.from_stream(stream).read_all())
 
     def materialize(self, start_date: datetime, end_date: datetime) -> List[tuple]:
