@@ -142,7 +142,11 @@ fn get_historical_features(
     let joined = run(py, async move {
         let repo = open(&repo)?;
         let spine = concat_batches(&schema, &spine_batches)?;
-        let mut op = repo.historical(Spine::Batch(spine, "entity_df".into())).with_engine(engine).with_created_cutoff(created_cutoff).with_cluster(cluster);
+        let mut op = repo
+            .historical(Spine::Batch(spine, "entity_df".into()))
+            .with_engine(engine)
+            .with_created_cutoff(created_cutoff)
+            .with_cluster(cluster);
         op = match (feature_service, features) {
             (Some(service), _) => op.with_service(service),
             (None, Some(features)) => op.with_features(features),
