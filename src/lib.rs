@@ -12,6 +12,7 @@ pub mod demo;
 pub mod error;
 pub mod export;
 pub mod init;
+pub mod insights;
 pub mod materialize;
 pub mod ops;
 pub mod repo;

@@ -1,6 +1,6 @@
 //! The feature server wired to a repository: its online store, the registry, `/push`
-//! offline through the streaming crate's Delta writer, and the serving log when one is
-//! given. `quiver serve` and the examples build their server state here.
+//! offline through the streaming crate's Delta writer, the web UI's reports of the
+//! offline side, and the serving log when one is given. `quiver serve` and the examples build their server state here.
 
 use std::sync::Arc;
 
@@ -26,5 +26,6 @@ pub fn server_state(config: &Config, store: Arc<dyn OnlineStore>, log: Option<Ar
         offline: Some(Arc::new(quiver_streaming::write::DeltaWriter { config: config.clone() })),
         serving_log: log.map(|l| l as Arc<dyn quiver_online::serving_log::ServingLog>),
         limits: Limits::of(&config.server, config.max_future_skew),
+        insights: Some(Arc::new(crate::insights::RepoInsights::new(config.clone()))),
     })
 }

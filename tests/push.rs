@@ -152,6 +152,7 @@ async fn server_push_offline_goes_through_delta() {
         offline: Some(Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
         serving_log: None,
         limits: quiver::online::server::Limits::default(),
+        insights: None,
     });
     let push = |body: &'static str| {
         let state = state.clone();

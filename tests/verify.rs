@@ -234,6 +234,7 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
         offline: None,
         serving_log: Some(log.clone()),
         limits: quiver::online::server::Limits::default(),
+        insights: None,
     });
     let body = r#"{"entities": {"driver_id": [1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010]}, "features": ["driver_hourly:conv_rate", "driver_hourly:avg_daily_trips"]}"#;
     let ask = |at: i64| {

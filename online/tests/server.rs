@@ -87,6 +87,7 @@ async fn fixture(store: Option<Arc<dyn OnlineStore>>, token: Option<&str>) -> Fi
         offline: None,
         serving_log: None,
         limits: quiver_online::server::Limits::default(),
+        insights: None,
     });
     Fixture { _dir: dir, registry_path, state }
 }

@@ -57,7 +57,11 @@ impl<'a> VerifyLog<'a> {
     async fn run(self) -> Result<LogReport> {
         let defs = self.repo.defs()?;
         let (kernel, _) = pick_engine(self.engine, 0)?;
-        crate::verify::verify_log(&self.repo.config, &defs, self.since, self.until, self.created_cutoff, kernel.as_ref()).await
+        let report =
+            crate::verify::verify_log(&self.repo.config, &defs, self.since, self.until, self.created_cutoff, kernel.as_ref()).await?;
+        let window = Some((self.since, self.until));
+        crate::verify::store_report(&self.repo.config.repo, "since", now_us(), window, &report.features)?;
+        Ok(report)
     }
 }
 
@@ -74,7 +78,9 @@ impl<'a> VerifySample<'a> {
         let defs = self.repo.defs()?;
         let store = self.repo.store_or_open(self.store).await?;
         let now = self.now.unwrap_or_else(now_us);
-        crate::verify::verify_sample(&self.repo.config, &defs, store.as_ref(), self.n, now, now as u64).await
+        let features = crate::verify::verify_sample(&self.repo.config, &defs, store.as_ref(), self.n, now, now as u64).await?;
+        crate::verify::store_report(&self.repo.config.repo, "sample", now, None, &features)?;
+        Ok(features)
     }
 }
 

@@ -53,6 +53,44 @@ impl FeatureReport {
 
 const EXAMPLES: usize = 3;
 
+/// Where each `verify` run stores its report (one JSON file per run), which the web
+/// UI's consistency page lists and charts.
+pub const REPORTS_DIR: &str = ".quiver/verify";
+
+/// Stores a run's report under [`REPORTS_DIR`]: `kind` (`since` or `sample`), when it
+/// ran, the window it replayed (for `since`), and per feature the rows compared, the
+/// disagreements and the rate.
+///
+/// # Errors
+/// When the file cannot be written.
+pub fn store_report(
+    repo: &std::path::Path,
+    kind: &str,
+    at: i64,
+    window: Option<(i64, i64)>,
+    features: &[FeatureReport],
+) -> crate::error::Result<()> {
+    let dir = repo.join(REPORTS_DIR);
+    std::fs::create_dir_all(&dir).map_err(|e| crate::error::Error::io(&dir, e))?;
+    let report = serde_json::json!({
+        "kind": kind,
+        "at": quiver_sdk::rows::format_instant(at),
+        "since": window.map(|(s, _)| quiver_sdk::rows::format_instant(s)),
+        "until": window.map(|(_, u)| quiver_sdk::rows::format_instant(u)),
+        "features": features.iter().map(|f| serde_json::json!({
+            "feature": f.feature,
+            "compared": f.compared,
+            "mismatches": f.mismatches,
+            "missing_online": f.missing_online,
+            "missing_offline": f.missing_offline,
+            "rate": f.mismatch_rate(),
+        })).collect::<Vec<_>>(),
+    });
+    // Named by time (microseconds, zero-padded): listing order is run order.
+    let path = dir.join(format!("{at:020}-{kind}.json"));
+    crate::export::write_atomic(&path, serde_json::to_string_pretty(&report).expect("a report serialises").as_bytes())
+}
+
 /// What replaying the serving log found.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct LogReport {

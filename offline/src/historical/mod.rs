@@ -39,7 +39,7 @@ use scan::{Scan, ScanRange, scan_view_at};
 pub use events::{EntityEvents, events_since};
 pub use latest::{Latest, Window, latest_per_entity};
 pub use output::write_parquet;
-pub use scan::{read_view, table_versions};
+pub use scan::{TableSummary, read_view, table_summary, table_versions};
 pub use spine::{SPINE_TIMESTAMP, read_spine};
 
 /// The requested features, grouped by view in order of first mention.

@@ -173,3 +173,43 @@ pub async fn table_versions(config: &Config, views: &[&FeatureView]) -> Result<B
     }
     Ok(out)
 }
+
+/// A view's table at a glance: its version, rows and newest event time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableSummary {
+    pub version: u64,
+    pub rows: u64,
+    /// UTC microseconds; `None` for an empty table.
+    pub newest_event: Option<i64>,
+}
+
+/// The [`TableSummary`] of `view`'s table (`None`: no table yet), from one aggregate
+/// query (DataFusion answers it from the Parquet statistics where it can).
+///
+/// # Errors
+/// [`Error::Delta`]/[`Error::Query`] when the table cannot be read.
+pub async fn table_summary(config: &Config, view: &FeatureView) -> Result<Option<TableSummary>> {
+    use datafusion::functions_aggregate::expr_fn::{count, max};
+    let location = config.view_table(view);
+    let name = &location.to_string();
+    let Some(table) = open_table(&location).await? else {
+        return Ok(None);
+    };
+    let query = |source| Error::query(name, source);
+    let ctx = SessionContext::new();
+    table.update_datafusion_session(&ctx.state()).map_err(|e| Error::delta(name, e))?;
+    let version = table.version().unwrap_or(0);
+    let provider = table.table_provider().await.map_err(query)?;
+    let ts = ident(&view.source.timestamp_field);
+    let df = ctx.read_table(provider).map_err(query)?.aggregate(vec![], vec![count(lit(1)), max(ts)]).map_err(query)?;
+    let batches = df.collect().await.map_err(query)?;
+    let (mut rows, mut newest) = (0u64, None);
+    if let Some(b) = batches.iter().find(|b| b.num_rows() > 0) {
+        use arrow::array::{Array, AsArray};
+        rows = b.column(0).as_primitive::<arrow::datatypes::Int64Type>().value(0) as u64;
+        let t = arrow::compute::cast(b.column(1), &arrow::datatypes::DataType::Int64)?;
+        let t = t.as_primitive::<arrow::datatypes::Int64Type>();
+        newest = (!t.is_null(0)).then(|| t.value(0));
+    }
+    Ok(Some(TableSummary { version, rows, newest_event: newest }))
+}

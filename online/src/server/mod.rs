@@ -2,7 +2,8 @@
 //!
 //! `router(state)` builds the axum `Router`; [`serve`] (in `listen`) binds it with the
 //! connection limits and graceful shutdown. Routes: `POST /get-online-features`,
-//! `POST /push`, `GET /health`, `GET /metrics` (Prometheus text), `GET /registry`.
+//! `POST /push`, `GET /health`, `GET /metrics` (Prometheus text), `GET /registry`, and
+//! the web UI's `GET /ui` and `/api/...` ([`ui`]).
 //! Errors are JSON `{"error": "..."}` with 400 (bad request, unknown or duplicate
 //! feature, a view that is not online), 401 (token), 404 (unknown feature service), 408
 //! (body not sent in time), 413 (too large: body, entity rows, or entity rows x features
@@ -34,10 +35,12 @@ mod limits;
 mod metrics;
 mod push;
 mod registry_cache;
+pub mod ui;
 
 pub use limits::{Limit, Limits};
 pub use metrics::Metrics;
 pub use registry_cache::RegistryCache;
+pub use ui::Insights;
 
 /// Largest request body accepted (413 beyond).
 pub const MAX_BODY_BYTES: usize = 1 << 20;
@@ -62,6 +65,8 @@ pub struct ServerState {
     pub serving_log: Option<Arc<dyn ServingLog>>,
     /// The bounds of SPEC §13.
     pub limits: Limits,
+    /// What the web UI reports of the offline side; `None` answers its endpoints 501.
+    pub insights: Option<Arc<dyn Insights>>,
 }
 
 impl std::fmt::Debug for ServerState {
@@ -118,6 +123,14 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/health", get(|| async { Json(json!({ "status": "ok" })) }))
         .route("/metrics", get(metrics))
         .route("/registry", get(registry))
+        .route("/ui", get(ui::index))
+        .route("/ui/", get(ui::index))
+        .route("/ui/app.js", get(ui::app_js))
+        .route("/ui/app.css", get(ui::app_css))
+        .route("/api/registry", get(ui::registry))
+        .route("/api/freshness", get(ui::freshness))
+        .route("/api/statistics/{view}", get(ui::statistics))
+        .route("/api/verify-reports", get(ui::verify_reports))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -148,12 +161,21 @@ async fn guard(State(state): State<Arc<ServerState>>, request: Request, next: Ne
     // Known routes by name; anything else counts as `other` (bounded metric labels).
     let path = request.uri().path();
     let route = match path {
-        "/get-online-features" | "/push" | "/health" | "/metrics" | "/registry" => path.to_string(),
+        "/get-online-features"
+        | "/push"
+        | "/health"
+        | "/metrics"
+        | "/registry"
+        | "/api/registry"
+        | "/api/freshness"
+        | "/api/verify-reports" => path.to_string(),
+        p if p.starts_with("/api/statistics/") => "/api/statistics".to_string(),
+        p if ui::STATIC.contains(&p) => "/ui".to_string(),
         _ => "other".to_string(),
     };
     let response = match &state.auth_token {
-        // Health checks (load balancers, probes) need no token.
-        Some(token) if route != "/health" && !authorized(request.headers(), token) => {
+        // Health checks (load balancers, probes) and the UI's static page need no token.
+        Some(token) if route != "/health" && route != "/ui" && !authorized(request.headers(), token) => {
             ApiError(StatusCode::UNAUTHORIZED, "missing or wrong bearer token".into()).into_response()
         }
         _ => match read_body(&state, request).await {

@@ -49,6 +49,11 @@ impl RegistryCache {
 
     /// The current definitions: re-read when the file's modification time changed;
     /// the last good ones when the file cannot be read.
+    /// The registry version [`Self::current`] last answered with (0: nothing applied).
+    pub fn version(&self) -> u64 {
+        self.cached.read().expect("registry lock").version
+    }
+
     pub fn current(&self) -> Arc<Definitions> {
         let mtime = mtime_of(self.registry.path());
         {

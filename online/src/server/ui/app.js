@@ -1,0 +1,303 @@
+// Quiver's web UI: one page over the server's JSON endpoints (/api/registry,
+// /api/freshness, /api/statistics/VIEW, /api/verify-reports, /get-online-features).
+// No build step and no library: the charts are SVG drawn here.
+"use strict";
+
+const state = { registry: null, token: sessionStorage.getItem("quiver-token") || "" };
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else if (k === "text") e.textContent = v; else e.setAttribute(k, v);
+  }
+  for (const c of children.flat()) if (c != null) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  for (const c of children.flat()) if (c != null) e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return e;
+}
+
+function showError(message) {
+  const box = $("error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+// Every call carries the token once one is known; a 401 asks for it once and retries.
+async function api(path, options) {
+  const headers = Object.assign({ "content-type": "application/json" }, (options || {}).headers || {});
+  if (state.token) headers.authorization = "Bearer " + state.token;
+  const response = await fetch(path, Object.assign({}, options, { headers }));
+  if (response.status === 401 && !(options || {}).retried) {
+    const token = window.prompt("This server needs its token (server.auth_token):");
+    if (token) {
+      state.token = token;
+      sessionStorage.setItem("quiver-token", token);
+      return api(path, Object.assign({}, options, { retried: true }));
+    }
+  }
+  const body = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(`${path}: ${response.status} ${body.error || ""}`);
+  return body;
+}
+
+function duration(seconds) {
+  if (seconds == null) return "—";
+  const s = Math.abs(seconds);
+  const text = s < 120 ? `${Math.round(s)}s` : s < 7200 ? `${Math.round(s / 60)}m` : s < 172800 ? `${(s / 3600).toFixed(1)}h` : `${(s / 86400).toFixed(1)}d`;
+  return seconds < 0 ? `in ${text}` : text;
+}
+
+// ---- registry ------------------------------------------------------------------
+
+function viewKind(v) {
+  return (v.aggregations || []).length ? "event log" : "feature view";
+}
+
+function renderRegistry() {
+  const defs = state.registry.definitions;
+  const q = $("search").value.trim().toLowerCase();
+  const hit = (...texts) => !q || texts.some((t) => String(t || "").toLowerCase().includes(q));
+  const out = $("registry");
+  out.replaceChildren();
+  for (const e of defs.entities || []) {
+    if (!hit(e.name, e.description, ...(e.join_keys || []).map((k) => k.name))) continue;
+    out.append(el("div", { class: "card entity", "data-name": e.name },
+      el("h2", {}, e.name, el("span", { class: "kind", text: "entity" })),
+      e.description ? el("p", { text: e.description }) : null,
+      el("div", {}, "join keys: ", (e.join_keys || []).map((k) => el("span", { class: "tag", text: `${k.name}: ${k.dtype}` })))));
+  }
+  for (const v of defs.feature_views || []) {
+    const features = v.features || [], aggs = v.aggregations || [];
+    if (!hit(v.name, v.description, ...features.map((f) => f.name), ...aggs.map((a) => a.name))) continue;
+    const source = Object.entries(v.source || {}).map(([k, x]) => el("span", { class: "tag", text: `${k}: ${typeof x === "object" ? JSON.stringify(x) : x}` }));
+    const rows = features.map((f) => el("tr", {}, el("td", { class: "mono", text: f.name }), el("td", { text: f.dtype }), el("td", { text: aggs.length ? "event column" : "served" })));
+    const aggRows = aggs.map((a) => el("tr", {}, el("td", { class: "mono", text: a.name }),
+      el("td", { text: `${a.function}(${a.column})${a.k ? " k=" + a.k : ""}` }),
+      el("td", { text: `window ${a.window}${a.hop ? ", hop " + a.hop : ""}` })));
+    out.append(el("div", { class: "card view", "data-name": v.name },
+      el("h2", {}, v.name, el("span", { class: "kind", text: viewKind(v) })),
+      v.description ? el("p", { text: v.description }) : null,
+      el("div", {}, "entities: ", (v.entities || []).map((x) => el("span", { class: "tag", text: x })),
+        ` ttl: ${v.ttl === "0" || v.ttl == null ? "none" : v.ttl}`, v.online === false ? " · offline only" : " · online"),
+      el("div", {}, "source: ", source),
+      el("table", {}, el("tr", {}, el("th", { text: "feature" }), el("th", { text: "type" }), el("th", { text: "" })), rows, aggRows)));
+  }
+  for (const s of defs.feature_services || []) {
+    if (!hit(s.name, s.description, ...(s.features || []))) continue;
+    out.append(el("div", { class: "card service", "data-name": s.name },
+      el("h2", {}, s.name, el("span", { class: "kind", text: "feature service" })),
+      s.description ? el("p", { text: s.description }) : null,
+      el("div", {}, (s.features || []).map((f) => el("span", { class: "tag", text: f })))));
+  }
+}
+
+// ---- lineage: sources -> views -> services -----------------------------------------
+
+function renderLineage() {
+  const defs = state.registry.definitions;
+  const views = defs.feature_views || [], services = defs.feature_services || [];
+  const sourceName = (v) => (v.source && (v.source.path || (v.source.stream && (v.source.stream.topic || "stream")))) || `delta: ${v.name}`;
+  const sources = [...new Set(views.map(sourceName))];
+  const rowH = 44, width = 900, colX = [20, 340, 660], boxW = 220;
+  const height = Math.max(sources.length, views.length, services.length, 1) * rowH + 30;
+  const y = (i) => 20 + i * rowH;
+  const root = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, id: "lineage-graph" });
+  const box = (x, yy, label, cls) => [
+    svg("rect", { x, y: yy, width: boxW, height: 28, rx: 6, fill: cls === "view" ? "#eef2ff" : cls === "service" ? "#e8f6ee" : "#f2f4f7", stroke: "#d0d5dd" }),
+    svg("text", { x: x + 8, y: yy + 18, style: "fill:#1d2330" }, label.length > 32 ? label.slice(0, 31) + "…" : label),
+  ];
+  const edge = (x1, y1, x2, y2) => svg("path", { d: `M${x1},${y1} C${x1 + 60},${y1} ${x2 - 60},${y2} ${x2},${y2}`, fill: "none", stroke: "#98a2b3" });
+  views.forEach((v, i) => root.append(edge(colX[0] + boxW, y(sources.indexOf(sourceName(v))) + 14, colX[1], y(i) + 14)));
+  services.forEach((s, j) => {
+    const used = new Set((s.features || []).map((f) => f.split(":")[0]));
+    views.forEach((v, i) => { if (used.has(v.name)) root.append(edge(colX[1] + boxW, y(i) + 14, colX[2], y(j) + 14)); });
+  });
+  sources.forEach((s, i) => root.append(...box(colX[0], y(i), s, "source")));
+  views.forEach((v, i) => root.append(...box(colX[1], y(i), v.name, "view")));
+  services.forEach((s, j) => root.append(...box(colX[2], y(j), s.name, "service")));
+  $("lineage").replaceChildren(el("div", { class: "card" }, el("h2", { text: "Sources → views → services" }), root));
+}
+
+// ---- freshness ---------------------------------------------------------------------
+
+async function renderFreshness() {
+  const data = await api("/api/freshness");
+  // A view with a ttl: its age on a scale of 1.5 ttl, the ttl marked. Without: against
+  // the oldest of those.
+  const maxAge = Math.max(1, ...data.views.filter((v) => !v.ttl_seconds).map((v) => v.age_seconds || 0));
+  const rows = data.views.map((v) => {
+    const w = 220, age = Math.max(0, v.age_seconds || 0), scale = v.ttl_seconds ? 1.5 * v.ttl_seconds : maxAge;
+    const bar = svg("svg", { width: w, height: 14, class: "age-bar" },
+      svg("rect", { x: 0, y: 2, width: Math.max(2, Math.min(w, (w * age) / scale)), height: 10, rx: 3, fill: v.stale ? "#d0453c" : "#2e9d5b" }),
+      v.ttl_seconds ? svg("line", { x1: (w * v.ttl_seconds) / scale, x2: (w * v.ttl_seconds) / scale, y1: 0, y2: 14, stroke: "#1d2330", "stroke-width": 2 }) : null);
+    const materialized = (v.materialized || []).map((m) => `${m.store}: until ${m.until} (v${m.table_version})`).join("; ") || "never (incrementally)";
+    return el("tr", { class: v.stale ? "stale-row" : "fresh-row", "data-view": v.view },
+      el("td", { class: "mono", text: v.view }),
+      el("td", { text: v.newest_event || "no rows" }),
+      el("td", { class: v.stale ? "stale" : "fresh", text: duration(v.age_seconds) }),
+      el("td", { text: v.ttl_seconds ? duration(v.ttl_seconds) : "none" }),
+      el("td", {}, bar),
+      el("td", { text: `${v.rows.toLocaleString()} rows, version ${v.table_version ?? "—"}` }),
+      el("td", { text: materialized }));
+  });
+  $("freshness").replaceChildren(el("div", { class: "card" },
+    el("h2", { text: `Freshness at ${data.now}` }),
+    el("table", {}, el("tr", {}, ["view", "newest event", "age", "ttl", "age against ttl", "offline table", "last materialization"].map((h) => el("th", { text: h }))), rows)));
+}
+
+// ---- statistics --------------------------------------------------------------------
+
+function histogram(h) {
+  const w = 260, hgt = 90, n = h.counts.length, top = Math.max(1, ...h.counts);
+  const bars = h.counts.map((c, i) => svg("rect", { x: (i * w) / n + 1, y: hgt - (hgt * c) / top, width: w / n - 2, height: (hgt * c) / top, fill: "#3559c7" },
+    svg("title", {}, `${c}`)));
+  return svg("svg", { width: w, height: hgt + 16, class: "histogram" }, bars,
+    svg("text", { x: 0, y: hgt + 13 }, Number(h.lo.toPrecision(4))), svg("text", { x: w, y: hgt + 13, "text-anchor": "end" }, Number(h.hi.toPrecision(4))));
+}
+
+async function renderStatistics() {
+  const select = $("stats-view");
+  if (!select.options.length) {
+    for (const v of state.registry.definitions.feature_views || []) select.append(el("option", { value: v.name, text: v.name }));
+    select.onchange = () => renderStatistics().catch((e) => showError(e.message));
+  }
+  if (!select.value) return;
+  const data = await api(`/api/statistics/${encodeURIComponent(select.value)}`);
+  const charts = data.features.map((f) => el("div", { class: "card feature-stats", "data-feature": f.name },
+    el("h2", {}, f.name, el("span", { class: "kind", text: f.dtype })),
+    el("div", { text: `null rate ${(100 * f.null_rate).toFixed(1)}% (${f.nulls} of ${data.rows})` }),
+    f.histogram ? histogram(f.histogram) : el("div", { class: "muted", text: "no histogram (not numeric)" })));
+  $("statistics").replaceChildren(el("p", { text: `${data.rows.toLocaleString()} rows at table version ${data.table_version ?? "—"}` }), el("div", { class: "charts" }, charts));
+}
+
+// ---- consistency -------------------------------------------------------------------
+
+async function renderConsistency() {
+  const data = await api("/api/verify-reports");
+  const reports = data.reports || [];
+  if (!reports.length) {
+    $("consistency").replaceChildren(el("div", { class: "card", text: "No verify runs yet: `quiver verify --sample N` or `--since T` stores a report here." }));
+    return;
+  }
+  // One line per feature: its mismatch rate at each run.
+  const series = {};
+  reports.forEach((r, i) => (r.features || []).forEach((f) => { (series[f.feature] = series[f.feature] || []).push([i, f.rate]); }));
+  const w = 700, h = 200, pad = 30, top = Math.max(0.01, ...Object.values(series).flat().map((p) => p[1]));
+  const x = (i) => pad + (reports.length === 1 ? (w - 2 * pad) / 2 : (i * (w - 2 * pad)) / (reports.length - 1));
+  const y = (r) => h - pad - (r * (h - 2 * pad)) / top;
+  const colors = ["#3559c7", "#d0453c", "#2e9d5b", "#d99a1e", "#7a5af8", "#0ba5ec", "#ee46bc"];
+  const chart = svg("svg", { width: w, height: h, id: "mismatch-chart" },
+    svg("line", { x1: pad, x2: w - pad, y1: h - pad, y2: h - pad, stroke: "#d0d5dd" }),
+    svg("text", { x: 2, y: pad }, `${(100 * top).toFixed(1)}%`), svg("text", { x: 2, y: h - pad }, "0%"),
+    Object.entries(series).map(([name, pts], k) => svg("g", {},
+      svg("polyline", { points: pts.map(([i, r]) => `${x(i)},${y(r)}`).join(" "), fill: "none", stroke: colors[k % colors.length], "stroke-width": 2 }),
+      pts.map(([i, r]) => svg("circle", { cx: x(i), cy: y(r), r: 3, fill: colors[k % colors.length] }, svg("title", {}, `${name}: ${(100 * r).toFixed(2)}%`))))));
+  const rows = reports.slice().reverse().map((r) => el("tr", {},
+    el("td", { text: r.at }), el("td", { text: r.kind + (r.since ? ` ${r.since} – ${r.until}` : "") }),
+    el("td", { text: (r.features || []).reduce((a, f) => a + f.compared, 0) }),
+    el("td", { text: (r.features || []).reduce((a, f) => a + f.mismatches + f.missing_online + f.missing_offline, 0) })));
+  $("consistency").replaceChildren(
+    el("div", { class: "card" }, el("h2", { text: "Mismatch rate per feature, by verify run" }), chart),
+    el("div", { class: "card" }, el("h2", { text: "Runs" }),
+      el("table", {}, el("tr", {}, ["at", "kind", "rows compared", "disagreements"].map((t) => el("th", { text: t }))), rows)));
+}
+
+// ---- lookup ------------------------------------------------------------------------
+
+async function renderLookupForm() {
+  const defs = state.registry.definitions;
+  const features = $("lookup-features"), keys = $("lookup-keys");
+  features.replaceChildren(el("legend", { text: "Features" }));
+  keys.replaceChildren(el("legend", { text: "Entity keys" }));
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const wanted = (params.get("features") || "").split(",").filter(Boolean);
+  for (const v of defs.feature_views || []) {
+    if (v.online === false) continue;
+    const names = (v.aggregations || []).length ? v.aggregations.map((a) => a.name) : (v.features || []).map((f) => f.name);
+    for (const name of names) {
+      const ref = `${v.name}:${name}`;
+      const box = el("input", { type: "checkbox", value: ref, "data-view": v.name });
+      box.checked = wanted.includes(ref);
+      features.append(el("label", {}, box, " ", ref));
+    }
+  }
+  const seen = new Set();
+  for (const e of defs.entities || []) for (const k of e.join_keys || []) {
+    if (seen.has(k.name)) continue;
+    seen.add(k.name);
+    keys.append(el("label", {}, `${k.name} (${k.dtype}) `, el("input", { name: k.name, "data-dtype": k.dtype, value: params.get(k.name) || "", size: 12 })));
+  }
+  $("lookup-form").onsubmit = (event) => { event.preventDefault(); lookup().catch((e) => showError(e.message)); };
+  // A link may name the features and keys (#lookup?features=v:f,...&key=value): answer it.
+  if (wanted.length) await lookup();
+}
+
+async function lookup() {
+  const features = [...document.querySelectorAll("#lookup-features input:checked")].map((b) => b.value);
+  if (!features.length) throw new Error("choose at least one feature");
+  const entities = {};
+  for (const input of document.querySelectorAll("#lookup-keys input")) {
+    if (!input.value.trim()) continue;
+    const values = input.value.split(",").map((s) => s.trim());
+    entities[input.name] = input.dataset.dtype.startsWith("int") ? values.map(Number) : values;
+  }
+  const body = JSON.stringify({ entities, features, full_feature_names: true });
+  const origin = location.origin;
+  $("lookup-curl").textContent = `curl -s -X POST ${origin}/get-online-features -H 'content-type: application/json'` +
+    (state.token ? " -H 'authorization: Bearer $QUIVER_SERVER_AUTH_TOKEN'" : "") + ` -d '${body}'`;
+  const answer = await api("/get-online-features", { method: "POST", body });
+  const names = answer.metadata.feature_names, results = answer.results;
+  const n = results.length ? results[0].values.length : 0;
+  const head = el("tr", {}, names.map((name) => el("th", { class: "mono", text: name })));
+  const rows = [];
+  for (let i = 0; i < n; i++) {
+    rows.push(el("tr", {}, results.map((r) => el("td", { class: "mono lookup-value", title: r.statuses[i], text: JSON.stringify(r.values[i]) }))));
+  }
+  $("lookup-answer").replaceChildren(el("div", { class: "card" }, el("h2", { text: "Answer" }), el("table", { id: "lookup-table" }, head, rows)));
+  showError("");
+}
+
+// ---- pages -------------------------------------------------------------------------
+
+const pages = {
+  registry: async () => renderRegistry(),
+  lineage: async () => renderLineage(),
+  freshness: renderFreshness,
+  statistics: renderStatistics,
+  consistency: renderConsistency,
+  lookup: renderLookupForm,
+};
+
+async function show() {
+  const page = (location.hash.slice(1).split("?")[0]) || "registry";
+  for (const s of document.querySelectorAll("main section")) s.hidden = s.dataset.page !== page;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.getAttribute("href") === `#${page}`);
+  showError("");
+  try {
+    await (pages[page] || pages.registry)();
+  } catch (e) {
+    showError(e.message);
+  }
+  document.body.dataset.ready = page;
+}
+
+async function start() {
+  try {
+    state.registry = await api("/api/registry");
+  } catch (e) {
+    showError(e.message);
+    return;
+  }
+  $("project").textContent = `${state.registry.project} · registry v${state.registry.version} · ${state.registry.store}`;
+  $("search").oninput = renderRegistry;
+  window.onhashchange = show;
+  await show();
+}
+
+start();
