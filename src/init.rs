@@ -56,6 +56,7 @@ server:
   # max_cells: 1000000                 # entity rows x features per lookup (413 beyond)
   # request_timeout: 10s               # a request's headers, then its body, within this
   # max_connections: 1024
+  # stream_metrics: [http://127.0.0.1:9100/metrics]   # quiver stream --metrics-port, for the UI's lag
 # max_future_skew: 5m                  # event times later than now + this are refused
 "#
     )

@@ -41,6 +41,7 @@ impl quiver_online::server::Insights for RepoInsights {
             Ok(text) => serde_json::from_str(&text).unwrap_or_default(),
             Err(_) => State::new(),
         };
+        let (lags, stream_errors) = stream_lags(&self.config.server.stream_metrics, self.config.server.auth_token.as_deref()).await;
         let mut views = Vec::new();
         for view in &defs.feature_views {
             let summary = table_summary(&self.config, view).await.map_err(|e| e.to_string())?;
@@ -68,9 +69,15 @@ impl quiver_online::server::Insights for RepoInsights {
                 "age_seconds": age_s,
                 "stale": stale,
                 "materialized": materialized,
+                "stream": view.source.stream.as_ref().map(|st| json!({
+                    "topic": st.topic,
+                    // Messages behind the high watermark, summed over the partitions the
+                    // stream processes report (null: none of them reports the topic).
+                    "lag": lags.get(&st.topic),
+                })),
             }));
         }
-        Ok(json!({ "now": rfc3339(now), "views": views }))
+        Ok(json!({ "now": rfc3339(now), "views": views, "stream_errors": stream_errors }))
     }
 
     async fn statistics(&self, defs: &Definitions, name: &str) -> Result<Value, String> {
@@ -148,4 +155,69 @@ fn view_statistics(view: &FeatureView, batches: &[RecordBatch], version: Option<
         features.push(entry);
     }
     json!({ "view": view.name, "table_version": version, "rows": rows, "features": features })
+}
+
+/// `quiver_stream_lag` summed per topic over the `/metrics` of every stream process at
+/// `urls`, and one line per process that could not be read.
+async fn stream_lags(urls: &[String], token: Option<&str>) -> (std::collections::BTreeMap<String, i64>, Vec<String>) {
+    let mut lags = std::collections::BTreeMap::new();
+    let mut errors = Vec::new();
+    for url in urls {
+        match fetch(url, token).await {
+            Ok(text) => {
+                for (topic, lag) in parse_lags(&text) {
+                    *lags.entry(topic).or_insert(0) += lag;
+                }
+            }
+            Err(e) => errors.push(format!("{url}: {e}")),
+        }
+    }
+    (lags, errors)
+}
+
+/// A plain HTTP/1.1 GET (the stream's metrics endpoint is on a trusted network, no TLS),
+/// within two seconds; the body of a 200.
+async fn fetch(url: &str, token: Option<&str>) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").ok_or("not an http:// URL")?;
+    let (authority, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
+    let work = async {
+        let mut socket = tokio::net::TcpStream::connect(authority).await.map_err(|e| e.to_string())?;
+        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\n{auth}Connection: close\r\n\r\n");
+        socket.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
+        let mut bytes = Vec::new();
+        socket.take(16 << 20).read_to_end(&mut bytes).await.map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").ok_or("not an HTTP answer")?;
+        let status = head.lines().next().unwrap_or_default();
+        if !status.contains(" 200 ") {
+            return Err(format!("answered {status}"));
+        }
+        Ok(body.to_string())
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(2), work).await.map_err(|_| "no answer within 2 s".to_string())?
+}
+
+/// The `quiver_stream_lag{topic="T",partition="P"} N` samples of a Prometheus text.
+fn parse_lags(text: &str) -> Vec<(String, i64)> {
+    text.lines()
+        .filter_map(|line| {
+            let labels = line.strip_prefix("quiver_stream_lag{")?;
+            let (labels, value) = labels.split_once("} ")?;
+            let topic = labels.split(',').find_map(|l| l.strip_prefix("topic=\""))?.strip_suffix('"')?;
+            Some((topic.to_string(), value.trim().parse::<f64>().ok()? as i64))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn lags_are_read_per_topic() {
+        let text = "# TYPE quiver_stream_lag gauge\nquiver_stream_lag{topic=\"a\",partition=\"0\"} 3\n\
+                    quiver_stream_lag{topic=\"a\",partition=\"1\"} 4\nquiver_stream_lag{topic=\"b\",partition=\"0\"} 0\n\
+                    quiver_stream_consumed_total 9\n";
+        assert_eq!(super::parse_lags(text), vec![("a".into(), 3), ("a".into(), 4), ("b".into(), 0)]);
+    }
 }

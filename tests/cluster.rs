@@ -423,47 +423,14 @@ async fn a_query_runs_on_two_executor_processes_as_it_runs_locally() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("t");
     write_files(&data);
-    let port = free_port();
-    let scheduler = Node::start(tmp.path(), "scheduler", &["scheduler", "--port", &port.to_string()]);
-    wait_listening(port, &scheduler);
-    let executors: Vec<Node> = (0..2)
-        .map(|i| {
-            let (flight, grpc) = (free_port(), free_port());
-            let name = format!("executor{i}");
-            std::fs::create_dir_all(tmp.path().join(&name)).unwrap();
-            let work = tmp.path().join(&name);
-            Node::start(
-                tmp.path(),
-                &name,
-                &[
-                    "executor",
-                    "--scheduler",
-                    &format!("127.0.0.1:{port}"),
-                    "--port",
-                    &flight.to_string(),
-                    "--grpc-port",
-                    &grpc.to_string(),
-                    "--concurrency",
-                    "2",
-                    "--work-dir",
-                    work.to_str().unwrap(),
-                ],
-            )
-        })
-        .collect();
-    let began = Instant::now();
-    while !executors.iter().all(|e| e.log().contains("registration succeed") || e.log().contains("Starting poll work loop")) {
-        assert!(began.elapsed() < Duration::from_secs(60), "executors did not register:\n{}\n{}", executors[0].log(), executors[1].log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let cluster = Cluster::start(tmp.path(), 2, false);
 
     let local = answer(&datafusion::prelude::SessionContext::new(), &data).await;
     assert_eq!(local.len(), 100);
     assert_eq!(local.iter().map(|r| r.2).sum::<i64>(), 80_000);
-    let remote = datafusion::prelude::SessionContext::remote(&format!("df://127.0.0.1:{port}")).await.unwrap();
+    let remote = datafusion::prelude::SessionContext::remote(&cluster.url()).await.unwrap();
     assert_eq!(answer(&remote, &data).await, local, "the cluster's answer");
-    let tasks: Vec<usize> =
-        executors.iter().map(|e| e.log().matches("Received task").count() + e.log().matches("Execute task").count()).collect();
+    let tasks = cluster.tasks();
     eprintln!("tasks per executor: {tasks:?}");
-    assert!(tasks.iter().all(|&n| n > 0), "tasks per executor: {tasks:?}\n{}\n{}", executors[0].log(), executors[1].log());
+    assert!(tasks.iter().all(|&n| n > 0), "tasks per executor: {tasks:?}\n{}", cluster.logs());
 }

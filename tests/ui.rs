@@ -21,7 +21,10 @@ feature_views:
   - name: trips
     entities: [rider]
     ttl: 2h
-    source: {timestamp_field: event_timestamp, created_timestamp_field: created_timestamp}
+    source:
+      timestamp_field: event_timestamp
+      created_timestamp_field: created_timestamp
+      stream: {topic: trips_topic, format: json}
     features:
       - {name: fare, dtype: float64}
       - {name: n, dtype: int64}
@@ -73,7 +76,17 @@ async fn the_endpoints_answer_what_the_repository_holds() {
     let dir = tmp.path().join("repo");
     repository(&dir);
     common::ok(&dir, &["verify", "--sample", "10"]);
-    let repo = quiver::Repo::open(&dir).unwrap();
+    // Two stream processes' /metrics (as `quiver stream --metrics-port` words them: lag
+    // per partition) and one that is not there.
+    let metrics = [
+        "quiver_stream_lag{topic=\"trips_topic\",partition=\"0\"} 5\nquiver_stream_lag{topic=\"other\",partition=\"0\"} 9\n",
+        "# TYPE quiver_stream_lag gauge\nquiver_stream_lag{topic=\"trips_topic\",partition=\"1\"} 7\n",
+    ];
+    let mut urls: Vec<String> = metrics.iter().map(|body| serve_text(body)).collect();
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    urls.push(format!("http://127.0.0.1:{gone}/metrics"));
+    let mut repo = quiver::Repo::open(&dir).unwrap();
+    repo.config.server.stream_metrics = urls;
     let store = quiver::online::open_store(&repo.config).await.unwrap();
     let mut state = quiver::server::server_state(&repo.config, store.clone(), None).unwrap();
     state.clock = Box::new(|| NOW);
@@ -84,6 +97,9 @@ async fn the_endpoints_answer_what_the_repository_holds() {
     let (status, body) = get(&router, "/api/freshness", None).await;
     assert_eq!(status, StatusCode::OK);
     let mut freshness = parse(&body);
+    let errors = freshness["stream_errors"].take();
+    assert_eq!(errors.as_array().map(Vec::len), Some(1), "{errors}");
+    assert!(errors[0].as_str().unwrap().starts_with(&format!("http://127.0.0.1:{gone}/metrics: ")), "{errors}");
     let store_name = freshness["views"][0]["materialized"][0]["store"].take();
     assert!(store_name.as_str().is_some_and(|s| s.starts_with("embedded")), "{store_name}");
     assert_eq!(
@@ -92,7 +108,8 @@ async fn the_endpoints_answer_what_the_repository_holds() {
             "view": "trips", "online": true, "ttl_seconds": 7200, "table_version": 1, "rows": 6,
             "newest_event": "2026-01-01T02:30:00Z", "age_seconds": 1800, "stale": false,
             "materialized": [{"store": null, "until": "2026-01-01T02:00:00Z", "table_version": 1}],
-        }]})
+            "stream": {"topic": "trips_topic", "lag": 12},
+        }], "stream_errors": null})
     );
 
     // Statistics: 20 bins. fare over [0, 100] (bins of 5): 0 -> 0, 10 -> 2, 20 -> 4
@@ -140,6 +157,10 @@ async fn the_endpoints_answer_what_the_repository_holds() {
     let registry = parse(&body);
     assert_eq!((registry["project"].as_str(), registry["version"].as_u64()), (Some("repo"), Some(1)));
     assert_eq!(registry["definitions"]["feature_views"][0]["name"], "trips");
+    let history = registry["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0]["version"], 1);
+    assert!(history[0]["changes"].as_array().unwrap().iter().any(|c| c == "+ feature_view trips"), "{history:?}");
     for path in ["/ui", "/ui/app.js", "/ui/app.css"] {
         let (status, body) = get(&router, path, None).await;
         assert_eq!(status, StatusCode::OK, "{path}");
@@ -164,6 +185,26 @@ async fn with_a_token_the_page_is_public_and_the_endpoints_are_not() {
         assert_eq!(get(&router, path, Some("wrong")).await.0, StatusCode::UNAUTHORIZED, "{path}");
         assert_eq!(get(&router, path, Some("s3cret")).await.0, StatusCode::OK, "{path}");
     }
+}
+
+/// Answers every request on a loopback port with `body` (a stream process's metrics
+/// text); its URL.
+fn serve_text(body: &'static str) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    format!("http://127.0.0.1:{port}/metrics")
 }
 
 /// Chromium (`QUIVER_TEST_CHROMIUM`, or `chromium` on the PATH); see the skip rule of
@@ -228,6 +269,7 @@ fn the_page_renders_the_demo_repository_in_headless_chromium() {
 
     let registry = browse(&chromium, &format!("{base}#registry"), &shots.join("registry.png"));
     assert!(registry.contains(r#"data-ready="registry""#), "the page did not finish: {registry}");
+    assert!(registry.contains("Registry versions"), "no registry versions");
     for name in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides", "ranker_v1", "conv_rate", "fare_sum_1h"] {
         assert!(registry.contains(name), "the registry page lacks {name}");
     }

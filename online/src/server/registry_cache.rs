@@ -49,6 +49,12 @@ impl RegistryCache {
 
     /// The current definitions: re-read when the file's modification time changed;
     /// the last good ones when the file cannot be read.
+    /// The registry's applies, oldest first (version, time, changes), read from the
+    /// file; empty when it cannot be read.
+    pub fn history(&self) -> Vec<quiver_sdk::registry::HistoryEntry> {
+        self.registry.load_or_empty(&self.project).map(|doc| doc.history).unwrap_or_default()
+    }
+
     /// The registry version [`Self::current`] last answered with (0: nothing applied).
     pub fn version(&self) -> u64 {
         self.cached.read().expect("registry lock").version

@@ -60,6 +60,7 @@ pub(super) async fn registry(State(state): State<Arc<ServerState>>) -> Json<Valu
         "project": state.project,
         "version": state.registry.version(),
         "store": state.store.name(),
+        "history": serde_json::to_value(state.registry.history()).expect("history serialises"),
         "definitions": serde_json::to_value(defs.as_ref()).expect("definitions serialise"),
     }))
 }

@@ -23,7 +23,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("offline_store", &["path"]),
     ("online_store", &["type", "path", "url", "replica_acks"]),
     ("kafka", &["brokers"]),
-    ("server", &["host", "port", "auth_token", "max_cells", "request_timeout", "max_connections"]),
+    ("server", &["host", "port", "auth_token", "max_cells", "request_timeout", "max_connections", "stream_metrics"]),
     ("serving_log", &["enabled", "path", "sample_rate", "batch_rows", "batch_ms"]),
 ];
 const TOP_LEVEL: &[&str] = &["project", "registry", "max_future_skew"];
@@ -89,6 +89,7 @@ struct RawServer {
     max_cells: Option<Value>,
     request_timeout: Option<Value>,
     max_connections: Option<Value>,
+    stream_metrics: Option<Value>,
 }
 
 /// The online store to use.
@@ -126,6 +127,9 @@ pub struct ServerConfig {
     /// Connections served at once (default 1,024); beyond them a connection gets one
     /// short answer (`/health` still answers, the rest 503) and is closed.
     pub max_connections: usize,
+    /// The `/metrics` URLs of the `quiver stream` processes (`--metrics-port`), whose
+    /// lag the web UI's freshness page shows (a list, or comma separated).
+    pub stream_metrics: Vec<String>,
 }
 
 impl ServerConfig {
@@ -139,6 +143,7 @@ impl ServerConfig {
             max_cells: DEFAULT_MAX_CELLS,
             request_timeout: std::time::Duration::from_secs(DEFAULT_REQUEST_TIMEOUT_SECS),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            stream_metrics: Vec::new(),
         }
     }
 }
@@ -262,6 +267,23 @@ impl Config {
 }
 
 /// Applies one `QUIVER_...` variable to the raw document, if it names a setting.
+/// `server.stream_metrics`: `http://HOST:PORT/...` URLs, as a list or comma separated.
+fn stream_metrics(v: Option<&Value>) -> std::result::Result<Vec<String>, String> {
+    let items: Vec<String> = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Sequence(list)) => list.iter().map(scalar_text).collect(),
+        Some(other) => scalar_text(other).split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+    };
+    for url in &items {
+        let rest = url.strip_prefix("http://").unwrap_or("");
+        let authority = rest.split('/').next().unwrap_or("");
+        if authority.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+            return Err(format!("server.stream_metrics `{url}`: expected http://HOST:PORT/metrics (quiver stream --metrics-port)"));
+        }
+    }
+    Ok(items)
+}
+
 fn overlay(doc: &mut Value, var: &str, val: &str) -> Result<()> {
     let Some(rest) = var.strip_prefix("QUIVER_") else {
         return Ok(());
@@ -402,6 +424,7 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
         max_cells: count("server.max_cells", raw.server.max_cells.as_ref(), DEFAULT_MAX_CELLS)?,
         request_timeout: duration("server.request_timeout", raw.server.request_timeout.as_ref(), DEFAULT_REQUEST_TIMEOUT_SECS, false)?,
         max_connections: count("server.max_connections", raw.server.max_connections.as_ref(), DEFAULT_MAX_CONNECTIONS)?,
+        stream_metrics: stream_metrics(raw.server.stream_metrics.as_ref())?,
     };
     Ok(Config {
         repo: repo.to_path_buf(),

@@ -142,3 +142,19 @@ fn serving_log_is_off_by_default_and_lives_under_the_offline_root() {
     let c = parse("project: demo\n", &[("QUIVER_SERVING_LOG_ENABLED", "true")]).unwrap();
     assert!(c.serving_log.enabled, "the environment turns it on");
 }
+
+#[test]
+fn stream_metrics_are_urls_in_a_list_or_comma_separated() {
+    let load = |yaml: &str, env: &[(&str, &str)]| parse(yaml, env).map(|c| c.server.stream_metrics).map_err(|e| e.to_string());
+    assert_eq!(load("project: p\n", &[]).unwrap(), Vec::<String>::new());
+    assert_eq!(
+        load("project: p\nserver: {stream_metrics: [http://10.0.0.1:9100/metrics, http://h:1/metrics]}\n", &[]).unwrap(),
+        vec!["http://10.0.0.1:9100/metrics".to_string(), "http://h:1/metrics".to_string()]
+    );
+    assert_eq!(
+        load("project: p\n", &[("QUIVER_SERVER_STREAM_METRICS", "http://a:1/metrics, http://b:2/metrics")]).unwrap(),
+        vec!["http://a:1/metrics".to_string(), "http://b:2/metrics".to_string()]
+    );
+    let e = load("project: p\nserver: {stream_metrics: [a:1]}\n", &[]).unwrap_err();
+    assert!(e.contains("server.stream_metrics `a:1`: expected http://HOST:PORT/metrics"), "{e}");
+}

@@ -88,6 +88,13 @@ function renderRegistry() {
       el("div", {}, "source: ", source),
       el("table", {}, el("tr", {}, el("th", { text: "feature" }), el("th", { text: "type" }), el("th", { text: "" })), rows, aggRows)));
   }
+  const history = state.registry.history || [];
+  if (history.length && !q) {
+    out.append(el("div", { class: "card versions" }, el("h2", { text: "Registry versions" }),
+      el("table", {}, el("tr", {}, ["version", "applied", "changes"].map((t) => el("th", { text: t }))),
+        history.slice().reverse().map((h) => el("tr", {}, el("td", { text: h.version }), el("td", { text: h.applied_at }),
+          el("td", { class: "mono", text: (h.changes || []).join(", ") + (h.forced ? " (forced)" : "") }))))));
+  }
   for (const s of defs.feature_services || []) {
     if (!hit(s.name, s.description, ...(s.features || []))) continue;
     out.append(el("div", { class: "card service", "data-name": s.name },
@@ -144,11 +151,14 @@ async function renderFreshness() {
       el("td", { text: v.ttl_seconds ? duration(v.ttl_seconds) : "none" }),
       el("td", {}, bar),
       el("td", { text: `${v.rows.toLocaleString()} rows, version ${v.table_version ?? "—"}` }),
-      el("td", { text: materialized }));
+      el("td", { text: materialized }),
+      el("td", { class: "stream-lag", text: v.stream ? `${v.stream.topic}: ${v.stream.lag == null ? "not reported" : v.stream.lag + " behind"}` : "—" }));
   });
+  const errors = (data.stream_errors || []).map((e) => el("div", { class: "error", text: `stream metrics ${e}` }));
   $("freshness").replaceChildren(el("div", { class: "card" },
     el("h2", { text: `Freshness at ${data.now}` }),
-    el("table", {}, el("tr", {}, ["view", "newest event", "age", "ttl", "age against ttl", "offline table", "last materialization"].map((h) => el("th", { text: h }))), rows)));
+    el("table", {}, el("tr", {}, ["view", "newest event", "age", "ttl", "age against ttl", "offline table", "last materialization", "stream lag"].map((h) => el("th", { text: h }))), rows),
+    errors));
 }
 
 // ---- statistics --------------------------------------------------------------------
