@@ -36,10 +36,15 @@ PY = sys.executable
 VIEWS = ["driver_hourly", "driver_daily", "customer_profile"]
 
 
-def free_port():
-    with socket.socket() as s:
+def free_ports(n):
+    """n distinct free ports (the sockets are all held until each is chosen)."""
+    held = [socket.socket() for _ in range(n)]
+    for s in held:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ports = [s.getsockname()[1] for s in held]
+    for s in held:
+        s.close()
+    return ports
 
 
 def wait_port(port, timeout=60):
@@ -79,7 +84,8 @@ def setup(quiver, scale, shared_bench):
 
 class Cluster:
     def __init__(self, quiver, n, log_dir):
-        self.port = free_port()
+        ports = free_ports(1 + 2 * n)
+        self.port = ports[0]
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
         env["QUIVER_LOG"] = "warn"
         self.procs = []
@@ -94,7 +100,7 @@ class Cluster:
             os.makedirs(work, exist_ok=True)
             log = open(os.path.join(log_dir, f"executor{i}.log"), "w")
             p = subprocess.Popen([quiver, "cluster", "executor", "--scheduler", f"127.0.0.1:{self.port}",
-                                  "--port", str(free_port()), "--grpc-port", str(free_port()),
+                                  "--port", str(ports[1 + 2 * i]), "--grpc-port", str(ports[2 + 2 * i]),
                                   "--concurrency", "2", "--work-dir", work], stdout=log, stderr=log, env=env)
             self.procs.append(p)
             self.executors.append(p)

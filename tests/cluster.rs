@@ -55,7 +55,14 @@ impl Drop for Node {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    free_ports(1)[0]
+}
+
+/// `n` distinct free ports: the listeners are all held until every port is chosen, so
+/// the system cannot hand out one twice.
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
 /// A scheduler and `n` executors (2 task slots each), registered.
@@ -69,7 +76,9 @@ impl Cluster {
     /// `fast_failover`: heartbeats every second and an executor lost after 6 s without
     /// one (the defaults are 60 s and 180 s).
     fn start(dir: &Path, n: usize, fast_failover: bool) -> Cluster {
-        let port = free_port();
+        // The scheduler's port and each executor's two, all distinct.
+        let ports = free_ports(1 + 2 * n);
+        let port = ports[0];
         let mut args = vec!["scheduler".to_string(), "--port".into(), port.to_string()];
         if fast_failover {
             args.extend(["--executor-timeout".into(), "6".into()]);
@@ -79,7 +88,7 @@ impl Cluster {
         wait_listening(port, &scheduler);
         let executors: Vec<Node> = (0..n)
             .map(|i| {
-                let (flight, grpc) = (free_port(), free_port());
+                let (flight, grpc) = (ports[1 + 2 * i], ports[2 + 2 * i]);
                 let name = format!("executor{i}");
                 let work = dir.join(&name);
                 std::fs::create_dir_all(&work).unwrap();

@@ -293,6 +293,32 @@ fn the_page_renders_the_demo_repository_in_headless_chromium() {
     assert!(online.contains(value), "the panel's {value} is not the CLI's answer: {online}");
     assert!(lookup.contains("curl -s -X POST"), "no curl command");
     eprintln!("screenshots in {}", shots.display());
+    drop(_server);
+
+    // With a token: the page loads without it, asks for it in its form and shows the
+    // endpoint's refusal instead of data.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("QUIVER_")) {
+        cmd.env_remove(k);
+    }
+    let guarded = cmd
+        .current_dir(&dir)
+        .env("QUIVER_SERVER_AUTH_TOKEN", "s3cret")
+        .args(["serve", "--port", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _guarded = KillOnDrop(guarded);
+    let began = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(began.elapsed().as_secs() < 30, "the server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let page = browse(&chromium, &format!("http://127.0.0.1:{port}/ui#registry"), &shots.join("token.png"));
+    assert!(page.contains(r#"id="token-form""#), "the page did not ask for the token: {page}");
+    assert!(page.contains("/api/registry: 401"), "no refusal shown: {page}");
+    assert!(!page.contains("driver_hourly"), "data shown without the token");
 }
 
 /// A server that goes when the test does, passed or failed.

@@ -390,12 +390,13 @@ def test_get_historical_features_on_a_cluster_equals_the_local_join(store, tmp_p
     import socket
     import time
 
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    port = free_port()
+    # Three distinct ports: the sockets are all held until each is chosen.
+    held = [socket.socket() for _ in range(3)]
+    for s in held:
+        s.bind(("127.0.0.1", 0))
+    port, flight, grpc = [s.getsockname()[1] for s in held]
+    for s in held:
+        s.close()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
     logs = open(tmp_path / "cluster.log", "w")
     procs = [subprocess.Popen([QUIVER, "cluster", "scheduler", "--port", str(port)], stdout=logs, stderr=logs, env=env)]
@@ -405,7 +406,7 @@ def test_get_historical_features_on_a_cluster_equals_the_local_join(store, tmp_p
             assert time.time() - began < 60, "the scheduler did not start"
             time.sleep(0.1)
         procs.append(subprocess.Popen([QUIVER, "cluster", "executor", "--scheduler", f"127.0.0.1:{port}",
-                                       "--port", str(free_port()), "--grpc-port", str(free_port()),
+                                       "--port", str(flight), "--grpc-port", str(grpc),
                                        "--work-dir", str(tmp_path)], stdout=logs, stderr=logs, env=env))
         features = ["trips:fare", "trips:city", "trips:embedding"]
         local = store.get_historical_features(entity_df=spine(), features=features).to_arrow()

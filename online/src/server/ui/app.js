@@ -28,22 +28,31 @@ function showError(message) {
   box.hidden = !message;
 }
 
-// Every call carries the token once one is known; a 401 asks for it once and retries.
+// Every call carries the token once one is known (kept for the tab's session); a 401
+// asks for it, once, in a form above the page.
 async function api(path, options) {
   const headers = Object.assign({ "content-type": "application/json" }, (options || {}).headers || {});
   if (state.token) headers.authorization = "Bearer " + state.token;
   const response = await fetch(path, Object.assign({}, options, { headers }));
-  if (response.status === 401 && !(options || {}).retried) {
-    const token = window.prompt("This server needs its token (server.auth_token):");
-    if (token) {
-      state.token = token;
-      sessionStorage.setItem("quiver-token", token);
-      return api(path, Object.assign({}, options, { retried: true }));
-    }
-  }
+  if (response.status === 401) askForToken();
   const body = await response.json().catch(() => ({ error: response.statusText }));
   if (!response.ok) throw new Error(`${path}: ${response.status} ${body.error || ""}`);
   return body;
+}
+
+function askForToken() {
+  if ($("token-form")) return;
+  const input = el("input", { type: "password", id: "token", placeholder: "server.auth_token", size: 40 });
+  const form = el("form", { id: "token-form", class: "card" },
+    el("h2", { text: "This server needs its token" }), input, " ", el("button", { type: "submit", text: "Use it" }));
+  form.onsubmit = (event) => {
+    event.preventDefault();
+    state.token = input.value;
+    sessionStorage.setItem("quiver-token", state.token);
+    form.remove();
+    start();
+  };
+  document.querySelector("main").prepend(form);
 }
 
 function duration(seconds) {
