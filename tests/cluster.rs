@@ -247,52 +247,20 @@ fn historical_and_export_on_the_cluster_write_the_local_joins_bytes() {
 
     // Bad addresses: one line, nothing written.
     let closed = free_port();
-    let line = common::fails(
-        &dir,
-        &[
-            "historical",
-            "--spine",
-            "sample_data/spine.parquet",
-            "--service",
-            "ranker_v1",
-            "--out",
-            "bad.parquet",
-            "--cluster",
-            &format!("df://127.0.0.1:{closed}"),
-        ],
-        &[&format!("cluster df://127.0.0.1:{closed}: no scheduler answers at 127.0.0.1:{closed} (connection refused)")],
-    );
-    eprintln!("{line}");
-    common::fails(
-        &dir,
-        &[
-            "historical",
-            "--spine",
-            "sample_data/spine.parquet",
-            "--service",
-            "ranker_v1",
-            "--out",
-            "bad.parquet",
-            "--cluster",
-            "http://127.0.0.1:1",
-        ],
-        &["--cluster `http://127.0.0.1:1`: not a df:// address"],
-    );
-    common::fails(
-        &dir,
-        &[
-            "historical",
-            "--spine",
-            "sample_data/spine.parquet",
-            "--service",
-            "ranker_v1",
-            "--out",
-            "bad.parquet",
-            "--cluster",
-            &format!("{url}?partitions=0"),
-        ],
-        &["partitions must be 1 to 4096"],
-    );
+    let bad = [
+        (
+            format!("df://127.0.0.1:{closed}"),
+            format!("cluster df://127.0.0.1:{closed}: no scheduler answers at 127.0.0.1:{closed} (connection refused)"),
+        ),
+        ("http://127.0.0.1:1".to_string(), "--cluster `http://127.0.0.1:1`: not a df:// address".to_string()),
+        (format!("{url}?partitions=0"), "partitions must be 1 to 4096".to_string()),
+    ];
+    for (address, expected) in &bad {
+        let args = ["historical", "--spine", "sample_data/spine.parquet", "--service", "ranker_v1", "--out", "bad.parquet"];
+        let mut args = args.to_vec();
+        args.extend(["--cluster", address.as_str()]);
+        eprintln!("{}", common::fails(&dir, &args, &[expected.as_str()]));
+    }
     assert!(!dir.join("bad.parquet").exists());
 }
 
