@@ -7,11 +7,12 @@ use std::sync::Mutex;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float64Type};
-use quiver_offline::historical::{read_view, table_summary};
+use quiver_offline::historical::{TableSummary, read_view, table_summary, table_versions};
+use quiver_sdk::rows::format_instant;
 use quiver_sdk::{Config, Definitions, FeatureView};
 use serde_json::{Value, json};
 
-use crate::materialize::{STATE_FILE, State};
+use crate::materialize::{STATE_FILE, load_state};
 
 /// Bins of a statistics histogram.
 const BINS: usize = 20;
@@ -20,31 +21,48 @@ const BINS: usize = 20;
 #[derive(Debug)]
 pub struct RepoInsights {
     config: Config,
+    /// (view, table version) -> its summary (rows, newest event): one aggregate query
+    /// per version, not per page load.
+    summaries: Mutex<HashMap<(String, u64), TableSummary>>,
     /// (view, table version) -> statistics.
     statistics: Mutex<HashMap<(String, u64), Value>>,
 }
 
 impl RepoInsights {
     pub fn new(config: Config) -> RepoInsights {
-        RepoInsights { config, statistics: Mutex::new(HashMap::new()) }
+        RepoInsights { config, summaries: Mutex::new(HashMap::new()), statistics: Mutex::new(HashMap::new()) }
     }
-}
 
-fn rfc3339(us: i64) -> String {
-    quiver_sdk::rows::format_instant(us)
+    /// The version of `view`'s table (`None`: no table yet), from its log.
+    async fn version(&self, view: &FeatureView) -> Result<Option<u64>, String> {
+        Ok(table_versions(&self.config, &[view]).await.map_err(|e| e.to_string())?.remove(&view.name).flatten())
+    }
+
+    /// The summary of `view`'s table at its current version, cached by version.
+    async fn summary(&self, view: &FeatureView) -> Result<Option<TableSummary>, String> {
+        let Some(version) = self.version(view).await? else {
+            return Ok(None);
+        };
+        if let Some(cached) = self.summaries.lock().expect("summaries lock").get(&(view.name.clone(), version)) {
+            return Ok(Some(*cached));
+        }
+        let summary = table_summary(&self.config, view).await.map_err(|e| e.to_string())?;
+        if let Some(s) = summary {
+            self.summaries.lock().expect("summaries lock").insert((view.name.clone(), s.version), s);
+        }
+        Ok(summary)
+    }
 }
 
 #[async_trait::async_trait]
 impl quiver_online::server::Insights for RepoInsights {
     async fn freshness(&self, defs: &Definitions, now: i64) -> Result<Value, String> {
-        let state: State = match std::fs::read_to_string(self.config.repo.join(STATE_FILE)) {
-            Ok(text) => serde_json::from_str(&text).unwrap_or_default(),
-            Err(_) => State::new(),
-        };
+        // An unreadable state file shows as never materialized, not as a failed page.
+        let state = load_state(&self.config.repo.join(STATE_FILE)).unwrap_or_default();
         let (lags, stream_errors) = stream_lags(&self.config.server.stream_metrics, self.config.server.auth_token.as_deref()).await;
         let mut views = Vec::new();
         for view in &defs.feature_views {
-            let summary = table_summary(&self.config, view).await.map_err(|e| e.to_string())?;
+            let summary = self.summary(view).await?;
             let ttl_s = view.ttl_us().map(|t| t / 1_000_000);
             let newest = summary.and_then(|s| s.newest_event);
             let age_s = newest.map(|t| (now - t) / 1_000_000);
@@ -56,7 +74,7 @@ impl quiver_online::server::Insights for RepoInsights {
             let materialized: Vec<Value> = state
                 .iter()
                 .filter_map(|(store, views)| {
-                    views.get(&view.name).map(|p| json!({"store": store, "until": rfc3339(p.end), "table_version": p.version}))
+                    views.get(&view.name).map(|p| json!({"store": store, "until": format_instant(p.end), "table_version": p.version}))
                 })
                 .collect();
             views.push(json!({
@@ -65,7 +83,7 @@ impl quiver_online::server::Insights for RepoInsights {
                 "ttl_seconds": ttl_s,
                 "table_version": summary.map(|s| s.version),
                 "rows": summary.map_or(0, |s| s.rows),
-                "newest_event": newest.map(rfc3339),
+                "newest_event": newest.map(format_instant),
                 "age_seconds": age_s,
                 "stale": stale,
                 "materialized": materialized,
@@ -77,19 +95,18 @@ impl quiver_online::server::Insights for RepoInsights {
                 })),
             }));
         }
-        Ok(json!({ "now": rfc3339(now), "views": views, "stream_errors": stream_errors }))
+        Ok(json!({ "now": format_instant(now), "views": views, "stream_errors": stream_errors }))
     }
 
     async fn statistics(&self, defs: &Definitions, name: &str) -> Result<Value, String> {
         let view = defs.find_view(name).map_err(|e| e.0)?;
-        let summary = table_summary(&self.config, view).await.map_err(|e| e.to_string())?;
-        let version = summary.map_or(0, |s| s.version);
-        let key = (view.name.clone(), version);
+        let version = self.version(view).await?;
+        let key = (view.name.clone(), version.unwrap_or(0));
         if let Some(cached) = self.statistics.lock().expect("statistics lock").get(&key) {
             return Ok(cached.clone());
         }
         let batches = read_view(&self.config, defs, view).await.map_err(|e| e.to_string())?;
-        let stats = view_statistics(view, &batches, summary.map(|s| s.version));
+        let stats = view_statistics(view, &batches, version);
         self.statistics.lock().expect("statistics lock").insert(key, stats.clone());
         Ok(stats)
     }

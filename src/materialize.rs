@@ -134,7 +134,11 @@ pub struct ViewProgress {
 /// The state file's content: store name -> view -> progress.
 pub type State = BTreeMap<String, BTreeMap<String, ViewProgress>>;
 
-fn load_state(path: &Path) -> Result<State> {
+/// The state file at `path` (empty when there is none yet).
+///
+/// # Errors
+/// A file that cannot be read or parsed.
+pub(crate) fn load_state(path: &Path) -> Result<State> {
     match std::fs::read_to_string(path) {
         Ok(text) => serde_json::from_str(&text).map_err(|e| Error::Init {
             path: path.to_path_buf(),

@@ -1,6 +1,7 @@
 //! The feature server wired to a repository: its online store, the registry, `/push`
 //! offline through the streaming crate's Delta writer, the web UI's reports of the
-//! offline side, and the serving log when one is given. `quiver serve` and the examples build their server state here.
+//! offline side, and the serving log when one is given. `quiver serve` and the
+//! examples build their server state here.
 
 use std::sync::Arc;
 

@@ -204,6 +204,15 @@ struct ViewJoined {
     event_time: Option<(Field, ArrayRef)>,
 }
 
+impl ViewJoined {
+    /// `request`'s columns, named and typed by [`joined_fields`].
+    fn new(request: &ViewRequest<'_>, features: Vec<ArrayRef>, event_time: Option<ArrayRef>) -> ViewJoined {
+        let mut fields = joined_fields(request, event_time.is_some()).into_iter();
+        let features = fields.by_ref().zip(features).collect();
+        ViewJoined { features, event_time: event_time.map(|c| (fields.next().expect("an event time field"), c)) }
+    }
+}
+
 impl Join<'_> {
     /// The spine's keys for `view`, in the key types.
     fn spine_keys(&self, view: &FeatureView) -> Result<Vec<ArrayRef>> {
@@ -274,8 +283,7 @@ impl Join<'_> {
         let event_time = self.options.event_times.then(|| {
             let ts: arrow::array::TimestampMicrosecondArray =
                 winners.iter().map(|&w| (w != NO_ROW).then(|| columns.ts[w as usize])).collect();
-            let field = Field::new(format!("{}__event_timestamp", view.name), crate::schema::timestamp_type(), true);
-            (field, Arc::new(ts.with_timezone("UTC")) as ArrayRef)
+            Arc::new(ts.with_timezone("UTC")) as ArrayRef
         });
         drop(columns);
         (self.progress)(&format!("joined {}", view.name), winners.len() as u64);
@@ -283,13 +291,6 @@ impl Join<'_> {
         let types: Vec<_> = request.features.iter().map(|f| arrow_type(view.feature(f).expect("resolved").dtype)).collect();
         let gathered = gather::gather_features(self.kernel, &scan.batches, &scan.feature_columns, &types, &winners)?;
         tracing::debug!(view = %view.name, secs = phase.elapsed().as_secs_f64(), "gathered");
-        let features = request
-            .features
-            .iter()
-            .zip(types)
-            .zip(gathered)
-            .map(|((feature, dtype), column)| (Field::new(format!("{}__{}", view.name, feature), dtype, true), column))
-            .collect();
-        Ok(ViewJoined { features, event_time })
+        Ok(ViewJoined::new(request, gathered, event_time))
     }
 }

@@ -89,13 +89,7 @@ pub(super) async fn scan_view_at(
         table.load_version(v).await.map_err(|e| Error::delta(name, e))?;
     }
     let query = |source| Error::query(name, source);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut config = SessionConfig::new().with_target_partitions(threads).with_batch_size(64 * 1024);
-    config.options_mut().execution.parquet.schema_force_view_types = false;
-    let ctx = SessionContext::new_with_config(config);
-    table.update_datafusion_session(&ctx.state()).map_err(|e| Error::delta(name, e))?;
-    let provider = table.table_provider().await.map_err(query)?;
-    let df = ctx.read_table(provider).map_err(query)?;
+    let df = read_table(&table, name).await?;
     let available: Vec<String> = df.schema().fields().iter().map(|f| f.name().clone()).collect();
     let (select, feature_columns) = scan_columns(name, &available, defs, view, features)?;
     let ts = view.source.timestamp_field.clone();
@@ -111,6 +105,19 @@ pub(super) async fn scan_view_at(
     let batches: Vec<RecordBatch> = df.collect().await.map_err(query)?.into_iter().filter(|b| b.num_rows() > 0).collect();
     let rows = batches.iter().map(RecordBatch::num_rows).sum();
     Ok(Scan { batches, rows, version, feature_columns })
+}
+
+/// A DataFrame over `table` (named `name` in errors): all cores, 64k-row batches,
+/// strings as `Utf8` (not views).
+async fn read_table(table: &deltalake::DeltaTable, name: &str) -> Result<datafusion::dataframe::DataFrame> {
+    let query = |source| Error::query(name, source);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut config = SessionConfig::new().with_target_partitions(threads).with_batch_size(64 * 1024);
+    config.options_mut().execution.parquet.schema_force_view_types = false;
+    let ctx = SessionContext::new_with_config(config);
+    table.update_datafusion_session(&ctx.state()).map_err(|e| Error::delta(name, e))?;
+    let provider = table.table_provider().await.map_err(query)?;
+    ctx.read_table(provider).map_err(query)
 }
 
 /// The columns a scan of `view`'s table (`name`, holding `available`) selects: keys,
@@ -196,12 +203,9 @@ pub async fn table_summary(config: &Config, view: &FeatureView) -> Result<Option
         return Ok(None);
     };
     let query = |source| Error::query(name, source);
-    let ctx = SessionContext::new();
-    table.update_datafusion_session(&ctx.state()).map_err(|e| Error::delta(name, e))?;
     let version = table.version().unwrap_or(0);
-    let provider = table.table_provider().await.map_err(query)?;
     let ts = ident(&view.source.timestamp_field);
-    let df = ctx.read_table(provider).map_err(query)?.aggregate(vec![], vec![count(lit(1)), max(ts)]).map_err(query)?;
+    let df = read_table(&table, name).await?.aggregate(vec![], vec![count(lit(1)), max(ts)]).map_err(query)?;
     let batches = df.collect().await.map_err(query)?;
     let (mut rows, mut newest) = (0u64, None);
     if let Some(b) = batches.iter().find(|b| b.num_rows() > 0) {

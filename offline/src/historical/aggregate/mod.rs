@@ -37,7 +37,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use arrow::array::{Array, ArrayRef, AsArray, new_null_array};
-use arrow::datatypes::{Field, Float32Type, Float64Type, Int32Type, Int64Type};
+use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
 use quiver_gpu_join::{EntityRuns, NO_ENTITY};
 use quiver_sdk::aggregation::state::{Num, Partial, Sums};
 use quiver_sdk::{AggFunction, Aggregation, DType, FeatureView};
@@ -92,16 +92,11 @@ impl Join<'_> {
         let events = Events { runs: &runs, created: &created, cutoff: self.options.created_cutoff };
         let table = events.aggregate(&plan, &spine, self.times, threads);
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: swept");
+        // In request order, as the plan holds the aggregations.
         let columns = table.into_columns(&plan, &spine.positions(self.times.len()))?;
-        let features = plan
-            .aggs
-            .iter()
-            .zip(columns)
-            .map(|(planned, array)| (Field::new(format!("{}__{}", view.name, planned.agg.name), arrow_type(planned.output), true), array))
-            .collect();
         (self.progress)(&format!("aggregated {}", view.name), self.times.len() as u64);
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: columns built");
-        Ok(ViewJoined { features, event_time: None })
+        Ok(ViewJoined::new(request, columns, None))
     }
 }
 

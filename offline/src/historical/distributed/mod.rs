@@ -222,8 +222,9 @@ async fn stage_spine(staging: &StoreLocation, keys: &[Field], arrays: &[ArrayRef
     columns.push(Arc::new(TimestampMicrosecondArray::from(times.to_vec()).with_timezone("UTC")));
     columns.push(Arc::new(UInt64Array::from_iter_values(0..times.len() as u64)));
     let spine = RecordBatch::try_new(schema.clone(), columns)?;
+    let failed = |e: &dyn std::fmt::Display| Error::Location { table: staging.to_string(), message: format!("staging the spine: {e}") };
     if let StoreLocation::Local(path) = staging {
-        std::fs::create_dir_all(path).map_err(|e| Error::Location { table: staging.to_string(), message: e.to_string() })?;
+        std::fs::create_dir_all(path).map_err(|e| failed(&e))?;
     }
     let store = object_store(staging)?;
     let per_slice = spine.num_rows().div_ceil(slices.max(1)).max(1);
@@ -231,16 +232,12 @@ async fn stage_spine(staging: &StoreLocation, keys: &[Field], arrays: &[ArrayRef
     for (i, offset) in (0..spine.num_rows()).step_by(per_slice).enumerate() {
         let slice = spine.slice(offset, per_slice.min(spine.num_rows() - offset));
         let mut bytes = Vec::new();
-        let mut writer = parquet::arrow::ArrowWriter::try_new(&mut bytes, schema.clone(), None)
-            .map_err(|e| Error::Location { table: staging.to_string(), message: e.to_string() })?;
-        writer.write(&slice).map_err(|e| Error::Location { table: staging.to_string(), message: e.to_string() })?;
-        writer.close().map_err(|e| Error::Location { table: staging.to_string(), message: e.to_string() })?;
+        let mut writer = parquet::arrow::ArrowWriter::try_new(&mut bytes, schema.clone(), None).map_err(|e| failed(&e))?;
+        writer.write(&slice).map_err(|e| failed(&e))?;
+        writer.close().map_err(|e| failed(&e))?;
         let path = format!("spine-{i}.parquet");
         let size = bytes.len() as u64;
-        store
-            .put(&StorePath::from(path.as_str()), bytes.into())
-            .await
-            .map_err(|e| Error::Location { table: staging.to_string(), message: format!("staging the spine: {e}") })?;
+        store.put(&StorePath::from(path.as_str()), bytes.into()).await.map_err(|e| failed(&e))?;
         files.push((path, size));
     }
     Ok(Staged { files, schema })
@@ -329,8 +326,7 @@ fn assemble(target: &Target, request: &ViewRequest<'_>, join: &Join<'_>, schema:
     if let Some(i) = (0..n).find(|&i| rows.value(i) != i as u64) {
         return Err(target.error(format!("spine row {} is missing or answered twice; no result written", i + 1)));
     }
-    let mut columns: Vec<(Field, ArrayRef)> =
-        schema.fields().iter().zip(sorted.columns()).skip(1).map(|(f, c)| (f.as_ref().clone(), c.clone())).collect();
+    let mut columns: Vec<ArrayRef> = sorted.columns()[1..].to_vec();
     let event_time = (join.options.event_times && !request.view.is_event_log()).then(|| columns.pop().expect("an event time column"));
-    Ok(ViewJoined { features: columns, event_time })
+    Ok(ViewJoined::new(request, columns, event_time))
 }
