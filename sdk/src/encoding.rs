@@ -370,35 +370,28 @@ impl<'a> Reader<'a> {
         })
     }
 
-    /// Moves past one value written by [`write_value`] without building it.
-    pub(crate) fn skip_value(&mut self) -> Result<(), DecodeError> {
-        let tag = self.take(1)?[0];
-        let item = |r: &mut Self, width: usize| -> Result<(), DecodeError> {
-            let n = r.len()?;
-            r.take(n.checked_mul(width).ok_or_else(|| DecodeError("list too long".into()))?).map(drop)
-        };
-        match tag {
-            0 => Ok(()),
-            5 => self.take(1).map(drop),
-            1 | 3 => self.take(4).map(drop),
-            2 | 4 | 8 => self.take(8).map(drop),
-            6 | 7 => item(self, 1),
-            9 | 11 => item(self, 8),
-            10 => item(self, 4),
-            12 => {
-                for _ in 0..self.len()? {
-                    item(self, 1)?;
-                }
-                Ok(())
+    /// The next byte.
+    #[inline]
+    pub(crate) fn byte(&mut self) -> Result<u8, DecodeError> {
+        match self.bytes.get(self.at) {
+            Some(&b) => {
+                self.at += 1;
+                Ok(b)
             }
-            other => Err(DecodeError(format!("unknown value tag {other}"))),
+            None => Err(self.truncated()),
         }
     }
 
+    #[cold]
+    fn truncated(&self) -> DecodeError {
+        DecodeError(format!("truncated at byte {}", self.at))
+    }
+
+    #[inline]
     pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
         let Some(end) = end else {
-            return Err(DecodeError(format!("truncated at byte {}", self.at)));
+            return Err(self.truncated());
         };
         let out = &self.bytes[self.at..end];
         self.at = end;
