@@ -56,11 +56,7 @@ async fn load_view(
     let scanned = began.elapsed();
     let rows = online_rows(&config.project, defs, view, &batch);
     let encoded = began.elapsed();
-    let mut written = 0;
-    for (i, chunk) in rows.chunks(WRITE_BATCH).enumerate() {
-        written += store.write(chunk).await?;
-        progress(&format!("materializing {}", view.name), ((i + 1) * WRITE_BATCH).min(rows.len()) as u64);
-    }
+    let written = write_all(store, &rows, &view.name, progress).await?;
     tracing::debug!(
         view = %view.name,
         entities = rows.len(),
@@ -88,12 +84,32 @@ async fn load_event_log(
     let since = quiver_sdk::aggregation::record::Layout::of(view).earliest_tail(now);
     let events = events_since(config, defs, view, since, None).await?;
     let rows = quiver_streaming::write::event_log_rows(&config.project, view, &events, now);
-    let mut written = 0;
-    for (i, chunk) in rows.chunks(WRITE_BATCH).enumerate() {
-        written += store.write(chunk).await?;
-        progress(&format!("materializing {}", view.name), ((i + 1) * WRITE_BATCH).min(rows.len()) as u64);
-    }
+    let written = write_all(store, &rows, &view.name, progress).await?;
     Ok((ViewReport { view: view.name.clone(), entities: rows.len(), written }, events.version))
+}
+
+/// Writes `rows` in batches of [`WRITE_BATCH`], two in flight (one being answered while
+/// the next is sent), reporting progress as each completes; the rows the store took.
+async fn write_all(
+    store: &dyn OnlineStore,
+    rows: &[quiver_online::WriteRow],
+    view: &str,
+    progress: &(dyn Fn(&str, u64) + Sync),
+) -> Result<usize> {
+    use futures::StreamExt;
+    type Call<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (usize, quiver_online::Result<usize>)> + Send + 'a>>;
+    // (Boxed and collected first, so the stream's type holds no closure: see
+    // `RedisStore::write`.)
+    let calls: Vec<Call<'_>> =
+        rows.chunks(WRITE_BATCH).map(|chunk| -> Call<'_> { Box::pin(async move { (chunk.len(), store.write(chunk).await) }) }).collect();
+    let mut done = futures::stream::iter(calls).buffered(2);
+    let (mut written, mut sent) = (0, 0u64);
+    while let Some((len, result)) = done.next().await {
+        written += result?;
+        sent += len as u64;
+        progress(&format!("materializing {view}"), sent);
+    }
+    Ok(written)
 }
 
 /// Loads, for each view, the latest row per entity with event time in `[start, end]`

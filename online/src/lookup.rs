@@ -109,6 +109,36 @@ pub async fn get_online_features(
     now: i64,
     full_names: bool,
 ) -> Result<Vec<Column>> {
+    get_online_features_timed(store, project, defs, refs, entities, now, full_names, &mut LookupPhases::default()).await
+}
+
+/// Where one lookup's time went (the server's `/metrics` phase histogram).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LookupPhases {
+    /// Resolving the features to views and building the store keys.
+    pub keys: std::time::Duration,
+    /// The store round trip.
+    pub store: std::time::Duration,
+    /// Decoding the stored rows and records into the answer's columns.
+    pub decode: std::time::Duration,
+}
+
+/// [`get_online_features`], recording the time of its phases in `phases`.
+///
+/// # Errors
+/// As [`get_online_features`].
+#[allow(clippy::too_many_arguments)]
+pub async fn get_online_features_timed(
+    store: &dyn OnlineStore,
+    project: &str,
+    defs: &Definitions,
+    refs: &[FeatureRef],
+    entities: &EntityColumns,
+    now: i64,
+    full_names: bool,
+    phases: &mut LookupPhases,
+) -> Result<Vec<Column>> {
+    let began = std::time::Instant::now();
     let bad = |m: String| Error::Request(m);
     let n = entities.first().map_or(0, |(_, v)| v.len());
     if let Some((name, v)) = entities.iter().find(|(_, v)| v.len() != n) {
@@ -123,7 +153,11 @@ pub async fn get_online_features(
         }
     }
     let keys = store_keys(project, defs, &views, entities, n)?;
+    let sent = std::time::Instant::now();
+    phases.keys = sent - began;
     let stored = store.read(&keys).await?;
+    let read = std::time::Instant::now();
+    phases.store = read - sent;
     let mut rows: HashMap<&str, Vec<Option<OnlineRow>>> = HashMap::new();
     let mut answers: HashMap<&str, Vec<Option<Answer>>> = HashMap::new();
     for (i, name) in views.iter().enumerate() {
@@ -144,6 +178,7 @@ pub async fn get_online_features(
             None => feature_column(view, &r.feature, name, &rows[view.name.as_str()], now),
         });
     }
+    phases.decode = read.elapsed();
     Ok(out)
 }
 

@@ -1,6 +1,8 @@
 //! The Redis online store: one string key per (project, view, entity) holding the packed
 //! row; reads with one MGET, guarded writes with a server-side Lua script, pipelined.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -13,42 +15,50 @@ use crate::store::{OnlineStore, WriteRow};
 /// then (row, expire-at ms or 0) per key. A row replaces the stored one unless the
 /// stored header (first 16 bytes: event time then created time, order-preserving) is
 /// greater; equal replaces; a stored event time after the horizon never blocks. The
-/// bytes are compared with `string.byte`, so the server's locale plays no part.
+/// headers are compared as four big-endian 32-bit words (`struct.unpack`), so the
+/// server's locale plays no part (Lua's `<` on strings would use strcoll). The stored
+/// rows are read with one MGET for all keys, rows without an expiry written with one
+/// MSET: a call costs Redis two commands plus one SET per row with an expiry, not a GET
+/// and a SET per row; the expiry passes through as the string it came as (no number
+/// conversions). A key given twice is judged against the row written first.
 pub(crate) const GUARDED_WRITE: &str = r#"
-local horizon = ARGV[1]
+local h1, h2 = struct.unpack('>I4I4', ARGV[1])
+local stored = redis.call('MGET', unpack(KEYS))
+local plain = {}
+local taken = {}
 local written = 0
 for i, key in ipairs(KEYS) do
   local new = ARGV[2 * i]
-  local cur = redis.call('GET', key)
+  local cur = taken[key] or stored[i]
   local take = true
   if cur and #cur >= 16 then
-    local future = false
-    for j = 1, 8 do
-      local a, h = string.byte(cur, j), string.byte(horizon, j)
-      if a ~= h then
-        future = a > h
-        break
-      end
-    end
-    if not future then
-      for j = 1, 16 do
-        local a, b = string.byte(cur, j), string.byte(new, j)
-        if a ~= b then
-          take = (b ~= nil) and (b > a)
-          break
-        end
+    local c1, c2, c3, c4 = struct.unpack('>I4I4I4I4', cur)
+    if c1 < h1 or (c1 == h1 and c2 <= h2) then
+      if #new < 16 then
+        take = false
+      else
+        local n1, n2, n3, n4 = struct.unpack('>I4I4I4I4', new)
+        if n1 ~= c1 then take = n1 > c1
+        elseif n2 ~= c2 then take = n2 > c2
+        elseif n3 ~= c3 then take = n3 > c3
+        else take = n4 >= c4 end
       end
     end
   end
   if take then
-    local expire_at = tonumber(ARGV[2 * i + 1])
-    if expire_at > 0 then
+    taken[key] = new
+    local expire_at = ARGV[2 * i + 1]
+    if expire_at ~= '0' then
       redis.call('SET', key, new, 'PXAT', expire_at)
     else
-      redis.call('SET', key, new)
+      plain[#plain + 1] = key
+      plain[#plain + 1] = new
     end
     written = written + 1
   end
+end
+if #plain > 0 then
+  redis.call('MSET', unpack(plain))
 end
 return written
 "#;
@@ -69,6 +79,11 @@ pub struct RedisStore {
     script: redis::Script,
     /// A stored row dated more than this after the clock never blocks a write.
     max_future_skew_us: i64,
+    /// Whether the keys written lately were mostly absent: then a batch is first sent
+    /// as plain `SET ... NX` (what the guarded write does to an absent key, at the cost
+    /// of one command and no script), and only the keys that exist go through the
+    /// script. Cleared once a batch finds most of its keys stored.
+    absent: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -96,6 +111,7 @@ impl RedisStore {
             conn,
             script: redis::Script::new(GUARDED_WRITE),
             max_future_skew_us: crate::store::DEFAULT_MAX_FUTURE_SKEW_US,
+            absent: Arc::new(AtomicBool::new(true)),
         };
         store.check_eviction_policy().await?;
         Ok(store)
@@ -148,8 +164,43 @@ impl RedisStore {
         Ok(counts.iter().sum())
     }
 
-    /// One pipeline, loading the script first if Redis forgot it (restarted, flushed).
+    /// Plain `SET key row NX [PXAT t]` for every row, in one pipeline: the rows whose key
+    /// was absent are written (the guarded write's answer for an absent key); the
+    /// others are returned.
+    async fn write_absent<'a>(&self, batch: &'a [WriteRow]) -> redis::RedisResult<(usize, Vec<&'a WriteRow>)> {
+        let mut pipe = redis::pipe();
+        for r in batch {
+            let cmd = pipe.cmd("SET").arg(&r.key).arg(&r.row[..]).arg("NX");
+            if let Some(at) = r.expire_at_ms {
+                cmd.arg("PXAT").arg(at);
+            }
+        }
+        let mut conn = self.conn.clone();
+        let answers: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+        let stored: Vec<&WriteRow> = batch.iter().zip(&answers).filter(|(_, a)| matches!(a, redis::Value::Nil)).map(|(r, _)| r).collect();
+        Ok((batch.len() - stored.len(), stored))
+    }
+
+    /// One pipeline: the absent keys by `SET NX` while most keys are absent, the rest
+    /// through the guarded script.
     async fn write_batch(&self, batch: &[WriteRow]) -> Result<usize> {
+        if !self.absent.load(Ordering::Relaxed) {
+            return self.write_guarded(batch).await;
+        }
+        let (written, stored) = self.write_absent(batch).await.map_err(|e| self.unavailable(e))?;
+        if stored.len() * 2 > batch.len() {
+            self.absent.store(false, Ordering::Relaxed);
+        }
+        if stored.is_empty() {
+            return Ok(written);
+        }
+        let rest: Vec<WriteRow> = stored.into_iter().cloned().collect();
+        Ok(written + self.write_guarded(&rest).await?)
+    }
+
+    /// One pipeline of guarded script calls, loading the script first if Redis forgot
+    /// it (restarted, flushed).
+    async fn write_guarded(&self, batch: &[WriteRow]) -> Result<usize> {
         match self.write_pipeline(batch).await {
             Ok(n) => Ok(n),
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
@@ -212,18 +263,17 @@ impl OnlineStore for RedisStore {
     }
 
     async fn write(&self, rows: &[WriteRow]) -> Result<usize> {
-        // Several pipelines in flight on the multiplexed connection, so Redis never
-        // waits on the network between them. Each pipeline is independent: the guarded
-        // write makes the order between them irrelevant.
-        let batches: Vec<&[WriteRow]> = rows.chunks(KEYS_PER_CALL * CALLS_PER_PIPELINE).collect();
-        let mut counts = Vec::with_capacity(batches.len());
-        for group in batches.chunks(PIPELINES_IN_FLIGHT) {
-            let mut in_flight = Vec::with_capacity(group.len());
-            for batch in group {
-                in_flight.push(self.write_batch(batch));
-            }
-            counts.extend(futures::future::join_all(in_flight).await);
-        }
+        // Several pipelines in flight on the multiplexed connection, the next one sent
+        // as soon as one is answered, so Redis never waits on the network or on the
+        // encoding between them. Each pipeline is independent: the guarded write makes
+        // the order between them irrelevant.
+        use futures::StreamExt;
+        type Call<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<usize>> + Send + 'a>>;
+        // (Boxed and collected first: a stream holding the closure would not be `Send`
+        // for every lifetime, which the trait's boxed future needs.)
+        let calls: Vec<Call<'_>> =
+            rows.chunks(KEYS_PER_CALL * CALLS_PER_PIPELINE).map(|batch| -> Call<'_> { Box::pin(self.write_batch(batch)) }).collect();
+        let counts: Vec<Result<usize>> = futures::stream::iter(calls).buffered(PIPELINES_IN_FLIGHT).collect().await;
         counts.into_iter().sum()
     }
 

@@ -219,6 +219,12 @@ async fn health_registry_metrics_and_auth() {
     assert!(text.contains("quiver_requests_total{route=\"/get-online-features\",status=\"200\"} 1"), "{text}");
     assert!(text.contains("quiver_requests_total{route=\"other\",status=\"404\"} 1"), "{text}");
     assert!(text.contains("quiver_request_seconds_count{route=\"/get-online-features\"} 2"), "{text}");
+    // The phases of the one answered lookup (the refused one has none), in one family.
+    for phase in ["parse", "keys", "store", "decode", "encode"] {
+        assert!(text.contains(&format!("quiver_request_phase_seconds_count{{phase=\"{phase}\"}} 1")), "{phase}: {text}");
+        assert!(text.contains(&format!("quiver_request_phase_seconds_bucket{{phase=\"{phase}\",le=\"+Inf\"}} 1")), "{phase}: {text}");
+    }
+    assert_eq!(text.matches("# TYPE quiver_request_phase_seconds histogram").count(), 1, "{text}");
 }
 
 #[tokio::test]

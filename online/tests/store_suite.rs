@@ -193,8 +193,23 @@ async fn large_batches(store: &dyn OnlineStore, p: &str) {
     assert!(got.iter().enumerate().all(|(i, g)| value_of(g) == Some(i as i64)));
 }
 
+/// Batches mixing absent keys, stored keys and a key given several times (the Redis
+/// store writes absent keys with `SET NX` and sends only the stored ones through the
+/// guarded script): the same answers as one guarded write per row, in order.
+async fn absent_and_stored_keys_in_one_batch(store: &dyn OnlineStore, p: &str) {
+    let k = |name: &str| store_key(p, "mixed", &[KeyValue::Str(name.into())]);
+    let (a, b, c, d, e) = (k("a"), k("b"), k("c"), k("d"), k("e"));
+    let n = store.write(&[row(&a, 5, 0, 1), row(&a, 4, 0, 2), row(&a, 6, 0, 3), row(&b, 1, 0, 4)]).await.unwrap();
+    assert_eq!(n, 3, "a at 5, a at 6 over it, b; not a at 4");
+    let n = store.write(&[row(&a, 7, 0, 5), row(&c, 1, 0, 6), row(&a, 3, 0, 7), row(&d, 1, 0, 8), row(&e, 1, 0, 9)]).await.unwrap();
+    assert_eq!(n, 4, "a at 7 and c, d, e; not a at 3");
+    let got = store.read(&[a, b, c, d, e]).await.unwrap();
+    assert_eq!(got.iter().map(value_of).collect::<Vec<_>>(), [Some(5), Some(4), Some(6), Some(8), Some(9)]);
+}
+
 async fn suite(store: Arc<dyn OnlineStore>, name: &str) {
     let p = prefix(name);
+    absent_and_stored_keys_in_one_batch(store.as_ref(), &p).await;
     round_trip_and_missing(store.as_ref(), &p).await;
     guarded_write_rules(store.as_ref(), &p).await;
     out_of_order_writes(store.as_ref(), &p).await;

@@ -66,6 +66,12 @@ impl Exposition {
     /// `labels` besides `le`.
     pub fn histogram<B: Buckets>(&mut self, name: &str, help: &str, labels: &[(&str, &dyn Display)], h: &Histogram<B>) -> &mut Self {
         self.family(name, Kind::Histogram, help);
+        self.histogram_samples(name, labels, h)
+    }
+
+    /// The samples of one more label set of the histogram family `name` (after
+    /// [`Exposition::histogram`] started it).
+    pub fn histogram_samples<B: Buckets>(&mut self, name: &str, labels: &[(&str, &dyn Display)], h: &Histogram<B>) -> &mut Self {
         let bucket = format!("{name}_bucket");
         for (bound, n) in B::BOUNDS.iter().zip(&h.buckets) {
             let mut with_le = labels.to_vec();

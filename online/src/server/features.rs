@@ -1,6 +1,7 @@
 //! `POST /get-online-features`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -11,7 +12,7 @@ use serde_json::Value as Json_;
 
 use super::json::response_json;
 use super::{ApiError, Limit, MAX_ENTITY_ROWS, ServerState, bad};
-use crate::lookup::get_online_features;
+use crate::lookup::{LookupPhases, get_online_features_timed};
 use crate::serving_log::Served;
 
 /// The entity map of a request, in the order the client wrote it (the answer echoes
@@ -54,6 +55,7 @@ struct FeaturesRequest {
 }
 
 pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
+    let began = Instant::now();
     let request: FeaturesRequest = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid request: {e}")))?;
     let defs = state.registry.current();
     // Features: a list of `view:feature`, or a feature service. Unknown fields are ignored.
@@ -114,9 +116,14 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
         columns.push((name.clone(), keys));
     }
     let now = (state.clock)();
-    let result =
-        state.store_call(get_online_features(state.store.as_ref(), &state.project, &defs, &refs, &columns, now, full_names)).await?;
+    let parsed = began.elapsed();
+    let mut lookup = LookupPhases::default();
+    let result = state
+        .store_call(get_online_features_timed(state.store.as_ref(), &state.project, &defs, &refs, &columns, now, full_names, &mut lookup))
+        .await?;
+    let encoding = Instant::now();
     let body = response_json(&result);
+    state.metrics.phases(parsed, &lookup, encoding.elapsed());
     if let Some(log) = &state.serving_log {
         // After the answer is written: the log gets the columns, the client the bytes.
         log.log(Served { request_time: now, defs, refs, n_keys: columns.len(), columns: result });

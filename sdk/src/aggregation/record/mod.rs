@@ -276,9 +276,9 @@ impl AggRecord {
 
     /// Every aggregation's value at `now` (at or after the writer's clock) from a
     /// record's bytes, as [`AggRecord::answer`] of the record (floats to a rounding or
-    /// two): one pass over each series' tiles from the newest back, summing them into
-    /// one running partial per sums cell, each window taking the running sums when its
-    /// tail is passed; its extremes and latest values are those of the tiles it holds.
+    /// two): per window a binary search of its series' index for its oldest tile, whose
+    /// suffix sums are the window's; its extremes and latest values are those stored for
+    /// the tiles it holds. Nothing is read tile by tile.
     ///
     /// # Errors
     /// [`DecodeError`] for bytes that are not such a record, or a record of another
