@@ -18,6 +18,14 @@ requests/s, with the ratio aggregation / plain. redis-benchmark GET at 8 connect
 the same Redis is the limit of one round trip. Before timing, the served `n_7d` of 100
 riders is checked against a count made here from the generated events (the window rule
 `floor(now - 7d, 1h) <= ts <= now`).
+
+A record carries its answer at the time it was written, good until the first event
+enters or leaves one of its windows; a lookup before then reads that answer, one after
+it computes the windows from the record's tiles. Right after materialization nearly
+every lookup is the former. With --aged-hours H (default 3; 0: skip) the same
+aggregation lookups are timed again with `quiver serve` running H hours in the future
+(libfaketime, wall clock only), where nearly every record's answer has changed and is
+computed from its tiles.
 """
 import argparse
 import os
@@ -50,6 +58,14 @@ AGGS = [
 PLAIN = [f"p{i}" for i in range(10)]
 
 
+def faketime_lib():
+    """libfaketime's preload library (Debian's package `faketime`), or exit saying so."""
+    for path in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"):
+        if os.path.exists(path):
+            return path
+    sys.exit("libfaketime is missing (apt-get install faketime), or pass --aged-hours 0")
+
+
 def run(cmd, **kw):
     res = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if res.returncode != 0:
@@ -63,6 +79,7 @@ def main():
     ap.add_argument("--riders", type=int, default=10_000)
     ap.add_argument("--events-per-rider", type=int, default=50)
     ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--aged-hours", type=float, default=3)
     args = ap.parse_args()
     quiver = os.path.abspath(args.quiver)
     work = tempfile.mkdtemp(prefix="quiver-agg-serve-bench.")
@@ -114,34 +131,47 @@ def main():
         run(q + ["ingest", "rides", os.path.join(work, "rides.parquet")])
         run(q + ["ingest", "profile", os.path.join(work, "profile.parquet")])
         began = time.perf_counter()
+        written = int(time.time() * US)
         out = run(q + ["materialize", "2000-01-01T00:00:00Z", "2100-01-01T00:00:00Z"])
         print(f"== {args.riders:,} riders x {args.events_per_rider} rides (event log, 10 aggregations) and x 1 row "
               f"(plain view, 10 features); materialized in {time.perf_counter() - began:.2f} s", flush=True)
         print(out.strip(), flush=True)
 
-        port = free_port()
-        procs.append(subprocess.Popen(q + ["serve", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", "quiver serve")
+        def serve(ahead_us=0):
+            """`quiver serve` with its wall clock `ahead_us` in the future; its URL."""
+            port = free_port()
+            env = dict(os.environ)
+            if ahead_us:
+                env.update(LD_PRELOAD=faketime_lib(), FAKETIME=f"+{ahead_us / US:.0f}s", DONT_FAKE_MONOTONIC="1")
+            procs.append(subprocess.Popen(q + ["serve", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          env=env))
+            url = f"http://127.0.0.1:{port}"
+            wait_http(url + "/health", "quiver serve")
+            return url
 
         sample = [int(x) for x in rng.choice(ids, 100, replace=False)]
         aggs = [f"rides:{a}" for a, *_ in AGGS]
         plain = [f"profile:{p}" for p in PLAIN]
-        # The served count over 7 days equals one counted here (at the time just before
-        # or just after the request: the tail moves on the hour).
-        before = int(time.time() * US)
-        answer = requests.post(url + "/get-online-features", json={"entities": {"rider_id": sample}, "features": ["rides:n_7d"]},
-                               timeout=30).json()
-        after = int(time.time() * US)
-        served = answer["results"][1]["values"]
 
-        def counts(t):
-            tail = (t - 7 * DAY) // HOUR * HOUR
-            inside = (ts >= tail) & (ts <= t)
-            return [int(np.count_nonzero(inside & (rider == r))) for r in sample]
+        def check(url, ahead_us=0):
+            """The served count over 7 days equals one counted here (at the time just
+            before or just after the request: the tail moves on the hour)."""
+            before = int(time.time() * US) + ahead_us
+            answer = requests.post(url + "/get-online-features", json={"entities": {"rider_id": sample}, "features": ["rides:n_7d"]},
+                                   timeout=30).json()
+            after = int(time.time() * US) + ahead_us
+            served = answer["results"][1]["values"]
 
-        if served != counts(before) and served != counts(after):
-            sys.exit(f"served n_7d differs from the events' count: {served[:10]} vs {counts(after)[:10]}")
+            def counts(t):
+                tail = (t - 7 * DAY) // HOUR * HOUR
+                inside = (ts >= tail) & (ts <= t)
+                return [int(np.count_nonzero(inside & (rider == r))) for r in sample]
+
+            if served != counts(before) and served != counts(after):
+                sys.exit(f"served n_7d differs from the events' count: {served[:10]} vs {counts(after)[:10]}")
+
+        url = serve()
+        check(url)
         print("served n_7d of 100 riders equals the count of their generated events", flush=True)
 
         rows = []
@@ -151,6 +181,31 @@ def main():
             rows.append((k, a, p))
             print(f"{k} riders: aggregations {a[0]:.0f} req/s p50 {a[1]:.2f} ms p99 {a[2]:.2f} ms | "
                   f"plain {p[0]:.0f} req/s p50 {p[1]:.2f} ms p99 {p[2]:.2f} ms", flush=True)
+        aged = []
+        if args.aged_hours:
+            ahead = int(args.aged_hours * HOUR)
+            aged_url = serve(ahead)
+            check(aged_url, ahead)
+            print(f"served n_7d {args.aged_hours:g} h later (server clock ahead) equals the count of the events", flush=True)
+            # Which of the sample's stored answers have changed by then (an event left a
+            # window: its tail passed the end of the hop holding the window's oldest event).
+            windows = {"1h": (HOUR, 5 * 60 * US), "1d": (DAY, HOUR), "7d": (7 * DAY, HOUR)}
+            changed = 0
+            for r in sample[:100]:
+                mine = ts[rider == r]
+                until = None
+                for w, h in windows.values():
+                    inside = mine[(mine >= (written - w) // h * h) & (mine <= written)]
+                    if inside.size:
+                        leave = inside.min() // h * h + h + w
+                        until = leave if until is None else min(until, leave)
+                changed += until is not None and until <= written + ahead
+            print(f"{changed} of the 100 riders' stored answers have changed by then (answered from the tiles)", flush=True)
+            for k in (1, 10, 100):
+                a = wrk(aged_url + "/get-online-features", {"entities": {"rider_id": sample[:k]}, "features": aggs}, args.duration, work)
+                aged.append(a)
+                print(f"{k} riders, {args.aged_hours:g} h later: aggregations {a[0]:.0f} req/s p50 {a[1]:.2f} ms p99 {a[2]:.2f} ms",
+                      flush=True)
         bench = subprocess.run(["redis-benchmark", "-p", str(rport), "-t", "get", "-c", "8", "-n", "200000", "-q", "--csv"],
                                capture_output=True, text=True, check=True).stdout
         fields = [f.strip('"') for f in bench.strip().splitlines()[-1].split(",")]
@@ -162,6 +217,11 @@ def main():
         for k, a, p in rows:
             print(f"{k:>6} {f'{a[1]:.2f} / {a[2]:.2f} ms, {a[0]:,.0f}/s':>30} {f'{p[1]:.2f} / {p[2]:.2f} ms, {p[0]:,.0f}/s':>30} "
                   f"{a[1] / p[1]:>9.2f}x {a[2] / p[2]:>9.2f}x")
+        if aged:
+            print(f"the same aggregations {args.aged_hours:g} h after materialization (answers from the tiles; "
+                  f"p50 ratio to the plain lookups above):")
+            for (k, _, p), a in zip(rows, aged):
+                print(f"{k:>6} {f'{a[1]:.2f} / {a[2]:.2f} ms, {a[0]:,.0f}/s':>30} {'':>30} {a[1] / p[1]:>9.2f}x {a[2] / p[2]:>9.2f}x")
         print(f"redis-benchmark GET, 8 connections: {float(got['rps']):,.0f}/s, p50 {float(got['p50_latency_ms']):.3f} ms, "
               f"p99 {float(got['p99_latency_ms']):.3f} ms")
     finally:

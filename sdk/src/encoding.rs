@@ -341,6 +341,11 @@ impl<'a> Reader<'a> {
         Reader { bytes, at: 0 }
     }
 
+    /// How many bytes are left.
+    pub(crate) fn remaining(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+
     /// Whether every byte was read.
     pub(crate) fn is_done(&self) -> bool {
         self.at == self.bytes.len()

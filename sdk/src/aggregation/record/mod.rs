@@ -40,7 +40,7 @@ mod layout;
 use std::collections::BTreeMap;
 
 use codec::{
-    STORED, get_extreme, get_i64, get_order, get_size, get_sums, get_zig, put_extreme, put_i64, put_order, put_sums, put_var, put_zig,
+    STORED, get_extreme, get_i64, get_order, get_size, get_sums, get_var, get_zig, put_extreme, put_i64, put_order, put_sums, put_var, put_zig,
     skip_sums,
 };
 pub use layout::{CellKind, Layout};
@@ -50,7 +50,7 @@ use super::{AggFunction, Aggregation};
 use crate::encoding::{DecodeError, Reader, Value, order_bytes, write_value};
 use crate::types::DType;
 
-const FORMAT: u8 = 7;
+const FORMAT: u8 = 8;
 
 /// One event of an event log: its order and one value per view feature (in the
 /// view's order; null for a column it lacks).
@@ -176,7 +176,8 @@ impl AggRecord {
         Some(latest.saturating_add(layout.reach_us()).div_euclid(1000).saturating_add(1).max(1))
     }
 
-    /// Packs the record. Per series: the tile count and, with tiles, the latest event
+    /// Packs the record: the header, the answer at the clock with the time until which
+    /// it holds, then per series the tile count and, with tiles, the latest event
     /// time, the newest tile's start in hops, the tiles newest first (each the step back
     /// in hops from the one before and its own sums, one per sums cell), then per other
     /// cell what any window's suffix of tiles can need: for min/max the suffix extremes
@@ -188,6 +189,48 @@ impl AggRecord {
         out.push(FORMAT);
         out.extend_from_slice(&self.layout.to_le_bytes());
         put_i64(&mut out, self.clock);
+        // The answer at the clock and until when it holds, then the rest's length (so
+        // that a lookup answered from the former still knows the record is whole).
+        let answer = self.answer_at_clock(layout);
+        put_var(&mut out, answer.len() as u64);
+        out.extend_from_slice(&answer);
+        let rest = self.encode_series(layout);
+        put_var(&mut out, rest.len() as u64);
+        out.extend_from_slice(&rest);
+        out
+    }
+
+    /// The record's answer at its clock, and the first time after it at which any
+    /// window's answer can differ: a pending event's time, or when a window's tail
+    /// passes the oldest tile it holds (`oldest start + hop + window`). Between the two
+    /// no event enters or leaves any window, so the answer is the same, bit for bit.
+    pub fn answer_holds_until(&self, layout: &Layout<'_>) -> i64 {
+        let mut until = self.pending.iter().map(|e| e.order.0).min().unwrap_or(i64::MAX);
+        for (i, &(s, _)) in layout.cells.iter().enumerate() {
+            let agg = layout.agg(i);
+            let tail = agg.tail(self.clock);
+            if let Some(oldest) = self.series[s].tiles.iter().find(|t| t.start >= tail && t.start <= self.clock) {
+                until = until.min(oldest.start.saturating_add(agg.hop_us()).saturating_add(agg.window_us()));
+            }
+        }
+        until
+    }
+
+    /// The cached answer's bytes: until when it holds, then per aggregation how long
+    /// before the clock its latest event is (0: none, else 1 + the distance) and its value.
+    fn answer_at_clock(&self, layout: &Layout<'_>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + 12 * layout.cells.len());
+        put_i64(&mut out, self.answer_holds_until(layout));
+        for (value, last) in self.answer(layout, self.clock) {
+            put_var(&mut out, last.map_or(0, |t| (self.clock.wrapping_sub(t) as u64).wrapping_add(1)));
+            write_value(&mut out, &value);
+        }
+        out
+    }
+
+    /// The tiles of every series and the pending events, as described at [`AggRecord::encode`].
+    fn encode_series(&self, layout: &Layout<'_>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
         put_var(&mut out, self.series.len() as u64);
         for ((hop, cells), series) in layout.series.iter().zip(&self.series) {
             let n = series.tiles.len();
@@ -275,26 +318,71 @@ impl AggRecord {
     }
 
     /// Every aggregation's value at `now` (at or after the writer's clock) from a
-    /// record's bytes, as [`AggRecord::answer`] of the record (floats to a rounding or
-    /// two): per window a binary search of its series' index for its oldest tile, whose
-    /// suffix sums are the window's; its extremes and latest values are those stored for
-    /// the tiles it holds. Nothing is read tile by tile.
+    /// record's bytes, as [`AggRecord::answer`] of the record. Until the first change
+    /// after the clock ([`AggRecord::answer_holds_until`]) that is the answer stored
+    /// with the record, exactly; after it, [`AggRecord::answer_from_tiles`].
     ///
     /// # Errors
     /// [`DecodeError`] for bytes that are not such a record, or a record of another
     /// layout (written before the view's aggregations changed, or by an older version).
     pub fn answer_stored(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
+        let (clock, cached, rest) = Self::open(layout, bytes)?;
+        let now = now.max(clock);
+        let mut answer = Reader::new(cached);
+        if get_i64(&mut answer)? > now {
+            let mut out = Vec::with_capacity(layout.cells.len());
+            for _ in 0..layout.cells.len() {
+                let back = get_var(&mut answer)?;
+                let last = back.checked_sub(1).map(|b| clock.wrapping_sub(b as i64));
+                out.push((answer.value()?, last));
+            }
+            if !answer.is_done() {
+                return Err(DecodeError("trailing bytes after a record's answer".into()));
+            }
+            return Ok(out);
+        }
+        Self::answer_indexed(layout, rest, now)
+    }
+
+    /// A record's clock, its cached answer's bytes and the rest (tiles and pending
+    /// events), after checking its format, layout and length.
+    fn open<'b>(layout: &Layout<'_>, bytes: &'b [u8]) -> Result<(i64, &'b [u8], &'b [u8]), DecodeError> {
         let mut r = Reader::new(bytes);
         r.take(16)?;
         if r.byte()? != FORMAT {
             return Err(DecodeError("not an aggregation record of this version (materialize again)".into()));
         }
-        let print = u64::from_le_bytes(r.array()?);
-        let clock = get_i64(&mut r)?;
-        if print != layout.fingerprint || get_size(&mut r)? != layout.series.len() {
+        if u64::from_le_bytes(r.array()?) != layout.fingerprint {
             return Err(DecodeError("an aggregation record of another layout".into()));
         }
-        let now = now.max(clock);
+        let clock = get_i64(&mut r)?;
+        let len = get_size(&mut r)?;
+        let cached = r.take(len)?;
+        if get_size(&mut r)? != r.remaining() {
+            return Err(DecodeError("an aggregation record of the wrong length".into()));
+        }
+        Ok((clock, cached, r.take(r.remaining())?))
+    }
+
+    /// Every aggregation's value at `now` from a record's tiles and pending events,
+    /// whatever its stored answer says (floats to a rounding or two of
+    /// [`AggRecord::answer`]): per window a binary search of its series' index for its
+    /// oldest tile, whose suffix sums are the window's; its extremes and latest values
+    /// are those stored for the tiles it holds. Nothing is read tile by tile.
+    ///
+    /// # Errors
+    /// As [`AggRecord::answer_stored`].
+    pub fn answer_from_tiles(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
+        let (clock, _, rest) = Self::open(layout, bytes)?;
+        Self::answer_indexed(layout, rest, now.max(clock))
+    }
+
+    /// [`AggRecord::answer_from_tiles`] from the bytes after the stored answer.
+    fn answer_indexed(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
+        let mut r = Reader::new(bytes);
+        if get_size(&mut r)? != layout.series.len() {
+            return Err(DecodeError("an aggregation record of another layout".into()));
+        }
         let aggs = layout.view.aggregations.len();
         // Every aggregation's tail at `now` in hops, and in time, computed once.
         let tail_hops: Vec<i64> =

@@ -74,6 +74,7 @@ fn records_round_trip_and_answer_like_a_scan() {
     for at in [now, now + 3 * m, now + 61 * m, now + 3 * 86_400 * m / 1440, now + 8 * 86_400 * 1_000_000] {
         let answer = record.answer(&layout, at);
         assert_close(&AggRecord::answer_stored(&layout, &bytes, at).unwrap(), &answer, &format!("the stored answer at {at}"));
+        assert_close(&AggRecord::answer_from_tiles(&layout, &bytes, at).unwrap(), &answer, &format!("the tiles' answer at {at}"));
         for (i, agg) in v.aggregations.iter().enumerate() {
             let mut p = Partial::default();
             let mut last = None;
@@ -91,6 +92,7 @@ fn records_round_trip_and_answer_like_a_scan() {
     assert_eq!(record.answer(&layout, early), record.answer(&layout, now));
     for cut in [0, 10, 17, bytes.len() / 2, bytes.len() - 1] {
         assert!(AggRecord::answer_stored(&layout, &bytes[..cut], now).is_err(), "truncated at {cut}");
+        assert!(AggRecord::answer_from_tiles(&layout, &bytes[..cut], now).is_err(), "truncated at {cut}");
     }
 }
 
@@ -124,6 +126,7 @@ fn overflowing_sums_and_negative_integers_survive_the_compact_cells() {
             }
             assert!(matches!(want[4].0, Value::Int64(x) if x < -(1 << 59)), "{:?}", want[4]);
             assert_close(&AggRecord::answer_stored(&layout, &bytes, at).unwrap(), &want, &format!("{big} at {at}"));
+            assert_close(&AggRecord::answer_from_tiles(&layout, &bytes, at).unwrap(), &want, &format!("{big} at {at}, tiles"));
         }
     }
 }
@@ -186,11 +189,62 @@ fn stored_answers_equal_the_records_on_awkward_numbers() {
         let clock = (next() % 480) as i64 * m;
         let record = AggRecord::build(&layout, &events, clock, 1);
         let bytes = record.encode(&layout);
-        for at in [clock, clock + 9 * m, clock + 10 * m, clock + 95 * m, clock + 7 * 60 * m] {
+        // Either side of the time the stored answer holds until, too.
+        let until = record.answer_holds_until(&layout);
+        assert!(until > clock, "round {round}: the stored answer holds at its clock");
+        let edges = if until < clock + 8 * 60 * m { vec![until - 1, until] } else { vec![] };
+        for at in [clock, clock + 9 * m, clock + 10 * m, clock + 95 * m, clock + 7 * 60 * m].into_iter().chain(edges) {
+            let want = record.answer(&layout, at);
             let got = AggRecord::answer_stored(&layout, &bytes, at).unwrap();
-            assert_close(&got, &record.answer(&layout, at), &format!("round {round} at {at}"));
+            assert_close(&got, &want, &format!("round {round} at {at}"));
+            assert_close(&AggRecord::answer_from_tiles(&layout, &bytes, at).unwrap(), &want, &format!("round {round} at {at}, tiles"));
+            if at < until {
+                // The stored answer is the record's at its clock, bit for bit.
+                assert_eq!(format!("{got:?}"), format!("{:?}", record.answer(&layout, clock)), "round {round} at {at}");
+            }
         }
     }
+}
+
+#[test]
+fn the_stored_answer_holds_until_an_event_enters_or_leaves_a_window() {
+    // Naively, minute by minute (every hop, event and clock here is a whole minute):
+    // which events each window holds by SPEC's rule, against the windows at the clock.
+    // The first minute any differs is the time the record names, and the answer is the
+    // same until then.
+    let v = view();
+    let layout = Layout::of(&v);
+    let m = 60_000_000i64;
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut changes = 0;
+    for round in 0..200 {
+        let events: Vec<Event> = (0..(next() % 12) as i64)
+            .map(|j| Event { order: ((next() % 600) as i64 * m, 0, j), values: vec![Value::Float64(j as f64), Value::String(format!("c{j}"))] })
+            .collect();
+        let clock = (next() % 600) as i64 * m;
+        let record = AggRecord::build(&layout, &events, clock, 1);
+        let held = |t: i64| -> Vec<Vec<i64>> {
+            let windows = v.aggregations.iter().map(|a| ((t - a.window_us()).div_euclid(a.hop_us()) * a.hop_us(), t));
+            windows.map(|(tail, head)| events.iter().map(|e| e.order.0).filter(|&ts| tail <= ts && ts <= head).collect()).collect()
+        };
+        let at_clock = held(clock);
+        let horizon = clock + 8 * 86_400 / 60 * m;
+        let first_change = (clock..horizon).step_by(m as usize).find(|&t| held(t) != at_clock).unwrap_or(i64::MAX);
+        let until = record.answer_holds_until(&layout);
+        assert_eq!(until.min(horizon), first_change.min(horizon), "round {round}");
+        changes += usize::from(first_change < horizon);
+        let answer = format!("{:?}", record.answer(&layout, clock));
+        for t in [clock + m, (clock + until.min(horizon)) / 2, until.min(horizon) - 1].into_iter().filter(|&t| t < until) {
+            assert_eq!(format!("{:?}", record.answer(&layout, t)), answer, "round {round} at {t}");
+        }
+    }
+    assert!(changes > 100, "most rounds have a change to find ({changes} of 200)");
 }
 
 #[test]
