@@ -192,11 +192,12 @@ fn answer_records(view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> V
     let layout = Layout::of(view);
     // An entity without a record: the answer of no events, the same for all.
     let none = AggRecord::empty(&layout).answer(&layout, now);
+    let tails = layout.tails(now);
     stored
         .iter()
         .map(|b| match b {
             None => Some(none.clone()),
-            Some(bytes) => AggRecord::answer_stored(&layout, bytes, now).ok(),
+            Some(bytes) => AggRecord::answer_stored_at(&layout, &tails, bytes).ok(),
         })
         .collect()
 }

@@ -64,6 +64,10 @@ impl Dd {
 
     /// An int64, exactly.
     pub fn from_i64(x: i64) -> Dd {
+        if x.unsigned_abs() <= 1 << 53 {
+            // Exact in one double (and without the software i128 conversions below).
+            return Dd { hi: x as f64, lo: 0.0 };
+        }
         let hi = x as f64;
         Dd { hi, lo: (i128::from(x) - hi as i128) as f64 }
     }

@@ -19,9 +19,10 @@
 //! be seen only from the later of its event and created times, so what is visible is no
 //! longer a prefix of the run; the sweep then inserts each event at that time into a
 //! Fenwick tree (sums, extremes) or an ordered set (latest) and answers for the
-//! window's suffix, O(log n) per event and spine row. Prefix sums that overflow to
-//! infinity take that path too (inf - inf would be NaN), and so does stddev, whose
-//! squares minus squared sum cancel too much for differences of whole-history prefixes.
+//! window's suffix, O(log n) per event and spine row. Stddev, whose squares minus
+//! squared sum cancel too much for differences of whole-history prefixes, and prefix
+//! sums that overflow to infinity (inf - inf would be NaN) only ever add: the window
+//! is a queue of two stacks (running sums at the back, suffix sums at the front).
 //!
 //! Numeric values come from the same [`Partial::finish`] the online lookup uses; last
 //! and last_k keep the table rows of the chosen events, newest first, and their values
@@ -93,7 +94,7 @@ impl Join<'_> {
         let table = events.aggregate(&plan, &spine, self.times, threads);
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: swept");
         // In request order, as the plan holds the aggregations.
-        let columns = table.into_columns(&plan, &spine.positions(self.times.len()))?;
+        let columns = table.into_columns(&plan, &spine.positions(self.times.len()), threads)?;
         (self.progress)(&format!("aggregated {}", view.name), self.times.len() as u64);
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: columns built");
         Ok(ViewJoined::new(request, columns, None))
@@ -294,6 +295,8 @@ struct Scratch {
     deques: Vec<VecDeque<u32>>,
     /// Per window: its first position.
     lo: Vec<usize>,
+    /// The sliding sweep's suffix sums.
+    front: Vec<Sums>,
 }
 
 /// The events, grouped and sorted, with what their visibility needs.
@@ -401,12 +404,11 @@ impl Events<'_> {
             }
             scratch.present_hi[c] = 0;
         }
-        // Stddev, and sums that overflowed: the general sweep, which adds instead of
-        // subtracting.
+        // Stddev, and sums that overflowed: a sweep that adds instead of subtracting.
         for (i, planned) in plan.aggs.iter().enumerate() {
             let f = planned.agg.function;
             if f == AggFunction::Stddev || (is_prefix(f) && !scratch.finite[planned.column]) {
-                self.visible_sweep(plan, i, r0..r1, asks, times, out, at);
+                self.sliding_sweep(plan, i, r0..r1, asks, times, out, at, &mut scratch.front);
             }
         }
         for d in &mut scratch.deques {
@@ -477,6 +479,74 @@ impl Events<'_> {
                 }
                 out.put(at + j, i, &partial.finish(planned.agg, planned.dtype));
             }
+        }
+    }
+
+    /// The sweep of one entity's spine rows for a sums aggregation `i` (without the
+    /// cutoff, so a window is a stretch `lo..hi` of the run): the window as a queue of
+    /// two stacks. Events enter the back, whose sums run forward; when the window's
+    /// start passes the front's end, the back becomes the front, as suffix sums. Each
+    /// event is added at most twice and nothing is ever subtracted, so the sums keep
+    /// their precision (as the Fenwick tree's would), in O(1) per event and spine row.
+    #[allow(clippy::too_many_arguments)]
+    fn sliding_sweep(
+        &self,
+        plan: &Plan<'_>,
+        i: usize,
+        run: Range<usize>,
+        asks: &[u32],
+        times: &[i64],
+        out: &mut TableSlice<'_>,
+        at: usize,
+        front: &mut Vec<Sums>,
+    ) {
+        let planned = &plan.aggs[i];
+        let (agg, dtype) = (planned.agg, planned.dtype);
+        let column = &plan.columns[planned.column];
+        let r0 = run.start;
+        let ts = &self.runs.ts[run];
+        // What event `p` adds to the window's sums (as the Fenwick tree's insert).
+        let one = |p: usize| {
+            let mut sums = Sums::default();
+            if column.valid[r0 + p] {
+                match (agg.function, column.nums.at(r0 + p)) {
+                    (AggFunction::Count, _) => sums.n = 1,
+                    (f, Some(x)) => sums.add(f, x),
+                    (_, None) => {}
+                }
+            }
+            sums
+        };
+        front.clear();
+        // The front holds the suffix sums of `start..mid`, the back the sums of `mid..hi`.
+        let (mut start, mut mid, mut lo, mut hi) = (0, 0, 0, 0);
+        let mut back = Sums::default();
+        for (j, &s) in asks.iter().enumerate() {
+            let t = times[s as usize];
+            while hi < ts.len() && ts[hi] <= t {
+                back.merge(&one(hi));
+                hi += 1;
+            }
+            let tail = agg.tail(t);
+            while lo < hi && ts[lo] < tail {
+                lo += 1;
+            }
+            if lo >= mid {
+                front.clear();
+                let mut running = Sums::default();
+                for p in (lo..hi).rev() {
+                    running.merge(&one(p));
+                    front.push(running);
+                }
+                front.reverse();
+                (start, mid, back) = (lo, hi, Sums::default());
+            }
+            let mut partial = Partial::default();
+            if lo < mid {
+                partial.sums = front[lo - start];
+            }
+            partial.sums.merge(&back);
+            out.put(at + j, i, &partial.finish(agg, dtype));
         }
     }
 

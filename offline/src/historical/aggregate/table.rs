@@ -133,10 +133,31 @@ impl Table {
     /// One column per aggregation, in spine order (`position` from
     /// [`SpineRuns::positions`]; a row without one gets the empty window's answer).
     /// Last and last_k take their values from the column by the rows chosen.
-    pub(super) fn into_columns(self, plan: &Plan<'_>, position: &[u32]) -> Result<Vec<ArrayRef>> {
+    /// The rows are gathered by `threads` threads, each a stretch of the spine.
+    pub(super) fn into_columns(self, plan: &Plan<'_>, position: &[u32], threads: usize) -> Result<Vec<ArrayRef>> {
+        let empty = self.layout.empty_row(plan);
+        let stretch = position.len().div_ceil(threads.max(1)).max(1);
+        let mut parts: Vec<Vec<Gathered>> = std::thread::scope(|s| {
+            let handles: Vec<_> = position.chunks(stretch).map(|part| s.spawn(|| self.gather(part, &empty))).collect();
+            handles.into_iter().map(|h| h.join().expect("a gathering thread panicked")).collect()
+        });
+        if parts.is_empty() {
+            parts.push(self.gather(&[], &empty));
+        }
+        drop(self.words);
+        let mut gathered = parts.remove(0);
+        for part in parts {
+            for (all, more) in gathered.iter_mut().zip(part) {
+                all.append(more);
+            }
+        }
+        plan.aggs.iter().zip(gathered).map(|(planned, out)| out.into_array(planned, plan.columns[planned.column].array.as_ref())).collect()
+    }
+
+    /// Every aggregation's answers for the spine rows at `position`, in that order.
+    fn gather(&self, position: &[u32], empty: &[u64]) -> Vec<Gathered> {
         let layout = &self.layout;
         let n = position.len();
-        let empty = layout.empty_row(plan);
         let mut gathered: Vec<Gathered> = layout
             .slots
             .iter()
@@ -146,7 +167,7 @@ impl Table {
             })
             .collect();
         for &p in position {
-            let row = if p == NO_ENTITY { &empty[..] } else { &self.words[p as usize * layout.width..(p as usize + 1) * layout.width] };
+            let row = if p == NO_ENTITY { empty } else { &self.words[p as usize * layout.width..(p as usize + 1) * layout.width] };
             for (slot, out) in layout.slots.iter().zip(&mut gathered) {
                 match (*slot, out) {
                     (Slot::Value { at, bit }, Gathered::Values(words, valid)) => {
@@ -161,8 +182,7 @@ impl Table {
                 }
             }
         }
-        drop(self.words);
-        plan.aggs.iter().zip(gathered).map(|(planned, out)| out.into_array(planned, plan.columns[planned.column].array.as_ref())).collect()
+        gathered
     }
 }
 
@@ -175,6 +195,22 @@ enum Gathered {
 }
 
 impl Gathered {
+    /// `more`, the answers of the spine rows after these, appended.
+    fn append(&mut self, more: Gathered) {
+        match (self, more) {
+            (Gathered::Values(words, valid), Gathered::Values(w, v)) => {
+                words.extend_from_slice(&w);
+                valid.extend_from_slice(&v);
+            }
+            (Gathered::Rows(items, offsets), Gathered::Rows(i, o)) => {
+                let base = items.len() as i32;
+                items.extend_from_slice(&i);
+                offsets.extend(o[1..].iter().map(|x| x + base));
+            }
+            _ => unreachable!("appended by slot"),
+        }
+    }
+
     fn into_array(self, planned: &Planned<'_>, column: Option<&ArrayRef>) -> Result<ArrayRef> {
         Ok(match self {
             Gathered::Values(w, valid) => {

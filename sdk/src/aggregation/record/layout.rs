@@ -32,6 +32,8 @@ pub struct Layout<'a> {
     /// Per series: its aggregations, longest window first — in the order of their
     /// tails at any `now` (a hop's multiples), so one pass of a series' tiles finds each.
     pub by_tail: Vec<Vec<usize>>,
+    /// Per series and cell: the aggregations reading it, longest window first.
+    pub readers: Vec<Vec<Vec<usize>>>,
     /// Per aggregation: its column's position among the view's features and type.
     pub columns: Vec<(usize, DType)>,
     /// The view's [`fingerprint`], computed once: every record is stamped and checked
@@ -86,6 +88,7 @@ impl<'a> Layout<'a> {
             }
             cells.push((s, c));
         }
+        let cells_of = |i: usize| cells[i].1;
         let mut by_tail: Vec<Vec<usize>> = vec![Vec::new(); series.len()];
         for (i, &(s, _)) in cells.iter().enumerate() {
             by_tail[s].push(i);
@@ -93,7 +96,23 @@ impl<'a> Layout<'a> {
         for members in &mut by_tail {
             members.sort_by_key(|&i| std::cmp::Reverse(view.aggregations[i].window_us()));
         }
-        Layout { view, series, cells, by_tail, columns, fingerprint: fingerprint(view) }
+        let readers = by_tail
+            .iter()
+            .zip(&series)
+            .map(|(members, (_, cells))| {
+                (0..cells.len()).map(|c| members.iter().copied().filter(|&i| cells_of(i) == c).collect()).collect()
+            })
+            .collect();
+        Layout { view, series, cells, by_tail, readers, columns, fingerprint: fingerprint(view) }
+    }
+
+    /// Every aggregation's window tail at `now`, in hops and in time: what a lookup
+    /// computes once for all the records it answers.
+    pub fn tails(&self, now: i64) -> Tails {
+        let hops: Vec<i64> = self.view.aggregations.iter().map(|a| now.saturating_sub(a.window_us()).div_euclid(a.hop_us())).collect();
+        let times =
+            hops.iter().zip(&self.view.aggregations).map(|(t, a)| t.checked_mul(a.hop_us()).unwrap_or_else(|| a.tail(now))).collect();
+        Tails { now, hops, times }
     }
 
     pub(super) fn agg(&self, i: usize) -> &Aggregation {
@@ -116,6 +135,17 @@ impl<'a> Layout<'a> {
     pub(super) fn series_tail(&self, s: usize, now: i64) -> i64 {
         self.cells.iter().enumerate().filter(|(_, (si, _))| *si == s).map(|(i, _)| self.agg(i).tail(now)).min().unwrap_or(now)
     }
+}
+
+/// Every aggregation's window tail at one time ([`Layout::tails`]).
+#[derive(Debug, Clone)]
+pub struct Tails {
+    /// The time.
+    pub now: i64,
+    /// Per aggregation: its tail in hops since the epoch.
+    pub hops: Vec<i64>,
+    /// Per aggregation: its tail (`hops` times the hop).
+    pub times: Vec<i64>,
 }
 
 impl CellKind {

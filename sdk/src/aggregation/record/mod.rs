@@ -40,10 +40,10 @@ mod layout;
 use std::collections::BTreeMap;
 
 use codec::{
-    STORED, get_extreme, get_i64, get_order, get_size, get_sums, get_var, get_zig, put_extreme, put_i64, put_order, put_sums, put_var, put_zig,
-    skip_sums,
+    STORED, get_extreme, get_i64, get_order, get_size, get_sums, get_var, get_zig, put_extreme, put_i64, put_order, put_sums, put_var,
+    put_zig, skip_sums,
 };
-pub use layout::{CellKind, Layout};
+pub use layout::{CellKind, Layout, Tails};
 
 use super::state::{EventOrder, Num, Partial, Sums};
 use super::{AggFunction, Aggregation};
@@ -326,8 +326,17 @@ impl AggRecord {
     /// [`DecodeError`] for bytes that are not such a record, or a record of another
     /// layout (written before the view's aggregations changed, or by an older version).
     pub fn answer_stored(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
+        Self::answer_stored_at(layout, &layout.tails(now), bytes)
+    }
+
+    /// [`AggRecord::answer_stored`] at `tails.now`, with the windows' tails computed
+    /// once for every record a lookup answers.
+    ///
+    /// # Errors
+    /// As [`AggRecord::answer_stored`].
+    pub fn answer_stored_at(layout: &Layout<'_>, tails: &Tails, bytes: &[u8]) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
         let (clock, cached, rest) = Self::open(layout, bytes)?;
-        let now = now.max(clock);
+        let now = tails.now.max(clock);
         let mut answer = Reader::new(cached);
         if get_i64(&mut answer)? > now {
             let mut out = Vec::with_capacity(layout.cells.len());
@@ -341,7 +350,12 @@ impl AggRecord {
             }
             return Ok(out);
         }
-        Self::answer_indexed(layout, rest, now)
+        if clock > tails.now {
+            // A record written after `now` (the server's clock behind the writer's):
+            // answered as of its clock.
+            return Self::answer_indexed(layout, rest, &layout.tails(clock));
+        }
+        Self::answer_indexed(layout, rest, tails)
     }
 
     /// A record's clock, its cached answer's bytes and the rest (tiles and pending
@@ -374,25 +388,19 @@ impl AggRecord {
     /// As [`AggRecord::answer_stored`].
     pub fn answer_from_tiles(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
         let (clock, _, rest) = Self::open(layout, bytes)?;
-        Self::answer_indexed(layout, rest, now.max(clock))
+        Self::answer_indexed(layout, rest, &layout.tails(now.max(clock)))
     }
 
-    /// [`AggRecord::answer_from_tiles`] from the bytes after the stored answer.
-    fn answer_indexed(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
+    /// [`AggRecord::answer_from_tiles`] from the bytes after the stored answer, at
+    /// `tails.now` or, for a record written later, at its clock.
+    fn answer_indexed(layout: &Layout<'_>, bytes: &[u8], tails: &Tails) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
         let mut r = Reader::new(bytes);
         if get_size(&mut r)? != layout.series.len() {
             return Err(DecodeError("an aggregation record of another layout".into()));
         }
         let aggs = layout.view.aggregations.len();
-        // Every aggregation's tail at `now` in hops, and in time, computed once.
-        let tail_hops: Vec<i64> =
-            layout.view.aggregations.iter().map(|a| now.saturating_sub(a.window_us()).div_euclid(a.hop_us())).collect();
-        let tails: Vec<i64> = tail_hops
-            .iter()
-            .zip(&layout.view.aggregations)
-            .map(|(t, a)| t.checked_mul(a.hop_us()).unwrap_or_else(|| a.tail(now)))
-            .collect();
-        let mut partials: Vec<(Partial, Option<i64>)> = vec![(Partial::default(), None); aggs];
+        let (now, tail_hops, tails) = (tails.now, &tails.hops, &tails.times);
+        let mut partials: Vec<(Partial, Option<i64>)> = (0..aggs).map(|_| (Partial::default(), None)).collect();
         // Per aggregation: how many of its series' tiles (newest first) its window holds.
         let mut held: Vec<usize> = vec![0; aggs];
         let past = || DecodeError("a tile past the record".into());
@@ -470,7 +478,7 @@ impl AggRecord {
                 }
             }
             for (c, (_, kind)) in cells.iter().enumerate() {
-                let readers = || members.iter().copied().filter(move |&i| layout.cells[i].1 == c);
+                let readers = || layout.readers[s][c].iter().copied();
                 match *kind {
                     CellKind::Sums { .. } => {}
                     CellKind::Extreme(_) => {

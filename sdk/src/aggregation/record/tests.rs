@@ -225,7 +225,10 @@ fn the_stored_answer_holds_until_an_event_enters_or_leaves_a_window() {
     let mut changes = 0;
     for round in 0..200 {
         let events: Vec<Event> = (0..(next() % 12) as i64)
-            .map(|j| Event { order: ((next() % 600) as i64 * m, 0, j), values: vec![Value::Float64(j as f64), Value::String(format!("c{j}"))] })
+            .map(|j| Event {
+                order: ((next() % 600) as i64 * m, 0, j),
+                values: vec![Value::Float64(j as f64), Value::String(format!("c{j}"))],
+            })
             .collect();
         let clock = (next() % 600) as i64 * m;
         let record = AggRecord::build(&layout, &events, clock, 1);
