@@ -501,11 +501,16 @@ impl AggRecord {
                         let mut at = 0usize;
                         for _ in 0..count {
                             at = at.checked_add(get_size(&mut r)?).ok_or_else(past)?;
-                            let value = r.value()?;
-                            for i in readers().filter(|&i| held[i] > at) {
-                                let latest = &mut partials[i].0.latest;
-                                if latest.len() < layout.agg(i).keep() {
-                                    latest.push((STORED, value.clone()));
+                            let mut value = Some(r.value()?);
+                            let takes = |i: usize, partials: &[(Partial, Option<i64>)]| {
+                                held[i] > at && partials[i].0.latest.len() < layout.agg(i).keep()
+                            };
+                            // Cloned for every window that takes it but the last, which has it.
+                            let last = readers().rfind(|&i| takes(i, &partials));
+                            for i in readers() {
+                                if takes(i, &partials) {
+                                    let v = if Some(i) == last { value.take() } else { value.clone() };
+                                    partials[i].0.latest.push((STORED, v.expect("the last taker takes it")));
                                 }
                             }
                         }
