@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -54,19 +55,23 @@ async fn load_view(
         return Ok((ViewReport { view: view.name.clone(), entities: 0, written: 0 }, latest.version));
     };
     let scanned = began.elapsed();
-    let rows = online_rows(&config.project, defs, view, &batch);
-    let encoded = began.elapsed();
-    let written = write_all(store, &rows, &view.name, progress).await?;
+    // Each batch is encoded when its turn comes, while the store still works on the
+    // batch before it: the encoding overlaps the writes instead of preceding them all.
+    let project = &config.project;
+    let batches = (0..batch.num_rows()).step_by(WRITE_BATCH).map(|at| {
+        let part = batch.slice(at, WRITE_BATCH.min(batch.num_rows() - at));
+        move || Cow::Owned(online_rows(project, defs, view, &part))
+    });
+    let written = write_batches(store, batches, &view.name, progress).await?;
     tracing::debug!(
         view = %view.name,
-        entities = rows.len(),
+        entities = batch.num_rows(),
         written,
         scan_s = scanned.as_secs_f64(),
-        encode_s = (encoded - scanned).as_secs_f64(),
-        write_s = (began.elapsed() - encoded).as_secs_f64(),
+        encode_and_write_s = (began.elapsed() - scanned).as_secs_f64(),
         "materialized"
     );
-    Ok((ViewReport { view: view.name.clone(), entities: rows.len(), written }, latest.version))
+    Ok((ViewReport { view: view.name.clone(), entities: batch.num_rows(), written }, latest.version))
 }
 
 /// Rebuilds the online records of an event log (SPEC §11) from every event its windows
@@ -96,12 +101,32 @@ async fn write_all(
     view: &str,
     progress: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<usize> {
+    write_batches(store, rows.chunks(WRITE_BATCH).map(|chunk| move || Cow::Borrowed(chunk)), view, progress).await
+}
+
+/// Writes the batches `encode` makes, each made when its write starts, two in flight,
+/// reporting progress as each completes; the rows the store took.
+async fn write_batches<'a, F>(
+    store: &'a dyn OnlineStore,
+    encode: impl Iterator<Item = F>,
+    view: &str,
+    progress: &(dyn Fn(&str, u64) + Sync),
+) -> Result<usize>
+where
+    F: FnOnce() -> Cow<'a, [quiver_online::WriteRow]> + Send + 'a,
+{
     use futures::StreamExt;
     type Call<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (usize, quiver_online::Result<usize>)> + Send + 'a>>;
     // (Boxed and collected first, so the stream's type holds no closure: see
     // `RedisStore::write`.)
-    let calls: Vec<Call<'_>> =
-        rows.chunks(WRITE_BATCH).map(|chunk| -> Call<'_> { Box::pin(async move { (chunk.len(), store.write(chunk).await) }) }).collect();
+    let calls: Vec<Call<'a>> = encode
+        .map(|make| -> Call<'a> {
+            Box::pin(async move {
+                let rows = make();
+                (rows.len(), store.write(&rows).await)
+            })
+        })
+        .collect();
     let mut done = futures::stream::iter(calls).buffered(2);
     let (mut written, mut sent) = (0, 0u64);
     while let Some((len, result)) = done.next().await {

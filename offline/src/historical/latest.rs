@@ -3,8 +3,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, RecordBatch, new_null_array};
-use arrow::compute::concat_batches;
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, new_null_array};
 use arrow::datatypes::{Field, Int64Type, Schema, TimestampMicrosecondType};
 use datafusion::prelude::{ident, lit};
 use quiver_sdk::{Config, Definitions, FeatureView};
@@ -60,49 +59,61 @@ pub async fn latest_per_entity(config: &Config, defs: &Definitions, view: &Featu
     if scan.batches.is_empty() {
         return Ok(Latest { batch: None, version });
     }
-    let schema = scan.batches[0].schema();
-    let all = concat_batches(&schema, &std::mem::take(&mut scan.batches))?;
+    // The scanned batches stay as they are (no copy of every column into one): only the
+    // keys are joined, for the entity index; the winners are picked from the batches.
+    let batches = std::mem::take(&mut scan.batches);
+    let schema = batches[0].schema();
+    let column = |i: usize| -> Vec<&dyn Array> { batches.iter().map(|b| b.column(i).as_ref()).collect() };
     let keys = defs.join_keys(view);
-    let key_arrays: Vec<ArrayRef> =
-        keys.iter().enumerate().map(|(i, k)| widen(all.column(i), &key_type(k.dtype)).map_err(Error::Request)).collect::<Result<_>>()?;
+    let key_arrays: Vec<ArrayRef> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| widen(&arrow::compute::concat(&column(i))?, &key_type(k.dtype)).map_err(Error::Request))
+        .collect::<Result<_>>()?;
     let index = EntityIndex::build(&key_arrays)?;
-    let micros = |i: usize| -> Result<Vec<i64>> {
-        let a = arrow::compute::cast(all.column(i), &timestamp_type())?;
-        Ok(a.as_primitive::<TimestampMicrosecondType>().values().to_vec())
-    };
     let layout = ViewLayout::scanned(defs, view);
-    let ts = micros(layout.event_time())?;
-    let created = layout.created_time().map(micros).transpose()?;
     let seq_col = layout.seq().expect("scanned rows");
-    let seq = all.column(seq_col).as_primitive::<Int64Type>().values().to_vec();
-    let order = |r: usize| (ts[r], created.as_ref().map_or(0, |c| c[r]), seq[r]);
-    let mut best: Vec<Option<usize>> = vec![None; index.n_entities as usize];
-    for (r, &e) in index.spine_ids.iter().enumerate() {
-        if e == quiver_gpu_join::NO_ENTITY {
-            continue;
+    // Per entity: its latest row so far, as (batch, row in the batch, row overall, order).
+    type Best = (usize, usize, u32, (i64, i64, i64));
+    let mut best: Vec<Option<Best>> = vec![None; index.n_entities as usize];
+    let mut first = 0usize;
+    for (b, batch) in batches.iter().enumerate() {
+        let micros = |i: usize| arrow::compute::cast(batch.column(i), &timestamp_type());
+        let ts = micros(layout.event_time())?;
+        let ts = ts.as_primitive::<TimestampMicrosecondType>().values();
+        let created = layout.created_time().map(micros).transpose()?;
+        let created = created.as_ref().map(|c| c.as_primitive::<TimestampMicrosecondType>().values());
+        let seq = batch.column(seq_col).as_primitive::<Int64Type>().values();
+        for (r, &e) in index.spine_ids[first..first + batch.num_rows()].iter().enumerate() {
+            if e == quiver_gpu_join::NO_ENTITY {
+                continue;
+            }
+            let order = (ts[r], created.map_or(0, |c| c[r]), seq[r]);
+            let slot = &mut best[e as usize];
+            if slot.is_none_or(|(_, _, _, o)| order >= o) {
+                *slot = Some((b, r, (first + r) as u32, order));
+            }
         }
-        let slot = &mut best[e as usize];
-        if slot.is_none_or(|b| order(r) >= order(b)) {
-            *slot = Some(r);
-        }
+        first += batch.num_rows();
     }
-    let winners = arrow::array::UInt32Array::from(best.into_iter().flatten().map(|r| r as u32).collect::<Vec<_>>());
+    let winners: Vec<(usize, usize)> = best.iter().flatten().map(|&(b, r, _, _)| (b, r)).collect();
+    let overall = arrow::array::UInt32Array::from(best.iter().flatten().map(|&(_, _, at, _)| at).collect::<Vec<_>>());
+    let pick = |i: usize| arrow::compute::interleave(&column(i), &winners);
     // The view's columns: keys and times as scanned, features by name (null if absent).
     let mut fields = Vec::new();
     let mut columns: Vec<ArrayRef> = Vec::new();
     for (i, key) in keys.iter().enumerate() {
         fields.push(Field::new(&key.name, key_type(key.dtype), false));
-        columns.push(arrow::compute::take(&key_arrays[i], &winners, None)?);
+        columns.push(arrow::compute::take(&key_arrays[i], &overall, None)?);
     }
     for i in layout.event_time()..seq_col {
         fields.push(Field::new(schema.field(i).name(), timestamp_type(), false));
-        let micros = arrow::compute::cast(all.column(i), &timestamp_type())?;
-        columns.push(arrow::compute::take(&micros, &winners, None)?);
+        columns.push(arrow::compute::cast(&pick(i)?, &timestamp_type())?);
     }
     for (k, feature) in view.features.iter().enumerate() {
         let dtype = arrow_type(feature.dtype);
         let column = match scan.feature_columns[k] {
-            Some(i) => widen(&arrow::compute::take(all.column(i), &winners, None)?, &dtype).map_err(Error::Request)?,
+            Some(i) => widen(&pick(i)?, &dtype).map_err(Error::Request)?,
             None => new_null_array(&dtype, winners.len()),
         };
         fields.push(Field::new(&feature.name, dtype, true));
