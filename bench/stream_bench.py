@@ -165,13 +165,17 @@ feature_views:
         log = os.path.join(work, "stream1.log")
         proc = start_stream(quiver, repo, mport, 500, log)
         procs.append(proc)
-        t_first = cpu_first = None
+        t_first = cpu_first = others_first = None
+        # What the broker and Redis spend beside quiver over the same stretch: the part
+        # of the two cores quiver cannot have.
+        others = {"tansu": procs[1].pid, "redis": procs[0].pid}
         end = time.time() + 1800
         while time.time() < end:
             m = metrics(mport)
             if m:
                 if t_first is None and m["quiver_stream_consumed_total"] > 0:
                     t_first, cpu_first = time.perf_counter(), cpu_seconds(proc.pid)
+                    others_first = {k: cpu_seconds(pid) for k, pid in others.items()}
                 if m["quiver_stream_appended_offline_total"] >= args.events and m["quiver_stream_written_online_total"] > 0:
                     break
             if proc.poll() is not None:
@@ -181,12 +185,17 @@ feature_views:
             sys.exit("throughput run did not finish in 30 min")
         elapsed = time.perf_counter() - t_first
         cpu = cpu_seconds(proc.pid) - cpu_first
+        spent = {k: cpu_seconds(pid) - others_first[k] for k, pid in others.items()}
         m = metrics(mport)
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         print(f"throughput: {args.events:,} events into Redis and Delta in {elapsed:.2f} s = "
               f"{args.events / elapsed:,.0f} events/s; quiver used {cpu:.1f} CPU-s = {args.events / cpu:,.0f} events per CPU-second "
               f"({m['quiver_stream_batches_total']:.0f} batches, {m['quiver_stream_retries_total']:.0f} retries)", flush=True)
+        beside = sum(spent.values())
+        print(f"beside it, the broker used {spent['tansu']:.1f} CPU-s and Redis {spent['redis']:.1f} CPU-s: with quiver costing "
+              f"nothing, {os.cpu_count()} cores would stream at most {args.events * os.cpu_count() / beside:,.0f} events/s "
+              f"({os.cpu_count() * elapsed:.1f} CPU-s were there)", flush=True)
 
         # 2. Freshness at a fixed offered rate.
         log = os.path.join(work, "stream2.log")
