@@ -146,11 +146,15 @@ pub async fn get_online_features_timed(
     }
     // One store key per (view, row), all read at once.
     let mut views: Vec<&str> = Vec::new();
+    // Per requested feature: its view's position in `views`.
+    let mut view_of: Vec<usize> = Vec::with_capacity(refs.len());
     for r in refs {
         let (view, _) = defs.find_feature(r).map_err(|e| Error::Unknown(e.0))?;
-        if !views.contains(&view.name.as_str()) {
+        let at = views.iter().position(|v| *v == view.name).unwrap_or_else(|| {
             views.push(&view.name);
-        }
+            views.len() - 1
+        });
+        view_of.push(at);
     }
     let keys = store_keys(project, defs, &views, entities, n)?;
     let sent = std::time::Instant::now();
@@ -158,28 +162,37 @@ pub async fn get_online_features_timed(
     let stored = store.read(&keys).await?;
     let read = std::time::Instant::now();
     phases.store = read - sent;
-    let mut rows: HashMap<&str, Vec<Option<OnlineRow>>> = HashMap::new();
-    let mut answers: HashMap<&str, Vec<Option<Answer>>> = HashMap::new();
+    // Each view's columns, put in request order.
+    let mut columns: Vec<Option<Column>> = refs.iter().map(|_| None).collect();
     for (i, name) in views.iter().enumerate() {
         let view = defs.feature_view(name).expect("checked");
         let stored = &stored[i * n..(i + 1) * n];
-        if view.is_event_log() {
-            answers.insert(name, answer_records(view, stored, now));
+        let wanted: Vec<(usize, Wanted<'_>)> = refs
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| view_of[*j] == i)
+            .map(|(j, r)| (j, Wanted { feature: &r.feature, name: if full_names { r.column_name() } else { r.feature.clone() } }))
+            .collect();
+        let built: Vec<Column> = if view.is_event_log() {
+            let answers = answer_records(view, stored, now);
+            wanted.iter().map(|(_, w)| aggregation_column(view, w.feature, w.name.clone(), &answers)).collect()
         } else {
-            rows.insert(name, decode_rows(defs, view, stored));
+            feature_columns(defs, view, stored, wanted.iter().map(|(_, w)| w), now)
+        };
+        for ((j, _), column) in wanted.iter().zip(built) {
+            columns[*j] = Some(column);
         }
     }
     let mut out: Vec<Column> = entities.iter().map(|(name, values)| key_column(name, values)).collect();
-    for r in refs {
-        let view = defs.feature_view(&r.view).expect("checked");
-        let name = if full_names { r.column_name() } else { r.feature.clone() };
-        out.push(match answers.get(view.name.as_str()) {
-            Some(answers) => aggregation_column(view, &r.feature, name, answers),
-            None => feature_column(view, &r.feature, name, &rows[view.name.as_str()], now),
-        });
-    }
+    out.extend(columns.into_iter().map(|c| c.expect("every requested feature's view is read")));
     phases.decode = read.elapsed();
     Ok(out)
+}
+
+/// A requested feature of one view, and the name of its column in the answer.
+struct Wanted<'a> {
+    feature: &'a str,
+    name: String,
 }
 
 /// Every aggregation's value at `now` and the time of the latest event in its window.
@@ -250,24 +263,6 @@ fn store_keys(project: &str, defs: &Definitions, views: &[&str], entities: &Enti
     Ok(keys)
 }
 
-/// The stored rows of one view, in the view's current layout (`None`: not stored, or
-/// unreadable).
-fn decode_rows(defs: &Definitions, view: &FeatureView, stored: &[Option<Vec<u8>>]) -> Vec<Option<OnlineRow>> {
-    let print = fingerprint(view);
-    let mut layouts = Layouts::default();
-    stored
-        .iter()
-        .map(|b| {
-            let row = OnlineRow::decode(b.as_ref()?).ok()?;
-            if row.fingerprint == print && row.values.len() == view.features.len() {
-                return Some(row);
-            }
-            // A row written before the view's features changed: read by name.
-            layouts.conform(defs, view, row)
-        })
-        .collect()
-}
-
 /// A join-key column of the answer, the keys as given.
 fn key_column(name: &str, values: &[KeyValue]) -> Column {
     let n = values.len();
@@ -285,26 +280,66 @@ fn key_column(name: &str, values: &[KeyValue]) -> Column {
     }
 }
 
-/// Feature `feature` of `view` for each stored row, judged at `now` against the TTL.
-fn feature_column(view: &FeatureView, feature: &str, name: String, rows: &[Option<OnlineRow>], now: i64) -> Column {
-    let k = view.features.iter().position(|f| f.name == feature).expect("checked");
-    let ttl_us = view.ttl_us();
-    let n = rows.len();
-    let mut column = Column { name, values: Vec::with_capacity(n), statuses: Vec::with_capacity(n), event_ts: Vec::with_capacity(n) };
-    for row in rows {
-        let (value, status, ts) = match row {
-            None => (Value::Null, Status::NotFound, None),
-            Some(row) if ttl_us.is_some_and(|ttl| now.saturating_sub(row.event_ts) > ttl) => {
-                (Value::Null, Status::OutsideMaxAge, Some(row.event_ts))
-            }
-            Some(row) => match &row.values[k] {
-                Value::Null => (Value::Null, Status::NullValue, Some(row.event_ts)),
-                v => (v.clone(), Status::Present, Some(row.event_ts)),
-            },
-        };
-        column.values.push(value);
-        column.statuses.push(status);
-        column.event_ts.push(ts);
+/// The requested features of a plain view for each stored row, judged at `now` against
+/// the TTL: one pass over the rows, each decoded once into one reused buffer, only the
+/// requested values built, each moved into its column (cloned only for a feature
+/// requested twice). A row written under another layout of the view is read by name;
+/// one that cannot be read is `NOT_FOUND`.
+fn feature_columns<'a>(
+    defs: &Definitions,
+    view: &FeatureView,
+    stored: &[Option<Vec<u8>>],
+    wanted: impl Iterator<Item = &'a Wanted<'a>>,
+    now: i64,
+) -> Vec<Column> {
+    let n = stored.len();
+    let (mut columns, positions): (Vec<Column>, Vec<usize>) = wanted
+        .map(|w| {
+            let k = view.features.iter().position(|f| f.name == w.feature).expect("checked");
+            let column = Column {
+                name: w.name.clone(),
+                values: Vec::with_capacity(n),
+                statuses: Vec::with_capacity(n),
+                event_ts: Vec::with_capacity(n),
+            };
+            (column, k)
+        })
+        .unzip();
+    let mut keep = vec![false; view.features.len()];
+    for &k in &positions {
+        keep[k] = true;
     }
-    column
+    // Whether a later column reads the same value (this one then takes a copy).
+    let shared: Vec<bool> = positions.iter().enumerate().map(|(j, k)| positions[j + 1..].contains(k)).collect();
+    let print = fingerprint(view);
+    let ttl_us = view.ttl_us();
+    let mut layouts = Layouts::default();
+    let mut values: Vec<Value> = Vec::new();
+    for bytes in stored {
+        let event_ts = bytes.as_ref().and_then(|bytes| {
+            let (event_ts, created_ts, written) = OnlineRow::decode_into(bytes, Some((print, &keep)), &mut values).ok()?;
+            if written == print && values.len() == view.features.len() {
+                return Some(event_ts);
+            }
+            // A row written before the view's features changed: read by name.
+            let row = OnlineRow { event_ts, created_ts, fingerprint: written, values: std::mem::take(&mut values) };
+            values = layouts.conform(defs, view, row)?.values;
+            Some(event_ts)
+        });
+        for ((column, &k), &shared) in columns.iter_mut().zip(&positions).zip(&shared) {
+            let (value, status, ts) = match event_ts {
+                None => (Value::Null, Status::NotFound, None),
+                Some(ts) if ttl_us.is_some_and(|ttl| now.saturating_sub(ts) > ttl) => (Value::Null, Status::OutsideMaxAge, Some(ts)),
+                Some(ts) => match &mut values[k] {
+                    Value::Null => (Value::Null, Status::NullValue, Some(ts)),
+                    v if shared => (v.clone(), Status::Present, Some(ts)),
+                    v => (std::mem::replace(v, Value::Null), Status::Present, Some(ts)),
+                },
+            };
+            column.values.push(value);
+            column.statuses.push(status);
+            column.event_ts.push(ts);
+        }
+    }
+    columns
 }

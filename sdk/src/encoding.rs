@@ -217,6 +217,20 @@ impl OnlineRow {
     /// # Errors
     /// [`DecodeError`] for truncated bytes, an unknown format or value tag, or bad UTF-8.
     pub fn decode(bytes: &[u8]) -> Result<OnlineRow, DecodeError> {
+        let mut values = Vec::new();
+        let (event_ts, created_ts, fingerprint) = OnlineRow::decode_into(bytes, None, &mut values)?;
+        Ok(OnlineRow { event_ts, created_ts, fingerprint, values })
+    }
+
+    /// Unpacks a row's header — (event time, created time, fingerprint) — and its values
+    /// into `values` (cleared first; reused from row to row, it allocates once). With
+    /// `keep` = (fingerprint, which values), a row of that fingerprint and that many
+    /// values has only the kept ones decoded; the others read as null and cost no
+    /// allocation. Any other row is decoded whole.
+    ///
+    /// # Errors
+    /// As [`OnlineRow::decode`]; `values` is then unspecified.
+    pub fn decode_into(bytes: &[u8], keep: Option<(u64, &[bool])>, values: &mut Vec<Value>) -> Result<(i64, i64, u64), DecodeError> {
         let mut r = Reader { bytes, at: 0 };
         let event_ts = from_order_bytes(r.array()?);
         let created_ts = from_order_bytes(r.array()?);
@@ -226,14 +240,21 @@ impl OnlineRow {
         }
         let fingerprint = u64::from_le_bytes(r.array()?);
         let n = r.len()?;
-        let mut values = Vec::with_capacity(n.min(4096));
-        for _ in 0..n {
-            values.push(r.value()?);
+        let keep = keep.filter(|(print, keep)| *print == fingerprint && keep.len() == n).map(|(_, keep)| keep);
+        values.clear();
+        values.reserve(n.min(4096));
+        for k in 0..n {
+            if keep.is_some_and(|keep| !keep[k]) {
+                r.skip_value()?;
+                values.push(Value::Null);
+            } else {
+                values.push(r.value()?);
+            }
         }
         if r.at != bytes.len() {
             return Err(DecodeError(format!("{} trailing bytes", bytes.len() - r.at)));
         }
-        Ok(OnlineRow { event_ts, created_ts, fingerprint, values })
+        Ok((event_ts, created_ts, fingerprint))
     }
 }
 
@@ -373,6 +394,39 @@ impl<'a> Reader<'a> {
             12 => Value::ListString(self.list(Reader::string)?),
             other => return Err(DecodeError(format!("unknown value tag {other}"))),
         })
+    }
+
+    /// Steps over one value written by [`write_value`] without building it (its tag and
+    /// lengths are checked as [`Reader::value`] checks them; a string's UTF-8 is not).
+    pub(crate) fn skip_value(&mut self) -> Result<(), DecodeError> {
+        let tag = self.take(1)?[0];
+        let fixed = |r: &mut Self, width: usize| r.take(width).map(|_| ());
+        match tag {
+            0 => Ok(()),
+            1 | 3 => fixed(self, 4),
+            2 | 4 | 8 => fixed(self, 8),
+            5 => fixed(self, 1),
+            6 | 7 => {
+                let n = self.len()?;
+                fixed(self, n)
+            }
+            9 | 11 => {
+                let n = self.len()?;
+                fixed(self, n.checked_mul(8).ok_or_else(|| self.truncated())?)
+            }
+            10 => {
+                let n = self.len()?;
+                fixed(self, n.checked_mul(4).ok_or_else(|| self.truncated())?)
+            }
+            12 => {
+                for _ in 0..self.len()? {
+                    let n = self.len()?;
+                    fixed(self, n)?;
+                }
+                Ok(())
+            }
+            other => Err(DecodeError(format!("unknown value tag {other}"))),
+        }
     }
 
     /// The next byte.
@@ -520,6 +574,31 @@ mod tests {
         let mut b = bad_tag.encode();
         *b.last_mut().unwrap() = 99;
         assert!(OnlineRow::decode(&b).unwrap_err().0.contains("unknown value tag 99"));
+    }
+
+    #[test]
+    fn a_selective_decode_skips_what_is_not_kept() {
+        let r = row(5, 6);
+        let bytes = r.encode();
+        let n = r.values.len();
+        let mut values = vec![Value::String("left over".into())];
+        // Every value kept alone (each kind of value skipped around it), then none.
+        for k in 0..=n {
+            let keep: Vec<bool> = (0..n).map(|j| j == k).collect();
+            assert_eq!(OnlineRow::decode_into(&bytes, Some((42, &keep)), &mut values).unwrap(), (5, 6, 42));
+            let want: Vec<Value> = r.values.iter().enumerate().map(|(j, v)| if j == k { v.clone() } else { Value::Null }).collect();
+            assert_eq!(values, want, "keeping value {k}");
+        }
+        // Another fingerprint, or another count: decoded whole.
+        let keep = vec![false; n];
+        assert_eq!(OnlineRow::decode_into(&bytes, Some((43, &keep)), &mut values).unwrap().2, 42);
+        assert_eq!(values, r.values);
+        OnlineRow::decode_into(&bytes, Some((42, &keep[1..])), &mut values).unwrap();
+        assert_eq!(values, r.values);
+        // Damaged rows are refused whatever is kept.
+        for cut in [0, 10, 17, 25, 40, bytes.len() - 1] {
+            assert!(OnlineRow::decode_into(&bytes[..cut], Some((42, &keep)), &mut values).is_err(), "cut at {cut}");
+        }
     }
 
     #[test]
