@@ -68,12 +68,14 @@ def to_ms(text):
 
 
 def wrk(url, body, duration, work):
-    """POSTs `body` as JSON to `url` under wrk (2 threads, 8 connections) for `duration`
-    seconds; exits on any error response. Returns (requests/s, p50 ms, p99 ms)."""
+    """POSTs `body` as JSON to `url` (GETs it when `body` is None) under wrk (2 threads, 8
+    connections) for `duration` seconds; exits on any error response. Returns
+    (requests/s, p50 ms, p99 ms)."""
     script = os.path.join(work, "post.lua")
     with open(script, "w") as fh:
-        fh.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                 f"wrk.body = '{json.dumps(body)}'\n")
+        if body is not None:
+            fh.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                     f"wrk.body = '{json.dumps(body)}'\n")
     out = subprocess.run(["wrk", "-t2", "-c8", f"-d{duration}s", "--latency", "-s", script, url],
                          capture_output=True, text=True, check=True).stdout
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)

@@ -64,6 +64,15 @@ def generate(work, n_entities, per_entity, now, rng):
     return files
 
 
+def redis_benchmark(port, command, n):
+    """`redis-benchmark` sending `command` n times over 8 connections: (req/s, p50 ms, p99 ms)."""
+    out = subprocess.run(["redis-benchmark", "-p", str(port), "-c", "8", "-n", str(n), "--csv", *command],
+                         capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    header, fields = ([f.strip('"') for f in line.split(",")] for line in out[:2])
+    got = dict(zip(header, fields))
+    return float(got["rps"]), float(got["p50_latency_ms"]), float(got["p99_latency_ms"])
+
+
 def quiver_repo(work, files, redis_port):
     repo = os.path.join(work, "quiver_repo")
     os.makedirs(repo)
@@ -179,6 +188,7 @@ def main():
         print("both servers return the same 100 x 20 values", flush=True)
 
         rows = []
+        limits = {}
         for n in (1, 10, 100):
             body = {"entities": {"driver_id": ids[:n]}, "features": features}
             qr = wrk(qurl + "/get-online-features", body, args.duration, work)
@@ -186,6 +196,12 @@ def main():
             rows.append((n, qr, fr))
             print(f"{n} entities: quiver {qr[0]:.0f} req/s p50 {qr[1]:.2f} ms p99 {qr[2]:.2f} ms | "
                   f"feast {fr[0]:.0f} req/s p50 {fr[1]:.2f} ms p99 {fr[2]:.2f} ms", flush=True)
+            # The store's part alone: the same MGET of 2 views x n keys a lookup sends, from
+            # redis-benchmark at the same 8 connections.
+            keys = [f"quiver:servebench:{view}:i{i}" for view in VIEWS for i in ids[:n]]
+            limits[n] = redis_benchmark(rport, ["MGET", *keys], 400_000 // n)
+        # The HTTP part alone: quiver serve's /health (no store) under the same wrk.
+        health = wrk(qurl + "/health", None, args.duration, work)
         # The serving log's cost: the same load on a second `quiver serve` that logs every
         # answer to Delta; then `verify --since` replays the whole log.
         lport = free_port()
@@ -207,9 +223,7 @@ def main():
         v_head = v_out.strip().splitlines()[0]
         v_tail = v_out.strip().splitlines()[-1]
 
-        rb = subprocess.run(["redis-benchmark", "-p", str(rport), "-t", "get", "-n", "200000", "-c", "8", "-q"],
-                            capture_output=True, text=True).stdout
-        redis_rps = float(re.search(r"([\d.]+) requests per second", rb).group(1))
+        get = redis_benchmark(rport, ["GET", f"quiver:servebench:driver_a:i{ids[0]}"], 200_000)
 
         print()
         print("| entities x 2 views x 10 features | quiver req/s | quiver p50 / p99 ms | feast req/s | feast p50 / p99 ms | throughput ratio |")
@@ -224,7 +238,17 @@ def main():
             print(f"| {n} | {qrps:,.0f} | {lrps:,.0f} | {lrps / qrps:.2f} | {lp50:.2f} / {lp99:.2f} |")
         print(f"serving log counters before shutdown: {counters}")
         print(f"verify --since over the log: {v_wall:.2f} s; {v_head}; {v_tail}")
-        print(f"\nredis-benchmark GET (8 connections, same Redis): {redis_rps:,.0f} req/s")
+        print()
+        print("The limits in the same run, at the same 8 connections: redis-benchmark sending the MGET a lookup sends "
+              "(2 views x entities keys), and quiver serve's /health (HTTP alone, no store) under the same wrk.")
+        print("| entities | quiver p50 / p99 ms, req/s | MGET alone p50 / p99 ms, req/s | quiver / MGET req/s | quiver p99 - /health p99 |")
+        print("|---|---|---|---|---|")
+        for n, (qrps, qp50, qp99), _ in rows:
+            mrps, mp50, mp99 = limits[n]
+            print(f"| {n} | {qp50:.2f} / {qp99:.2f}, {qrps:,.0f} | {mp50:.3f} / {mp99:.3f}, {mrps:,.0f} | {qrps / mrps:.2f} | "
+                  f"{qp99 - health[2]:+.2f} ms |")
+        print(f"/health under the same wrk: p50 {health[1]:.3f} ms, p99 {health[2]:.2f} ms, {health[0]:,.0f} req/s")
+        print(f"redis-benchmark GET, 8 connections, same Redis: p50 {get[1]:.3f} ms, p99 {get[2]:.3f} ms, {get[0]:,.0f} req/s")
         print(f"materialize {written:,} rows into Redis: quiver {q_mat:.2f} s ({written / q_mat:,.0f} rows/s), "
               f"feast {f_mat:.2f} s ({written / f_mat:,.0f} rows/s), ratio {f_mat / q_mat:.1f}x")
         print(f"(feast serve with {args.feast_workers} workers; quiver serve, wrk and Redis share this machine's "
