@@ -9,7 +9,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 
 use super::StreamOptions;
-use super::pipeline::Pipeline;
+use super::writer::Writer;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
@@ -50,7 +50,7 @@ fn refused(e: &rdkafka::error::KafkaError) -> bool {
     )
 }
 
-impl Pipeline {
+impl Writer {
     /// Sends the dead letters, each acknowledged by the broker. Transient failures are
     /// retried until they pass (or shutdown: `Ok(false)`); a letter the topic refuses
     /// ([`refused`]) is tried [`REFUSED_TRIES`] times whole, then as many times with

@@ -12,6 +12,13 @@
 //!    offset of each partition it covers;
 //! 4. only then are the offsets committed to Kafka.
 //!
+//! Steps 1-3 run on the writer's thread ([`writer`]) while the consumer gathers the next
+//! batch; step 4 runs on the consumer's thread when the writer reports the batch in
+//! both stores. At most one batch is written at a time, so batches land and commit in
+//! the order they were read; a batch that is due waits for the one in flight. A batch
+//! in flight that is fenced or interrupted takes the batch gathered after it along:
+//! both are read again.
+//!
 //! A crash anywhere replays from Kafka's committed offsets; messages at offsets the
 //! Delta table already recorded are not appended again (the online write is idempotent
 //! anyway), so no row is lost and none is written twice. A store or broker that fails
@@ -41,6 +48,7 @@
 mod dead_letters;
 mod events;
 mod pipeline;
+mod writer;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,6 +72,7 @@ pub use dead_letters::TRUNCATED_PAYLOAD_BYTES;
 use dead_letters::ensure_dead_letter_topics;
 pub use events::{Event, Hooks};
 use pipeline::Pipeline;
+use writer::{Batch, Writer};
 
 /// How `quiver stream` batches and where it connects.
 #[derive(Debug, Clone)]
@@ -201,6 +210,7 @@ pub fn run(
     let outcome = poll_until_shutdown(&pipeline, &consumer, &options);
     if let Err(e) = outcome {
         // Nothing of the current batch is committed: it is read again on the next start.
+        pipeline.lock().expect("pipeline lock").abandon();
         consumer.unsubscribe();
         return Err(e);
     }
@@ -247,30 +257,38 @@ fn connect(
     let readers = chosen.iter().map(|&vi| RowReader::new(&defs, &defs.feature_views[vi])).collect();
     let registry = FileRegistry::new(config.registry_path.clone());
     let registry_mtime = std::fs::metadata(registry.path()).and_then(|m| m.modified()).ok();
-    let pipeline = Arc::new(Mutex::new(Pipeline {
-        readers,
-        registry,
-        registry_mtime,
-        first: BTreeMap::new(),
-        fatal: None,
+    let floors = Arc::new(Mutex::new(HashMap::new()));
+    let writer = Writer {
         config: config.clone(),
-        rows: vec![Vec::new(); chosen.len()],
-        replayed: vec![Vec::new(); chosen.len()],
-        views: chosen,
-        defs,
-        by_topic,
         store,
         producer,
         options: options.clone(),
-        rt,
+        rt: rt.clone(),
         metrics: options.metrics.clone(),
         shutdown: options.shutdown.clone(),
-        dead: Vec::new(),
-        consumed: BTreeMap::new(),
-        floors: HashMap::new(),
+        floors: floors.clone(),
+    };
+    let mut pipeline = Pipeline {
+        readers,
+        registry,
+        registry_mtime,
+        config: config.clone(),
+        views: chosen,
+        defs,
+        by_topic,
+        options: options.clone(),
+        rt,
+        metrics: options.metrics.clone(),
+        batch: Batch::default(),
+        floors,
         pending: 0,
         started: None,
-    }));
+        writer: Some(writer),
+        in_flight: None,
+        fatal: None,
+    };
+    pipeline.clear();
+    let pipeline = Arc::new(Mutex::new(pipeline));
     let consumer: BaseConsumer<StreamContext> = ClientConfig::new()
         .set("bootstrap.servers", &options.brokers)
         .set("group.id", &options.group_id)
@@ -279,6 +297,10 @@ fn connect(
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
+        // When its local queue is full, librdkafka postpones a partition's next fetch by
+        // this much (1 s by default): with a backlog, each batch written then found the
+        // queue empty and the stream idle for ~0.5 s every second or so.
+        .set("fetch.queue.backoff.ms", "10")
         .create_with_context(StreamContext { pipeline: pipeline.clone() })
         .map_err(kafka)?;
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
@@ -304,9 +326,10 @@ fn poll_until_shutdown(pipeline: &Mutex<Pipeline>, consumer: &BaseConsumer<Strea
         }
         {
             let mut p = pipeline.lock().expect("pipeline lock");
-            if p.due()
-                && let Err(e) = p.flush(consumer)
-            {
+            // The batch in flight is committed as soon as it is written; a due batch
+            // waits for it, then goes to the writer while the next one is gathered.
+            let step = p.settle_if_done(consumer).and_then(|()| if p.due() { p.start_flush(consumer) } else { Ok(()) });
+            if let Err(e) = step {
                 p.fatal.get_or_insert(e);
             }
             if let Some(e) = p.fatal.take() {
