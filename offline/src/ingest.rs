@@ -78,7 +78,41 @@ pub struct AppendOptions {
     /// nothing. The check and the commit are one step: the commit must land on the
     /// version the check read.
     pub expected_txns: Vec<(String, Option<i64>)>,
+    /// The table as this writer last left it: brought up to date from the log entries
+    /// after it instead of read from the log's start (`None`: opened afresh).
+    pub open: Option<OpenTable>,
 }
+
+/// A Delta table one writer keeps open between its appends (a stream: one commit per
+/// micro-batch). Before each commit only the log entries written since are read, so
+/// an append does not slow down as the log grows; another writer's commits are seen
+/// all the same.
+#[derive(Clone, Default)]
+pub struct OpenTable(Arc<std::sync::Mutex<Option<deltalake::DeltaTable>>>);
+
+impl OpenTable {
+    fn take(&self) -> Option<deltalake::DeltaTable> {
+        self.0.lock().expect("open table lock").take()
+    }
+
+    fn keep(&self, table: deltalake::DeltaTable) {
+        *self.0.lock().expect("open table lock") = Some(table);
+    }
+}
+
+impl std::fmt::Debug for OpenTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenTable").finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for OpenTable {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for OpenTable {}
 
 impl AppendOptions {
     pub fn new(latest_event: Option<i64>) -> AppendOptions {
@@ -92,6 +126,11 @@ impl AppendOptions {
 
     pub fn with_expected_txns(mut self, expected: Vec<(String, Option<i64>)>) -> AppendOptions {
         self.expected_txns = expected;
+        self
+    }
+
+    pub fn with_open_table(mut self, open: OpenTable) -> AppendOptions {
+        self.open = Some(open);
         self
     }
 }
@@ -115,7 +154,7 @@ pub async fn append(
     options: AppendOptions,
     progress: Progress<'_>,
 ) -> Result<IngestReport> {
-    let AppendOptions { latest_event, txns, expected_txns } = options;
+    let AppendOptions { latest_event, txns, expected_txns, open } = options;
     let start = Instant::now();
     let file = source;
     let wanted: Vec<Wanted> = view_columns(defs, view);
@@ -135,7 +174,11 @@ pub async fn append(
     let (sorted, order) = sort_for_reads(&wanted, conformed, defs.join_keys(view).len(), has_created)?;
     progress("sorted", rows as u64);
 
-    ensure_table(location, &schema, &view.name).await?;
+    let kept = open.as_ref().and_then(OpenTable::take);
+    if kept.is_none() {
+        ensure_table(location, &schema, &view.name).await?;
+    }
+    let mut kept = kept;
     // Ingestion order: later ingests (higher versions) and later rows win ties. A
     // commit must land as exactly the version its seq numbers were made for, so it
     // never retries past a concurrent writer inside deltalake; it starts over here
@@ -143,14 +186,19 @@ pub async fn append(
     let mut attempt = 0u32;
     let version = loop {
         attempt += 1;
-        match commit_once(location, &schema, &sorted, &order, &txns, &expected_txns).await {
+        match commit_once(location, kept.take(), &schema, &sorted, &order, &txns, &expected_txns).await {
             Err(CommitError::Lost(e)) if attempt < COMMIT_TRIES => {
                 tracing::debug!(table = %location, attempt, error = %e, "another writer committed first; appending again");
                 tokio::time::sleep(std::time::Duration::from_millis(5 * u64::from(attempt) + u64::from(attempt * 7 % 11))).await;
             }
             Err(CommitError::Lost(e)) => return Err(Error::delta(location, e)),
             Err(CommitError::Other(e)) => return Err(e),
-            Ok(version) => break version,
+            Ok((version, table)) => {
+                if let Some(open) = &open {
+                    open.keep(table);
+                }
+                break version;
+            }
         }
     };
     progress("written", rows as u64);
@@ -181,18 +229,28 @@ impl From<arrow::error::ArrowError> for CommitError {
 }
 
 /// One try at committing the sorted rows as the table's next version, after checking
-/// the `txn` fence on the snapshot it lands on. Returns the version committed.
+/// the `txn` fence on the snapshot it lands on; `kept`, when given, is brought up to
+/// date instead of opening the table. Returns the version committed and the table as
+/// it is after the commit.
 async fn commit_once(
     location: &StoreLocation,
+    kept: Option<deltalake::DeltaTable>,
     schema: &arrow::datatypes::SchemaRef,
     sorted: &[Vec<ArrayRef>],
     order: &[u32],
     txns: &[AppTxn],
     expected_txns: &[(String, Option<i64>)],
-) -> std::result::Result<u64, CommitError> {
+) -> std::result::Result<(u64, deltalake::DeltaTable), CommitError> {
     use deltalake::DeltaTableError;
     use deltalake::kernel::transaction::TransactionError;
-    let table = open_table(location).await?.ok_or_else(|| Error::Request(format!("delta table {location} vanished while ingesting")))?;
+    let table = match kept {
+        Some(mut table) => match table.update_incremental(None).await {
+            Ok(()) => table,
+            // Read it afresh (a vacuum or a checkpoint may have moved on under it).
+            Err(_) => open_table(location).await?.ok_or_else(|| Error::Request(format!("delta table {location} vanished")))?,
+        },
+        None => open_table(location).await?.ok_or_else(|| Error::Request(format!("delta table {location} vanished while ingesting")))?,
+    };
     let next_version = table.version().map_or(0, |v| v + 1);
     if !expected_txns.is_empty() {
         // Read from the snapshot this commit lands on top of: a writer that recorded
@@ -242,7 +300,7 @@ async fn commit_once(
         // Cannot happen without retries; kept as a guard on the seq invariant.
         return Err(Error::Request(format!("delta table {location}: committed version {version}, expected {next_version}")).into());
     }
-    Ok(version)
+    Ok((version, table))
 }
 
 /// Checks `batches` against the view and converts them to its table columns

@@ -267,6 +267,7 @@ fn connect(
         metrics: options.metrics.clone(),
         shutdown: options.shutdown.clone(),
         floors: floors.clone(),
+        tables: Mutex::default(),
     };
     let mut pipeline = Pipeline {
         readers,

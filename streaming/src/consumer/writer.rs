@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quiver_offline::delta::txn_versions;
-use quiver_offline::ingest::AppendOptions;
+use quiver_offline::ingest::{AppendOptions, OpenTable};
 use quiver_online::OnlineStore;
 use quiver_sdk::rows::ViewRow;
 use quiver_sdk::{Config, Definitions, FeatureView};
@@ -103,6 +103,8 @@ pub(super) struct Writer {
     pub(super) metrics: Arc<Metrics>,
     pub(super) shutdown: Arc<AtomicBool>,
     pub(super) floors: Floors,
+    /// Each view's Delta table, kept open between batches (see [`OpenTable`]).
+    pub(super) tables: Mutex<HashMap<String, OpenTable>>,
 }
 
 impl Writer {
@@ -212,6 +214,7 @@ impl Writer {
             app_ids.iter().cloned().zip(partitions.iter().map(|(p, _)| self.floor(i, *p))).collect();
         let source = format!("kafka topic {topic}");
         let location = self.config.view_table(view);
+        let table = self.tables.lock().expect("tables lock").entry(view.name.clone()).or_default().clone();
         let mut attempt = 0;
         let appended = retry(&self.options, &format!("appending `{}` to Delta", view.name), || {
             attempt += 1;
@@ -222,7 +225,8 @@ impl Writer {
                     return Ok(Some(0));
                 }
             }
-            let options = AppendOptions::new(None).with_txns(txns.clone()).with_expected_txns(expected.clone());
+            let options =
+                AppendOptions::new(None).with_txns(txns.clone()).with_expected_txns(expected.clone()).with_open_table(table.clone());
             match rt.block_on(write_offline(&self.config, &batch.defs, view, &source, rows, options)) {
                 Ok(report) => Ok(Some(report.rows)),
                 Err(Error::Offline(e @ quiver_offline::Error::Fenced { .. })) => {
