@@ -206,12 +206,10 @@ impl Writer {
     fn append_offline(&self, batch: &Batch, i: usize, view: &FeatureView, rows: &[ViewRow]) -> Result<Written> {
         let rt = &self.rt;
         let topic = batch.topic(i).to_string();
-        let partitions: Vec<(i32, i64)> =
-            batch.consumed.iter().filter(|((t, _), _)| *t == topic).map(|((_, p), o)| (*p, *o)).collect();
+        let partitions: Vec<(i32, i64)> = batch.consumed.iter().filter(|((t, _), _)| *t == topic).map(|((_, p), o)| (*p, *o)).collect();
         let app_ids: Vec<String> = partitions.iter().map(|(p, _)| app_id(&view.name, &topic, *p)).collect();
         let txns: Vec<(String, i64)> = app_ids.iter().cloned().zip(partitions.iter().map(|(_, o)| *o)).collect();
-        let expected: Vec<(String, Option<i64>)> =
-            app_ids.iter().cloned().zip(partitions.iter().map(|(p, _)| self.floor(i, *p))).collect();
+        let expected: Vec<(String, Option<i64>)> = app_ids.iter().cloned().zip(partitions.iter().map(|(p, _)| self.floor(i, *p))).collect();
         let source = format!("kafka topic {topic}");
         let location = self.config.view_table(view);
         let table = self.tables.lock().expect("tables lock").entry(view.name.clone()).or_default().clone();
