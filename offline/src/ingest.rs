@@ -244,10 +244,9 @@ async fn commit_once(
     use deltalake::DeltaTableError;
     use deltalake::kernel::transaction::TransactionError;
     let table = match kept {
-        Some(mut table) => match table.update_incremental(None).await {
-            Ok(()) => table,
-            // Read it afresh (a vacuum or a checkpoint may have moved on under it).
-            Err(_) => open_table(location).await?.ok_or_else(|| Error::Request(format!("delta table {location} vanished")))?,
+        Some(table) => match still_current(table).await {
+            Some(table) => table,
+            None => open_table(location).await?.ok_or_else(|| Error::Request(format!("delta table {location} vanished")))?,
         },
         None => open_table(location).await?.ok_or_else(|| Error::Request(format!("delta table {location} vanished while ingesting")))?,
     };
@@ -301,6 +300,15 @@ async fn commit_once(
         return Err(Error::Request(format!("delta table {location}: committed version {version}, expected {next_version}")).into());
     }
     Ok((version, table))
+}
+
+/// A kept table brought up to date with the log entries written since, when its log
+/// still holds the entry of the version it is at: `None` (open it afresh) when the
+/// update fails or the table was deleted or recreated under it.
+async fn still_current(mut table: deltalake::DeltaTable) -> Option<deltalake::DeltaTable> {
+    table.update_incremental(None).await.ok()?;
+    let version = table.version()?;
+    table.log_store().read_commit_entry(version).await.ok()?.map(|_| table)
 }
 
 /// Checks `batches` against the view and converts them to its table columns

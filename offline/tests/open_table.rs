@@ -74,4 +74,18 @@ async fn a_table_kept_open_sees_other_writers_commits_and_their_progress() {
     let after = append(&location, &defs, &view, "a", vec![rows(30, 10)], stream(40, Some(30)), &noop).await.unwrap();
     assert_eq!(after.version, took.version + 1, "nothing was committed by the fenced append");
     assert_eq!(txn_versions(&location, &[app("s")]).await.unwrap(), vec![Some(40)]);
+
+    // The table is deleted under the open one: nothing is committed at a version of the
+    // old log. The next append finds it gone; the one after creates the table afresh,
+    // where the fence sees no progress recorded.
+    let quiver_sdk::StoreLocation::Local(path) = &location else { panic!("a local table") };
+    std::fs::remove_dir_all(path).unwrap();
+    let gone = append(&location, &defs, &view, "a", vec![rows(40, 10)], stream(50, Some(40)), &noop).await;
+    assert!(matches!(gone, Err(Error::Request(ref m)) if m.contains("vanished")), "{gone:?}");
+    let fresh = append(&location, &defs, &view, "a", vec![rows(40, 10)], stream(50, Some(40)), &noop).await;
+    match fresh {
+        Err(Error::Fenced { recorded, expected, .. }) => assert_eq!((recorded, expected), (None, Some(40))),
+        other => panic!("expected the append to the recreated table to be fenced, got {other:?}"),
+    }
+    assert_eq!(txn_versions(&location, &[app("s")]).await.unwrap(), vec![None]);
 }

@@ -103,7 +103,7 @@ pub(super) struct Writer {
     pub(super) metrics: Arc<Metrics>,
     pub(super) shutdown: Arc<AtomicBool>,
     pub(super) floors: Floors,
-    /// Each view's Delta table, kept open between batches (see [`OpenTable`]).
+    /// The views' Delta tables by location, kept open between batches (see [`OpenTable`]).
     pub(super) tables: Mutex<HashMap<String, OpenTable>>,
 }
 
@@ -212,7 +212,8 @@ impl Writer {
         let expected: Vec<(String, Option<i64>)> = app_ids.iter().cloned().zip(partitions.iter().map(|(p, _)| self.floor(i, *p))).collect();
         let source = format!("kafka topic {topic}");
         let location = self.config.view_table(view);
-        let table = self.tables.lock().expect("tables lock").entry(view.name.clone()).or_default().clone();
+        // By location: an `apply` that moves the view's table moves the stream with it.
+        let table = self.tables.lock().expect("tables lock").entry(location.to_string()).or_default().clone();
         let mut attempt = 0;
         let appended = retry(&self.options, &format!("appending `{}` to Delta", view.name), || {
             attempt += 1;
