@@ -174,11 +174,10 @@ pub async fn append(
     let (sorted, order) = sort_for_reads(&wanted, conformed, defs.join_keys(view).len(), has_created)?;
     progress("sorted", rows as u64);
 
-    let kept = open.as_ref().and_then(OpenTable::take);
+    let mut kept = open.as_ref().and_then(OpenTable::take);
     if kept.is_none() {
         ensure_table(location, &schema, &view.name).await?;
     }
-    let mut kept = kept;
     // Ingestion order: later ingests (higher versions) and later rows win ties. A
     // commit must land as exactly the version its seq numbers were made for, so it
     // never retries past a concurrent writer inside deltalake; it starts over here

@@ -73,10 +73,19 @@ impl Pipeline {
 
     pub(super) fn add(&mut self, topic: &str, partition: i32, offset: i64, key: Option<&[u8]>, payload: Option<&[u8]>) {
         let batch = &mut self.batch;
-        let slot = batch.consumed.entry((topic.to_string(), partition)).or_insert(offset);
-        *slot = (*slot).max(offset);
-        let slot = batch.first.entry((topic.to_string(), partition)).or_insert(offset);
-        *slot = (*slot).min(offset);
+        // The key is allocated once per partition and batch, not per message.
+        match batch.consumed.iter_mut().find(|((t, p), _)| *p == partition && t == topic) {
+            Some((_, last)) => *last = (*last).max(offset),
+            None => {
+                batch.consumed.insert((topic.to_string(), partition), offset);
+            }
+        }
+        match batch.first.iter_mut().find(|((t, p), _)| *p == partition && t == topic) {
+            Some((_, first)) => *first = (*first).min(offset),
+            None => {
+                batch.first.insert((topic.to_string(), partition), offset);
+            }
+        }
         Metrics::add(&self.metrics.consumed, 1);
         self.started.get_or_insert_with(Instant::now);
         self.pending += 1;
