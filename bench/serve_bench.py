@@ -15,7 +15,12 @@ generates two driver views x 10 features with event times in the last hour, then
    Python feature server) with wrk, 8 connections, for 1, 10 and 100 entities x
    2 views x 10 features: p50/p99 latency and requests/s;
 4. runs redis-benchmark GET on the same Redis with 8 connections: the limit of one
-   round trip.
+   round trip;
+5. with `--floor` (examples/serve_floor.rs, built by `./run bench-serve`), the read+write
+   floor of each size: a server on the same runtime, HTTP stack and store connection
+   that sends the same MGET and answers with quiver's own answer bytes, prepared
+   before — no parsing, keys, decoding or JSON. Quiver's share of that floor is the
+   part of the time that is its own work.
 
 Prints one table with the ratios. Needs wrk, redis-server, redis-benchmark on PATH.
 """
@@ -71,6 +76,25 @@ def redis_benchmark(port, command, n):
     header, fields = ([f.strip('"') for f in line.split(",")] for line in out[:2])
     got = dict(zip(header, fields))
     return float(got["rps"]), float(got["p50_latency_ms"]), float(got["p99_latency_ms"])
+
+
+def floor(binary, redis_port, keys, answer, body, duration, work):
+    """(req/s, p50, p99) of the serve_floor example answering `body` with `answer` after
+    an MGET of `keys`, under the same wrk as the servers."""
+    keys_file, answer_file = os.path.join(work, "floor_keys.txt"), os.path.join(work, "floor_answer.json")
+    with open(keys_file, "w") as fh:
+        fh.write("\n".join(keys))
+    with open(answer_file, "wb") as fh:
+        fh.write(answer)
+    port = free_port()
+    proc = subprocess.Popen([binary, f"redis://127.0.0.1:{redis_port}/0", str(port), keys_file, answer_file],
+                            stdout=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/get-online-features", "serve_floor")
+        return wrk(f"http://127.0.0.1:{port}/get-online-features", body, duration, work)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def quiver_repo(work, files, redis_port):
@@ -136,6 +160,7 @@ def main():
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--feast-workers", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument("--floor", help="the serve_floor example binary: measure the read+write floor of each size")
     args = ap.parse_args()
     quiver = os.path.abspath(args.quiver)
     feast = os.path.join(os.path.dirname(sys.executable), "feast")
@@ -189,6 +214,7 @@ def main():
 
         rows = []
         limits = {}
+        floors = {}
         for n in (1, 10, 100):
             body = {"entities": {"driver_id": ids[:n]}, "features": features}
             qr = wrk(qurl + "/get-online-features", body, args.duration, work)
@@ -200,6 +226,11 @@ def main():
             # redis-benchmark at the same 8 connections.
             keys = [f"quiver:servebench:{view}:i{i}" for view in VIEWS for i in ids[:n]]
             limits[n] = redis_benchmark(rport, ["MGET", *keys], 400_000 // n)
+            if args.floor:
+                floors[n] = floor(args.floor, rport, keys, requests.post(qurl + "/get-online-features", json=body, timeout=30).content,
+                                  body, args.duration, work)
+                print(f"{n} entities: read+write floor {floors[n][0]:.0f} req/s p50 {floors[n][1]:.2f} ms p99 {floors[n][2]:.2f} ms",
+                      flush=True)
         # The HTTP part alone: quiver serve's /health (no store) under the same wrk.
         health = wrk(qurl + "/health", None, args.duration, work)
         # The serving log's cost: the same load on a second `quiver serve` that logs every
@@ -247,6 +278,15 @@ def main():
             mrps, mp50, mp99 = limits[n]
             print(f"| {n} | {qp50:.2f} / {qp99:.2f}, {qrps:,.0f} | {mp50:.3f} / {mp99:.3f}, {mrps:,.0f} | {qrps / mrps:.2f} | "
                   f"{qp99 - health[2]:+.2f} ms |")
+        if floors:
+            print()
+            print("The read+write floor (examples/serve_floor.rs: the same MGET through the same store, quiver's answer bytes "
+                  "written back, same runtime and HTTP stack, same wrk):")
+            print("| entities | quiver req/s | floor p50 / p99 ms, req/s | quiver / floor |")
+            print("|---|---|---|---|")
+            for n, (qrps, _, _), _ in rows:
+                frps, fp50, fp99 = floors[n]
+                print(f"| {n} | {qrps:,.0f} | {fp50:.2f} / {fp99:.2f}, {frps:,.0f} | {qrps / frps:.2f} |")
         print(f"/health under the same wrk: p50 {health[1]:.3f} ms, p99 {health[2]:.2f} ms, {health[0]:,.0f} req/s")
         print(f"redis-benchmark GET, 8 connections, same Redis: p50 {get[1]:.3f} ms, p99 {get[2]:.3f} ms, {get[0]:,.0f} req/s")
         print(f"materialize {written:,} rows into Redis: quiver {q_mat:.2f} s ({written / q_mat:,.0f} rows/s), "

@@ -255,8 +255,10 @@ fn store_keys(project: &str, defs: &Definitions, views: &[&str], entities: &Enti
             }
             columns.push(values);
         }
+        let mut values: Vec<KeyValue> = Vec::with_capacity(columns.len());
         for row in 0..n {
-            let values: Vec<KeyValue> = columns.iter().map(|c| c[row].clone()).collect();
+            values.clear();
+            values.extend(columns.iter().map(|c| c[row].clone()));
             keys.push(store_key(project, name, &values));
         }
     }

@@ -133,4 +133,11 @@ fn entity_keys_are_unambiguous() {
     let b = entity_key(&[KeyValue::Str("a".into()), KeyValue::Str("b".into())]);
     assert_ne!(a, b);
     assert_eq!(store_key("demo", "v", &[KeyValue::Int(-3)]), "quiver:demo:v:i-3");
+    // The stored keys of every existing deployment: composite, extreme and non-ASCII keys.
+    assert_eq!(
+        store_key("p", "view_2", &[KeyValue::Int(i64::MIN), KeyValue::Str("é|x".into()), KeyValue::Int(0)]),
+        "quiver:p:view_2:i-9223372036854775808|s4:é|x|i0"
+    );
+    assert_eq!(store_key("p", "v", &[KeyValue::Str(String::new())]), "quiver:p:v:s0:");
+    assert_eq!(entity_key(&[KeyValue::Int(i64::MAX)]), "i9223372036854775807");
 }

@@ -1,0 +1,59 @@
+//! The read+write floor under one `/get-online-features` answer (a benchmark limit run by
+//! `bench/serve_bench.py`; not a test, not part of the product).
+//!
+//!     serve_floor REDIS_URL PORT KEYS_FILE BODY_FILE
+//!
+//! Serves `POST /get-online-features` as `quiver serve` would if parsing the request,
+//! building the keys, decoding the rows and writing the JSON cost nothing: each request
+//! reads the keys of `KEYS_FILE` (one per line) through the same store (`RedisStore`, one
+//! MGET on its multiplexed connection) and answers with the bytes of `BODY_FILE` (the
+//! answer `quiver serve` gave to that request), on the same runtime (one worker per
+//! core), HTTP stack and allocator. What is left is the HTTP server, the store round
+//! trip and the answer's bytes through the kernel: the most any server built this way
+//! can answer at that size on this machine.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::serve::ListenerExt;
+use quiver_online::{OnlineStore, RedisStore};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+struct Floor {
+    store: RedisStore,
+    keys: Vec<String>,
+    body: axum::body::Bytes,
+}
+
+async fn answer(State(floor): State<Arc<Floor>>, _request: axum::body::Bytes) -> impl IntoResponse {
+    let rows = floor.store.read(&floor.keys).await.expect("the store answers");
+    // The rows must have come back: a floor that reads nothing measures nothing.
+    assert!(rows.iter().all(Option::is_some), "every key of the keys file is stored");
+    ([(header::CONTENT_TYPE, "application/json")], floor.body.clone())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [url, port, keys, body] = args.as_slice() else {
+        anyhow::bail!("usage: serve_floor REDIS_URL PORT KEYS_FILE BODY_FILE");
+    };
+    let keys: Vec<String> = std::fs::read_to_string(keys)?.lines().map(str::to_string).collect();
+    let body = axum::body::Bytes::from(std::fs::read(body)?);
+    let port: u16 = port.parse()?;
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
+        let store = RedisStore::connect(url).await?;
+        let app = Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor { store, keys, body }));
+        // As `quiver serve`: no Nagle delay on small answers.
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, app).await?;
+        Ok(())
+    })
+}
