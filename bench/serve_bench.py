@@ -271,22 +271,21 @@ def main():
         print(f"verify --since over the log: {v_wall:.2f} s; {v_head}; {v_tail}")
         print()
         print("The limits in the same run, at the same 8 connections: redis-benchmark sending the MGET a lookup sends "
-              "(2 views x entities keys), and quiver serve's /health (HTTP alone, no store) under the same wrk.")
-        print("| entities | quiver p50 / p99 ms, req/s | MGET alone p50 / p99 ms, req/s | quiver / MGET req/s | quiver p99 - /health p99 |")
-        print("|---|---|---|---|---|")
+              "(2 views x entities keys), quiver serve's /health (HTTP alone, no store) under the same wrk"
+              + (", and the read+write floor (examples/serve_floor.rs: the same MGET through the same store, quiver's answer "
+                 "bytes written back, same runtime and HTTP stack, same wrk)." if floors else "."))
+        floor_head = " floor p50 / p99 ms, req/s | quiver / floor |" if floors else ""
+        print("| entities | quiver p50 / p99 ms, req/s | MGET alone p50 / p99 ms, req/s | quiver / MGET req/s | quiver p99 - /health p99 |"
+              + floor_head)
+        print("|---|---|---|---|---|" + ("---|---|" if floors else ""))
         for n, (qrps, qp50, qp99), _ in rows:
             mrps, mp50, mp99 = limits[n]
-            print(f"| {n} | {qp50:.2f} / {qp99:.2f}, {qrps:,.0f} | {mp50:.3f} / {mp99:.3f}, {mrps:,.0f} | {qrps / mrps:.2f} | "
-                  f"{qp99 - health[2]:+.2f} ms |")
-        if floors:
-            print()
-            print("The read+write floor (examples/serve_floor.rs: the same MGET through the same store, quiver's answer bytes "
-                  "written back, same runtime and HTTP stack, same wrk):")
-            print("| entities | quiver req/s | floor p50 / p99 ms, req/s | quiver / floor |")
-            print("|---|---|---|---|")
-            for n, (qrps, _, _), _ in rows:
+            floor_cells = ""
+            if floors:
                 frps, fp50, fp99 = floors[n]
-                print(f"| {n} | {qrps:,.0f} | {fp50:.2f} / {fp99:.2f}, {frps:,.0f} | {qrps / frps:.2f} |")
+                floor_cells = f" {fp50:.2f} / {fp99:.2f}, {frps:,.0f} | {qrps / frps:.2f} |"
+            print(f"| {n} | {qp50:.2f} / {qp99:.2f}, {qrps:,.0f} | {mp50:.3f} / {mp99:.3f}, {mrps:,.0f} | {qrps / mrps:.2f} | "
+                  f"{qp99 - health[2]:+.2f} ms |" + floor_cells)
         print(f"/health under the same wrk: p50 {health[1]:.3f} ms, p99 {health[2]:.2f} ms, {health[0]:,.0f} req/s")
         print(f"redis-benchmark GET, 8 connections, same Redis: p50 {get[1]:.3f} ms, p99 {get[2]:.3f} ms, {get[0]:,.0f} req/s")
         print(f"materialize {written:,} rows into Redis: quiver {q_mat:.2f} s ({written / q_mat:,.0f} rows/s), "
