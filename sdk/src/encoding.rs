@@ -263,21 +263,7 @@ impl OnlineRow {
                 r.skip_value()?;
                 values.push(Value::Null);
             } else {
-                // The common fixed-width values are built here: through `Reader::value`'s
-                // `Result<Value, _>` each value was copied twice on the stack, and those
-                // copies were most of a 100-entity lookup's decoding time (`perf annotate`).
-                let value = match r.bytes.get(r.at) {
-                    Some(4) => {
-                        r.at += 1;
-                        Value::Float64(f64::from_le_bytes(r.array()?))
-                    }
-                    Some(2) => {
-                        r.at += 1;
-                        Value::Int64(i64::from_le_bytes(r.array()?))
-                    }
-                    _ => r.value()?,
-                };
-                values.push(value);
+                values.push(r.value()?);
             }
         }
         if r.at != bytes.len() {
@@ -401,7 +387,10 @@ impl<'a> Reader<'a> {
         self.at == self.bytes.len()
     }
 
-    /// One value written by [`write_value`].
+    /// One value written by [`write_value`]. Inlined: called out of line, each value's
+    /// `Result<Value, _>` was copied twice through the stack, and those copies were most
+    /// of a 100-entity lookup's decoding time (`perf annotate`).
+    #[inline]
     pub(crate) fn value(&mut self) -> Result<Value, DecodeError> {
         let tag = self.take(1)?[0];
         Ok(match tag {
