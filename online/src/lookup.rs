@@ -139,60 +139,176 @@ pub async fn get_online_features_timed(
     phases: &mut LookupPhases,
 ) -> Result<Vec<Column>> {
     let began = std::time::Instant::now();
-    let bad = |m: String| Error::Request(m);
-    let n = entities.first().map_or(0, |(_, v)| v.len());
-    if let Some((name, v)) = entities.iter().find(|(_, v)| v.len() != n) {
-        return Err(bad(format!("entity column `{name}` has {} values, the first has {n} (each join key needs one per row)", v.len())));
-    }
-    // One store key per (view, row), all read at once.
-    let mut views: Vec<&str> = Vec::new();
-    // Per requested feature: its view's position in `views`.
-    let mut view_of: Vec<usize> = Vec::with_capacity(refs.len());
-    for r in refs {
-        let (view, _) = defs.find_feature(r).map_err(|e| Error::Unknown(e.0))?;
-        let at = views.iter().position(|v| *v == view.name).unwrap_or_else(|| {
-            views.push(&view.name);
-            views.len() - 1
-        });
-        view_of.push(at);
-    }
-    let keys = store_keys(project, defs, &views, entities, n)?;
-    let sent = std::time::Instant::now();
-    phases.keys = sent - began;
-    let stored = store.read(&keys).await?;
-    let read = std::time::Instant::now();
-    phases.store = read - sent;
-    // Each view's columns, put in request order.
-    let mut columns: Vec<Option<Column>> = refs.iter().map(|_| None).collect();
-    for (i, name) in views.iter().enumerate() {
-        let view = defs.feature_view(name).expect("checked");
-        let stored = &stored[i * n..(i + 1) * n];
-        let wanted: Vec<(usize, Wanted<'_>)> = refs
-            .iter()
-            .enumerate()
-            .filter(|(j, _)| view_of[*j] == i)
-            .map(|(j, r)| (j, Wanted { feature: &r.feature, name: if full_names { r.column_name() } else { r.feature.clone() } }))
-            .collect();
-        let built: Vec<Column> = if view.is_event_log() {
-            let answers = answer_records(view, stored, now);
-            wanted.iter().map(|(_, w)| aggregation_column(view, w.feature, w.name.clone(), &answers)).collect()
-        } else {
-            feature_columns(defs, view, stored, wanted.iter().map(|(_, w)| w), now)
-        };
-        for ((j, _), column) in wanted.iter().zip(built) {
-            columns[*j] = Some(column);
-        }
-    }
-    let mut out: Vec<Column> = entities.iter().map(|(name, values)| key_column(name, values)).collect();
-    out.extend(columns.into_iter().map(|c| c.expect("every requested feature's view is read")));
-    phases.decode = read.elapsed();
-    Ok(out)
+    check_lengths(entities)?;
+    let plan = Plan::new(defs, refs.to_vec(), full_names)?;
+    let planned = began.elapsed();
+    let columns = plan.lookup(store, project, defs, entities, now, phases).await?;
+    phases.keys += planned;
+    Ok(columns)
 }
 
-/// A requested feature of one view, and the name of its column in the answer.
-struct Wanted<'a> {
-    feature: &'a str,
-    name: String,
+/// Every entity column has as many values as the first.
+fn check_lengths(entities: &EntityColumns) -> Result<usize> {
+    let n = entities.first().map_or(0, |(_, v)| v.len());
+    if let Some((name, v)) = entities.iter().find(|(_, v)| v.len() != n) {
+        return Err(Error::Request(format!(
+            "entity column `{name}` has {} values, the first has {n} (each join key needs one per row)",
+            v.len()
+        )));
+    }
+    Ok(n)
+}
+
+/// A lookup of a list of features resolved against one set of definitions: the views
+/// to read, their join keys, and where each requested feature sits in its view's row
+/// and in the answer. Everything a lookup knows before it sees entity rows, so a
+/// server can build it once per distinct feature list and answer every request for
+/// that list from it. Valid only with the definitions it was built from.
+#[derive(Debug)]
+pub struct Plan {
+    /// The features asked for, in answer order.
+    pub refs: Vec<FeatureRef>,
+    /// Each feature's column name in the answer.
+    names: Vec<String>,
+    /// The views read, in order of first request; one store key per (view, row).
+    views: Vec<ViewPlan>,
+}
+
+#[derive(Debug)]
+struct ViewPlan {
+    /// Its position in `Definitions::feature_views`.
+    index: usize,
+    join_keys: Vec<quiver_sdk::JoinKey>,
+    /// Per requested feature of this view: its position in the answer's features and
+    /// among the view's features (an event log: its aggregations).
+    wanted: Vec<(usize, usize)>,
+    /// Per entry of `wanted`: whether a later one reads the same value.
+    shared: Vec<bool>,
+    /// Which of the view's features the answer reads (plain views).
+    keep: Vec<bool>,
+    fingerprint: u64,
+}
+
+impl Plan {
+    /// Resolves `refs` (`full_names`: columns named `view__feature`).
+    ///
+    /// # Errors
+    /// [`Error::Unknown`] for an unknown view or feature.
+    pub fn new(defs: &Definitions, refs: Vec<FeatureRef>, full_names: bool) -> Result<Plan> {
+        let mut views: Vec<ViewPlan> = Vec::new();
+        let mut names = Vec::with_capacity(refs.len());
+        for (j, r) in refs.iter().enumerate() {
+            let (view, _) = defs.find_feature(r).map_err(|e| Error::Unknown(e.0))?;
+            let index = defs.feature_views.iter().position(|v| v.name == view.name).expect("found");
+            let k = if view.is_event_log() {
+                view.aggregations.iter().position(|a| a.name == r.feature)
+            } else {
+                view.features.iter().position(|f| f.name == r.feature)
+            }
+            .expect("found");
+            let at = match views.iter().position(|v| v.index == index) {
+                Some(at) => at,
+                None => {
+                    views.push(ViewPlan {
+                        index,
+                        join_keys: defs.join_keys(view),
+                        wanted: Vec::new(),
+                        shared: Vec::new(),
+                        keep: vec![false; view.features.len()],
+                        fingerprint: fingerprint(view),
+                    });
+                    views.len() - 1
+                }
+            };
+            let planned = &mut views[at];
+            planned.wanted.push((j, k));
+            if !view.is_event_log() {
+                planned.keep[k] = true;
+            }
+            names.push(if full_names { r.column_name() } else { r.feature.clone() });
+        }
+        for v in &mut views {
+            v.shared = v.wanted.iter().enumerate().map(|(i, (_, k))| v.wanted[i + 1..].iter().any(|(_, l)| l == k)).collect();
+        }
+        Ok(Plan { refs, names, views })
+    }
+
+    /// Reads the plan's features for every entity row at time `now` (UTC microseconds)
+    /// in one store round trip, recording the time of its phases in `phases`. `defs` are
+    /// the definitions the plan was built from.
+    ///
+    /// # Errors
+    /// [`Error::Request`] for a missing or mistyped join key, or key columns of
+    /// different lengths; [`Error::Unavailable`] from the store.
+    pub async fn lookup(
+        &self,
+        store: &dyn OnlineStore,
+        project: &str,
+        defs: &Definitions,
+        entities: &EntityColumns,
+        now: i64,
+        phases: &mut LookupPhases,
+    ) -> Result<Vec<Column>> {
+        let began = std::time::Instant::now();
+        let n = check_lengths(entities)?;
+        let keys = self.store_keys(project, defs, entities, n)?;
+        let sent = std::time::Instant::now();
+        phases.keys = sent - began;
+        let stored = store.read(&keys).await?;
+        let read = std::time::Instant::now();
+        phases.store = read - sent;
+        // Each view's columns, put in request order.
+        let mut columns: Vec<Option<Column>> = self.refs.iter().map(|_| None).collect();
+        for (i, planned) in self.views.iter().enumerate() {
+            let view = &defs.feature_views[planned.index];
+            let stored = &stored[i * n..(i + 1) * n];
+            let built: Vec<Column> = if view.is_event_log() {
+                let answers = answer_records(view, stored, now);
+                planned.wanted.iter().map(|&(j, k)| aggregation_column(k, self.names[j].clone(), &answers)).collect()
+            } else {
+                feature_columns(defs, view, planned, &self.names, stored, now)
+            };
+            for (&(j, _), column) in planned.wanted.iter().zip(built) {
+                columns[j] = Some(column);
+            }
+        }
+        let mut out: Vec<Column> = Vec::with_capacity(entities.len() + columns.len());
+        out.extend(entities.iter().map(|(name, values)| key_column(name, values)));
+        out.extend(columns.into_iter().map(|c| c.expect("every requested feature's view is read")));
+        phases.decode = read.elapsed();
+        Ok(out)
+    }
+
+    /// One store key per (view, row), views in plan order, after checking that every
+    /// view's join keys are given with the right types.
+    fn store_keys(&self, project: &str, defs: &Definitions, entities: &EntityColumns, n: usize) -> Result<Vec<String>> {
+        let bad = |m: String| Error::Request(m);
+        let mut keys = Vec::with_capacity(self.views.len() * n);
+        let mut columns = Vec::new();
+        let mut values: Vec<KeyValue> = Vec::new();
+        for planned in &self.views {
+            let name = &defs.feature_views[planned.index].name;
+            columns.clear();
+            for key in &planned.join_keys {
+                let Some((_, values)) = entities.iter().find(|(k, _)| *k == key.name) else {
+                    return Err(bad(format!("missing join key `{}` for feature view `{name}`", key.name)));
+                };
+                if let Some(v) = values
+                    .iter()
+                    .find(|v| !matches!((v, key.dtype), (KeyValue::Int(_), KeyType::Int64) | (KeyValue::Str(_), KeyType::String)))
+                {
+                    return Err(bad(format!("join key `{}` is {}, got `{v}`", key.name, key.dtype)));
+                }
+                columns.push(values);
+            }
+            for row in 0..n {
+                values.clear();
+                values.extend(columns.iter().map(|c| c[row].clone()));
+                keys.push(store_key(project, name, &values));
+            }
+        }
+        Ok(keys)
+    }
 }
 
 /// Every aggregation's value at `now` and the time of the latest event in its window.
@@ -217,8 +333,7 @@ fn answer_records(view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> V
 
 /// Aggregation `feature` of an event log for each entity: PRESENT, or NULL_VALUE for a
 /// null value; the event time is the latest event in the window (epoch 0 when none).
-fn aggregation_column(view: &FeatureView, feature: &str, name: String, answers: &[Option<Answer>]) -> Column {
-    let k = view.aggregations.iter().position(|a| a.name == feature).expect("checked");
+fn aggregation_column(k: usize, name: String, answers: &[Option<Answer>]) -> Column {
     let n = answers.len();
     let mut column = Column { name, values: Vec::with_capacity(n), statuses: Vec::with_capacity(n), event_ts: Vec::with_capacity(n) };
     for answer in answers {
@@ -234,35 +349,6 @@ fn aggregation_column(view: &FeatureView, feature: &str, name: String, answers: 
         column.event_ts.push(ts);
     }
     column
-}
-
-/// One store key per (view, row), views in `views` order, after checking that every
-/// view's join keys are given with the right types.
-fn store_keys(project: &str, defs: &Definitions, views: &[&str], entities: &EntityColumns, n: usize) -> Result<Vec<String>> {
-    let bad = |m: String| Error::Request(m);
-    let mut keys = Vec::with_capacity(views.len() * n);
-    for name in views {
-        let view = defs.feature_view(name).expect("checked");
-        let mut columns = Vec::new();
-        for key in defs.join_keys(view) {
-            let Some((_, values)) = entities.iter().find(|(k, _)| *k == key.name) else {
-                return Err(bad(format!("missing join key `{}` for feature view `{name}`", key.name)));
-            };
-            if let Some(v) =
-                values.iter().find(|v| !matches!((v, key.dtype), (KeyValue::Int(_), KeyType::Int64) | (KeyValue::Str(_), KeyType::String)))
-            {
-                return Err(bad(format!("join key `{}` is {}, got `{v}`", key.name, key.dtype)));
-            }
-            columns.push(values);
-        }
-        let mut values: Vec<KeyValue> = Vec::with_capacity(columns.len());
-        for row in 0..n {
-            values.clear();
-            values.extend(columns.iter().map(|c| c[row].clone()));
-            keys.push(store_key(project, name, &values));
-        }
-    }
-    Ok(keys)
 }
 
 /// A join-key column of the answer, the keys as given.
@@ -287,39 +373,32 @@ fn key_column(name: &str, values: &[KeyValue]) -> Column {
 /// requested values built, each moved into its column (cloned only for a feature
 /// requested twice). A row written under another layout of the view is read by name;
 /// one that cannot be read is `NOT_FOUND`.
-fn feature_columns<'a>(
+fn feature_columns(
     defs: &Definitions,
     view: &FeatureView,
+    planned: &ViewPlan,
+    names: &[String],
     stored: &[Option<Vec<u8>>],
-    wanted: impl Iterator<Item = &'a Wanted<'a>>,
     now: i64,
 ) -> Vec<Column> {
     let n = stored.len();
-    let (mut columns, positions): (Vec<Column>, Vec<usize>) = wanted
-        .map(|w| {
-            let k = view.features.iter().position(|f| f.name == w.feature).expect("checked");
-            let column = Column {
-                name: w.name.clone(),
-                values: Vec::with_capacity(n),
-                statuses: Vec::with_capacity(n),
-                event_ts: Vec::with_capacity(n),
-            };
-            (column, k)
+    let mut columns: Vec<Column> = planned
+        .wanted
+        .iter()
+        .map(|&(j, _)| Column {
+            name: names[j].clone(),
+            values: Vec::with_capacity(n),
+            statuses: Vec::with_capacity(n),
+            event_ts: Vec::with_capacity(n),
         })
-        .unzip();
-    let mut keep = vec![false; view.features.len()];
-    for &k in &positions {
-        keep[k] = true;
-    }
-    // Whether a later column reads the same value (this one then takes a copy).
-    let shared: Vec<bool> = positions.iter().enumerate().map(|(j, k)| positions[j + 1..].contains(k)).collect();
-    let print = fingerprint(view);
+        .collect();
+    let (print, keep, shared) = (planned.fingerprint, &planned.keep, &planned.shared);
     let ttl_us = view.ttl_us();
     let mut layouts = Layouts::default();
     let mut values: Vec<Value> = Vec::new();
     for bytes in stored {
         let event_ts = bytes.as_ref().and_then(|bytes| {
-            let (event_ts, created_ts, written) = OnlineRow::decode_into(bytes, Some((print, &keep)), &mut values).ok()?;
+            let (event_ts, created_ts, written) = OnlineRow::decode_into(bytes, Some((print, keep)), &mut values).ok()?;
             if written == print && values.len() == view.features.len() {
                 return Some(event_ts);
             }
@@ -328,7 +407,7 @@ fn feature_columns<'a>(
             values = layouts.conform(defs, view, row)?.values;
             Some(event_ts)
         });
-        for ((column, &k), &shared) in columns.iter_mut().zip(&positions).zip(&shared) {
+        for ((column, &(_, k)), &shared) in columns.iter_mut().zip(&planned.wanted).zip(shared) {
             let (value, status, ts) = match event_ts {
                 None => (Value::Null, Status::NotFound, None),
                 Some(ts) if ttl_us.is_some_and(|ttl| now.saturating_sub(ts) > ttl) => (Value::Null, Status::OutsideMaxAge, Some(ts)),

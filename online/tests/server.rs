@@ -147,6 +147,10 @@ async fn feast_shaped_answers_with_statuses() {
     .1;
     assert!(text.contains("[50.0]"), "{text}");
     assert!(text.contains("\"feature_names\":[\"driver_id\",\"rate\"]"), "short names by default: {text}");
+    // The same list with full names: the server's plan for a list is kept per naming.
+    let (_, body) =
+        features(&f.state, json!({"entities": {"driver_id": [1]}, "features": ["stats:rate"], "full_feature_names": true})).await;
+    assert_eq!(body["metadata"]["feature_names"], json!(["driver_id", "stats__rate"]));
 }
 
 #[tokio::test]
@@ -232,7 +236,8 @@ async fn the_registry_is_reloaded_when_apply_changes_it() {
     let f = fixture(None, None).await;
     let body = json!({"entities": {"driver_id": [1]}, "features": ["stats:rate"]});
     assert_eq!(features(&f.state, body.clone()).await.0, StatusCode::OK);
-    // A new registry version without the view: the next request sees it, no restart.
+    // A new registry version without the view: seen within REGISTRY_CHECK, no restart
+    // (and the plan kept for this feature list is not used with the new definitions).
     std::thread::sleep(std::time::Duration::from_millis(20));
     let registry = FileRegistry::new(&f.registry_path);
     let doc = registry.load().unwrap().unwrap();
@@ -240,10 +245,20 @@ async fn the_registry_is_reloaded_when_apply_changes_it() {
     defs.feature_services.clear();
     defs.feature_views.retain(|v| v.name != "stats");
     let plan = doc.plan(&defs);
-    registry.save(&doc.applied(&defs, &plan, chrono::Utc::now(), true)).unwrap();
-    let (status, answer) = features(&f.state, body).await;
+    let without = doc.applied(&defs, &plan, chrono::Utc::now(), true);
+    registry.save(&without).unwrap();
+    std::thread::sleep(quiver_online::server::REGISTRY_CHECK + std::time::Duration::from_millis(20));
+    let (status, answer) = features(&f.state, body.clone()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("unknown feature view `stats`"));
+    // The view applied again: a request naming it is answered at once — a lookup of
+    // something the definitions do not know looks at the file without waiting.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let plan = without.plan(&doc.definitions);
+    registry.save(&without.applied(&doc.definitions, &plan, chrono::Utc::now(), true)).unwrap();
+    let (status, answer) = features(&f.state, body).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["metadata"]["feature_names"], json!(["driver_id", "rate"]));
 }
 
 /// A store that is down.

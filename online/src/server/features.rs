@@ -1,4 +1,11 @@
 //! `POST /get-online-features`.
+//!
+//! A request is read twice only when it is bad: first straight into typed values
+//! (feature names borrowed from the body, entity keys without a `serde_json::Value`
+//! tree), and when that fails, into `serde_json::Value`s, whose checks name what is
+//! wrong. The features asked for are resolved once per distinct list and registry
+//! version ([`RegistryCache::plan`]), so a steady stream of the same request parses no
+//! feature reference and searches no definitions.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -6,17 +13,101 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use quiver_sdk::FeatureRef;
 use quiver_sdk::encoding::KeyValue;
+use quiver_sdk::{Definitions, FeatureRef};
 use serde_json::Value as Json_;
 
 use super::json::response_json;
-use super::{ApiError, Limit, MAX_ENTITY_ROWS, ServerState, bad};
-use crate::lookup::{LookupPhases, get_online_features_timed};
+use super::registry_cache::{Asked, RegistryCache};
+use super::{ApiError, Limit, MAX_ENTITY_ROWS, Metrics, ServerState, bad};
+use crate::lookup::{EntityColumns, LookupPhases, Plan};
 use crate::serving_log::Served;
 
-/// The entity map of a request, in the order the client wrote it (the answer echoes
-/// the join keys in that order, as Feast does).
+/// A request as read: its entity columns, and the features it asks for.
+#[derive(Debug, PartialEq)]
+struct Parsed<'a> {
+    entities: Option<EntityColumns>,
+    features: Option<Features<'a>>,
+    /// A feature service's name; `Err` with the message when it is not a string.
+    service: Option<Result<String, String>>,
+    full_names: bool,
+}
+
+/// A `features` list: its strings, or why it is not a list of strings.
+#[derive(Debug, PartialEq)]
+enum Features<'a> {
+    List(Vec<&'a str>),
+    Bad(String),
+}
+
+/// The fast reading: every field typed. Fields it does not know are ignored, never
+/// rejected (Feast clients send `include_feature_view_version_metadata` and more).
+#[derive(Debug, serde::Deserialize)]
+struct TypedRequest<'a> {
+    #[serde(default)]
+    entities: Option<TypedEntities>,
+    #[serde(default, borrow)]
+    features: Option<Vec<&'a str>>,
+    #[serde(default)]
+    feature_service: Option<Json_>,
+    #[serde(default)]
+    full_feature_names: Option<Json_>,
+}
+
+/// The entity map, in the order the client wrote it (the answer echoes the join keys
+/// in that order, as Feast does), each value an integer that fits `i64` or a string.
+#[derive(Debug)]
+struct TypedEntities(EntityColumns);
+
+/// One join-key value of the fast reading.
+struct TypedKey(KeyValue);
+
+impl<'de> serde::Deserialize<'de> for TypedKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = TypedKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an integer or a string")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TypedKey, E> {
+                Ok(TypedKey(KeyValue::Int(v)))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TypedKey, E> {
+                i64::try_from(v).map(|v| TypedKey(KeyValue::Int(v))).map_err(|_| E::custom("integer out of range"))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TypedKey, E> {
+                Ok(TypedKey(KeyValue::Str(v.to_string())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<TypedKey, E> {
+                Ok(TypedKey(KeyValue::Str(v)))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for TypedEntities {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = TypedEntities;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of join key to values")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TypedEntities, A::Error> {
+                let mut out = Vec::new();
+                while let Some((name, values)) = map.next_entry::<String, Vec<TypedKey>>()? {
+                    out.push((name, values.into_iter().map(|k| k.0).collect()));
+                }
+                Ok(TypedEntities(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// The entity map of the checked reading, values as JSON.
 #[derive(Debug, Default)]
 struct OrderedEntities(Vec<(String, Json_)>);
 
@@ -40,10 +131,9 @@ impl<'de> serde::Deserialize<'de> for OrderedEntities {
     }
 }
 
-/// A `/get-online-features` request. Fields it does not know are ignored, never
-/// rejected (Feast clients send `include_feature_view_version_metadata` and more).
+/// The checked reading: values as JSON, so each check can say what is wrong.
 #[derive(Debug, serde::Deserialize)]
-struct FeaturesRequest {
+struct CheckedRequest {
     #[serde(default)]
     entities: Option<OrderedEntities>,
     #[serde(default)]
@@ -54,49 +144,141 @@ struct FeaturesRequest {
     full_feature_names: Option<Json_>,
 }
 
+fn service_of(service: Option<Json_>) -> Option<Result<String, String>> {
+    match service? {
+        Json_::Null => None,
+        Json_::String(name) => Some(Ok(name)),
+        _ => Some(Err("`feature_service` must be a name".to_string())),
+    }
+}
+
+fn full_names_of(flag: Option<&Json_>) -> bool {
+    flag.and_then(Json_::as_bool).unwrap_or(false)
+}
+
+impl<'a> Parsed<'a> {
+    /// The fast reading; `None` when the body is not a well-formed request of plain
+    /// values (the checked reading then says why, or reads what this one cannot).
+    fn typed(body: &'a [u8]) -> Option<Parsed<'a>> {
+        // UTF-8 checked once for the body, not once per string.
+        let r: TypedRequest<'a> = serde_json::from_str(std::str::from_utf8(body).ok()?).ok()?;
+        Some(Parsed {
+            entities: r.entities.map(|e| e.0),
+            features: r.features.map(Features::List),
+            service: service_of(r.feature_service),
+            full_names: full_names_of(r.full_feature_names.as_ref()),
+        })
+    }
+
+    /// The checked reading of `r` (read from the body).
+    fn checked(r: &'a CheckedRequest, metrics: &Metrics) -> Result<Parsed<'a>, ApiError> {
+        let features = match &r.features {
+            None | Some(Json_::Null) => None,
+            Some(Json_::Array(list)) => Some(match list.iter().find(|f| !f.is_string()) {
+                Some(f) => Features::Bad(format!("bad feature reference {f} (expected \"view:feature\")")),
+                None => Features::List(list.iter().filter_map(Json_::as_str).collect()),
+            }),
+            Some(_) => Some(Features::Bad("`features` must be a list of \"view:feature\"".to_string())),
+        };
+        let entities = match &r.entities {
+            None => None,
+            Some(entities) => {
+                let mut columns = Vec::with_capacity(entities.0.len());
+                for (name, values) in &entities.0 {
+                    let values = values.as_array().ok_or_else(|| bad(format!("entity `{name}` must be a list of values")))?;
+                    check_rows(metrics, values.len())?;
+                    let keys = values
+                        .iter()
+                        .map(|v| KeyValue::from_json(v).ok_or_else(|| bad(format!("entity `{name}`: {v} is not an integer or a string"))))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    columns.push((name.clone(), keys));
+                }
+                Some(columns)
+            }
+        };
+        Ok(Parsed {
+            entities,
+            features,
+            service: service_of(r.feature_service.clone()),
+            full_names: full_names_of(r.full_feature_names.as_ref()),
+        })
+    }
+
+    /// What the request names its features by.
+    fn asked(&self) -> Result<Asked<'_>, ApiError> {
+        match (&self.features, &self.service) {
+            (Some(Features::List(list)), _) => Ok(Asked::Features(list)),
+            (Some(Features::Bad(message)), _) => Err(bad(message.clone())),
+            (None, Some(Ok(name))) => Ok(Asked::Service(name)),
+            (None, Some(Err(message))) => Err(bad(message.clone())),
+            (None, None) => Err(bad("the request needs `features` or `feature_service`")),
+        }
+    }
+}
+
+/// 413 for more entity rows than a request may hold.
+fn check_rows(metrics: &Metrics, rows: usize) -> Result<(), ApiError> {
+    if rows > MAX_ENTITY_ROWS {
+        metrics.refused(Limit::MaxEntityRows);
+        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, format!("{rows} entity rows; at most {MAX_ENTITY_ROWS} per request")));
+    }
+    Ok(())
+}
+
+/// The plan of what `request` asks for under `defs`, after the checks a server makes
+/// beyond the lookup's own: no feature twice, no view that is offline only.
+fn plan(registry: &RegistryCache, defs: &Arc<Definitions>, request: &Parsed<'_>) -> Result<Arc<Plan>, ApiError> {
+    let asked = request.asked()?;
+    registry.plan(defs, asked, request.full_names, || {
+        let refs: Vec<FeatureRef> = match asked {
+            Asked::Features(list) => list
+                .iter()
+                .map(|f| {
+                    f.parse()
+                        .map_err(|_| bad(format!("bad feature reference {} (expected \"view:feature\")", Json_::String((*f).to_string()))))
+                })
+                .collect::<Result<_, _>>()?,
+            Asked::Service(name) => defs.find_service(name).map_err(|e| ApiError(StatusCode::NOT_FOUND, e.0))?.features.clone(),
+        };
+        if let Some(dup) = refs.iter().enumerate().find_map(|(i, r)| refs[..i].contains(r).then_some(r)) {
+            return Err(bad(format!("feature `{dup}` is asked for twice")));
+        }
+        for r in &refs {
+            if let Some(view) = defs.feature_view(&r.view).filter(|v| !v.online) {
+                return Err(bad(format!("feature `{r}`: feature view `{}` is offline only (`online: false`)", view.name)));
+            }
+        }
+        Plan::new(defs, refs, request.full_names).map_err(|e| bad(e.to_string()))
+    })
+}
+
 pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
     let began = Instant::now();
-    let request: FeaturesRequest = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid request: {e}")))?;
-    let defs = state.registry.current();
-    // Features: a list of `view:feature`, or a feature service. Unknown fields are ignored.
-    let refs: Vec<FeatureRef> = match (&request.features, &request.feature_service) {
-        (Some(features), _) if !features.is_null() => {
-            let list = features.as_array().ok_or_else(|| bad("`features` must be a list of \"view:feature\""))?;
-            list.iter()
-                .map(|f| {
-                    f.as_str()
-                        .and_then(|s| s.parse().ok())
-                        .ok_or_else(|| bad(format!("bad feature reference {f} (expected \"view:feature\")")))
-                })
-                .collect::<Result<_, _>>()?
+    let checked: CheckedRequest;
+    let request = match Parsed::typed(&body) {
+        Some(request) => request,
+        None => {
+            checked = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid request: {e}")))?;
+            Parsed::checked(&checked, &state.metrics)?
         }
-        (_, Some(service)) if !service.is_null() => {
-            let name = service.as_str().ok_or_else(|| bad("`feature_service` must be a name"))?;
-            defs.find_service(name).map_err(|e| ApiError(StatusCode::NOT_FOUND, e.0))?.features.clone()
-        }
-        _ => return Err(bad("the request needs `features` or `feature_service`")),
     };
-    if let Some(dup) = refs.iter().enumerate().find_map(|(i, r)| refs[..i].contains(r).then_some(r)) {
-        return Err(bad(format!("feature `{dup}` is asked for twice")));
-    }
-    for r in &refs {
-        if let Some(view) = defs.feature_view(&r.view).filter(|v| !v.online) {
-            return Err(bad(format!("feature `{r}`: feature view `{}` is offline only (`online: false`)", view.name)));
+    let mut defs = state.registry.recent();
+    let plan = match plan(&state.registry, &defs, &request) {
+        Ok(plan) => plan,
+        // The registry may have changed since it was last looked at: look now.
+        Err(e) => {
+            let current = state.registry.current();
+            if Arc::ptr_eq(&current, &defs) {
+                return Err(e);
+            }
+            defs = current;
+            plan(&state.registry, &defs, &request)?
         }
-    }
-    let full_names = request.full_feature_names.as_ref().and_then(Json_::as_bool).unwrap_or(false);
-    let entities = request.entities.ok_or_else(|| bad("the request needs `entities`: {join_key: [values]}"))?;
-    let mut columns = Vec::new();
-    for (name, values) in &entities.0 {
-        let values = values.as_array().ok_or_else(|| bad(format!("entity `{name}` must be a list of values")))?;
-        if values.len() > MAX_ENTITY_ROWS {
-            state.metrics.refused(Limit::MaxEntityRows);
-            return Err(ApiError(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("{} entity rows; at most {MAX_ENTITY_ROWS} per request", values.len()),
-            ));
-        }
-        let cells = values.len().saturating_mul(refs.len());
+    };
+    let columns = request.entities.ok_or_else(|| bad("the request needs `entities`: {join_key: [values]}"))?;
+    for (_, values) in &columns {
+        check_rows(&state.metrics, values.len())?;
+        let cells = values.len().saturating_mul(plan.refs.len());
         if cells > state.limits.max_cells {
             state.metrics.refused(Limit::MaxCells);
             return Err(ApiError(
@@ -104,29 +286,71 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
                 format!(
                     "{} entity rows x {} features = {cells} values; at most {} per request (server.max_cells)",
                     values.len(),
-                    refs.len(),
+                    plan.refs.len(),
                     state.limits.max_cells
                 ),
             ));
         }
-        let keys = values
-            .iter()
-            .map(|v| KeyValue::from_json(v).ok_or_else(|| bad(format!("entity `{name}`: {v} is not an integer or a string"))))
-            .collect::<Result<Vec<_>, _>>()?;
-        columns.push((name.clone(), keys));
     }
     let now = (state.clock)();
     let parsed = began.elapsed();
     let mut lookup = LookupPhases::default();
-    let result = state
-        .store_call(get_online_features_timed(state.store.as_ref(), &state.project, &defs, &refs, &columns, now, full_names, &mut lookup))
-        .await?;
+    let result = state.store_call(plan.lookup(state.store.as_ref(), &state.project, &defs, &columns, now, &mut lookup)).await?;
     let encoding = Instant::now();
     let body = response_json(&result);
     state.metrics.phases(parsed, &lookup, encoding.elapsed());
     if let Some(log) = &state.serving_log {
         // After the answer is written: the log gets the columns, the client the bytes.
-        log.log(Served { request_time: now, defs, refs, n_keys: columns.len(), columns: result });
+        log.log(Served { request_time: now, defs, refs: plan.refs.clone(), n_keys: columns.len(), columns: result });
     }
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast reading agrees with the checked one on every body it reads; the
+    /// checked reading is the oracle (it is the request reader the server had before).
+    #[test]
+    fn the_fast_reading_agrees_with_the_checked_one() {
+        let metrics = Metrics::default();
+        let bodies = [
+            r#"{"entities": {"driver_id": [1, 2]}, "features": ["a:x", "b:y"]}"#,
+            r#"{"entities": {"id": ["p", "q\"|"], "n": [-9223372036854775808, 9223372036854775807]}, "features": ["a:x"], "full_feature_names": true}"#,
+            r#"{"features": null, "feature_service": "svc", "entities": {"k": []}, "extra": {"nested": [1, 2]}}"#,
+            r#"{"features": ["a:\u0078"], "entities": {"k": ["caf\u00e9"]}}"#,
+            r#"{"features": ["a:x"], "entities": {"k": [9223372036854775808]}}"#,
+            r#"{"features": ["a:x"], "entities": {"k": [1.5]}}"#,
+            r#"{"features": ["a:x"], "entities": {"k": [1e3]}}"#,
+            r#"{"features": ["a:x"], "entities": {"k": [true]}}"#,
+            r#"{"features": ["a:x"], "entities": {"k": 1}}"#,
+            r#"{"features": "a:x", "entities": {"k": [1]}}"#,
+            r#"{"features": ["a:x", 3], "entities": {"k": [1]}}"#,
+            r#"{"feature_service": 7, "entities": {"k": [1]}}"#,
+            r#"{"feature_service": null, "entities": {"k": [1], "k": [2]}, "full_feature_names": "yes"}"#,
+            r#"{"entities": {"k": [1]}}"#,
+        ];
+        let mut fast = 0;
+        for body in bodies {
+            let checked: CheckedRequest = serde_json::from_str(body).unwrap();
+            let oracle = Parsed::checked(&checked, &metrics).map_err(|e| e.1);
+            match Parsed::typed(body.as_bytes()) {
+                Some(read) => {
+                    fast += 1;
+                    assert_eq!(Ok(&read), oracle.as_ref(), "{body}");
+                }
+                // What the fast reading refuses is a request with a mistake, or one
+                // with escaped feature names, which the checked reading reads.
+                None => assert!(
+                    match &oracle {
+                        Err(_) => true,
+                        Ok(p) => matches!(p.features, Some(Features::Bad(_))) || body.contains(r"\u0078"),
+                    },
+                    "{body}: {oracle:?}"
+                ),
+            }
+        }
+        assert_eq!(fast, 6, "the plain requests are read the fast way");
+    }
 }

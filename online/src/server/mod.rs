@@ -39,7 +39,7 @@ pub mod ui;
 
 pub use limits::{Limit, Limits};
 pub use metrics::Metrics;
-pub use registry_cache::RegistryCache;
+pub use registry_cache::{REGISTRY_CHECK, RegistryCache};
 pub use ui::Insights;
 
 /// Largest request body accepted (413 beyond).

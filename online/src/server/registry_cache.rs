@@ -3,9 +3,18 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use quiver_sdk::{Definitions, FileRegistry};
+
+use crate::lookup::Plan;
+
+/// How long [`RegistryCache::recent`] answers without looking at the registry file.
+pub const REGISTRY_CHECK: Duration = Duration::from_millis(100);
+/// Most lookup plans kept (all are dropped when one more would not fit).
+const MAX_PLANS: usize = 1024;
+/// The largest feature list (bytes of its texts, about) whose plan is kept.
+const MAX_PLAN_KEY: usize = 16 << 10;
 
 /// The definitions the server answers from, re-read when the registry file changes.
 ///
@@ -13,12 +22,20 @@ use quiver_sdk::{Definitions, FileRegistry};
 /// never takes the server down: the last good definitions stay, the failure is logged
 /// once per change of the file and counted (`quiver_registry_errors_total`), and
 /// `quiver_registry_stale` is 1 until a good registry is read again.
+///
+/// It also keeps the lookup [`Plan`]s built from the definitions in use, by the
+/// feature list a request names, so a server resolves each distinct list once per
+/// registry version.
 #[derive(Debug)]
 pub struct RegistryCache {
     registry: FileRegistry,
     project: String,
     cached: RwLock<Cached>,
     errors: AtomicU64,
+    /// When the file was last looked at: milliseconds since `born`.
+    born: Instant,
+    checked_ms: AtomicU64,
+    plans: RwLock<Plans>,
 }
 
 #[derive(Debug)]
@@ -30,6 +47,98 @@ struct Cached {
     version: u64,
     /// Why the file's current content is not in use, when it is not.
     stale: Option<String>,
+}
+
+/// What a request names its features by: a list of `view:feature` texts, or a
+/// feature service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked<'a> {
+    Features(&'a [&'a str]),
+    Service(&'a str),
+}
+
+/// A kept plan's key: what was asked, and whether columns get full names.
+#[derive(Debug, PartialEq, Eq)]
+struct PlanKey {
+    features: Option<Vec<String>>,
+    service: String,
+    full_names: bool,
+}
+
+/// A request's key, looked up without building a [`PlanKey`].
+struct Probe<'a>(Asked<'a>, bool);
+
+/// Both hash as (full names, kind, each text), so a probe finds its key.
+impl std::hash::Hash for PlanKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.full_names.hash(h);
+        match &self.features {
+            Some(list) => {
+                0u8.hash(h);
+                list.len().hash(h);
+                list.iter().for_each(|f| f.as_str().hash(h));
+            }
+            None => {
+                1u8.hash(h);
+                self.service.as_str().hash(h);
+            }
+        }
+    }
+}
+
+impl std::hash::Hash for Probe<'_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.1.hash(h);
+        match self.0 {
+            Asked::Features(list) => {
+                0u8.hash(h);
+                list.len().hash(h);
+                list.iter().for_each(|f| f.hash(h));
+            }
+            Asked::Service(name) => {
+                1u8.hash(h);
+                name.hash(h);
+            }
+        }
+    }
+}
+
+impl hashbrown::Equivalent<PlanKey> for Probe<'_> {
+    fn equivalent(&self, key: &PlanKey) -> bool {
+        self.1 == key.full_names
+            && match (self.0, &key.features) {
+                (Asked::Features(list), Some(kept)) => list.len() == kept.len() && list.iter().zip(kept).all(|(a, b)| *a == b),
+                (Asked::Service(name), None) => name == key.service,
+                _ => false,
+            }
+    }
+}
+
+impl Probe<'_> {
+    fn key(&self) -> PlanKey {
+        match self.0 {
+            Asked::Features(list) => {
+                PlanKey { features: Some(list.iter().map(|f| (*f).to_string()).collect()), service: String::new(), full_names: self.1 }
+            }
+            Asked::Service(name) => PlanKey { features: None, service: name.to_string(), full_names: self.1 },
+        }
+    }
+
+    /// The bytes its key would hold.
+    fn size(&self) -> usize {
+        match self.0 {
+            Asked::Features(list) => list.iter().map(|f| f.len() + 24).sum(),
+            Asked::Service(name) => name.len(),
+        }
+    }
+}
+
+/// Lookup plans of one set of definitions.
+#[derive(Debug, Default)]
+struct Plans {
+    /// The definitions the plans were built from.
+    defs: Option<Arc<Definitions>>,
+    by_key: hashbrown::HashMap<PlanKey, Arc<Plan>>,
 }
 
 impl RegistryCache {
@@ -44,11 +153,59 @@ impl RegistryCache {
             project: project.to_string(),
             cached: RwLock::new(Cached { mtime, defs: Arc::new(doc.definitions), version: doc.version, stale: None }),
             errors: AtomicU64::new(0),
+            born: Instant::now(),
+            checked_ms: AtomicU64::new(0),
+            plans: RwLock::default(),
         })
     }
 
-    /// The current definitions: re-read when the file's modification time changed;
-    /// the last good ones when the file cannot be read.
+    /// The definitions, looking at the file only when it was last looked at more
+    /// than [`REGISTRY_CHECK`] ago: an apply reaches lookups within that time (a
+    /// lookup naming a view, feature or service it does not know looks at once,
+    /// through [`Self::current`]). Saves the lookup path a `stat` per request.
+    pub fn recent(&self) -> Arc<Definitions> {
+        let now = self.millis();
+        if now < self.checked_ms.load(Ordering::Relaxed).saturating_add(REGISTRY_CHECK.as_millis() as u64) {
+            return self.cached.read().expect("registry lock").defs.clone();
+        }
+        self.current()
+    }
+
+    fn millis(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The plan for `asked` under `defs` (which [`Self::recent`] or [`Self::current`]
+    /// answered): kept from an earlier request, or built by `build` and kept when it
+    /// is built.
+    ///
+    /// # Errors
+    /// `build`'s; an error is not kept.
+    pub fn plan<E>(
+        &self,
+        defs: &Arc<Definitions>,
+        asked: Asked<'_>,
+        full_names: bool,
+        build: impl FnOnce() -> Result<Plan, E>,
+    ) -> Result<Arc<Plan>, E> {
+        let probe = Probe(asked, full_names);
+        {
+            let plans = self.plans.read().expect("plans lock");
+            if let Some(plan) = plans.defs.as_ref().filter(|d| Arc::ptr_eq(d, defs)).and_then(|_| plans.by_key.get(&probe)) {
+                return Ok(plan.clone());
+            }
+        }
+        let plan = Arc::new(build()?);
+        if probe.size() <= MAX_PLAN_KEY {
+            let mut plans = self.plans.write().expect("plans lock");
+            if !plans.defs.as_ref().is_some_and(|d| Arc::ptr_eq(d, defs)) || plans.by_key.len() >= MAX_PLANS {
+                *plans = Plans { defs: Some(defs.clone()), ..Plans::default() };
+            }
+            plans.by_key.insert(probe.key(), plan.clone());
+        }
+        Ok(plan)
+    }
+
     /// The registry's applies, oldest first (version, time, changes), read from the
     /// file; empty when it cannot be read.
     pub fn history(&self) -> Vec<quiver_sdk::registry::HistoryEntry> {
@@ -60,7 +217,10 @@ impl RegistryCache {
         self.cached.read().expect("registry lock").version
     }
 
+    /// The current definitions: re-read when the file's modification time changed;
+    /// the last good ones when the file cannot be read.
     pub fn current(&self) -> Arc<Definitions> {
+        self.checked_ms.store(self.millis(), Ordering::Relaxed);
         let mtime = mtime_of(self.registry.path());
         {
             let cached = self.cached.read().expect("registry lock");
@@ -116,4 +276,48 @@ impl RegistryCache {
 
 fn mtime_of(path: &std::path::Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{Asked, RegistryCache};
+    use crate::lookup::Plan;
+
+    /// A plan is kept per (what was asked, naming, definitions) and built again for
+    /// anything else, lists that run together included.
+    #[test]
+    fn plans_are_kept_by_what_was_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = RegistryCache::new(dir.path().join("registry.json"), "p").unwrap();
+        let defs = cache.current();
+        let builds = std::cell::Cell::new(0);
+        let plan = |defs: &Arc<quiver_sdk::Definitions>, asked, full| {
+            cache
+                .plan(defs, asked, full, || {
+                    builds.set(builds.get() + 1);
+                    Plan::new(defs, Vec::new(), full)
+                })
+                .unwrap()
+        };
+        let first = plan(&defs, Asked::Features(&["a:b", "c:d"]), false);
+        assert!(Arc::ptr_eq(&first, &plan(&defs, Asked::Features(&["a:b", "c:d"]), false)));
+        assert_eq!(builds.get(), 1);
+        for (asked, full) in [
+            (Asked::Features(&["a:b", "c:d"][..]), true),
+            (Asked::Features(&["a:bc:d"]), false),
+            (Asked::Features(&["a:b"]), false),
+            (Asked::Features(&["c:d", "a:b"]), false),
+            (Asked::Service("a:b"), false),
+        ] {
+            let before = builds.get();
+            plan(&defs, asked, full);
+            assert_eq!(builds.get(), before + 1, "{asked:?} {full}");
+        }
+        // Other definitions (a registry read again): built again.
+        let other = Arc::new(defs.as_ref().clone());
+        plan(&other, Asked::Features(&["a:b", "c:d"]), false);
+        assert_eq!(builds.get(), 7);
+    }
 }
