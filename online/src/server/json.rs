@@ -3,7 +3,7 @@
 use quiver_sdk::encoding::Value;
 use quiver_sdk::rows::write_rfc3339;
 
-use crate::lookup::Column;
+use crate::lookup::{Column, Status};
 
 /// The `/get-online-features` answer, written straight into one buffer: building a
 /// `serde_json::Value` tree first costs an allocation per value, which dominates the
@@ -36,12 +36,8 @@ pub(super) fn response_json(columns: &[Column]) -> Vec<u8> {
         }
         out.extend_from_slice(br#"],"statuses":["#);
         for (j, s) in c.statuses.iter().enumerate() {
-            if j > 0 {
-                out.push(b',');
-            }
-            out.push(b'"');
-            out.extend_from_slice(s.as_str().as_bytes());
-            out.push(b'"');
+            // `"PRESENT",` and the like, the comma dropped for the first.
+            out.extend_from_slice(&quoted(*s)[usize::from(j == 0)..]);
         }
         out.extend_from_slice(br#"],"event_timestamps":["#);
         // Features of one view share their rows' times: copy the previous column's text.
@@ -68,9 +64,27 @@ pub(super) fn response_json(columns: &[Column]) -> Vec<u8> {
     out
 }
 
+/// `,"STATUS"`: a status as JSON after a comma.
+fn quoted(s: Status) -> &'static [u8] {
+    match s {
+        Status::Present => br#","PRESENT""#,
+        Status::NullValue => br#","NULL_VALUE""#,
+        Status::NotFound => br#","NOT_FOUND""#,
+        Status::OutsideMaxAge => br#","OUTSIDE_MAX_AGE""#,
+    }
+}
+
 /// `s` as a JSON string.
 pub fn json_str(out: &mut Vec<u8>, s: &str) {
-    serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
+    // Most names and strings need no escape: copied as they are.
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.reserve(s.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
+    }
 }
 
 /// One value as JSON. Floats always carry a decimal point (`50.0`), as Feast's client
@@ -149,16 +163,17 @@ mod tests {
             Value::ListString(vec!["a".into(), "b\"".into()]),
         ];
         let n = values.len();
+        const ALL: [Status; 4] = [Status::Present, Status::NullValue, Status::NotFound, Status::OutsideMaxAge];
         let times: Vec<Option<i64>> = (0..n).map(|i| (i % 2 == 0).then_some(i as i64 * 1_000_001)).collect();
         let column = |name: &str, values: Vec<Value>, times: Vec<Option<i64>>| Column {
             name: name.into(),
             values,
-            statuses: vec![Status::Present; n],
+            statuses: (0..n).map(|i| ALL[i % 4]).collect(),
             event_ts: times,
         };
         // Two columns with the same times (one view), then one with other times.
         let columns = vec![
-            column("f\"1", values.clone(), times.clone()),
+            column("f\"1\u{1}\\ é", values.clone(), times.clone()),
             column("g", values.clone(), times.clone()),
             column("h", values.clone(), times.iter().map(|t| t.map(|t| t + 7)).collect()),
         ];
@@ -169,13 +184,13 @@ mod tests {
             json!({
                 "values": [null, -7, i64::MIN, f(f64::from(0.1f32)), 50.0, null, true, "quote\" and \u{e9}\n",
                            [0, 255], "2024-02-29T12:34:56.123Z", [1, -2], [1.0, 0.5], [2.0, null], ["a", "b\""]],
-                "statuses": vec!["PRESENT"; n],
+                "statuses": (0..n).map(|i| ALL[i % 4].as_str()).collect::<Vec<_>>(),
                 "event_timestamps": times.iter().map(|t| quiver_sdk::rows::format_instant(t.unwrap_or(0))).collect::<Vec<_>>(),
             })
         };
         let later: Vec<Option<i64>> = times.iter().map(|t| t.map(|t| t + 7)).collect();
         let want = json!({
-            "metadata": {"feature_names": ["f\"1", "g", "h"]},
+            "metadata": {"feature_names": ["f\"1\u{1}\\ é", "g", "h"]},
             "results": [result(&times), result(&times), result(&later)]
         });
         assert_eq!(parsed, want);

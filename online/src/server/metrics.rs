@@ -13,7 +13,7 @@ use super::limits::Limit;
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// (route, status) -> count.
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     /// Latency of /get-online-features.
     latency: Histogram<Latency>,
     pub(super) store_errors: AtomicU64,
@@ -67,8 +67,8 @@ impl Metrics {
         }
     }
 
-    pub(super) fn record(&self, route: &str, status: u16, elapsed: Duration) {
-        *self.requests.lock().expect("metrics lock").entry((route.to_string(), status)).or_default() += 1;
+    pub(super) fn record(&self, route: &'static str, status: u16, elapsed: Duration) {
+        *self.requests.lock().expect("metrics lock").entry((route, status)).or_default() += 1;
         if route == "/get-online-features" {
             self.latency.observe(elapsed.as_secs_f64());
         }

@@ -160,18 +160,18 @@ async fn guard(State(state): State<Arc<ServerState>>, request: Request, next: Ne
     let started = Instant::now();
     // Known routes by name; anything else counts as `other` (bounded metric labels).
     let path = request.uri().path();
-    let route = match path {
-        "/get-online-features"
-        | "/push"
-        | "/health"
-        | "/metrics"
-        | "/registry"
-        | "/api/registry"
-        | "/api/freshness"
-        | "/api/verify-reports" => path.to_string(),
-        p if p.starts_with("/api/statistics/") => "/api/statistics".to_string(),
-        p if ui::STATIC.contains(&p) => "/ui".to_string(),
-        _ => "other".to_string(),
+    let route: &'static str = match path {
+        "/get-online-features" => "/get-online-features",
+        "/push" => "/push",
+        "/health" => "/health",
+        "/metrics" => "/metrics",
+        "/registry" => "/registry",
+        "/api/registry" => "/api/registry",
+        "/api/freshness" => "/api/freshness",
+        "/api/verify-reports" => "/api/verify-reports",
+        p if p.starts_with("/api/statistics/") => "/api/statistics",
+        p if ui::STATIC.contains(&p) => "/ui",
+        _ => "other",
     };
     let response = match &state.auth_token {
         // Health checks (load balancers, probes) and the UI's static page need no token.
@@ -183,7 +183,7 @@ async fn guard(State(state): State<Arc<ServerState>>, request: Request, next: Ne
             Err(refusal) => refusal.into_response(),
         },
     };
-    state.metrics.record(&route, response.status().as_u16(), started.elapsed());
+    state.metrics.record(route, response.status().as_u16(), started.elapsed());
     response
 }
 
