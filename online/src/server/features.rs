@@ -263,6 +263,28 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
         }
     };
     let mut defs = state.registry.recent();
+    let columns = request.entities.as_ref().ok_or_else(|| bad("the request needs `entities`: {join_key: [values]}"))?;
+    // The bounds first, before any work (SPEC 13).
+    let asked = request.asked()?;
+    let n_features = match asked {
+        Asked::Features(list) => list.len(),
+        Asked::Service(name) => defs.feature_service(name).map_or(0, |s| s.features.len()),
+    };
+    for (_, values) in columns {
+        check_rows(&state.metrics, values.len())?;
+        let cells = values.len().saturating_mul(n_features);
+        if cells > state.limits.max_cells {
+            state.metrics.refused(Limit::MaxCells);
+            return Err(ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "{} entity rows x {n_features} features = {cells} values; at most {} per request (server.max_cells)",
+                    values.len(),
+                    state.limits.max_cells
+                ),
+            ));
+        }
+    }
     let plan = match plan(&state.registry, &defs, &request) {
         Ok(plan) => plan,
         // The registry may have changed since it was last looked at: look now.
@@ -275,27 +297,10 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
             plan(&state.registry, &defs, &request)?
         }
     };
-    let columns = request.entities.ok_or_else(|| bad("the request needs `entities`: {join_key: [values]}"))?;
-    for (_, values) in &columns {
-        check_rows(&state.metrics, values.len())?;
-        let cells = values.len().saturating_mul(plan.refs.len());
-        if cells > state.limits.max_cells {
-            state.metrics.refused(Limit::MaxCells);
-            return Err(ApiError(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "{} entity rows x {} features = {cells} values; at most {} per request (server.max_cells)",
-                    values.len(),
-                    plan.refs.len(),
-                    state.limits.max_cells
-                ),
-            ));
-        }
-    }
     let now = (state.clock)();
     let parsed = began.elapsed();
     let mut lookup = LookupPhases::default();
-    let result = state.store_call(plan.lookup(state.store.as_ref(), &state.project, &defs, &columns, now, &mut lookup)).await?;
+    let result = state.store_call(plan.lookup(state.store.as_ref(), &state.project, &defs, columns, now, &mut lookup)).await?;
     let encoding = Instant::now();
     let body = response_json(&result);
     state.metrics.phases(parsed, &lookup, encoding.elapsed());

@@ -192,7 +192,15 @@ async fn guard(State(state): State<Arc<ServerState>>, request: Request, next: Ne
 async fn read_body(state: &ServerState, request: Request) -> Result<Request, ApiError> {
     let (parts, body) = request.into_parts();
     let timeout = state.limits.request_timeout;
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+    let read = axum::body::to_bytes(body, MAX_BODY_BYTES);
+    tokio::pin!(read);
+    // A body that is here already (a small one comes with the headers) is read
+    // without arming a timer.
+    let read = match futures::poll!(read.as_mut()) {
+        std::task::Poll::Ready(bytes) => Ok(bytes),
+        std::task::Poll::Pending => tokio::time::timeout(timeout, read).await,
+    };
+    match read {
         Ok(Ok(bytes)) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
         Ok(Err(_)) => {
             state.metrics.refused(Limit::MaxBody);

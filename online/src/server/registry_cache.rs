@@ -263,7 +263,9 @@ impl RegistryCache {
         self.cached.read().expect("registry lock").stale.clone()
     }
 
+    /// Its families, the file looked at first (a scrape says how the file is now).
     pub(super) fn render_metrics(&self, out: &mut quiver_sdk::metrics::Exposition) {
+        self.current();
         out.counter("quiver_registry_errors_total", "Registry changes that could not be read.", &self.errors)
             .gauge(
                 "quiver_registry_stale",
