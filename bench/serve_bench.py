@@ -21,10 +21,16 @@ generates two driver views x 10 features with event times in the last hour, then
    that sends the same MGET and answers with quiver's own answer bytes, prepared
    before — no parsing, keys, decoding or JSON. Quiver's share of that floor is the
    part of the time that is its own work.
+6. with `--instructions` (needs valgrind), the user-space instructions each server
+   spends per request at each size, counted by cachegrind: quiver serve and the floor
+   each answer N1 and then N2 requests over one keep-alive connection, and the
+   difference over N2 - N1 is one request's work, start-up excluded. Unlike req/s on a
+   shared machine, the count is the same from run to run.
 
 Prints one table with the ratios. Needs wrk, redis-server, redis-benchmark on PATH.
 """
 import argparse
+import http.client
 import json
 import os
 import random
@@ -78,23 +84,59 @@ def redis_benchmark(port, command, n):
     return float(got["rps"]), float(got["p50_latency_ms"]), float(got["p99_latency_ms"])
 
 
-def floor(binary, redis_port, keys, answer, body, duration, work):
-    """(req/s, p50, p99) of the serve_floor example answering `body` with `answer` after
-    an MGET of `keys`, under the same wrk as the servers."""
+def floor_command(binary, redis_port, keys, answer, work, port):
+    """The serve_floor example's command line answering with `answer` after an MGET of `keys`."""
     keys_file, answer_file = os.path.join(work, "floor_keys.txt"), os.path.join(work, "floor_answer.json")
     with open(keys_file, "w") as fh:
         fh.write("\n".join(keys))
     with open(answer_file, "wb") as fh:
         fh.write(answer)
+    return [binary, f"redis://127.0.0.1:{redis_port}/0", str(port), keys_file, answer_file]
+
+
+def floor(binary, redis_port, keys, answer, body, duration, work):
+    """(req/s, p50, p99) of the serve_floor example answering `body` with `answer` after
+    an MGET of `keys`, under the same wrk as the servers."""
     port = free_port()
-    proc = subprocess.Popen([binary, f"redis://127.0.0.1:{redis_port}/0", str(port), keys_file, answer_file],
-                            stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(floor_command(binary, redis_port, keys, answer, work, port), stdout=subprocess.DEVNULL)
     try:
         wait_http(f"http://127.0.0.1:{port}/get-online-features", "serve_floor")
         return wrk(f"http://127.0.0.1:{port}/get-online-features", body, duration, work)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def instructions(command, port, body, counts, work):
+    """User-space instructions per request of the server `command` starts on `port`,
+    answering `body`: cachegrind's total for counts[1] requests less that for counts[0],
+    over the difference (start-up and shutdown cancel out)."""
+    totals = []
+    payload = json.dumps(body).encode()
+    for n in counts:
+        log = os.path.join(work, "cachegrind.log")
+        with open(log, "w") as err:
+            proc = subprocess.Popen(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", *command],
+                                    stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/get-online-features", "a server under cachegrind", timeout=120)
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            for _ in range(n):
+                conn.request("POST", "/get-online-features", payload, {"Content-Type": "application/json"})
+                answer = conn.getresponse()
+                answer.read()
+                if answer.status != 200:
+                    sys.exit(f"{command[0]} under cachegrind answered {answer.status}")
+            conn.close()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+        with open(log) as fh:
+            found = re.search(r"I\s+refs:\s+([\d,]+)", fh.read())
+        if not found:
+            sys.exit(f"cachegrind printed no instruction count for {command[0]} (see {log})")
+        totals.append(int(found.group(1).replace(",", "")))
+    return (totals[1] - totals[0]) / (counts[1] - counts[0])
 
 
 def quiver_repo(work, files, redis_port):
@@ -161,6 +203,8 @@ def main():
     ap.add_argument("--feast-workers", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     ap.add_argument("--floor", help="the serve_floor example binary: measure the read+write floor of each size")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count each server's instructions per request under cachegrind (needs valgrind and --floor)")
     args = ap.parse_args()
     quiver = os.path.abspath(args.quiver)
     feast = os.path.join(os.path.dirname(sys.executable), "feast")
@@ -231,6 +275,18 @@ def main():
                                   body, args.duration, work)
                 print(f"{n} entities: read+write floor {floors[n][0]:.0f} req/s p50 {floors[n][1]:.2f} ms p99 {floors[n][2]:.2f} ms",
                       flush=True)
+        counted = {}
+        if args.instructions:
+            for n, (n1, n2) in {1: (200, 1200), 10: (100, 600), 100: (50, 250)}.items():
+                body = {"entities": {"driver_id": ids[:n]}, "features": features}
+                keys = [f"quiver:servebench:{view}:i{i}" for view in VIEWS for i in ids[:n]]
+                answer = requests.post(qurl + "/get-online-features", json=body, timeout=30).content
+                port = free_port()
+                qi = instructions(q + ["serve", "--port", str(port)], port, body, (n1, n2), work)
+                port = free_port()
+                fi = instructions(floor_command(args.floor, rport, keys, answer, work, port), port, body, (n1, n2), work)
+                counted[n] = (qi, fi)
+                print(f"{n} entities: {qi:,.0f} instructions per request, the floor {fi:,.0f}", flush=True)
         # The HTTP part alone: quiver serve's /health (no store) under the same wrk.
         health = wrk(qurl + "/health", None, args.duration, work)
         # The serving log's cost: the same load on a second `quiver serve` that logs every
@@ -287,6 +343,13 @@ def main():
             print(f"| {n} | {qp50:.2f} / {qp99:.2f}, {qrps:,.0f} | {mp50:.3f} / {mp99:.3f}, {mrps:,.0f} | {qrps / mrps:.2f} | "
                   f"{qp99 - health[2]:+.2f} ms |" + floor_cells)
         print(f"/health under the same wrk: p50 {health[1]:.3f} ms, p99 {health[2]:.2f} ms, {health[0]:,.0f} req/s")
+        if counted:
+            print()
+            print("User-space instructions per request (cachegrind; the same from run to run):")
+            print("| entities | quiver | read+write floor | quiver / floor |")
+            print("|---|---|---|---|")
+            for n, (qi, fi) in counted.items():
+                print(f"| {n} | {qi:,.0f} | {fi:,.0f} | {qi / fi:.2f} |")
         print(f"redis-benchmark GET, 8 connections, same Redis: p50 {get[1]:.3f} ms, p99 {get[2]:.3f} ms, {get[0]:,.0f} req/s")
         print(f"materialize {written:,} rows into Redis: quiver {q_mat:.2f} s ({written / q_mat:,.0f} rows/s), "
               f"feast {f_mat:.2f} s ({written / f_mat:,.0f} rows/s), ratio {f_mat / q_mat:.1f}x")
