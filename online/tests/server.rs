@@ -153,6 +153,71 @@ async fn feast_shaped_answers_with_statuses() {
     assert_eq!(body["metadata"]["feature_names"], json!(["driver_id", "stats__rate"]));
 }
 
+/// Captures what the server hands its serving log.
+#[derive(Default)]
+struct Captured(std::sync::Mutex<Vec<quiver_online::serving_log::Served>>);
+
+impl quiver_online::serving_log::ServingLog for Captured {
+    fn log(&self, served: quiver_online::serving_log::Served) {
+        self.0.lock().unwrap().push(served);
+    }
+}
+
+/// Features of two views interleaved: each answer column holds its own feature's
+/// values, statuses and times (the answer is held per view, row by row, until it is
+/// written), and a serving log gets the same columns the client got.
+#[tokio::test]
+async fn interleaved_views_answer_each_feature_and_log_the_same() {
+    let f = fixture(None, None).await;
+    let log = Arc::new(Captured::default());
+    let logged = Arc::new(ServerState {
+        store: f.state.store.clone(),
+        registry: RegistryCache::new(f.registry_path.clone(), "p").unwrap(),
+        project: "p".into(),
+        auth_token: None,
+        metrics: Metrics::default(),
+        clock: Box::new(|| NOW),
+        offline: None,
+        serving_log: Some(log.clone()),
+        limits: quiver_online::server::Limits::default(),
+        insights: None,
+    });
+    let body = r#"{"entities": {"driver_id": [1, 2, 3, 9], "customer_id": ["c1", "c1", "c1", "c1"]},
+                   "features": ["stats:trips", "pair:n", "stats:rate", "stats:emb"]}"#;
+    let (status, answer) = features(&f.state, body).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (_, with_log) = features(&logged, body).await;
+    assert_eq!(answer, with_log, "the serving log changes nothing in the answer");
+    assert_eq!(answer["metadata"]["feature_names"], json!(["driver_id", "customer_id", "trips", "n", "rate", "emb"]));
+    let r = &answer["results"];
+    let (epoch, t7, t9, t10) = ("1970-01-01T00:00:00Z", "2024-01-01T07:00:00Z", "2024-01-01T09:00:00Z", "2024-01-01T10:00:00Z");
+    assert_eq!(r[1]["values"], json!(["c1", "c1", "c1", "c1"]));
+    assert_eq!(r[2]["values"], json!([7, null, 2, null]));
+    assert_eq!(r[2]["statuses"], json!(["PRESENT", "OUTSIDE_MAX_AGE", "PRESENT", "NOT_FOUND"]));
+    assert_eq!(r[2]["event_timestamps"], json!([t9, t7, t10, epoch]));
+    assert_eq!(r[3]["values"], json!([4, null, null, null]));
+    assert_eq!(r[3]["statuses"], json!(["PRESENT", "NOT_FOUND", "NOT_FOUND", "NOT_FOUND"]));
+    assert_eq!(r[3]["event_timestamps"], json!([t10, epoch, epoch, epoch]));
+    assert_eq!(r[4]["values"], json!([50.0, null, null, null]));
+    assert_eq!(r[4]["statuses"], json!(["PRESENT", "OUTSIDE_MAX_AGE", "NULL_VALUE", "NOT_FOUND"]));
+    assert_eq!(r[5]["values"], json!([[0.5, 1.0], null, null, null]));
+    assert_eq!(r[5]["statuses"], json!(["PRESENT", "OUTSIDE_MAX_AGE", "NULL_VALUE", "NOT_FOUND"]));
+    assert_eq!(r[5]["event_timestamps"], json!([t9, t7, t10, epoch]));
+    // The logged columns, written out here by hand, are the answer.
+    let served = log.0.lock().unwrap();
+    assert_eq!(served.len(), 1);
+    assert_eq!((served[0].n_keys, served[0].columns.len()), (2, 6));
+    for (i, c) in served[0].columns.iter().enumerate() {
+        assert_eq!(answer["metadata"]["feature_names"][i], json!(c.name));
+        let values: Vec<Json> =
+            c.values.iter().map(|v| serde_json::from_str(&quiver_online::server::json::value_json(v)).unwrap()).collect();
+        assert_eq!(r[i]["values"], json!(values), "{}", c.name);
+        assert_eq!(r[i]["statuses"], json!(c.statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>()), "{}", c.name);
+        let times: Vec<String> = c.event_ts.iter().map(|t| quiver_sdk::rows::format_instant(t.unwrap_or(0))).collect();
+        assert_eq!(r[i]["event_timestamps"], json!(times), "{}", c.name);
+    }
+}
+
 #[tokio::test]
 async fn services_and_composite_keys() {
     let f = fixture(None, None).await;
