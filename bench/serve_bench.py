@@ -25,7 +25,7 @@ generates two driver views x 10 features with event times in the last hour, then
    spends per request at each size, counted by cachegrind: quiver serve and the floor
    each answer N1 and then N2 requests over one keep-alive connection, and the
    difference over N2 - N1 is one request's work, start-up excluded. Unlike req/s on a
-   shared machine, the count is the same from run to run.
+   shared machine, the count moves by a few percent at most from run to run.
 
 Prints one table with the ratios. Needs wrk, redis-server, redis-benchmark on PATH.
 """
@@ -345,7 +345,7 @@ def main():
         print(f"/health under the same wrk: p50 {health[1]:.3f} ms, p99 {health[2]:.2f} ms, {health[0]:,.0f} req/s")
         if counted:
             print()
-            print("User-space instructions per request (cachegrind; the same from run to run):")
+            print("User-space instructions per request (cachegrind; within a few percent from run to run):")
             print("| entities | quiver | read+write floor | quiver / floor |")
             print("|---|---|---|---|")
             for n, (qi, fi) in counted.items():
