@@ -44,8 +44,9 @@ enum Features<'a> {
 /// rejected (Feast clients send `include_feature_view_version_metadata` and more).
 #[derive(Debug, serde::Deserialize)]
 struct TypedRequest<'a> {
+    /// Each value an integer that fits `i64` or a string.
     #[serde(default)]
-    entities: Option<TypedEntities>,
+    entities: Option<Ordered<Vec<TypedKey>>>,
     #[serde(default, borrow)]
     features: Option<Vec<&'a str>>,
     #[serde(default)]
@@ -54,12 +55,8 @@ struct TypedRequest<'a> {
     full_feature_names: Option<Json_>,
 }
 
-/// The entity map, in the order the client wrote it (the answer echoes the join keys
-/// in that order, as Feast does), each value an integer that fits `i64` or a string.
-#[derive(Debug)]
-struct TypedEntities(EntityColumns);
-
 /// One join-key value of the fast reading.
+#[derive(Debug)]
 struct TypedKey(KeyValue);
 
 impl<'de> serde::Deserialize<'de> for TypedKey {
@@ -87,47 +84,28 @@ impl<'de> serde::Deserialize<'de> for TypedKey {
     }
 }
 
-impl<'de> serde::Deserialize<'de> for TypedEntities {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = TypedEntities;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a map of join key to values")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TypedEntities, A::Error> {
-                let mut out = Vec::new();
-                while let Some((name, values)) = map.next_entry::<String, Vec<TypedKey>>()? {
-                    out.push((name, values.into_iter().map(|k| k.0).collect()));
-                }
-                Ok(TypedEntities(out))
-            }
-        }
-        d.deserialize_map(Visit)
-    }
-}
-
-/// The entity map of the checked reading, values as JSON.
+/// A JSON object's entries in the order written (the answer echoes the join keys in
+/// the client's order, as Feast does), duplicates kept.
 #[derive(Debug, Default)]
-struct OrderedEntities(Vec<(String, Json_)>);
+struct Ordered<V>(Vec<(String, V)>);
 
-impl<'de> serde::Deserialize<'de> for OrderedEntities {
+impl<'de, V: serde::Deserialize<'de>> serde::Deserialize<'de> for Ordered<V> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = OrderedEntities;
+        struct Visit<V>(std::marker::PhantomData<V>);
+        impl<'de, V: serde::Deserialize<'de>> serde::de::Visitor<'de> for Visit<V> {
+            type Value = Ordered<V>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a map of join key to values")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<OrderedEntities, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Ordered<V>, A::Error> {
                 let mut out = Vec::new();
-                while let Some(entry) = map.next_entry::<String, Json_>()? {
+                while let Some(entry) = map.next_entry::<String, V>()? {
                     out.push(entry);
                 }
-                Ok(OrderedEntities(out))
+                Ok(Ordered(out))
             }
         }
-        d.deserialize_map(Visit)
+        d.deserialize_map(Visit(std::marker::PhantomData))
     }
 }
 
@@ -135,7 +113,7 @@ impl<'de> serde::Deserialize<'de> for OrderedEntities {
 #[derive(Debug, serde::Deserialize)]
 struct CheckedRequest {
     #[serde(default)]
-    entities: Option<OrderedEntities>,
+    entities: Option<Ordered<Json_>>,
     #[serde(default)]
     features: Option<Json_>,
     #[serde(default)]
@@ -163,7 +141,7 @@ impl<'a> Parsed<'a> {
         // UTF-8 checked once for the body, not once per string.
         let r: TypedRequest<'a> = serde_json::from_str(std::str::from_utf8(body).ok()?).ok()?;
         Some(Parsed {
-            entities: r.entities.map(|e| e.0),
+            entities: r.entities.map(|e| e.0.into_iter().map(|(name, keys)| (name, keys.into_iter().map(|k| k.0).collect())).collect()),
             features: r.features.map(Features::List),
             service: service_of(r.feature_service),
             full_names: full_names_of(r.full_feature_names.as_ref()),
@@ -227,9 +205,8 @@ fn check_rows(metrics: &Metrics, rows: usize) -> Result<(), ApiError> {
 
 /// The plan of what `request` asks for under `defs`, after the checks a server makes
 /// beyond the lookup's own: no feature twice, no view that is offline only.
-fn plan(registry: &RegistryCache, defs: &Arc<Definitions>, request: &Parsed<'_>) -> Result<Arc<Plan>, ApiError> {
-    let asked = request.asked()?;
-    registry.plan(defs, asked, request.full_names, || {
+fn plan(registry: &RegistryCache, defs: &Arc<Definitions>, asked: Asked<'_>, full_names: bool) -> Result<Arc<Plan>, ApiError> {
+    registry.plan(defs, asked, full_names, || {
         let refs: Vec<FeatureRef> = match asked {
             Asked::Features(list) => list
                 .iter()
@@ -248,7 +225,7 @@ fn plan(registry: &RegistryCache, defs: &Arc<Definitions>, request: &Parsed<'_>)
                 return Err(bad(format!("feature `{r}`: feature view `{}` is offline only (`online: false`)", view.name)));
             }
         }
-        Plan::new(defs, refs, request.full_names).map_err(|e| bad(e.to_string()))
+        Plan::new(defs, refs, full_names).map_err(|e| bad(e.to_string()))
     })
 }
 
@@ -285,7 +262,7 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
             ));
         }
     }
-    let plan = match plan(&state.registry, &defs, &request) {
+    let plan = match plan(&state.registry, &defs, asked, request.full_names) {
         Ok(plan) => plan,
         // The registry may have changed since it was last looked at: look now.
         Err(e) => {
@@ -294,7 +271,7 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
                 return Err(e);
             }
             defs = current;
-            plan(&state.registry, &defs, &request)?
+            plan(&state.registry, &defs, asked, request.full_names)?
         }
     };
     let now = (state.clock)();

@@ -60,76 +60,59 @@ pub enum Asked<'a> {
 /// A kept plan's key: what was asked, and whether columns get full names.
 #[derive(Debug, PartialEq, Eq)]
 struct PlanKey {
-    features: Option<Vec<String>>,
-    service: String,
+    /// The feature texts, or the one name of a service.
+    texts: Vec<String>,
+    service: bool,
     full_names: bool,
 }
 
 /// A request's key, looked up without building a [`PlanKey`].
 struct Probe<'a>(Asked<'a>, bool);
 
-/// Both hash as (full names, kind, each text), so a probe finds its key.
+impl Probe<'_> {
+    /// (service, texts): what the key holds.
+    fn parts(&self) -> (bool, &[&str]) {
+        match &self.0 {
+            Asked::Features(list) => (false, list),
+            Asked::Service(name) => (true, std::slice::from_ref(name)),
+        }
+    }
+
+    fn key(&self) -> PlanKey {
+        let (service, texts) = self.parts();
+        PlanKey { texts: texts.iter().map(|t| (*t).to_string()).collect(), service, full_names: self.1 }
+    }
+
+    /// The bytes its key would hold, about.
+    fn size(&self) -> usize {
+        self.parts().1.iter().map(|t| t.len() + 24).sum()
+    }
+}
+
+/// Both hash as (full names, service, each text), so a probe finds its key.
+fn hash_key<H: std::hash::Hasher>(h: &mut H, full_names: bool, service: bool, texts: impl ExactSizeIterator<Item = impl AsRef<str>>) {
+    use std::hash::Hash;
+    (full_names, service, texts.len()).hash(h);
+    texts.for_each(|t| t.as_ref().hash(h));
+}
+
 impl std::hash::Hash for PlanKey {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.full_names.hash(h);
-        match &self.features {
-            Some(list) => {
-                0u8.hash(h);
-                list.len().hash(h);
-                list.iter().for_each(|f| f.as_str().hash(h));
-            }
-            None => {
-                1u8.hash(h);
-                self.service.as_str().hash(h);
-            }
-        }
+        hash_key(h, self.full_names, self.service, self.texts.iter());
     }
 }
 
 impl std::hash::Hash for Probe<'_> {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.1.hash(h);
-        match self.0 {
-            Asked::Features(list) => {
-                0u8.hash(h);
-                list.len().hash(h);
-                list.iter().for_each(|f| f.hash(h));
-            }
-            Asked::Service(name) => {
-                1u8.hash(h);
-                name.hash(h);
-            }
-        }
+        let (service, texts) = self.parts();
+        hash_key(h, self.1, service, texts.iter());
     }
 }
 
 impl hashbrown::Equivalent<PlanKey> for Probe<'_> {
     fn equivalent(&self, key: &PlanKey) -> bool {
-        self.1 == key.full_names
-            && match (self.0, &key.features) {
-                (Asked::Features(list), Some(kept)) => list.len() == kept.len() && list.iter().zip(kept).all(|(a, b)| *a == b),
-                (Asked::Service(name), None) => name == key.service,
-                _ => false,
-            }
-    }
-}
-
-impl Probe<'_> {
-    fn key(&self) -> PlanKey {
-        match self.0 {
-            Asked::Features(list) => {
-                PlanKey { features: Some(list.iter().map(|f| (*f).to_string()).collect()), service: String::new(), full_names: self.1 }
-            }
-            Asked::Service(name) => PlanKey { features: None, service: name.to_string(), full_names: self.1 },
-        }
-    }
-
-    /// The bytes its key would hold.
-    fn size(&self) -> usize {
-        match self.0 {
-            Asked::Features(list) => list.iter().map(|f| f.len() + 24).sum(),
-            Asked::Service(name) => name.len(),
-        }
+        let (service, texts) = self.parts();
+        self.1 == key.full_names && service == key.service && texts.iter().eq(key.texts.iter())
     }
 }
 
