@@ -55,6 +55,13 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def page_faults(pid):
+    """Minor page faults so far: pages the process touched for the first time, or again
+    after its allocator handed them back to the system."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[7])
+
+
 def quantile(m, q):
     """From the cumulative histogram buckets, linear inside the bucket."""
     buckets = sorted(
@@ -174,7 +181,7 @@ feature_views:
             m = metrics(mport)
             if m:
                 if t_first is None and m["quiver_stream_consumed_total"] > 0:
-                    t_first, cpu_first = time.perf_counter(), cpu_seconds(proc.pid)
+                    t_first, cpu_first, faults_first = time.perf_counter(), cpu_seconds(proc.pid), page_faults(proc.pid)
                     others_first = {k: cpu_seconds(pid) for k, pid in others.items()}
                 if m["quiver_stream_appended_offline_total"] >= args.events and m["quiver_stream_written_online_total"] > 0:
                     break
@@ -185,13 +192,15 @@ feature_views:
             sys.exit("throughput run did not finish in 30 min")
         elapsed = time.perf_counter() - t_first
         cpu = cpu_seconds(proc.pid) - cpu_first
+        faults = page_faults(proc.pid) - faults_first
         spent = {k: cpu_seconds(pid) - others_first[k] for k, pid in others.items()}
         m = metrics(mport)
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         print(f"throughput: {args.events:,} events into Redis and Delta in {elapsed:.2f} s = "
               f"{args.events / elapsed:,.0f} events/s; quiver used {cpu:.1f} CPU-s = {args.events / cpu:,.0f} events per CPU-second "
-              f"({m['quiver_stream_batches_total']:.0f} batches, {m['quiver_stream_retries_total']:.0f} retries)", flush=True)
+              f"({m['quiver_stream_batches_total']:.0f} batches, {m['quiver_stream_retries_total']:.0f} retries, "
+              f"{faults:,} page faults)", flush=True)
         beside = sum(spent.values())
         print(f"beside it, the broker used {spent['tansu']:.1f} CPU-s and Redis {spent['redis']:.1f} CPU-s: with quiver costing "
               f"nothing, {os.cpu_count()} cores would stream at most {args.events * os.cpu_count() / beside:,.0f} events/s "

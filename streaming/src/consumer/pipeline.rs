@@ -71,7 +71,9 @@ impl Pipeline {
         self.floors.lock().expect("floors lock").get(&(i, partition)).copied()
     }
 
-    pub(super) fn add(&mut self, topic: &str, partition: i32, offset: i64, key: Option<&[u8]>, payload: Option<&[u8]>) {
+    /// Reads one message into the batch; `latest` is the latest event time accepted
+    /// (the wall clock, read at most a few milliseconds before, plus `max_future_skew`).
+    pub(super) fn add(&mut self, topic: &str, partition: i32, offset: i64, key: Option<&[u8]>, payload: Option<&[u8]>, latest: i64) {
         let batch = &mut self.batch;
         // The key is allocated once per partition and batch, not per message.
         match batch.consumed.iter_mut().find(|((t, p), _)| *p == partition && t == topic) {
@@ -91,7 +93,6 @@ impl Pipeline {
         self.pending += 1;
         let Some(views) = self.by_topic.get(topic) else { return };
         let payload = payload.unwrap_or_default();
-        let latest = self.config.event_horizon(chrono::Utc::now().timestamp_micros());
         let mut reason = None;
         let mut replayed = true;
         for &i in views {
