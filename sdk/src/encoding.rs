@@ -215,13 +215,18 @@ fn from_order_bytes(b: [u8; 8]) -> i64 {
 impl OnlineRow {
     /// Packs the row.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(32 + self.values.len() * 9);
-        out.extend_from_slice(&order_bytes(self.event_ts));
-        out.extend_from_slice(&order_bytes(self.created_ts));
+        OnlineRow::encode_parts(self.event_ts, self.created_ts, self.fingerprint, &self.values)
+    }
+
+    /// Packs a row from its parts, borrowing the values (no [`OnlineRow`] to build).
+    pub fn encode_parts(event_ts: i64, created_ts: i64, fingerprint: u64, values: &[Value]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(32 + values.len() * 9);
+        out.extend_from_slice(&order_bytes(event_ts));
+        out.extend_from_slice(&order_bytes(created_ts));
         out.push(FORMAT);
-        out.extend_from_slice(&self.fingerprint.to_le_bytes());
-        out.extend_from_slice(&(self.values.len() as u32).to_le_bytes());
-        for v in &self.values {
+        out.extend_from_slice(&fingerprint.to_le_bytes());
+        out.extend_from_slice(&(values.len() as u32).to_le_bytes());
+        for v in values {
             write_value(&mut out, v);
         }
         out

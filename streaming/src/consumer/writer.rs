@@ -47,9 +47,10 @@ pub(super) struct Batch {
     pub(super) views: Vec<usize>,
     /// Per view (same order as `views`): good rows.
     pub(super) rows: Vec<Vec<ViewRow>>,
-    /// Per view: rows of messages its table already holds (read again after a crash or
-    /// a rebalance). An event log rebuilds their entities' online records, which a
-    /// crash may have left without them.
+    /// Per view (online views only): rows of messages its table already holds (read
+    /// again after a crash or a rebalance). A crash may have come after the Delta
+    /// commit and before the online write: they are written online again, and an event
+    /// log rebuilds their entities' online records.
     pub(super) replayed: Vec<Vec<ViewRow>>,
     pub(super) dead: Vec<DeadLetter>,
     /// Highest offset read per (topic, partition).
@@ -141,31 +142,51 @@ impl Writer {
         Ok(outcome)
     }
 
-    /// Writes view `i`'s rows of the batch: 2. online, through the guarded write (not
-    /// for offline-only views); 3. offline, with the partitions' last offsets in the
-    /// same commit, after the progress this consumer knows of (else another member
-    /// took over: fenced).
+    /// Writes view `i`'s rows of the batch, online (through the guarded write; not for
+    /// offline-only views) and to Delta (with the partitions' last offsets in the same
+    /// commit, after the progress this consumer knows of, else another member took
+    /// over: fenced) at the same time, on two threads: each half waits on its own
+    /// store, and one after the other they were the stream's slowest step. A crash
+    /// between the two leaves rows in Delta that are not online; the next start reads
+    /// them again as rows of messages the table already holds, and writes those online
+    /// (the guarded write takes a row it already has as a no-op).
     fn write_view(&self, batch: &mut Batch, i: usize) -> Result<Written> {
         let view = batch.view(i).clone();
         let rows: Vec<ViewRow> = std::mem::take(&mut batch.rows[i]);
         if view.is_event_log() {
             return self.write_event_log(batch, i, &view, rows);
         }
+        let replayed = std::mem::take(&mut batch.replayed[i]);
         let began = Instant::now();
-        if view.online {
-            let writes = quiver_online::WriteRow::of_rows(&self.config.project, &view, &rows);
-            let (rt, store) = (&self.rt, &self.store);
-            let Some(written) = retry(&self.options, &format!("writing `{}` online", view.name), || Ok(rt.block_on(store.write(&writes))?))
-            else {
-                return Ok(Written::Interrupted);
-            };
-            Metrics::add(&self.metrics.written_online, written);
-            self.observe_freshness(&rows);
+        let batch = &*batch;
+        let ((offline, offline_took), online) = std::thread::scope(|scope| {
+            let online = view.online.then(|| scope.spawn(|| (self.write_online(&view, &rows, &replayed), began.elapsed())));
+            let offline = if rows.is_empty() { Ok(Written::All) } else { self.append_offline(batch, i, &view, &rows) };
+            let offline_took = began.elapsed();
+            ((offline, offline_took), online.map(|h| h.join().expect("the online write does not panic")))
+        });
+        let online_took = online.map(|(_, took)| took);
+        tracing::debug!(view = %view.name, rows = rows.len(), replayed = replayed.len(), online = ?online_took, offline = ?offline_took, "batch written");
+        match offline? {
+            _ if online.is_some_and(|(written, _)| written.is_none()) => Ok(Written::Interrupted),
+            outcome => Ok(outcome),
         }
-        let online = began.elapsed();
-        let outcome = self.append_offline(batch, i, &view, &rows);
-        tracing::debug!(view = %view.name, rows = rows.len(), ?online, offline = ?(began.elapsed() - online), "batch written");
-        outcome
+    }
+
+    /// The online half of [`Writer::write_view`]: the batch's new rows and the rows read
+    /// again, retried until written; `None` when shutdown interrupted the retries.
+    fn write_online(&self, view: &FeatureView, rows: &[ViewRow], replayed: &[ViewRow]) -> Option<()> {
+        let project = &self.config.project;
+        let mut writes = quiver_online::WriteRow::of_rows(project, view, rows);
+        writes.extend(quiver_online::WriteRow::of_rows(project, view, replayed));
+        if writes.is_empty() {
+            return Some(());
+        }
+        let (rt, store) = (&self.rt, &self.store);
+        let written = retry(&self.options, &format!("writing `{}` online", view.name), || Ok(rt.block_on(store.write(&writes))?))?;
+        Metrics::add(&self.metrics.written_online, written);
+        self.observe_freshness(rows);
+        Some(())
     }
 
     fn observe_freshness(&self, rows: &[ViewRow]) {
