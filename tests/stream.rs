@@ -657,16 +657,22 @@ impl Drop for PrivateRedis {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stream_survives_redis_restart_without_loss() {
-    let Some((brokers, _)) = services("stream_survives_redis_restart_without_loss") else { return };
+/// A private Redis, a setup streaming into it, and a stream that has messages 0..400 in
+/// both stores.
+async fn streaming_400_on_a_private_redis(brokers: &str, tag: &str) -> (PrivateRedis, Setup, Streamer) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut redis = PrivateRedis::start(port);
-    let url = format!("redis://127.0.0.1:{port}/0");
-    let s = setup("sredis", &brokers, &url, 2).await;
+    let redis = PrivateRedis::start(port);
+    let s = setup(tag, brokers, &format!("redis://127.0.0.1:{port}/0"), 2).await;
     let streamer = start(&s, "a", &[]);
     produce(&s, 0..400, 2).await;
     wait_for_rows(&s, expected_rows(0..400).len(), &[&streamer]).await;
+    (redis, s, streamer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_survives_redis_restart_without_loss() {
+    let Some((brokers, _)) = services("stream_survives_redis_restart_without_loss") else { return };
+    let (mut redis, s, streamer) = streaming_400_on_a_private_redis(&brokers, "sredis").await;
     // Redis goes away; more messages arrive; nothing is committed while it is down: the
     // batch in flight may reach Delta (written beside the online write, which retries),
     // the batches after it wait.
@@ -694,13 +700,7 @@ async fn stream_survives_redis_restart_without_loss() {
 async fn a_crash_between_the_delta_commit_and_the_online_write_loses_nothing_online() {
     let test = "a_crash_between_the_delta_commit_and_the_online_write_loses_nothing_online";
     let Some((brokers, _)) = services(test) else { return };
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut redis = PrivateRedis::start(port);
-    let url = format!("redis://127.0.0.1:{port}/0");
-    let s = setup("sgap", &brokers, &url, 2).await;
-    let a = start(&s, "a", &[]);
-    produce(&s, 0..400, 2).await;
-    wait_for_rows(&s, expected_rows(0..400).len(), &[&a]).await;
+    let (mut redis, s, a) = streaming_400_on_a_private_redis(&brokers, "sgap").await;
     redis.stop();
     // One message per driver: whatever reaches Delta is its driver's latest.
     produce(&s, 400..400 + DRIVERS, 2).await;
@@ -708,7 +708,7 @@ async fn a_crash_between_the_delta_commit_and_the_online_write_loses_nothing_onl
     a.kill9();
     let (in_delta, _) = delta_rows(&s).await;
     // Redis comes back empty (no persistence): only the new messages are checked online.
-    let _redis = PrivateRedis::start(port);
+    let _redis = PrivateRedis::start(redis.port);
     let b = start(&s, "b", &[]);
     wait_for_rows(&s, expected_rows(0..400 + DRIVERS).len(), &[&b]).await;
     wait_online(&s, 400..400 + DRIVERS, &[&b]).await;

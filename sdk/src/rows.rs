@@ -110,15 +110,17 @@ enum SlotType {
 impl Slots {
     fn new<'a>(fields: impl Iterator<Item = (&'a str, SlotType)>) -> Slots {
         let mut names: Vec<String> = Vec::new();
+        let mut seen: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         let mut of_field = Vec::new();
         let mut types = Some(Vec::new());
         for (name, ty) in fields {
-            let slot = match names.iter().position(|n| n == name) {
-                Some(slot) => {
+            let slot = match seen.get(name) {
+                Some(&slot) => {
                     types = None;
                     slot
                 }
                 None => {
+                    seen.insert(name, names.len());
                     names.push(name.to_string());
                     if let Some(types) = &mut types {
                         types.push(ty);
@@ -739,30 +741,32 @@ mod tests {
     fn reading_into_slots_matches_reading_through_a_json_object() {
         use rand::{Rng, SeedableRng};
         let plain = defs();
-        let shared = Definitions::default()
-            .with_entity(Entity::new("trip").with_join_key("driver_id", KeyType::Int64).with_join_key("trip_id", KeyType::String))
-            .with_feature_view(
-                FeatureView::new("trips")
+        // Two views of trips, timed by `ts` and created at `created`: in the first a
+        // feature is named `created` too (two fields read one slot: no typed path).
+        let trips = |name: &str, features: &[(&str, DType)]| {
+            let view = features.iter().fold(
+                FeatureView::new(name)
                     .with_entity("trip")
-                    .with_source(Source::new().with_timestamp_field("ts").with_created_timestamp_field("created"))
-                    .with_feature("created", DType::Timestamp)
-                    .with_feature("name", DType::String)
-                    .with_feature("ok", DType::Bool)
-                    .with_feature("ids", DType::List(ListElement::Int64)),
+                    .with_source(Source::new().with_timestamp_field("ts").with_created_timestamp_field("created")),
+                |view, (f, dtype)| view.with_feature(*f, *dtype),
             );
-        let typed = Definitions::default()
-            .with_entity(Entity::new("trip").with_join_key("driver_id", KeyType::Int64).with_join_key("trip_id", KeyType::String))
-            .with_feature_view(
-                FeatureView::new("typed")
-                    .with_entity("trip")
-                    .with_source(Source::new().with_timestamp_field("ts").with_created_timestamp_field("created"))
-                    .with_feature("name", DType::String)
-                    .with_feature("ok", DType::Bool)
-                    .with_feature("when", DType::Timestamp)
-                    .with_feature("f32", DType::Float32)
-                    .with_feature("i32", DType::Int32)
-                    .with_feature("ids", DType::List(ListElement::Int64)),
-            );
+            Definitions::default()
+                .with_entity(Entity::new("trip").with_join_key("driver_id", KeyType::Int64).with_join_key("trip_id", KeyType::String))
+                .with_feature_view(view)
+        };
+        let ids = ("ids", DType::List(ListElement::Int64));
+        let shared = trips("trips", &[("created", DType::Timestamp), ("name", DType::String), ("ok", DType::Bool), ids]);
+        let typed = trips(
+            "typed",
+            &[
+                ("name", DType::String),
+                ("ok", DType::Bool),
+                ("when", DType::Timestamp),
+                ("f32", DType::Float32),
+                ("i32", DType::Int32),
+                ids,
+            ],
+        );
         let readers = [
             RowReader::new(&plain, &plain.feature_views[0]),
             RowReader::new(&shared, &shared.feature_views[0]),
