@@ -6,22 +6,23 @@
 //! holds `batch_rows` messages or is `batch_interval` old:
 //!
 //! 1. bad messages go to `<topic>.dlq` with the reason and source in headers;
-//! 2. good rows go through the guarded online write;
-//! 3. good rows are appended to each view's Delta table in one commit that also records,
-//!    as Delta `txn` actions (`quiver-stream/<view>/<topic>/<partition>`), the last
-//!    offset of each partition it covers;
-//! 4. only then are the offsets committed to Kafka.
+//! 2. good rows go through the guarded online write and, at the same time, are
+//!    appended to each view's Delta table in one commit that also records, as Delta
+//!    `txn` actions (`quiver-stream/<view>/<topic>/<partition>`), the last offset of
+//!    each partition it covers;
+//! 3. only when both are done are the offsets committed to Kafka.
 //!
-//! Steps 1-3 run on the writer's thread ([`writer`]) while the consumer gathers the next
-//! batch; step 4 runs on the consumer's thread when the writer reports the batch in
+//! Steps 1-2 run on the writer's thread ([`writer`]; the online write on a second one)
+//! while the consumer gathers the next batch; step 3 runs on the consumer's thread when the writer reports the batch in
 //! both stores. At most one batch is written at a time, so batches land and commit in
 //! the order they were read; a batch that is due waits for the one in flight. A batch
 //! in flight that is fenced or interrupted takes the batch gathered after it along:
 //! both are read again.
 //!
 //! A crash anywhere replays from Kafka's committed offsets; messages at offsets the
-//! Delta table already recorded are not appended again (the online write is idempotent
-//! anyway), so no row is lost and none is written twice. A store or broker that fails
+//! Delta table already recorded are not appended again but are written online again
+//! (the crash may have come before their online write, which is idempotent), so no row
+//! is lost and none is written twice. A store or broker that fails
 //! is retried with backoff and nothing is committed meanwhile. On a rebalance the batch
 //! is flushed and committed before partitions are given up; on assignment the recorded
 //! offsets are read back from Delta. Setting `shutdown` (the CLI does on SIGINT/SIGTERM) flushes the current batch and stops.
