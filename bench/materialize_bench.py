@@ -24,6 +24,7 @@ keys Redis holds after the first materialization are one per entity.
 """
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -39,13 +40,20 @@ from benchlib import free_port, stop_all, wait_port
 US = 1_000_000
 
 
-def run(cmd):
+def run(cmd, env=None):
     began = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     secs = time.perf_counter() - began
     if res.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return secs, res.stdout + res.stderr
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds process `pid` has used so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def redis_cli(port, *args):
@@ -111,18 +119,25 @@ def main():
         run(q + ["apply"])
         run(q + ["ingest", "drivers", path])
         window = ["2000-01-01T00:00:00Z", "2100-01-01T00:00:00Z"]
-        fresh, again, limit, piped = [], [], [], []
+        fresh, again, limit, piped, writes = [], [], [], [], []
+        redis_pid = procs[0].pid
+        redis_cpu = {"quiver": [], "pipe": []}
         row_bytes = None
         for rep in range(args.reps):
             redis_cli(rport, "FLUSHALL")
-            secs, out = run(q + ["materialize", *window])
+            cpu = cpu_seconds(redis_pid)
+            # The debug line says how long the scan took and how long the writes.
+            secs, out = run(q + ["materialize", *window], env=dict(os.environ, QUIVER_LOG="quiver::materialize=debug"))
+            redis_cpu["quiver"].append(cpu_seconds(redis_pid) - cpu)
             keys = int(redis_cli(rport, "DBSIZE"))
             if keys != n:
                 sys.exit(f"Redis holds {keys} keys after materializing {n} entities:\n{out}")
             fresh.append(n / secs)
-            for line in out.splitlines():
-                if "scan_s" in line:  # with QUIVER_LOG=quiver=debug: where the time went
-                    print(line.strip(), flush=True)
+            phases = re.search(r"scan_s=([\d.]+) encode_and_write_s=([\d.]+)", re.sub(r"\x1b\[[0-9;]*m", "", out))
+            if not phases:
+                sys.exit(f"quiver materialize printed no phase timings:\n{out}")
+            writes.append(n / float(phases.group(2)))
+            print(f"rep {rep + 1}: scan {float(phases.group(1)):.2f} s, encode and write {float(phases.group(2)):.2f} s", flush=True)
             secs, _ = run(q + ["materialize", *window])
             again.append(n / secs)
             if row_bytes is None:
@@ -134,19 +149,25 @@ def main():
             header, fields = ([f.strip('"') for f in line.split(",")] for line in bench.strip().splitlines()[:2])
             limit.append(float(dict(zip(header, fields))["rps"]))
             redis_cli(rport, "FLUSHALL")
+            cpu = cpu_seconds(redis_pid)
             piped.append(n / mass_insert(rport, work, n, row_bytes))
+            redis_cpu["pipe"].append(cpu_seconds(redis_pid) - cpu)
             print(f"rep {rep + 1}: materialize into an empty Redis {fresh[-1]:,.0f} rows/s, over its own rows "
                   f"{again[-1]:,.0f} rows/s; redis-benchmark SET -P 64 {limit[-1]:,.0f}/s; "
                   f"redis-cli --pipe SET NX PXAT {piped[-1]:,.0f}/s", flush=True)
         f, a, lim, pipe = statistics.median(fresh), statistics.median(again), statistics.median(limit), statistics.median(piped)
+        w = statistics.median(writes)
         print()
         print(f"write-bound materialization, {n:,} entities x 1 row x 8 features ({row_bytes} bytes a row), "
               f"{os.cpu_count()} cores, median of {args.reps}")
         print(f"{'case':<48} {'rows/s':>12} {'vs SET -P 64':>13} {'vs the same SETs':>17}")
         print(f"{'quiver materialize, empty Redis':<48} {f:>12,.0f} {f / lim:>12.2f}x {f / pipe:>16.2f}x")
+        print(f"{'  of which the writes alone (after the scan)':<48} {w:>12,.0f} {w / lim:>12.2f}x {w / pipe:>16.2f}x")
         print(f"{'quiver materialize, every key overwritten':<48} {a:>12,.0f} {a / lim:>12.2f}x")
         print(f"{'redis-benchmark SET -P 64 (no guard, no TTL)':<48} {lim:>12,.0f} {1:>12.2f}x")
         print(f"{'redis-cli --pipe: SET NX PXAT, one per entity':<48} {pipe:>12,.0f} {pipe / lim:>12.2f}x {1:>16.2f}x")
+        print(f"Redis's own CPU per 1M writes: under quiver materialize {statistics.median(redis_cpu['quiver']) * 1e6 / n:.2f} s, "
+              f"under redis-cli --pipe {statistics.median(redis_cpu['pipe']) * 1e6 / n:.2f} s")
     finally:
         stop_all(procs, timeout=30)
         shutil.rmtree(work, ignore_errors=True)

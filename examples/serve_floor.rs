@@ -11,6 +11,10 @@
 //! core), HTTP stack and allocator. What is left is the HTTP server, the store round
 //! trip and the answer's bytes through the kernel: the most any server built this way
 //! can answer at that size on this machine.
+//!
+//! With `QUIVER_FLOOR_PER_CORE=1` it serves thread-per-core instead: one current-thread
+//! runtime per core, each with its own `SO_REUSEPORT` listener and store connection (the
+//! layout issue #19 asked about; measured against the default in bench/RESULTS.md).
 
 use std::sync::Arc;
 
@@ -46,6 +50,34 @@ fn main() -> anyhow::Result<()> {
     let keys: Vec<String> = std::fs::read_to_string(keys)?.lines().map(str::to_string).collect();
     let body = axum::body::Bytes::from(std::fs::read(body)?);
     let port: u16 = port.parse()?;
+    // QUIVER_FLOOR_PER_CORE=1: one current-thread runtime per core, each with its own
+    // SO_REUSEPORT listener and store connection (the thread-per-core layout).
+    if std::env::var("QUIVER_FLOOR_PER_CORE").is_ok_and(|v| v == "1") {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let threads: Vec<_> = (0..cores)
+            .map(|_| {
+                let (url, keys, body) = (url.clone(), keys.clone(), body.clone());
+                std::thread::spawn(move || {
+                    tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async move {
+                        let store = RedisStore::connect(&url).await?;
+                        let app = Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor { store, keys, body }));
+                        let socket = tokio::net::TcpSocket::new_v4()?;
+                        socket.set_reuseport(true)?;
+                        socket.bind(([127, 0, 0, 1], port).into())?;
+                        let listener = socket.listen(1024)?.tap_io(|tcp| {
+                            let _ = tcp.set_nodelay(true);
+                        });
+                        axum::serve(listener, app).await?;
+                        anyhow::Ok(())
+                    })
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a serving thread")?;
+        }
+        return Ok(());
+    }
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let store = RedisStore::connect(url).await?;
         let app = Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor { store, keys, body }));
