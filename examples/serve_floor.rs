@@ -50,8 +50,6 @@ fn main() -> anyhow::Result<()> {
     let keys: Vec<String> = std::fs::read_to_string(keys)?.lines().map(str::to_string).collect();
     let body = axum::body::Bytes::from(std::fs::read(body)?);
     let port: u16 = port.parse()?;
-    // QUIVER_FLOOR_PER_CORE=1: one current-thread runtime per core, each with its own
-    // SO_REUSEPORT listener and store connection (the thread-per-core layout).
     if std::env::var("QUIVER_FLOOR_PER_CORE").is_ok_and(|v| v == "1") {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let threads: Vec<_> = (0..cores)
