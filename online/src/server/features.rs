@@ -281,9 +281,10 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
     let encoding = Instant::now();
     let body = response_json(&result);
     state.metrics.phases(parsed, &lookup, encoding.elapsed());
-    if let Some(log) = &state.serving_log {
+    match &state.serving_log {
         // After the answer is written: the log gets the columns, the client the bytes.
-        log.log(Served { request_time: now, defs, refs: plan.refs.clone(), n_keys: columns.len(), columns: result });
+        Some(log) => log.log(Served { request_time: now, defs, refs: plan.refs.clone(), n_keys: columns.len(), columns: result }),
+        None => crate::lookup::recycle(result),
     }
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
