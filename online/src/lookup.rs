@@ -460,3 +460,27 @@ fn feature_columns(
     }
     columns
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A column taken after others were handed back holds nothing of theirs: the name
+    /// given and no values, statuses or times; columns too large to keep are dropped.
+    #[test]
+    fn a_recycled_column_starts_empty() {
+        let full = |name: &str, n: usize| Column {
+            name: name.to_string(),
+            values: vec![Value::String("left over".into()); n],
+            statuses: vec![Status::OutsideMaxAge; n],
+            event_ts: vec![Some(7); n],
+        };
+        recycle(vec![full("a_long_old_name", 3), full("big", SPARE_ROWS + 1)]);
+        let c = new_column("x", 2);
+        assert_eq!((c.name.as_str(), c.values.len(), c.statuses.len(), c.event_ts.len()), ("x", 0, 0, 0));
+        assert!(c.values.capacity() >= 2 && c.values.capacity() < SPARE_ROWS, "the small column was reused, the big one dropped");
+        let keys = key_column("id", &[KeyValue::Int(1), KeyValue::Str("b".into())]);
+        assert_eq!(keys.values, vec![Value::Int64(1), Value::String("b".into())]);
+        assert_eq!((keys.statuses, keys.event_ts), (vec![Status::Present; 2], vec![None; 2]));
+    }
+}
