@@ -13,8 +13,8 @@
 //! 3. only when both are done are the offsets committed to Kafka.
 //!
 //! Steps 1-2 run on the writer's thread ([`writer`]; the online write on a second one)
-//! while the consumer gathers the next batch; step 3 runs on the consumer's thread when the writer reports the batch in
-//! both stores. At most one batch is written at a time, so batches land and commit in
+//! while the consumer gathers the next batch; step 3 runs on the consumer's thread when
+//! the writer reports the batch in both stores. At most one batch is written at a time, so batches land and commit in
 //! the order they were read; a batch that is due waits for the one in flight. A batch
 //! in flight that is fenced or interrupted takes the batch gathered after it along:
 //! both are read again.
@@ -22,8 +22,7 @@
 //! A crash anywhere replays from Kafka's committed offsets; messages at offsets the
 //! Delta table already recorded are not appended again but are written online again
 //! (the crash may have come before their online write, which is idempotent), so no row
-//! is lost and none is written twice. A store or broker that fails
-//! is retried with backoff and nothing is committed meanwhile. On a rebalance the batch
+//! is lost and none is written twice. A store or broker that fails is retried with backoff and nothing is committed meanwhile. On a rebalance the batch
 //! is flushed and committed before partitions are given up; on assignment the recorded
 //! offsets are read back from Delta. Setting `shutdown` (the CLI does on SIGINT/SIGTERM) flushes the current batch and stops.
 //!
