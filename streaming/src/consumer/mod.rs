@@ -22,9 +22,11 @@
 //! A crash anywhere replays from Kafka's committed offsets; messages at offsets the
 //! Delta table already recorded are not appended again but are written online again
 //! (the crash may have come before their online write, which is idempotent), so no row
-//! is lost and none is written twice. A store or broker that fails is retried with backoff and nothing is committed meanwhile. On a rebalance the batch
-//! is flushed and committed before partitions are given up; on assignment the recorded
-//! offsets are read back from Delta. Setting `shutdown` (the CLI does on SIGINT/SIGTERM) flushes the current batch and stops.
+//! is lost and none is written twice. A store or broker that fails is retried with
+//! backoff and nothing is committed meanwhile. On a rebalance the batch is flushed and
+//! committed before partitions are given up; on assignment the recorded offsets are
+//! read back from Delta. Setting `shutdown` (the CLI does on SIGINT/SIGTERM) flushes
+//! the current batch and stops.
 //!
 //! Faults (SPEC §13):
 //! - A consumer that lost its partitions while holding a batch (paused past the
