@@ -277,15 +277,21 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
     let now = (state.clock)();
     let parsed = began.elapsed();
     let mut lookup = LookupPhases::default();
-    let result = state.store_call(plan.lookup(state.store.as_ref(), &state.project, &defs, columns, now, &mut lookup)).await?;
-    let encoding = Instant::now();
-    let body = response_json(&result);
-    state.metrics.phases(parsed, &lookup, encoding.elapsed());
-    match &state.serving_log {
-        // After the answer is written: the log gets the columns, the client the bytes.
-        Some(log) => log.log(Served { request_time: now, defs, refs: plan.refs.clone(), n_keys: columns.len(), columns: result }),
-        None => crate::lookup::recycle(result),
-    }
+    let (store, project) = (state.store.as_ref(), &state.project);
+    let body = match &state.serving_log {
+        // No columns needed: the answer is written straight from the stored rows.
+        None => state.store_call(plan.answer_json(store, project, &defs, columns, now, &mut lookup)).await?,
+        Some(log) => {
+            let result = state.store_call(plan.lookup(store, project, &defs, columns, now, &mut lookup)).await?;
+            let encoding = Instant::now();
+            let body = response_json(&result);
+            lookup.encode = encoding.elapsed();
+            // After the answer is written: the log gets the columns, the client the bytes.
+            log.log(Served { request_time: now, defs, refs: plan.refs.clone(), n_keys: columns.len(), columns: result });
+            body
+        }
+    };
+    state.metrics.phases(parsed, &lookup);
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 

@@ -8,7 +8,7 @@ use crate::lookup::{Column, Status};
 /// The `/get-online-features` answer, written straight into one buffer: building a
 /// `serde_json::Value` tree first costs an allocation per value, which dominates the
 /// server's time at 100 entities x 20 features.
-pub(super) fn response_json(columns: &[Column]) -> Vec<u8> {
+pub(crate) fn response_json(columns: &[Column]) -> Vec<u8> {
     // A cell is about 60 bytes (a value, `"PRESENT",` and a 27-character time): sized
     // once, so a 100 KB answer is not copied as it grows.
     let cells: usize = columns.iter().map(|c| c.values.len()).sum();
@@ -65,7 +65,7 @@ pub(super) fn response_json(columns: &[Column]) -> Vec<u8> {
 }
 
 /// `,"STATUS"`: a status as JSON after a comma.
-fn quoted(s: Status) -> &'static [u8] {
+pub(crate) fn quoted(s: Status) -> &'static [u8] {
     match s {
         Status::Present => br#","PRESENT""#,
         Status::NullValue => br#","NULL_VALUE""#,

@@ -26,7 +26,8 @@ pub struct Metrics {
 
 /// The phases of a `/get-online-features` answer: the request parsed and checked, the
 /// features resolved and the store keys built, the store's round trip, the stored rows
-/// decoded into columns, the JSON answer encoded. (What remains of
+/// decoded (without a serving log: each value written as JSON as it is decoded), the
+/// JSON answer put together. (What remains of
 /// `quiver_request_seconds` is reading the body and the middleware; the socket write
 /// comes after the handler and shows only in the client's latency.)
 pub const PHASES: [&str; 5] = ["parse", "keys", "store", "decode", "encode"];
@@ -61,8 +62,8 @@ impl Metrics {
     }
 
     /// The phases of one answered `/get-online-features`.
-    pub(super) fn phases(&self, parse: Duration, lookup: &crate::lookup::LookupPhases, encode: Duration) {
-        for (h, d) in self.phases.iter().zip([parse, lookup.keys, lookup.store, lookup.decode, encode]) {
+    pub(super) fn phases(&self, parse: Duration, lookup: &crate::lookup::LookupPhases) {
+        for (h, d) in self.phases.iter().zip([parse, lookup.keys, lookup.store, lookup.decode, lookup.encode]) {
             h.observe(d.as_secs_f64());
         }
     }

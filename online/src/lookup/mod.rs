@@ -10,6 +10,8 @@ use quiver_sdk::{Definitions, FeatureRef, FeatureView, KeyType};
 use crate::error::{Error, Result};
 use crate::store::OnlineStore;
 
+mod json;
+
 /// The status of one value (Feast's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -62,55 +64,11 @@ pub struct Column {
     pub event_ts: Vec<Option<i64>>,
 }
 
-/// Columns most requests hold: their vectors are kept for the next lookup on the same
-/// thread ([`recycle`]) instead of being freed and allocated again (four allocations
-/// per feature per request). Bounded: at most [`SPARE_COLUMNS`] columns of at most
-/// [`SPARE_ROWS`] rows each.
-const SPARE_COLUMNS: usize = 256;
-const SPARE_ROWS: usize = 1024;
-
-thread_local! {
-    static SPARE: std::cell::RefCell<Vec<Column>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// An empty column named `name` with room for `n` rows, from the thread's spare ones
-/// when there is one.
-fn new_column(name: &str, n: usize) -> Column {
-    let spare = SPARE.with(|s| s.borrow_mut().pop());
-    match spare {
-        Some(mut c) => {
-            c.name.clear();
-            c.name.push_str(name);
-            c.values.reserve(n);
-            c.statuses.reserve(n);
-            c.event_ts.reserve(n);
-            c
-        }
-        None => Column {
-            name: name.to_string(),
-            values: Vec::with_capacity(n),
-            statuses: Vec::with_capacity(n),
-            event_ts: Vec::with_capacity(n),
-        },
+impl Column {
+    /// An empty column named `name` with room for `n` rows.
+    fn empty(name: &str, n: usize) -> Column {
+        Column { name: name.to_string(), values: Vec::with_capacity(n), statuses: Vec::with_capacity(n), event_ts: Vec::with_capacity(n) }
     }
-}
-
-/// Hands an answer's columns back once written, for the next lookup on this thread.
-pub fn recycle(columns: Vec<Column>) {
-    SPARE.with(|s| {
-        let mut spare = s.borrow_mut();
-        for mut c in columns {
-            if spare.len() == SPARE_COLUMNS {
-                break;
-            }
-            if c.values.capacity() <= SPARE_ROWS {
-                c.values.clear();
-                c.statuses.clear();
-                c.event_ts.clear();
-                spare.push(c);
-            }
-        }
-    });
 }
 
 /// Earlier layouts of one view met in a lookup: for each schema fingerprint, where each
@@ -170,8 +128,11 @@ pub struct LookupPhases {
     pub keys: std::time::Duration,
     /// The store round trip.
     pub store: std::time::Duration,
-    /// Decoding the stored rows and records into the answer's columns.
+    /// Decoding the stored rows and records into the answer's columns (the direct
+    /// answer, [`Plan::answer_json`]: into each feature's JSON text).
     pub decode: std::time::Duration,
+    /// Writing the JSON answer.
+    pub encode: std::time::Duration,
 }
 
 /// [`get_online_features`], recording the time of its phases in `phases`.
@@ -385,7 +346,7 @@ fn answer_records(view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> V
 /// Aggregation `feature` of an event log for each entity: PRESENT, or NULL_VALUE for a
 /// null value; the event time is the latest event in the window (epoch 0 when none).
 fn aggregation_column(k: usize, name: &str, answers: &[Option<Answer>]) -> Column {
-    let mut column = new_column(name, answers.len());
+    let mut column = Column::empty(name, answers.len());
     for answer in answers {
         let (value, status, ts) = match answer {
             None => (Value::Null, Status::NotFound, None),
@@ -403,7 +364,7 @@ fn aggregation_column(k: usize, name: &str, answers: &[Option<Answer>]) -> Colum
 
 /// A join-key column of the answer, the keys as given.
 fn key_column(name: &str, values: &[KeyValue]) -> Column {
-    let mut column = new_column(name, values.len());
+    let mut column = Column::empty(name, values.len());
     column.values.extend(values.iter().map(|v| match v {
         KeyValue::Int(i) => Value::Int64(*i),
         KeyValue::Str(s) => Value::String(s.clone()),
@@ -413,11 +374,67 @@ fn key_column(name: &str, values: &[KeyValue]) -> Column {
     column
 }
 
-/// The requested features of a plain view for each stored row, judged at `now` against
-/// the TTL: one pass over the rows, each decoded once into one reused buffer, only the
-/// requested values built, each moved into its column (cloned only for a feature
-/// requested twice). A row written under another layout of the view is read by name;
-/// one that cannot be read is `NOT_FOUND`.
+/// A plain view's stored row as read at `now`.
+#[derive(Debug, Clone, Copy)]
+enum Row {
+    /// No row, or one that cannot be read: `NOT_FOUND`.
+    Missing,
+    /// Older than the view's TTL (its event time): `OUTSIDE_MAX_AGE`, the values null.
+    Expired(i64),
+    /// Its values are in the decode buffer (its event time): `PRESENT`, or `NULL_VALUE`
+    /// for a null.
+    Live(i64),
+}
+
+impl Row {
+    fn event_ts(self) -> Option<i64> {
+        match self {
+            Row::Missing => None,
+            Row::Expired(ts) | Row::Live(ts) => Some(ts),
+        }
+    }
+}
+
+/// Reads the stored rows of one plain view: each decoded once into one reused buffer,
+/// only the requested values built; a row written under another layout of the view is
+/// read by name, one that cannot be read is missing. Judged at `now` against the TTL.
+struct RowReader<'a> {
+    defs: &'a Definitions,
+    view: &'a FeatureView,
+    planned: &'a ViewPlan,
+    ttl_us: Option<i64>,
+    now: i64,
+    layouts: Layouts,
+}
+
+impl<'a> RowReader<'a> {
+    fn new(defs: &'a Definitions, view: &'a FeatureView, planned: &'a ViewPlan, now: i64) -> RowReader<'a> {
+        RowReader { defs, view, planned, ttl_us: view.ttl_us(), now, layouts: Layouts::default() }
+    }
+
+    /// Reads `bytes` (`None`: no row stored) into `values`, in the view's feature order.
+    fn read(&mut self, bytes: Option<&[u8]>, values: &mut Vec<Value>) -> Row {
+        let (print, keep) = (self.planned.fingerprint, &self.planned.keep);
+        let event_ts = bytes.and_then(|bytes| {
+            let (event_ts, created_ts, written) = OnlineRow::decode_into(bytes, Some((print, keep)), values).ok()?;
+            if written == print && values.len() == self.view.features.len() {
+                return Some(event_ts);
+            }
+            // A row written before the view's features changed: read by name.
+            let row = OnlineRow { event_ts, created_ts, fingerprint: written, values: std::mem::take(values) };
+            *values = self.layouts.conform(self.defs, self.view, row)?.values;
+            Some(event_ts)
+        });
+        match event_ts {
+            None => Row::Missing,
+            Some(ts) if self.ttl_us.is_some_and(|ttl| self.now.saturating_sub(ts) > ttl) => Row::Expired(ts),
+            Some(ts) => Row::Live(ts),
+        }
+    }
+}
+
+/// The requested features of a plain view for each stored row, judged at `now`: each
+/// value moved into its column (cloned only for a feature requested twice).
 fn feature_columns(
     defs: &Definitions,
     view: &FeatureView,
@@ -427,60 +444,25 @@ fn feature_columns(
     now: i64,
 ) -> Vec<Column> {
     let n = stored.len();
-    let mut columns: Vec<Column> = planned.wanted.iter().map(|&(j, _)| new_column(&names[j], n)).collect();
-    let (print, keep, shared) = (planned.fingerprint, &planned.keep, &planned.shared);
-    let ttl_us = view.ttl_us();
-    let mut layouts = Layouts::default();
+    let mut columns: Vec<Column> = planned.wanted.iter().map(|&(j, _)| Column::empty(&names[j], n)).collect();
+    let mut reader = RowReader::new(defs, view, planned, now);
     let mut values: Vec<Value> = Vec::new();
     for bytes in stored {
-        let event_ts = bytes.as_ref().and_then(|bytes| {
-            let (event_ts, created_ts, written) = OnlineRow::decode_into(bytes, Some((print, keep)), &mut values).ok()?;
-            if written == print && values.len() == view.features.len() {
-                return Some(event_ts);
-            }
-            // A row written before the view's features changed: read by name.
-            let row = OnlineRow { event_ts, created_ts, fingerprint: written, values: std::mem::take(&mut values) };
-            values = layouts.conform(defs, view, row)?.values;
-            Some(event_ts)
-        });
-        for ((column, &(_, k)), &shared) in columns.iter_mut().zip(&planned.wanted).zip(shared) {
-            let (value, status, ts) = match event_ts {
-                None => (Value::Null, Status::NotFound, None),
-                Some(ts) if ttl_us.is_some_and(|ttl| now.saturating_sub(ts) > ttl) => (Value::Null, Status::OutsideMaxAge, Some(ts)),
-                Some(ts) => match &mut values[k] {
-                    Value::Null => (Value::Null, Status::NullValue, Some(ts)),
-                    v if shared => (v.clone(), Status::Present, Some(ts)),
-                    v => (std::mem::replace(v, Value::Null), Status::Present, Some(ts)),
+        let row = reader.read(bytes.as_deref(), &mut values);
+        for ((column, &(_, k)), &shared) in columns.iter_mut().zip(&planned.wanted).zip(&planned.shared) {
+            let (value, status) = match row {
+                Row::Missing => (Value::Null, Status::NotFound),
+                Row::Expired(_) => (Value::Null, Status::OutsideMaxAge),
+                Row::Live(_) => match &mut values[k] {
+                    Value::Null => (Value::Null, Status::NullValue),
+                    v if shared => (v.clone(), Status::Present),
+                    v => (std::mem::replace(v, Value::Null), Status::Present),
                 },
             };
             column.values.push(value);
             column.statuses.push(status);
-            column.event_ts.push(ts);
+            column.event_ts.push(row.event_ts());
         }
     }
     columns
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A column taken after others were handed back holds nothing of theirs: the name
-    /// given and no values, statuses or times; columns too large to keep are dropped.
-    #[test]
-    fn a_recycled_column_starts_empty() {
-        let full = |name: &str, n: usize| Column {
-            name: name.to_string(),
-            values: vec![Value::String("left over".into()); n],
-            statuses: vec![Status::OutsideMaxAge; n],
-            event_ts: vec![Some(7); n],
-        };
-        recycle(vec![full("a_long_old_name", 3), full("big", SPARE_ROWS + 1)]);
-        let c = new_column("x", 2);
-        assert_eq!((c.name.as_str(), c.values.len(), c.statuses.len(), c.event_ts.len()), ("x", 0, 0, 0));
-        assert!(c.values.capacity() >= 2 && c.values.capacity() < SPARE_ROWS, "the small column was reused, the big one dropped");
-        let keys = key_column("id", &[KeyValue::Int(1), KeyValue::Str("b".into())]);
-        assert_eq!(keys.values, vec![Value::Int64(1), Value::String("b".into())]);
-        assert_eq!((keys.statuses, keys.event_ts), (vec![Status::Present; 2], vec![None; 2]));
-    }
 }
