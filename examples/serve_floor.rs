@@ -15,6 +15,10 @@
 //! With `QUIVER_FLOOR_PER_CORE=1` it serves thread-per-core instead: one current-thread
 //! runtime per core, each with its own `SO_REUSEPORT` listener and store connection (the
 //! layout issue #19 asked about; measured against the default in bench/RESULTS.md).
+//!
+//! With `QUIVER_FLOOR_SPIN_NS=N` each request also spins N ns of CPU (half before the
+//! store call, half after): the floor made to cost what a server's own work costs, to
+//! see how the tail moves with CPU per request alone (`bench/serve_layouts.py --spins`).
 
 use std::sync::Arc;
 
@@ -33,10 +37,22 @@ struct Floor {
     store: RedisStore,
     keys: Vec<String>,
     body: axum::body::Bytes,
+    /// Busy CPU per request, split around the store call.
+    spin: std::time::Duration,
+}
+
+/// Spins the CPU for `d`.
+fn spin(d: std::time::Duration) {
+    let began = std::time::Instant::now();
+    while began.elapsed() < d {
+        std::hint::spin_loop();
+    }
 }
 
 async fn answer(State(floor): State<Arc<Floor>>, _request: axum::body::Bytes) -> impl IntoResponse {
+    spin(floor.spin / 2);
     let rows = floor.store.read(&floor.keys).await.expect("the store answers");
+    spin(floor.spin / 2);
     // The rows must have come back: a floor that reads nothing measures nothing.
     assert!(rows.iter().all(Option::is_some), "every key of the keys file is stored");
     ([(header::CONTENT_TYPE, "application/json")], floor.body.clone())
@@ -50,6 +66,7 @@ fn main() -> anyhow::Result<()> {
     let keys: Vec<String> = std::fs::read_to_string(keys)?.lines().map(str::to_string).collect();
     let body = axum::body::Bytes::from(std::fs::read(body)?);
     let port: u16 = port.parse()?;
+    let spin = std::time::Duration::from_nanos(std::env::var("QUIVER_FLOOR_SPIN_NS").map_or(Ok(0), |v| v.parse())?);
     if std::env::var("QUIVER_FLOOR_PER_CORE").is_ok_and(|v| v == "1") {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let threads: Vec<_> = (0..cores)
@@ -59,7 +76,7 @@ fn main() -> anyhow::Result<()> {
                     tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async move {
                         let store = RedisStore::connect(&url).await?;
                         let app =
-                            Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor { store, keys, body }));
+                            Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor { store, keys, body, spin }));
                         let socket = tokio::net::TcpSocket::new_v4()?;
                         socket.set_reuseport(true)?;
                         socket.bind(([127, 0, 0, 1], port).into())?;
@@ -79,7 +96,7 @@ fn main() -> anyhow::Result<()> {
     }
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let store = RedisStore::connect(url).await?;
-        let app = Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor { store, keys, body }));
+        let app = Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor { store, keys, body, spin }));
         // As `quiver serve`: no Nagle delay on small answers.
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
