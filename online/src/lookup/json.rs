@@ -160,13 +160,14 @@ impl Plan {
             parts.iter().zip(&self.names).map(|(p, name)| 64 + name.len() + p.values.len() + p.statuses.len() + times_of(p).len()).sum();
         let mut out = Vec::with_capacity(64 + keys + features);
         out.extend_from_slice(br#"{"metadata":{"feature_names":["#);
-        let names = entities.iter().map(|(name, _)| name.as_str()).chain(self.names.iter().map(String::as_str));
-        for (i, name) in names.enumerate() {
+        for (i, (name, _)) in entities.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
             json_str(&mut out, name);
         }
+        // The features' names, written once per plan: each after a comma.
+        out.extend_from_slice(&self.names_json[usize::from(entities.is_empty() && !self.names_json.is_empty())..]);
         out.extend_from_slice(br#"]},"results":["#);
         let mut first = true;
         let mut open = |out: &mut Vec<u8>| {

@@ -182,6 +182,8 @@ pub struct Plan {
     pub refs: Vec<FeatureRef>,
     /// Each feature's column name in the answer.
     names: Vec<String>,
+    /// The names as the answer's JSON writes them, each after a comma.
+    names_json: Vec<u8>,
     /// The views read, in order of first request; one store key per (view, row).
     views: Vec<ViewPlan>,
 }
@@ -242,7 +244,12 @@ impl Plan {
         for v in &mut views {
             v.shared = v.wanted.iter().enumerate().map(|(i, (_, k))| v.wanted[i + 1..].iter().any(|(_, l)| l == k)).collect();
         }
-        Ok(Plan { refs, names, views })
+        let mut names_json = Vec::new();
+        for name in &names {
+            names_json.push(b',');
+            crate::server::json::json_str(&mut names_json, name);
+        }
+        Ok(Plan { refs, names, names_json, views })
     }
 
     /// Reads the plan's features for every entity row at time `now` (UTC microseconds)
