@@ -75,8 +75,12 @@ fn main() -> anyhow::Result<()> {
                 std::thread::spawn(move || {
                     tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async move {
                         let store = RedisStore::connect(&url).await?;
-                        let app =
-                            Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor { store, keys, body, spin }));
+                        let app = Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor {
+                            store,
+                            keys,
+                            body,
+                            spin,
+                        }));
                         let socket = tokio::net::TcpSocket::new_v4()?;
                         socket.set_reuseport(true)?;
                         socket.bind(([127, 0, 0, 1], port).into())?;

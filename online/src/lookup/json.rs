@@ -12,7 +12,7 @@ use quiver_sdk::Definitions;
 use quiver_sdk::encoding::{KeyValue, Value};
 use quiver_sdk::rows::write_rfc3339;
 
-use super::{EntityColumns, LookupPhases, Plan, Row, RowReader, Status, answer_records, check_lengths};
+use super::{EntityColumns, LookupPhases, Plan, Row, RowReader, Status, answer_records};
 use crate::error::Result;
 use crate::server::json::{json_str, quoted, write_value};
 use crate::store::OnlineStore;
@@ -69,14 +69,7 @@ impl Plan {
         now: i64,
         phases: &mut LookupPhases,
     ) -> Result<Vec<u8>> {
-        let began = Instant::now();
-        let n = check_lengths(entities)?;
-        let keys = self.store_keys(project, defs, entities, n)?;
-        let sent = Instant::now();
-        phases.keys = sent - began;
-        let stored = store.read(&keys).await?;
-        let read = Instant::now();
-        phases.store = read - sent;
+        let (n, stored, read) = self.read_stored(store, project, defs, entities, phases).await?;
         Ok(SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             self.write_parts(&mut scratch, defs, &stored, n, now);

@@ -268,14 +268,7 @@ impl Plan {
         now: i64,
         phases: &mut LookupPhases,
     ) -> Result<Vec<Column>> {
-        let began = std::time::Instant::now();
-        let n = check_lengths(entities)?;
-        let keys = self.store_keys(project, defs, entities, n)?;
-        let sent = std::time::Instant::now();
-        phases.keys = sent - began;
-        let stored = store.read(&keys).await?;
-        let read = std::time::Instant::now();
-        phases.store = read - sent;
+        let (n, stored, read) = self.read_stored(store, project, defs, entities, phases).await?;
         // Each view's columns, put in request order.
         let mut columns: Vec<Option<Column>> = self.refs.iter().map(|_| None).collect();
         for (i, planned) in self.views.iter().enumerate() {
@@ -296,6 +289,27 @@ impl Plan {
         out.extend(columns.into_iter().map(|c| c.expect("every requested feature's view is read")));
         phases.decode = read.elapsed();
         Ok(out)
+    }
+
+    /// The stored rows of every (view, entity row), views in plan order, `n` rows each,
+    /// and when they came back; the keys and store phases recorded in `phases`.
+    async fn read_stored(
+        &self,
+        store: &dyn OnlineStore,
+        project: &str,
+        defs: &Definitions,
+        entities: &EntityColumns,
+        phases: &mut LookupPhases,
+    ) -> Result<(usize, Vec<Option<Vec<u8>>>, std::time::Instant)> {
+        let began = std::time::Instant::now();
+        let n = check_lengths(entities)?;
+        let keys = self.store_keys(project, defs, entities, n)?;
+        let sent = std::time::Instant::now();
+        phases.keys = sent - began;
+        let stored = store.read(&keys).await?;
+        let read = std::time::Instant::now();
+        phases.store = read - sent;
+        Ok((n, stored, read))
     }
 
     /// One store key per (view, row), views in plan order, after checking that every
