@@ -218,10 +218,18 @@ fn time(out: &mut Vec<u8>, row: usize, ts: i64) {
     if row > 0 {
         out.push(b',');
     }
+    // A key's time and a missing row's: copied, not computed.
+    if ts == 0 {
+        out.extend_from_slice(EPOCH);
+        return;
+    }
     out.push(b'"');
     write_rfc3339(out, ts);
     out.push(b'"');
 }
+
+/// `write_rfc3339` of 0, quoted (tested below).
+const EPOCH: &[u8] = br#""1970-01-01T00:00:00Z""#;
 
 #[cfg(test)]
 mod tests {
@@ -267,6 +275,14 @@ feature_views:
 "#;
     const NOW: i64 = 1_704_103_200_000_000;
     const MINUTE: i64 = 60_000_000;
+
+    #[test]
+    fn the_epoch_is_what_write_rfc3339_writes() {
+        let mut out = vec![b'"'];
+        quiver_sdk::rows::write_rfc3339(&mut out, 0);
+        out.push(b'"');
+        assert_eq!(out, super::EPOCH);
+    }
 
     /// A store that is a map: what was written is what is read.
     #[derive(Debug, Default)]
