@@ -5,7 +5,8 @@
 //! exit 1), that nothing was written, and that serving went on.
 //!
 //! The streaming faults (a paused consumer fenced, a dead letter the DLQ refuses, a
-//! registry change picked up) are in `tests/stream.rs`, beside the broker helpers.
+//! registry change picked up) are in `tests/stream/` (`groups.rs`, `edges.rs`), beside
+//! the broker helpers in its `main.rs`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

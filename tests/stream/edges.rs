@@ -1,0 +1,139 @@
+//! Edges of the stream: dead letters the dead-letter topic refuses, events from the
+//! future, offline-only views, and a registry changed while streaming.
+
+use super::*;
+
+/// A dead letter the dead-letter topic refuses (too large once the headers are added)
+/// does not stall the partition: after bounded retries it is sent cut short, with the
+/// original size in a header, and the messages after it are written. An event from the
+/// future is a dead letter too, and never reaches the online store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_dead_letters_and_future_events_do_not_stall_the_stream() {
+    let Some((brokers, redis)) = services("refused_dead_letters_and_future_events_do_not_stall_the_stream") else { return };
+    let s = setup("sbig", &brokers, &redis, 1).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // Fits the source topic (librdkafka's default message.max.bytes is 1,000,000), but
+    // not once the dead letter's headers are added.
+    let big = vec![b'x'; 999_850];
+    let future = br#"{"driver_id": 1, "event_timestamp": "9999-12-31T23:59:59Z", "fare": 1.0, "seq": -1, "city": "z"}"#.to_vec();
+    let mut payloads = vec![message(0).into_bytes(), big.clone(), future];
+    payloads.extend((1..50).filter(|&i| kind(i) == Kind::Good).map(|i| message(i).into_bytes()));
+    produce_raw(&s, &payloads).await;
+    let a = start_with(&s, "a", &[], &["--metrics-port", &port.to_string()]);
+    let good: Vec<i64> = (0..50).filter(|&i| kind(i) == Kind::Good).collect();
+    wait_for_rows(&s, good.len(), &[&a]).await;
+    let letters = {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &s.brokers)
+            .set("group.id", unique("dlqreader"))
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[&format!("{}.dlq", s.topic)]).unwrap();
+        let mut out = Vec::new();
+        let began = Instant::now();
+        while out.len() < 2 && began.elapsed() < WAIT {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+                let header = |name: &str| {
+                    m.headers()
+                        .and_then(|h| h.iter().find(|x| x.key == name))
+                        .and_then(|h| h.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                };
+                out.push((
+                    header("quiver.source.offset"),
+                    header("quiver.payload.truncated"),
+                    m.payload().map_or(0, <[u8]>::len),
+                    header("quiver.error"),
+                ));
+            }
+        }
+        out
+    };
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    let big_letter = letters.iter().find(|l| l.0.as_deref() == Some("1")).expect("the large message's dead letter");
+    assert_eq!(big_letter.1.as_deref(), Some("999850"), "the original size is recorded");
+    assert_eq!(big_letter.2, quiver::streaming::consumer::TRUNCATED_PAYLOAD_BYTES);
+    let future_letter = letters.iter().find(|l| l.0.as_deref() == Some("2")).expect("the future event's dead letter");
+    assert!(future_letter.3.as_deref().is_some_and(|r| r.contains("is in the future")), "{future_letter:?}");
+    let (_, body) = common::http(port, "GET", "/metrics", "");
+    assert_eq!(counter(&body, "quiver_stream_dead_letters_truncated_total"), 1.0);
+    assert!(a.log().contains("refused the dead letter"), "{}", a.log());
+    let (status, _) = a.stop();
+    assert!(status.success());
+    // Driver 1's online row is its real latest event, not the one from year 9999.
+    let store = RedisStore::connect(&s.redis).await.unwrap();
+    let row = store.read(&[store_key(&s.project, "trips", &[KeyValue::Int(1)])]).await.unwrap()[0].clone().unwrap();
+    assert_eq!(OnlineRow::decode(&row).unwrap().event_ts, BASE_TS + 41 * 1_000_000);
+}
+
+/// A view with `online: false` streams into Delta only; a feature added by `apply`
+/// while the stream runs is picked up without a restart (Delta gains the column, the
+/// online rows carry the value, the features already served stay served).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_views_get_no_online_writes_and_a_changed_registry_is_picked_up() {
+    let Some((brokers, redis)) = services("offline_views_get_no_online_writes_and_a_changed_registry_is_picked_up") else { return };
+    let s = setup("sreload", &brokers, &redis, 1).await;
+    let features = std::fs::read_to_string(s.dir.join("features.yaml")).unwrap();
+    let audit = format!(
+        "  - name: audit\n    entities: [driver]\n    online: false\n    source:\n      timestamp_field: event_timestamp\n      stream: {{topic: {}, format: json}}\n    features:\n      - {{name: fare, dtype: float64}}\n",
+        s.topic
+    );
+    let with_audit = format!("{features}{audit}");
+    std::fs::write(s.dir.join("features.yaml"), &with_audit).unwrap();
+    quiver_ok(&s.dir, &["apply"]);
+    // The metrics port follows the server's token rule.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let a = start_with(&s, "a", &[("QUIVER_SERVER_AUTH_TOKEN", "t0ken")], &["--metrics-port", &port.to_string()]);
+    produce(&s, 0..100, 1).await;
+    wait_for_rows(&s, expected_rows(0..100).len(), &[&a]).await;
+    let (status, _) = common::http(port, "GET", "/metrics", "");
+    assert!(status.contains("401"), "{status}");
+    let (code, body) = common::request(port, "GET", "/metrics", &[("Authorization", "Bearer t0ken")], "");
+    assert_eq!(code, 200);
+    assert!(body.contains("quiver_stream_consumed_total"), "{body}");
+    let store = RedisStore::connect(&s.redis).await.unwrap();
+    let keys: Vec<String> = (0..DRIVERS).map(|d| store_key(&s.project, "audit", &[KeyValue::Int(d)])).collect();
+    assert!(store.read(&keys).await.unwrap().iter().all(Option::is_none), "an offline-only view has no online rows");
+    let repo = Repo::open(&s.dir).unwrap();
+    let defs = repo.applied().unwrap().definitions;
+    // `wait_for_rows` waited for the online view's table; the offline-only view's commit
+    // of the same micro-batch may land a moment later.
+    let mut audit_rows = 0;
+    for _ in 0..100 {
+        audit_rows = quiver::offline::historical::read_view(&repo.config, &defs, defs.feature_view("audit").unwrap())
+            .await
+            .unwrap()
+            .iter()
+            .map(|b| b.num_rows())
+            .sum();
+        if audit_rows >= expected_rows(0..100).len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(audit_rows, expected_rows(0..100).len(), "but every event is in its Delta table");
+
+    // A feature is added while the stream runs.
+    let added = with_audit
+        .replace("      - {name: city, dtype: string}\n", "      - {name: city, dtype: string}\n      - {name: tip, dtype: float64}\n");
+    assert_ne!(added, with_audit);
+    std::fs::write(s.dir.join("features.yaml"), &added).unwrap();
+    quiver_ok(&s.dir, &["apply"]);
+    wait_until("the stream reloading the registry", &[&a], || a.log().contains("definitions reloaded"));
+    let ts = chrono::DateTime::from_timestamp_micros(BASE_TS + 500 * 1_000_000).unwrap().to_rfc3339();
+    let tipped = format!(r#"{{"driver_id": 3, "event_timestamp": "{ts}", "fare": 2.5, "seq": 500, "city": "c1", "tip": 0.75}}"#);
+    produce_raw(&s, &[tipped.into_bytes()]).await;
+    wait_for_rows(&s, expected_rows(0..100).len() + 1, &[&a]).await;
+    let (status, _) = a.stop();
+    assert!(status.success(), "{}", a_log_or(&s));
+    let row = store.read(&[store_key(&s.project, "trips", &[KeyValue::Int(3)])]).await.unwrap()[0].clone().unwrap();
+    let row = OnlineRow::decode(&row).unwrap();
+    assert_eq!(row.values, vec![Value::Float64(2.5), Value::Int64(500), Value::String("c1".into()), Value::Float64(0.75)]);
+    // Driver 4's row was written before the feature existed: still served, tip null.
+    let out = quiver_ok(&s.dir, &["online", "--features", "trips:fare,trips:tip", "--entity", "driver_id=4"]);
+    let fare_line = out.lines().find(|l| l.starts_with("trips__fare")).unwrap();
+    assert!(fare_line.contains("PRESENT"), "{out}");
+    let tip_line = out.lines().find(|l| l.starts_with("trips__tip")).unwrap();
+    assert!(tip_line.contains("NULL_VALUE"), "{out}");
+}
