@@ -37,7 +37,7 @@ struct Scratch {
     parts: Vec<Part>,
     /// Per view of the plan: its rows' event times (plain views).
     times: Vec<Vec<u8>>,
-    /// One decoded row.
+    /// One decoded row (the last row's values stay until the next answer decodes).
     values: Vec<Value>,
 }
 
