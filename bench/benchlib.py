@@ -46,6 +46,13 @@ def time_v(cmd, cwd=None):
     return wall, cpu, rss, p.stdout, se
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds process `pid` (all its threads) has used so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wait_http(url, what, timeout=60):
     """Waits until `url` answers HTTP (any status), or exits naming `what`."""
     end = time.time() + timeout

@@ -37,7 +37,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from benchlib import free_port, stop_all, wait_port
+from benchlib import cpu_seconds, free_port, stop_all, wait_port
 
 US = 1_000_000
 
@@ -49,13 +49,6 @@ def run(cmd, env=None):
     if res.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return secs, res.stdout + res.stderr
-
-
-def cpu_seconds(pid):
-    """User + system CPU seconds process `pid` has used so far."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def redis_cli(port, *args):

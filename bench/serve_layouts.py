@@ -28,18 +28,8 @@ import shutil
 from datetime import datetime, timedelta, timezone
 
 import requests
-from benchlib import free_port, stop_all, wait_http, wait_port, wrk
+from benchlib import cpu_seconds, free_port, stop_all, wait_http, wait_port, wrk
 from serve_bench import VIEWS, floor_command, generate, quiver_repo, timed
-
-
-def cpu_seconds(pid):
-    """User + system CPU seconds of every thread of process `pid` so far."""
-    ticks = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def measure(cmd, env, url_of, body, duration, work):

@@ -38,7 +38,7 @@ from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from benchlib import free_port, stop_all, wait_port
+from benchlib import cpu_seconds, free_port, stop_all, wait_port
 
 
 def metrics(port):
@@ -53,12 +53,6 @@ def metrics(port):
         name, value = line.rsplit(" ", 1)
         out[name] = float(value)
     return out
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def page_faults(pid):

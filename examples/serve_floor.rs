@@ -52,6 +52,11 @@ fn spin(d: std::time::Duration) {
     }
 }
 
+/// The floor's one route.
+fn app(floor: Floor) -> Router {
+    Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(floor))
+}
+
 async fn answer(State(floor): State<Arc<Floor>>, _request: axum::body::Bytes) -> impl IntoResponse {
     spin(floor.spin / 2);
     let rows = floor.store.read(&floor.keys).await.expect("the store answers");
@@ -78,12 +83,7 @@ fn main() -> anyhow::Result<()> {
                 std::thread::spawn(move || {
                     tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async move {
                         let store = RedisStore::connect(&url).await?;
-                        let app = Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor {
-                            store,
-                            keys,
-                            body,
-                            spin,
-                        }));
+                        let app = app(Floor { store, keys, body, spin });
                         let socket = tokio::net::TcpSocket::new_v4()?;
                         socket.set_reuseport(true)?;
                         socket.bind(([127, 0, 0, 1], port).into())?;
@@ -103,7 +103,7 @@ fn main() -> anyhow::Result<()> {
     }
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
         let store = RedisStore::connect(url).await?;
-        let app = Router::new().route("/get-online-features", post(answer)).with_state(Arc::new(Floor { store, keys, body, spin }));
+        let app = app(Floor { store, keys, body, spin });
         // As `quiver serve`: no Nagle delay on small answers.
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
