@@ -14,10 +14,10 @@
 //!
 //! Steps 1-2 run on the writer's thread ([`writer`]; the online write on a second one)
 //! while the consumer gathers the next batch; step 3 runs on the consumer's thread when
-//! the writer reports the batch in both stores. At most one batch is written at a time, so batches land and commit in
-//! the order they were read; a batch that is due waits for the one in flight. A batch
-//! in flight that is fenced or interrupted takes the batch gathered after it along:
-//! both are read again.
+//! the writer reports the batch in both stores. At most one batch is written at a time,
+//! so batches land and commit in the order they were read; a batch that is due waits
+//! for the one in flight. A batch in flight that is fenced or interrupted takes the
+//! batch gathered after it along: both are read again.
 //!
 //! A crash anywhere replays from Kafka's committed offsets; messages at offsets the
 //! Delta table already recorded are not appended again but are written online again
