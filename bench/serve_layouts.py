@@ -3,6 +3,7 @@
 
     python bench/serve_layouts.py --quiver Q --floor F [--duration 6] [--rounds 3] [--sizes 1,100]
                                   [--layouts floor,per-core,quiver,quiver-1] [--spins 3000,6000]
+                                  [--before Q0]
 
 Under the same wrk as `serve_bench.py` (2 threads, 8 connections), in turn, round after
 round: the read+write floor (examples/serve_floor.rs) on tokio's multi-thread runtime
@@ -15,8 +16,9 @@ features (serve_bench.py's generator), the 20 features of 1 and 100 drivers per 
 
 `--spins` adds the floor made to spin that many ns of CPU per request
 (`QUIVER_FLOOR_SPIN_NS`): how the tail moves with a server's CPU per request alone,
-everything else equal. Each line also gives the server's CPU per request (user + system,
-from /proc over the wrk run).
+everything else equal. `--before` adds `quiver serve` of another build (the one before a
+change) on the same repository. Each line also gives the server's CPU per request (user
++ system, from /proc over the wrk run).
 """
 import argparse
 import os
@@ -56,6 +58,7 @@ def main():
     ap.add_argument("--sizes", default="1,100")
     ap.add_argument("--layouts", default="floor,per-core,quiver,quiver-1", help="which of floor, per-core, quiver, quiver-1")
     ap.add_argument("--spins", default="", help="ns of CPU per request for extra floor layouts, comma-separated")
+    ap.add_argument("--before", help="another quiver binary, served beside --quiver (a build before a change)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="quiver-serve-layouts.")
     rport = free_port()
@@ -98,6 +101,8 @@ def main():
                 "quiver-1": ("quiver serve, one worker", (q + ["serve", "--port", "{port}"], {"TOKIO_WORKER_THREADS": "1"}, health)),
             }
             layouts = dict(known[k] for k in args.layouts.split(","))
+            if args.before:
+                layouts["quiver serve, the build before"] = ([os.path.abspath(args.before), *q[1:], "serve", "--port", "{port}"], {}, health)
             for spin in filter(None, args.spins.split(",")):
                 layouts[f"floor + {int(spin) / 1000:g} µs CPU per request"] = (floor, {"QUIVER_FLOOR_SPIN_NS": spin}, floor_url)
             for r in range(args.rounds):

@@ -25,7 +25,6 @@ use axum::http::{Request, Response, StatusCode, header};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 
 use crate::server::{Limit, ServerState, router};
 
@@ -87,7 +86,7 @@ pub async fn serve_until(
             });
             continue;
         }
-        let connection = builder.serve_connection(io, TowerToHyperService::new(app.clone()));
+        let connection = builder.serve_connection(io, Routes { app: app.clone(), state: state.clone() });
         let watched = graceful.watch(connection);
         let state = state.clone();
         tokio::spawn(async move {
@@ -107,6 +106,32 @@ pub async fn serve_until(
         tracing::warn!("shutdown: closing connections still open after {:?}", limits.request_timeout);
     }
     Ok(())
+}
+
+/// The server's routes as hyper calls them: `POST /get-online-features` straight to its
+/// guarded handler ([`crate::server::get_online_features`]), everything else through
+/// the router. Both answer the same (tests call the router alone).
+#[derive(Clone)]
+struct Routes {
+    app: axum::Router,
+    state: Arc<ServerState>,
+}
+
+impl hyper::service::Service<Request<hyper::body::Incoming>> for Routes {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn call(&self, request: Request<hyper::body::Incoming>) -> Self::Future {
+        use tower::ServiceExt;
+        let request = request.map(Body::new);
+        if request.method() == axum::http::Method::POST && request.uri().path() == "/get-online-features" {
+            let state = self.state.clone();
+            return Box::pin(async move { Ok(crate::server::get_online_features(state, request).await) });
+        }
+        let app = self.app.clone();
+        Box::pin(async move { app.oneshot(request).await })
+    }
 }
 
 /// Counts an open connection down when its task ends.

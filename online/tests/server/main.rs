@@ -1,6 +1,7 @@
 //! The HTTP server, called through its router without a socket: Feast's wire shape,
 //! statuses, every bad request kind, auth, limits, metrics, registry reloads, and 503
-//! from a failing store.
+//! from a failing store; and through the listener, whose hot route must answer as the
+//! router does ([`listener`]).
 
 use std::sync::Arc;
 
@@ -14,6 +15,8 @@ use quiver_sdk::registry::{FileRegistry, RegistryDoc};
 use quiver_sdk::yaml::parse_definitions;
 use serde_json::{Value as Json, json};
 use tower::ServiceExt;
+
+mod listener;
 
 const DEFS: &str = r#"
 entities:
