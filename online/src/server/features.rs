@@ -2,8 +2,7 @@
 //!
 //! A request is read twice only when it is bad: first straight into typed values
 //! (feature names borrowed from the body, entity keys without a `serde_json::Value`
-//! tree; by hand for the plain shape nearly every request has, [`scan`], else through
-//! serde), and when that fails, into `serde_json::Value`s, whose checks name what is
+//! tree), and when that fails, into `serde_json::Value`s, whose checks name what is
 //! wrong. The features asked for are resolved once per distinct list and registry
 //! version ([`RegistryCache::plan`]), so a steady stream of the same request parses no
 //! feature reference and searches no definitions.
@@ -23,8 +22,6 @@ use super::registry_cache::{Asked, RegistryCache};
 use super::{ApiError, Limit, MAX_ENTITY_ROWS, Metrics, ServerState, bad};
 use crate::lookup::{EntityColumns, LookupPhases, Plan};
 use crate::serving_log::Served;
-
-mod scan;
 
 /// A request as read: its entity columns, and the features it asks for.
 #[derive(Debug, PartialEq)]
@@ -142,13 +139,7 @@ impl<'a> Parsed<'a> {
     /// values (the checked reading then says why, or reads what this one cannot).
     fn typed(body: &'a [u8]) -> Option<Parsed<'a>> {
         // UTF-8 checked once for the body, not once per string.
-        let text = std::str::from_utf8(body).ok()?;
-        scan::scan(text).or_else(|| Parsed::typed_by_serde(text))
-    }
-
-    /// The fast reading through serde, for what [`scan::scan`] does not read.
-    fn typed_by_serde(text: &'a str) -> Option<Parsed<'a>> {
-        let r: TypedRequest<'a> = serde_json::from_str(text).ok()?;
+        let r: TypedRequest<'a> = serde_json::from_str(std::str::from_utf8(body).ok()?).ok()?;
         Some(Parsed {
             entities: r.entities.map(|e| e.0.into_iter().map(|(name, keys)| (name, keys.into_iter().map(|k| k.0).collect())).collect()),
             features: r.features.map(Features::List),
