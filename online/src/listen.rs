@@ -110,8 +110,7 @@ pub async fn serve_until(
 
 /// The server's routes as hyper calls them: `POST /get-online-features` straight to its
 /// guarded handler ([`crate::server::get_online_features`]), everything else through
-/// the router. Both answer the same (tests call the router alone).
-#[derive(Clone)]
+/// the router. Both answer the same (`online/tests/server/listener.rs`).
 struct Routes {
     app: axum::Router,
     state: Arc<ServerState>,

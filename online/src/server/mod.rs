@@ -1,7 +1,8 @@
 //! The HTTP feature server (SPEC §6), in Feast's wire shape so Feast clients work.
 //!
 //! `router(state)` builds the axum `Router`; [`serve`] (in `listen`) binds it with the
-//! connection limits and graceful shutdown. Routes: `POST /get-online-features`,
+//! connection limits and graceful shutdown, answering `POST /get-online-features`
+//! itself through the same guard and handler (the hot route skips the router). Routes: `POST /get-online-features`,
 //! `POST /push`, `GET /health`, `GET /metrics` (Prometheus text), `GET /registry`, and
 //! the web UI's `GET /ui` and `/api/...` ([`ui`]).
 //! Errors are JSON `{"error": "..."}` with 400 (bad request, unknown or duplicate
