@@ -109,7 +109,7 @@ pub async fn serve_until(
 }
 
 /// The server's routes as hyper calls them: `POST /get-online-features` straight to its
-/// guarded handler ([`crate::server::get_online_features`]), everything else through
+/// guarded handler ([`crate::server::features_route`]), everything else through
 /// the router. Both answer the same (`online/tests/server/listener.rs`).
 struct Routes {
     app: axum::Router,
@@ -126,7 +126,7 @@ impl hyper::service::Service<Request<hyper::body::Incoming>> for Routes {
         let request = request.map(Body::new);
         if request.method() == axum::http::Method::POST && request.uri().path() == "/get-online-features" {
             let state = self.state.clone();
-            return Box::pin(async move { Ok(crate::server::get_online_features(state, request).await) });
+            return Box::pin(async move { Ok(crate::server::features_route(state, request).await) });
         }
         let app = self.app.clone();
         Box::pin(async move { app.oneshot(request).await })

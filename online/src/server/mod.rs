@@ -175,7 +175,7 @@ async fn guard(State(state): State<Arc<ServerState>>, request: Request, next: Ne
 /// `POST /get-online-features` behind the same guard as [`router`]'s routes, without
 /// the router: what the listener calls for the one route that is hot (the router's
 /// matching, middleware and extractors cost ~10% of a single-entity request).
-pub(crate) async fn get_online_features(state: Arc<ServerState>, request: Request) -> Response {
+pub(crate) async fn features_route(state: Arc<ServerState>, request: Request) -> Response {
     let handler = state.clone();
     guarded(
         &state,
