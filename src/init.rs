@@ -44,9 +44,10 @@ registry: registry.json                # relative to this folder
 offline_store:
   path: data                           # root of the Delta tables: a folder or an object-store URI
 online_store:
-  type: embedded                       # embedded | redis
+  type: embedded                       # embedded | redis | redis_cluster
   path: online.db                      # embedded
   # url: redis://127.0.0.1:6379/0      # redis
+  # urls: [redis://10.0.0.1:7000, redis://10.0.0.2:7000]   # redis_cluster: any nodes (seeds)
 kafka:
   brokers: 127.0.0.1:9092
 server:

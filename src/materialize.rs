@@ -24,8 +24,12 @@ pub struct ViewReport {
     pub view: String,
     /// Entities whose latest row was loaded from the offline store.
     pub entities: usize,
-    /// Rows the store took (the rest were older than what it held).
+    /// Rows the store took.
     pub written: usize,
+    /// Rows not sent because their key would expire at once (the view's TTL and the
+    /// key's day of grace have passed since their event time). The rest of
+    /// `entities - written - expired` were older than what the store held.
+    pub expired: usize,
 }
 
 /// The online rows of one view's latest-per-entity batch (the shared write path's).
@@ -52,7 +56,7 @@ async fn load_view(
     let began = Instant::now();
     let latest = latest_per_entity(config, defs, view, window).await?;
     let Some(batch) = latest.batch else {
-        return Ok((ViewReport { view: view.name.clone(), entities: 0, written: 0 }, latest.version));
+        return Ok((ViewReport { view: view.name.clone(), entities: 0, written: 0, expired: 0 }, latest.version));
     };
     let scanned = began.elapsed();
     // Each batch is encoded when its turn comes, while the store still works on the
@@ -62,7 +66,7 @@ async fn load_view(
         let part = batch.slice(at, WRITE_BATCH.min(batch.num_rows() - at));
         move || Cow::Owned(online_rows(project, defs, view, &part))
     });
-    let written = write_batches(store, batches, &view.name, progress).await?;
+    let Written { written, expired } = write_batches(store, batches, &view.name, progress).await?;
     tracing::debug!(
         view = %view.name,
         entities = batch.num_rows(),
@@ -71,7 +75,7 @@ async fn load_view(
         encode_and_write_s = (began.elapsed() - scanned).as_secs_f64(),
         "materialized"
     );
-    Ok((ViewReport { view: view.name.clone(), entities: batch.num_rows(), written }, latest.version))
+    Ok((ViewReport { view: view.name.clone(), entities: batch.num_rows(), written, expired }, latest.version))
 }
 
 /// Rebuilds the online records of an event log (SPEC §11) from every event its windows
@@ -89,52 +93,67 @@ async fn load_event_log(
     let since = quiver_sdk::aggregation::record::Layout::of(view).earliest_tail(now);
     let events = events_since(config, defs, view, since, None).await?;
     let rows = quiver_streaming::write::event_log_rows(&config.project, view, &events, now);
-    let written = write_all(store, &rows, &view.name, progress).await?;
-    Ok((ViewReport { view: view.name.clone(), entities: rows.len(), written }, events.version))
+    let Written { written, expired } = write_all(store, &rows, &view.name, progress).await?;
+    Ok((ViewReport { view: view.name.clone(), entities: rows.len(), written, expired }, events.version))
+}
+
+/// What the writes of one view did.
+struct Written {
+    /// Rows the store took.
+    written: usize,
+    /// Rows left out because their key would expire at once.
+    expired: usize,
 }
 
 /// Writes `rows` in batches of [`WRITE_BATCH`], two in flight (one being answered while
-/// the next is sent), reporting progress as each completes; the rows the store took.
+/// the next is sent), reporting progress as each completes.
 async fn write_all(
     store: &dyn OnlineStore,
     rows: &[quiver_online::WriteRow],
     view: &str,
     progress: &(dyn Fn(&str, u64) + Sync),
-) -> Result<usize> {
+) -> Result<Written> {
     write_batches(store, rows.chunks(WRITE_BATCH).map(|chunk| move || Cow::Borrowed(chunk)), view, progress).await
 }
 
 /// Writes the batches `encode` makes, each made when its write starts, two in flight,
-/// reporting progress as each completes; the rows the store took.
+/// reporting progress as each completes. A row whose key would expire at once (by the
+/// wall clock, as the stores expire keys) is not sent: it could only delete its key.
 async fn write_batches<'a, F>(
     store: &'a dyn OnlineStore,
     encode: impl Iterator<Item = F>,
     view: &str,
     progress: &(dyn Fn(&str, u64) + Sync),
-) -> Result<usize>
+) -> Result<Written>
 where
     F: FnOnce() -> Cow<'a, [quiver_online::WriteRow]> + Send + 'a,
 {
     use futures::StreamExt;
-    type Call<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (usize, quiver_online::Result<usize>)> + Send + 'a>>;
+    type Call<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (usize, usize, quiver_online::Result<usize>)> + Send + 'a>>;
+    let now_ms = crate::ops::now_us().div_euclid(1000);
     // (Boxed and collected first, so the stream's type holds no closure: see
     // `RedisStore::write`.)
     let calls: Vec<Call<'a>> = encode
         .map(|make| -> Call<'a> {
             Box::pin(async move {
-                let rows = make();
-                (rows.len(), store.write(&rows).await)
+                let mut rows = make();
+                let len = rows.len();
+                if rows.iter().any(|r| r.expire_at_ms.is_some_and(|at| at <= now_ms)) {
+                    rows.to_mut().retain(|r| r.expire_at_ms.is_none_or(|at| at > now_ms));
+                }
+                (len, len - rows.len(), store.write(&rows).await)
             })
         })
         .collect();
     let mut done = futures::stream::iter(calls).buffered(2);
-    let (mut written, mut sent) = (0, 0u64);
-    while let Some((len, result)) = done.next().await {
-        written += result?;
+    let (mut out, mut sent) = (Written { written: 0, expired: 0 }, 0u64);
+    while let Some((len, expired, result)) = done.next().await {
+        out.written += result?;
+        out.expired += expired;
         sent += len as u64;
         progress(&format!("materializing {view}"), sent);
     }
-    Ok(written)
+    Ok(out)
 }
 
 /// Loads, for each view, the latest row per entity with event time in `[start, end]`

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 use quiver_offline::DeltaProbe;
-use quiver_sdk::registry::{self, ApplyOutcome};
+use quiver_sdk::registry::{self, ApplyOutcome, Origin};
 use quiver_sdk::{Config, Definitions, FileRegistry, Plan, RegistryDoc};
 
 use crate::error::Result;
@@ -164,13 +164,17 @@ impl Repo {
         Ok(self.registry().load_or_empty(&self.config.project)?)
     }
 
-    /// The diff from the registry to `features.yaml`.
+    /// The diff from the registry to `features.yaml`, removing also the objects named in
+    /// `remove` (`kind/name` or a name) that another front end defined; the objects
+    /// another front end defined are otherwise kept ([`Plan::kept`]).
     ///
     /// # Errors
-    /// As [`Repo::definitions`] and [`Repo::applied`].
-    pub fn plan(&self) -> Result<Plan> {
+    /// As [`Repo::definitions`] and [`Repo::applied`], and a name in `remove` that is not
+    /// registered or that `features.yaml` defines.
+    pub fn plan(&self, remove: Vec<String>) -> Result<Plan> {
         let defs = self.definitions()?;
-        Ok(self.applied()?.plan(&defs))
+        let origin = Origin::new(DEFINITIONS_FILE).removing(remove);
+        Ok(self.applied()?.plan_from(&defs, &origin)?.1)
     }
 
     /// Applies `features.yaml`: refuses breaking changes to views whose Delta tables hold
@@ -183,17 +187,34 @@ impl Repo {
     /// table; the registry is unchanged in each of these cases. Creating a table is
     /// idempotent, so an apply that failed there is completed by running it again.
     pub fn apply(&self, force: bool, now: DateTime<Utc>, runtime: tokio::runtime::Handle) -> Result<Applied> {
-        self.apply_definitions(self.definitions()?, force, now, runtime)
+        self.apply_from(self.definitions()?, &Origin::new(DEFINITIONS_FILE), force, now, runtime)
     }
 
-    /// Applies `defs` (from the Python SDK or the Rust builder) exactly as [`Repo::apply`]
-    /// applies `features.yaml`, after the same validation.
+    /// Applies `defs` (from the Rust builder) exactly as [`Repo::apply`] applies
+    /// `features.yaml`, after the same validation; recorded as defined from `rust`.
     ///
     /// # Errors
     /// As [`Repo::apply`].
     pub fn apply_definitions(
         &self,
         defs: Definitions,
+        force: bool,
+        now: DateTime<Utc>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Applied> {
+        self.apply_from(defs, &Origin::new("rust"), force, now, runtime)
+    }
+
+    /// Applies `defs` from the front end `origin` names: what that front end defined
+    /// before and `defs` lacks is removed, what another one defined is kept unless
+    /// `origin.remove` names it ([`RegistryDoc::plan_from`]).
+    ///
+    /// # Errors
+    /// As [`Repo::apply`].
+    pub fn apply_from(
+        &self,
+        defs: Definitions,
+        origin: &Origin,
         force: bool,
         now: DateTime<Utc>,
         runtime: tokio::runtime::Handle,
@@ -217,7 +238,8 @@ impl Repo {
             }
             Ok(())
         };
-        let outcome = registry::apply_with(&self.registry(), &self.config.project, &defs, &probe, force, now, &mut ensure_tables)?;
+        let request = registry::ApplyRequest { new: &defs, origin, probe: &probe, force, now };
+        let outcome = registry::apply_with(&self.registry(), &self.config.project, &request, &mut ensure_tables)?;
         if !outcome.written {
             // Nothing changed; still make sure every view has its table.
             ensure_tables()?;

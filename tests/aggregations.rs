@@ -17,6 +17,8 @@ use quiver::online::{EmbeddedStore, OnlineStore};
 use quiver::sdk::FeatureRef;
 use quiver::sdk::encoding::{KeyValue, Value};
 
+mod common;
+
 const FEATURES: &str = r#"entities:
   - name: rider
     join_keys: [{name: rider_id, dtype: int64}]
@@ -148,4 +150,96 @@ async fn materialize_and_push_keep_online_equal_to_offline() {
     // verify --sample judges the aggregations and finds them equal.
     let verified = quiver(&dir, &["verify", "--sample", "10"]);
     assert!(verified.contains("rides:n_1h") && verified.contains("0 of 9 compared values disagree"), "{verified}");
+}
+
+/// An aggregation added to a served event log by `apply` (no `--force`) never blanks the
+/// aggregations already served: records written before it answer the ones they hold,
+/// the new one is NOT_FOUND until a materialize (or a write) brings it. On the embedded
+/// store, Redis and the Redis Cluster, through `quiver online` and (Redis) the server.
+#[test]
+fn adding_an_aggregation_keeps_the_served_ones() {
+    let mut stores = vec![("embedded", "{type: embedded, path: online.db}".to_string())];
+    if let Some(url) = common::redis_url("adding_an_aggregation_keeps_the_served_ones (redis)") {
+        stores.push(("redis", format!("{{type: redis, url: \"{url}\"}}")));
+    }
+    if let Some((urls, _)) = common::redis_cluster("adding_an_aggregation_keeps_the_served_ones (cluster)") {
+        stores.push(("redis cluster", format!("{{type: redis_cluster, urls: [{}]}}", urls.join(", "))));
+    }
+    for (name, store) in stores {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("repo");
+        std::fs::create_dir_all(&dir).unwrap();
+        let project = common::unique("addagg");
+        std::fs::write(
+            dir.join("quiver.yaml"),
+            format!("project: {project}\nregistry: registry.json\noffline_store:\n  path: data\nonline_store: {store}\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("features.yaml"), FEATURES).unwrap();
+        common::ok(&dir, &["apply"]);
+        let now = chrono::Utc::now().timestamp_micros();
+        events(&dir.join("events.jsonl"), now, &[(1, 5, Some(10.0), "a"), (1, 40, Some(2.5), "c"), (2, 30, Some(4.0), "x")]);
+        common::ok(&dir, &["ingest", "rides", "events.jsonl"]);
+        common::ok(&dir, &["materialize", "2000-01-01T00:00:00Z", "now"]);
+        // (value, status) per feature from `quiver online`, rider 1.
+        let online = |features: &str| -> Vec<(String, String)> {
+            let out = common::ok(&dir, &["online", "--features", features, "--entity", "rider_id=1"]);
+            out.lines()
+                .map(|l| {
+                    let (value, status) = l.split_once('"').map_or_else(
+                        || {
+                            let parts: Vec<&str> = l.split_whitespace().collect();
+                            (parts[1].to_string(), parts[2].to_string())
+                        },
+                        // A list of strings: everything between the name and the status.
+                        |_| {
+                            let start = l.find('[').unwrap();
+                            let end = l.rfind(']').unwrap();
+                            (l[start..=end].to_string(), l[end + 1..].split_whitespace().next().unwrap().to_string())
+                        },
+                    );
+                    (value, status)
+                })
+                .collect()
+        };
+        let served =
+            [("2".to_string(), "PRESENT".to_string()), ("12.5".into(), "PRESENT".into()), (r#"["a", "c"]"#.into(), "PRESENT".into())];
+        assert_eq!(online("rides:n_1h,rides:fare_sum_1h,rides:cities"), served, "{name}: before the apply");
+
+        let added = FEATURES.replace(
+            "      - {name: cities, function: last_k, k: 2, column: city, window: 1d}\n",
+            "      - {name: cities, function: last_k, k: 2, column: city, window: 1d}\n      - {name: fare_max_1d, function: max, column: fare, window: 1d}\n",
+        );
+        assert_ne!(added, FEATURES);
+        std::fs::write(dir.join("features.yaml"), &added).unwrap();
+        let out = common::ok(&dir, &["apply"]);
+        assert!(out.contains("applied"), "{name}: {out}");
+        let mut after = online("rides:n_1h,rides:fare_sum_1h,rides:cities,rides:fare_max_1d");
+        let new = after.pop().unwrap();
+        assert_eq!(after, served, "{name}: the served aggregations stay served");
+        assert_eq!(new, ("null".to_string(), "NOT_FOUND".to_string()), "{name}: the new one waits for a write");
+
+        if name != "embedded" {
+            // The server (one process may hold the embedded store's file): the same.
+            let (mut child, port) = common::spawn_serve(&dir);
+            let body = r#"{"entities": {"rider_id": [1, 2]}, "features": ["rides:n_1h", "rides:fare_sum_1h", "rides:fare_max_1d"]}"#;
+            let (status, text) = common::http(port, "POST", "/get-online-features", body);
+            let _ = child.kill();
+            let _ = child.wait();
+            assert_eq!(status, "HTTP/1.1 200 OK", "{name}: {text}");
+            let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let results = &answer["results"];
+            assert_eq!(results[1]["values"], serde_json::json!([2, 1]), "{name}: {text}");
+            assert_eq!(results[1]["statuses"], serde_json::json!(["PRESENT", "PRESENT"]), "{name}: {text}");
+            assert_eq!(results[2]["values"], serde_json::json!([12.5, 4.0]), "{name}: {text}");
+            assert_eq!(results[3]["statuses"], serde_json::json!(["NOT_FOUND", "NOT_FOUND"]), "{name}: {text}");
+            // The window's latest event: a real time, not the epoch.
+            assert!(!results[1]["event_timestamps"][0].as_str().unwrap().starts_with("1970"), "{name}: {text}");
+        }
+
+        common::ok(&dir, &["materialize", "2000-01-01T00:00:00Z", "now"]);
+        let mut after = online("rides:n_1h,rides:fare_sum_1h,rides:cities,rides:fare_max_1d");
+        assert_eq!(after.pop().unwrap(), ("10.0".to_string(), "PRESENT".to_string()), "{name}: materialized");
+        assert_eq!(after, served, "{name}");
+    }
 }

@@ -145,6 +145,26 @@ fn init_plan_apply_list_describe() {
     assert_eq!(keys, ["driver_id:int64", "customer_id:string"]);
     assert!(value["table"].as_str().unwrap().ends_with("data/driver_customer"));
 
+    // An aggregation that names no hop shows the one it gets.
+    let rides = ok(&repo, &["describe", "customer_rides"]);
+    let value: serde_yaml::Value = serde_yaml::from_str(rides.trim_start_matches("kind: feature_view\n")).unwrap();
+    let hops: Vec<(&str, &str)> = value["aggregations"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| (a["name"].as_str().unwrap(), a["hop"].as_str().unwrap_or_else(|| panic!("{rides}"))))
+        .collect();
+    assert_eq!(
+        hops,
+        [
+            ("fare_sum_1h", "5m (default for a 1h window)"),
+            ("rides_7d", "1h (default for a 7d window)"),
+            ("minutes_min_30m", "10m"),
+            ("fare_avg_1d", "1h (default for a 1d window)"),
+            ("last_cities", "1h (default for a 7d window)"),
+        ]
+    );
+
     let svc = ok(&repo, &["describe", "ranker_v1"]);
     assert!(svc.contains("kind: feature_service"), "{svc}");
     assert!(svc.contains("driver_hourly__conv_rate"), "{svc}");
@@ -258,6 +278,22 @@ fn init_refuses_an_existing_repository_and_makes_a_valid_skeleton() {
     let names: Vec<String> =
         std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names, ["plain"]);
+    // The template names every online store, and its commented lines for each are
+    // settings `quiver.yaml` takes.
+    let template = std::fs::read_to_string(repo.join("quiver.yaml")).unwrap();
+    assert!(template.contains("type: embedded                       # embedded | redis | redis_cluster"), "{template}");
+    let uncomment = |setting: &str| {
+        let line = template.lines().find(|l| l.trim_start().starts_with(&format!("# {setting}:"))).unwrap_or_else(|| panic!("{template}"));
+        line.replacen("# ", "", 1)
+    };
+    for (kind, setting) in [("redis", "url"), ("redis_cluster", "urls")] {
+        let config = template
+            .replace("  type: embedded ", &format!("  type: {kind} "))
+            .replace("  path: online.db", &uncomment(setting))
+            .replace(&format!("\n  # {setting}:"), "\n  # was:");
+        std::fs::write(repo.join("quiver.yaml"), &config).unwrap();
+        assert!(ok(&repo, &["list"]).contains("registry is empty"), "{kind}: {config}");
+    }
 }
 
 #[test]
@@ -530,6 +566,73 @@ fn golden_point_in_time_cases() {
     assert_eq!(scores(&repo, &[]), [None, Some(2.0), Some(4.0), Some(4.0), None, None, None]);
 }
 
+/// Ingest is idempotent by content: the same file again (a retry after a timeout, or
+/// a copy under another name) appends nothing and says which version holds it;
+/// `--allow-duplicate` appends it again on purpose.
+#[test]
+fn ingesting_the_same_content_twice_appends_it_once() {
+    let (_tmp, repo) = golden_repo();
+    let table = repo.join("data/score");
+    let first = ok(&repo, &["ingest", "score", "scores.csv"]);
+    assert!(first.contains("ingested 4 rows into score (table version 1)"), "{first}");
+    let commits = delta_commits(&table);
+    let again = ok(&repo, &["ingest", "score", "scores.csv"]);
+    assert!(
+        again.contains("scores.csv: already ingested into score (table version 1 holds the same content): nothing appended"),
+        "{again}"
+    );
+    assert_eq!(delta_commits(&table), commits, "a duplicate appended a commit");
+    std::fs::copy(repo.join("scores.csv"), repo.join("copy.csv")).unwrap();
+    assert!(ok(&repo, &["ingest", "score", "copy.csv"]).contains("already ingested"), "the same bytes under another name");
+    // The rows count once: the golden answers are unchanged.
+    assert_eq!(scores(&repo, &[]), [None, Some(2.0), Some(3.0), Some(3.0), None, None, None]);
+    let forced = ok(&repo, &["ingest", "score", "scores.csv", "--allow-duplicate"]);
+    assert!(forced.contains("ingested 4 rows into score (table version 2)"), "{forced}");
+    assert_eq!(delta_commits(&table), commits + 1);
+    assert!(ok(&repo, &["ingest", "score", "scores.csv"]).contains("table version 2 holds the same content"));
+    // Other content appends as always.
+    std::fs::write(
+        repo.join("more.csv"),
+        "user_id,event_timestamp,created_timestamp,score\n3,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,9.0\n",
+    )
+    .unwrap();
+    assert!(ok(&repo, &["ingest", "score", "more.csv"]).contains("ingested 1 rows into score (table version 3)"));
+}
+
+/// One rule for `--created-cutoff`: a view without a created timestamp counts each row as
+/// created at its event time. `historical --service` takes a service mixing such a view
+/// with one that has created times (the cutoff applies to the latter), as `verify` does.
+#[test]
+fn the_created_cutoff_counts_rows_without_created_times_as_created_at_their_event_time() {
+    use arrow::array::{Array, AsArray};
+    let (_tmp, repo) = golden_repo();
+    let yaml = format!(
+        "{GOLDEN_FEATURES}  - name: level\n    entities: [user]\n    source: {{timestamp_field: event_timestamp}}\n    features: [{{name: level, dtype: int64}}]\nfeature_services:\n  - {{name: both, features: [\"score:score\", \"level:level\"]}}\n"
+    );
+    std::fs::write(repo.join("features.yaml"), yaml).unwrap();
+    ok(&repo, &["apply"]);
+    ok(&repo, &["ingest", "score", "scores.csv"]);
+    std::fs::write(repo.join("levels.csv"), "user_id,event_timestamp,level\n1,2024-01-01T10:00:00Z,7\n1,2024-01-01T11:00:00Z,8\n").unwrap();
+    ok(&repo, &["ingest", "level", "levels.csv"]);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["historical", "--spine", "spine.csv", "--service", "both", "--out", "both.parquet"];
+        args.extend_from_slice(extra);
+        ok(&repo, &args);
+        let out = read_parquet(&repo.join("both.parquet"));
+        let score = out.column(3).as_primitive::<arrow::datatypes::Float64Type>();
+        let level = out.column(4).as_primitive::<arrow::datatypes::Int64Type>();
+        let scores: Vec<Option<f64>> = (0..out.num_rows()).map(|i| score.is_valid(i).then(|| score.value(i))).collect();
+        let levels: Vec<Option<i64>> = (0..out.num_rows()).map(|i| level.is_valid(i).then(|| level.value(i))).collect();
+        (scores, levels)
+    };
+    let (plain_scores, plain_levels) = run(&[]);
+    let (cut_scores, cut_levels) = run(&["--created-cutoff"]);
+    assert_eq!(plain_levels, [None, Some(7), Some(8), Some(8), Some(8), None, None]);
+    assert_eq!(cut_levels, plain_levels, "rows without created times are known at their event time");
+    assert_eq!(plain_scores, [None, Some(2.0), Some(3.0), Some(3.0), None, None, None]);
+    assert_eq!(cut_scores, [None, Some(1.0), Some(2.0), Some(3.0), None, None, None], "the cutoff still applies to `score`");
+}
+
 #[test]
 fn a_spine_before_all_data_gets_nulls() {
     use arrow::array::Array;
@@ -562,7 +665,7 @@ fn bad_ingest_input_is_refused_and_leaves_the_table_unchanged() {
     ok(&repo, &["ingest", "score", "scores.csv"]);
     let table = repo.join("data/score");
     let commits = delta_commits(&table);
-    let cases: [(&str, &str, &[&str]); 7] = [
+    let cases: [(&str, &str, &[&str]); 9] = [
         (
             "nofeature.jsonl",
             "{\"user_id\": 1, \"event_timestamp\": \"2024-01-01T10:00:00Z\", \"created_timestamp\": \"2024-01-01T10:00:00Z\", \"scor\": 1.0}\n",
@@ -594,6 +697,18 @@ fn bad_ingest_input_is_refused_and_leaves_the_table_unchanged() {
             &["garbage.jsonl", "row 1", "`yesterday` is not an RFC 3339 timestamp"],
         ),
         ("data.txt", "x\n", &["data.txt", "unknown file type `.txt`"]),
+        // A number that is not of its column's type: file, row, column and type, in
+        // Quiver's words (not the CSV parser's).
+        (
+            "float_key.csv",
+            "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1\n30.0,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1\n",
+            &["float_key.csv: row 2: column `user_id`: `30.0` does not parse as int64"],
+        ),
+        (
+            "word.csv",
+            "user_id,event_timestamp,created_timestamp,score\n1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,high\n",
+            &["word.csv: row 1: column `score`: `high` does not parse as float64"],
+        ),
     ];
     for (name, text, parts) in cases {
         std::fs::write(repo.join(name), text).unwrap();

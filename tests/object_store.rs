@@ -134,15 +134,20 @@ fn concurrent_writers_on_s3_lose_no_commit() {
     ok(&repo, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]);
     // Four writers at once on one table: each commit lands on its own version, none is
     // lost (conditional puts: a writer that loses a version starts over on the next).
-    let writers: Vec<_> = (0..4)
-        .map(|_| {
-            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"));
-            for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("QUIVER_")) {
-                cmd.env_remove(k);
-            }
-            cmd.current_dir(&repo).args(["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]).output()
-        })
-        .collect();
+    // (The same file each time, so appended on purpose with --allow-duplicate.)
+    let ingest_all = |n: usize, args: &[&str]| -> Vec<std::io::Result<Output>> {
+        let writers: Vec<_> = (0..n)
+            .map(|_| {
+                let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_quiver"));
+                for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("QUIVER_")) {
+                    cmd.env_remove(k);
+                }
+                cmd.current_dir(&repo).args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()
+            })
+            .collect();
+        writers.into_iter().map(std::process::Child::wait_with_output).collect()
+    };
+    let writers = ingest_all(4, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet", "--allow-duplicate"]);
     let mut versions: Vec<i64> = Vec::new();
     for w in writers {
         let out = w.unwrap();
@@ -156,6 +161,18 @@ fn concurrent_writers_on_s3_lose_no_commit() {
     assert_eq!(versions, [2, 3, 4, 5], "one version each");
     let (version, rows) = python_reads(&format!("s3://{bucket}/{prefix}/driver_hourly"), &endpoint);
     assert_eq!((version, rows), (5, 5 * 736), "every commit's rows, once");
+    // Three writers of one new file at once, as a retry racing the first try: it is
+    // appended once; the others find it there (checked on the version they land on).
+    let now = quiver::sdk::rows::format_instant(chrono::Utc::now().timestamp_micros());
+    std::fs::write(
+        repo.join("one.jsonl"),
+        format!(r#"{{"driver_id": 1, "event_timestamp": "{now}", "created_timestamp": "{now}", "conv_rate": 0.5, "acc_rate": 0.5, "avg_daily_trips": 3}}"#),
+    )
+    .unwrap();
+    let outs: Vec<String> = ingest_all(3, &["ingest", "driver_hourly", "one.jsonl"]).into_iter().map(|o| text(&o.unwrap())).collect();
+    assert_eq!(outs.iter().filter(|t| t.contains("ingested 1 rows into driver_hourly (table version 6)")).count(), 1, "{outs:?}");
+    assert_eq!(outs.iter().filter(|t| t.contains("table version 6 holds the same content")).count(), 2, "{outs:?}");
+    assert_eq!(python_reads(&format!("s3://{bucket}/{prefix}/driver_hourly"), &endpoint), (6, 5 * 736 + 1));
 
     // The primitive underneath: a log entry is written only if absent.
     let location = quiver::sdk::StoreLocation::Uri(

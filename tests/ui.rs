@@ -273,6 +273,9 @@ fn the_page_renders_the_demo_repository_in_headless_chromium() {
     for name in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides", "ranker_v1", "conv_rate", "fare_sum_1h"] {
         assert!(registry.contains(name), "the registry page lacks {name}");
     }
+    // Each aggregation's hop: the default one a window gets, or the one it names.
+    assert!(registry.contains("window 1h, hop 5m (default)"), "no default hop shown: {registry}");
+    assert!(registry.contains("window 30m, hop 10m<"), "the named hop is not shown: {registry}");
     let freshness = browse(&chromium, &format!("{base}#freshness"), &shots.join("freshness.png"));
     assert!(freshness.contains(r#"data-ready="freshness""#), "{freshness}");
     for view in ["driver_hourly", "customer_rides"] {

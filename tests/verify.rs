@@ -58,7 +58,9 @@ async fn verify_finds_what_the_online_store_gets_wrong() {
     let numbers: Vec<u64> = line.split_whitespace().skip(1).map(|n| n.parse().unwrap()).collect();
     assert_eq!(numbers[2], 1, "one mismatch: {line}");
     assert_eq!(numbers[0], numbers[1] + 1, "every other row matches: {line}");
-    assert!(out.contains("driver_id=1001: online PRESENT Float64(42.0), offline "), "{out}");
+    // Values as the server answers them (JSON), never Rust's debug forms.
+    assert!(out.contains("driver_id=1001: online PRESENT 42.0, offline PRESENT 0."), "{out}");
+    assert!(!out.contains("Float64(") && !out.contains("String("), "{out}");
     // Other features of the same row still agree.
     let acc = out.lines().find(|l| l.starts_with("driver_hourly:acc_rate")).unwrap();
     assert_eq!(acc.split_whitespace().nth(3), Some("0"), "{acc}");
@@ -331,4 +333,57 @@ async fn a_failing_serving_log_never_fails_a_request_and_keeps_its_rows() {
     );
     let rows: usize = quiver::serving_log::read(&config.location, i64::MIN, i64::MAX).await.unwrap().iter().map(|b| b.num_rows()).sum();
     assert_eq!(rows, 12);
+}
+
+/// The serving log keeps each aggregation's own event time (the latest event in its
+/// window), so `verify --since` describes a served aggregation with the time the server
+/// answered — never the epoch of another aggregation of the same view whose window is
+/// empty.
+#[test]
+fn verify_since_shows_each_aggregations_own_event_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::fs::write(
+        repo.join("quiver.yaml"),
+        "project: logtimes\nregistry: registry.json\noffline_store:\n  path: data\nonline_store:\n  type: embedded\n  path: online.db\nserving_log:\n  enabled: true\n  batch_ms: 100\n",
+    )
+    .unwrap();
+    std::fs::write(
+        repo.join("features.yaml"),
+        r#"entities:
+  - {name: rider, join_keys: [{name: rider_id, dtype: int64}]}
+feature_views:
+  - name: rides
+    entities: [rider]
+    source: {timestamp_field: event_timestamp}
+    features: [{name: fare, dtype: float64}]
+    aggregations:
+      - {name: n_1h, function: count, column: fare, window: 1h}
+      - {name: n_7d, function: count, column: fare, window: 7d}
+"#,
+    )
+    .unwrap();
+    assert!(quiver(&repo, &["apply"]).status.success());
+    let at = |hours_ago: i64| (chrono::Utc::now() - chrono::TimeDelta::hours(hours_ago)).to_rfc3339();
+    std::fs::write(repo.join("rides.jsonl"), format!("{{\"rider_id\": 1, \"event_timestamp\": \"{}\", \"fare\": 3.0}}\n", at(48))).unwrap();
+    let ingested = quiver(&repo, &["ingest", "rides", "rides.jsonl"]);
+    assert!(ingested.status.success(), "{:?}", text(&ingested));
+    assert!(quiver(&repo, &["materialize", "2000-01-01T00:00:00Z", "now"]).status.success());
+    // A ride only the offline store learns of: the served count of 7 days is stale.
+    std::fs::write(repo.join("late.jsonl"), format!("{{\"rider_id\": 1, \"event_timestamp\": \"{}\", \"fare\": 5.0}}\n", at(24))).unwrap();
+    assert!(quiver(&repo, &["push", "rides", "late.jsonl", "--to", "offline"]).status.success());
+    let began = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+    let ask = r#"{"entities": {"rider_id": [1]}, "features": ["rides:n_1h", "rides:n_7d"]}"#.to_string();
+    let answers = serve_and_ask(&repo, &[ask]);
+    let results = &answers[0]["results"];
+    assert_eq!(results[1]["values"][0], 0, "{}", answers[0]);
+    assert_eq!(results[2]["values"][0], 1, "{}", answers[0]);
+    let served_time = results[2]["event_timestamps"][0].as_str().unwrap().to_string();
+    assert!(!served_time.starts_with("1970"), "{served_time}");
+    let out = quiver(&repo, &["verify", "--since", &began.to_rfc3339()]);
+    let (out, err) = text(&out);
+    assert_eq!(numbers(&out, "rides:n_7d"), vec![1, 0, 1, 0, 0], "{out}{err}");
+    assert!(out.contains(&format!("served PRESENT 1 (event {served_time}), offline PRESENT 2")), "{out}");
+    assert!(!out.contains("1970"), "{out}");
 }

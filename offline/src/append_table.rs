@@ -5,6 +5,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::prelude::{SessionConfig, SessionContext, ident, lit};
 use datafusion::scalar::ScalarValue;
+use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use quiver_sdk::config::StoreLocation;
 
@@ -44,8 +45,14 @@ impl AppendTable {
                     .ok_or_else(|| Error::Request(format!("{} {location} vanished while writing", self.name.replace('_', " "))))?
             }
         };
-        // On failure the handle is dropped: the next append opens the table afresh.
-        let table = table.write(vec![batch]).with_save_mode(SaveMode::Append).await.map_err(|e| Error::delta(location, e))?;
+        // On failure the handle is dropped: the next append opens the table afresh. A
+        // table written before a nullable column was added gains it (merge).
+        let table = table
+            .write(vec![batch])
+            .with_save_mode(SaveMode::Append)
+            .with_schema_mode(SchemaMode::Merge)
+            .await
+            .map_err(|e| Error::delta(location, e))?;
         let version = table.version().unwrap_or(0) as u64;
         self.table = Some(table);
         Ok(version)
@@ -53,7 +60,8 @@ impl AppendTable {
 }
 
 /// The rows with `since <= time_column < until` (UTC microseconds), in `schema`'s
-/// columns and types, in no particular order; empty when there is no table.
+/// columns and types, in no particular order; empty when there is no table. A nullable
+/// column the table does not have yet (written before it was added) reads as nulls.
 ///
 /// # Errors
 /// [`Error::Delta`]/[`Error::Query`] when the table cannot be read.
@@ -75,7 +83,17 @@ pub async fn read_range(
     table.update_datafusion_session(&ctx.state()).map_err(|e| Error::delta(location, e))?;
     let provider = table.table_provider().await.map_err(query)?;
     let at = |v: i64| lit(ScalarValue::TimestampMicrosecond(Some(v), Some("UTC".into())));
-    let columns: Vec<_> = schema.fields().iter().map(|f| ident(f.name())).collect();
+    let has = provider.schema();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            if has.field_with_name(f.name()).is_ok() || !f.is_nullable() {
+                return Ok(ident(f.name()));
+            }
+            Ok(lit(ScalarValue::try_from(f.data_type()).map_err(query)?).alias(f.name()))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let batches = ctx
         .read_table(provider)
         .map_err(query)?

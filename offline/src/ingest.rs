@@ -27,9 +27,13 @@ use crate::schema::{table_schema, view_columns};
 #[derive(Debug, Clone, PartialEq)]
 pub struct IngestReport {
     pub rows: usize,
-    /// The table version the append committed.
+    /// The table version the append committed (for a duplicate, the version that
+    /// holds the same content).
     pub version: u64,
     pub seconds: f64,
+    /// The same content was appended before, at `version`, so nothing was appended
+    /// ([`AppendOptions::with_content`]).
+    pub duplicate: bool,
 }
 
 /// Progress of long work: called with a phase name and the rows handled so far.
@@ -81,6 +85,27 @@ pub struct AppendOptions {
     /// The table as this writer last left it: brought up to date from the log entries
     /// after it instead of read from the log's start (`None`: opened afresh).
     pub open: Option<OpenTable>,
+    /// The content's identity (a hash), recorded with the commit; see
+    /// [`AppendOptions::with_content`].
+    pub content: Option<Content>,
+}
+
+/// What an append of one file's (or table's) content records about it, so that the same
+/// content is not appended twice by mistake (a retry after a timeout).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Content {
+    /// A hash of the content, e.g. `sha256:<hex>`.
+    pub hash: String,
+    /// Append even when the table already holds this content.
+    pub allow_duplicate: bool,
+}
+
+impl Content {
+    /// The Delta `txn` application id a commit of this content records, with the table
+    /// version it was committed as.
+    fn app(&self) -> String {
+        format!("quiver-ingest:{}", self.hash)
+    }
 }
 
 /// A Delta table one writer keeps open between its appends (a stream: one commit per
@@ -133,6 +158,16 @@ impl AppendOptions {
         self.open = Some(open);
         self
     }
+
+    /// Records `content` with the commit (a Delta `txn` action: `quiver-ingest:<hash>`
+    /// at the version committed). When the table already records it — checked on the
+    /// snapshot the commit would land on, so two concurrent appends of one content
+    /// append it once — nothing is appended and the report says which version holds
+    /// it, unless `content.allow_duplicate`.
+    pub fn with_content(mut self, content: Content) -> AppendOptions {
+        self.content = Some(content);
+        self
+    }
 }
 
 /// Appends rows of `view` to its table in one commit, creating the table if missing:
@@ -154,7 +189,7 @@ pub async fn append(
     options: AppendOptions,
     progress: Progress<'_>,
 ) -> Result<IngestReport> {
-    let AppendOptions { latest_event, txns, expected_txns, open } = options;
+    let AppendOptions { latest_event, txns, expected_txns, open, content } = options;
     let start = Instant::now();
     let file = source;
     let wanted: Vec<Wanted> = view_columns(defs, view);
@@ -185,12 +220,15 @@ pub async fn append(
     let mut attempt = 0u32;
     let version = loop {
         attempt += 1;
-        match commit_once(location, kept.take(), &schema, &sorted, &order, &txns, &expected_txns).await {
+        match commit_once(location, kept.take(), &schema, &sorted, &order, &txns, &expected_txns, content.as_ref()).await {
             Err(CommitError::Lost(e)) if attempt < COMMIT_TRIES => {
                 tracing::debug!(table = %location, attempt, error = %e, "another writer committed first; appending again");
                 tokio::time::sleep(std::time::Duration::from_millis(5 * u64::from(attempt) + u64::from(attempt * 7 % 11))).await;
             }
             Err(CommitError::Lost(e)) => return Err(Error::delta(location, e)),
+            Err(CommitError::Duplicate(version)) => {
+                return Ok(IngestReport { rows, version, seconds: start.elapsed().as_secs_f64(), duplicate: true });
+            }
             Err(CommitError::Other(e)) => return Err(e),
             Ok((version, table)) => {
                 if let Some(open) = &open {
@@ -201,7 +239,7 @@ pub async fn append(
         }
     };
     progress("written", rows as u64);
-    Ok(IngestReport { rows, version, seconds: start.elapsed().as_secs_f64() })
+    Ok(IngestReport { rows, version, seconds: start.elapsed().as_secs_f64(), duplicate: false })
 }
 
 /// How often an append starts over after other writers committed first (concurrent
@@ -212,6 +250,8 @@ const COMMIT_TRIES: u32 = 50;
 enum CommitError {
     /// Another writer took the version this commit was made for: try again.
     Lost(deltalake::DeltaTableError),
+    /// The table already holds the content, appended at this version.
+    Duplicate(u64),
     Other(Error),
 }
 
@@ -228,9 +268,10 @@ impl From<arrow::error::ArrowError> for CommitError {
 }
 
 /// One try at committing the sorted rows as the table's next version, after checking
-/// the `txn` fence on the snapshot it lands on; `kept`, when given, is brought up to
-/// date instead of opening the table. Returns the version committed and the table as
-/// it is after the commit.
+/// the `txn` fence and the content's record on the snapshot it lands on; `kept`, when
+/// given, is brought up to date instead of opening the table. Returns the version
+/// committed and the table as it is after the commit.
+#[allow(clippy::too_many_arguments)]
 async fn commit_once(
     location: &StoreLocation,
     kept: Option<deltalake::DeltaTable>,
@@ -239,6 +280,7 @@ async fn commit_once(
     order: &[u32],
     txns: &[AppTxn],
     expected_txns: &[(String, Option<i64>)],
+    content: Option<&Content>,
 ) -> std::result::Result<(u64, deltalake::DeltaTable), CommitError> {
     use deltalake::DeltaTableError;
     use deltalake::kernel::transaction::TransactionError;
@@ -260,6 +302,18 @@ async fn commit_once(
                 return Err(Error::Fenced { table: location.to_string(), app: app.clone(), expected: *expected, recorded }.into());
             }
         }
+    }
+    let mut txns = txns.to_vec();
+    if let Some(content) = content {
+        let app = content.app();
+        if !content.allow_duplicate {
+            let snapshot = table.snapshot().map_err(|e| Error::delta(location, e))?;
+            let recorded = snapshot.transaction_version(table.log_store().as_ref(), &app).await.map_err(|e| Error::delta(location, e))?;
+            if let Some(version) = recorded {
+                return Err(CommitError::Duplicate(version as u64));
+            }
+        }
+        txns.push((app, next_version as i64));
     }
     let seq_base = (next_version as i64) << 32;
     let mut batches_out = Vec::with_capacity(sorted.len());

@@ -47,9 +47,10 @@ impl InputFormat {
 /// A column a reader should produce: the name, the type wanted, and its role.
 pub type Wanted = (Field, Role);
 
-/// Reads a whole file of `view`'s rows into batches. CSV is parsed with the view's
-/// types (timestamps as text, checked later; other columns as text); JSON lines go
-/// through the strict row reader; Parquet is read as it is. [`conform`] checks the rest.
+/// Reads a whole file of `view`'s rows into batches. CSV is read as text, then its
+/// numbers and booleans are typed column by column (timestamps are read by [`conform`]);
+/// JSON lines go through the strict row reader; Parquet is read as it is. [`conform`]
+/// checks the rest.
 ///
 /// # Errors
 /// [`Error::Input`] naming the file for unreadable or malformed input.
@@ -76,25 +77,31 @@ pub fn read_file(path: &Path, defs: &Definitions, view: &FeatureView) -> Result<
             let mut fields = Vec::new();
             for name in names {
                 let name = name.trim().trim_matches('"');
-                let dtype = match wanted.iter().find(|(f, _)| f.name() == name) {
-                    Some((f, _)) if is_time(f.data_type()) => DataType::Utf8,
-                    Some((f, _)) if f.data_type().is_nested() || *f.data_type() == DataType::Binary => {
-                        return Err(Error::input(
-                            path.display(),
-                            format!("column `{name}`: list and bytes features cannot be read from CSV (use Parquet or JSON lines)"),
-                        ));
-                    }
-                    Some((f, _)) => f.data_type().clone(),
-                    None => DataType::Utf8,
-                };
-                fields.push(Field::new(name, dtype, true));
+                // Every column read as text, then typed here, so that a value that is not
+                // of its column's type is named with its row and column.
+                if let Some((f, _)) = wanted.iter().find(|(f, _)| f.name() == name)
+                    && (f.data_type().is_nested() || *f.data_type() == DataType::Binary)
+                {
+                    return Err(Error::input(
+                        path.display(),
+                        format!("column `{name}`: list and bytes features cannot be read from CSV (use Parquet or JSON lines)"),
+                    ));
+                }
+                fields.push(Field::new(name, DataType::Utf8, true));
             }
             let reader = arrow::csv::ReaderBuilder::new(Arc::new(Schema::new(fields)))
                 .with_header(true)
                 .with_batch_size(64 * 1024)
                 .build(file)
                 .map_err(|e| fail(&e))?;
-            reader.collect::<std::result::Result<Vec<_>, _>>().map_err(|e| fail(&e))
+            let text = reader.collect::<std::result::Result<Vec<_>, _>>().map_err(|e| fail(&e))?;
+            let mut row0 = 0;
+            let mut typed = Vec::with_capacity(text.len());
+            for batch in text {
+                typed.push(type_csv_batch(&batch, wanted, row0).map_err(|m| Error::input(path.display(), m))?);
+                row0 += batch.num_rows();
+            }
+            Ok(typed)
         }
         InputFormat::JsonLines => read_json_lines(path, BufReader::new(file), defs, view, wanted),
     }
@@ -151,6 +158,41 @@ fn read_json_lines(
 
 fn is_time(t: &DataType) -> bool {
     matches!(t, DataType::Timestamp(..))
+}
+
+/// A CSV batch read as text, its columns of numbers and booleans parsed into their
+/// view's types (timestamps stay text: [`conform`] reads them; an empty field is
+/// null). `row0`: the rows before this batch, for the message naming the first value
+/// that does not parse, its row (from 1, after the header), column and the type wanted.
+fn type_csv_batch(batch: &RecordBatch, wanted: &[Wanted], row0: usize) -> std::result::Result<RecordBatch, String> {
+    let schema = batch.schema();
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        let target = wanted
+            .iter()
+            .find(|(f, _)| f.name() == field.name())
+            .map(|(f, _)| f.data_type())
+            .filter(|t| matches!(t, DataType::Int32 | DataType::Int64 | DataType::Float32 | DataType::Float64 | DataType::Boolean));
+        let Some(target) = target else {
+            fields.push(field.as_ref().clone());
+            columns.push(column.clone());
+            continue;
+        };
+        let text = column.as_string::<i32>();
+        // Unparsable values become nulls here, then are found by their row.
+        let parsed = arrow::compute::cast(column, target).map_err(|e| format!("column `{}`: {e}", field.name()))?;
+        if let Some(row) = (0..text.len()).find(|&i| text.is_valid(i) && parsed.is_null(i) && !text.value(i).trim().is_empty()) {
+            let name = match target {
+                DataType::Boolean => "bool (true or false)".to_string(),
+                other => other.to_string().to_lowercase(),
+            };
+            return Err(format!("row {}: column `{}`: `{}` does not parse as {name}", row0 + row + 1, field.name(), text.value(row)));
+        }
+        fields.push(Field::new(field.name(), target.clone(), true));
+        columns.push(parsed);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| e.to_string())
 }
 
 /// Conforms one input batch to the wanted columns, in their order. `row0` is the

@@ -86,16 +86,19 @@ fn open(repo: &str) -> anyhow::Result<Repo> {
 }
 
 /// Validates definitions given as JSON (the serde form YAML produces) and records them
-/// as the registry's next version. Returns the registry version after the apply.
+/// as the registry's next version, defined from `python`; `remove` names objects to
+/// remove (`kind/name` or a name) whoever defined them. Returns the registry version
+/// after the apply.
 #[pyfunction]
-#[pyo3(signature = (repo, definitions_json, force = false))]
-fn apply(py: Python<'_>, repo: String, definitions_json: String, force: bool) -> PyResult<u64> {
-    let defs: Definitions = serde_json::from_str(&definitions_json).map_err(|e| ValidationError::new_err(format!("definitions: {e}")))?;
+#[pyo3(signature = (repo, definitions_json, force = false, remove = Vec::new()))]
+fn apply(py: Python<'_>, repo: String, definitions_json: String, force: bool, remove: Vec<String>) -> PyResult<u64> {
+    let defs = Definitions::from_json(&definitions_json).map_err(|e| ValidationError::new_err(e.to_string()))?;
     run(py, async move {
         let repo = open(&repo)?;
         let now = chrono::Utc::now();
         let handle = tokio::runtime::Handle::current();
-        let applied = tokio::task::spawn_blocking(move || repo.apply_definitions(defs, force, now, handle)).await??;
+        let origin = quiver::sdk::registry::Origin::new("python").removing(remove);
+        let applied = tokio::task::spawn_blocking(move || repo.apply_from(defs, &origin, force, now, handle)).await??;
         Ok(applied.outcome.version)
     })
 }
@@ -109,15 +112,17 @@ fn registry_json(py: Python<'_>, repo: String) -> PyResult<String> {
     })
 }
 
-/// Appends a table of `view`'s rows to its Delta table in one commit; returns
-/// (rows, table version).
+/// Appends a table of `view`'s rows to its Delta table in one commit, unless the table
+/// already holds the same content (and not `allow_duplicate`); returns (rows, table
+/// version, whether it was a duplicate and nothing was appended).
 #[pyfunction]
-fn ingest(py: Python<'_>, repo: String, view: String, table: &Bound<'_, PyAny>) -> PyResult<(usize, u64)> {
+#[pyo3(signature = (repo, view, table, allow_duplicate = false))]
+fn ingest(py: Python<'_>, repo: String, view: String, table: &Bound<'_, PyAny>, allow_duplicate: bool) -> PyResult<(usize, u64, bool)> {
     let (_, batches) = read_table(table, "table")?;
     run(py, async move {
         let repo = open(&repo)?;
-        let report = repo.ingest(&view, Rows::Batches(batches, "table".into())).await?;
-        Ok((report.rows, report.version))
+        let report = repo.ingest(&view, Rows::Batches(batches, "table".into())).allow_duplicate(allow_duplicate).await?;
+        Ok((report.rows, report.version, report.duplicate))
     })
 }
 
@@ -162,33 +167,42 @@ fn micros(t: chrono::DateTime<chrono::Utc>) -> i64 {
 }
 
 /// Loads the latest values with event time in [start, end] into the online store;
-/// returns (view, entities, written) per view.
+/// returns (view, entities, written, skipped as already expired) per view.
 #[pyfunction]
 fn materialize(
     py: Python<'_>,
     repo: String,
     start: chrono::DateTime<chrono::Utc>,
     end: chrono::DateTime<chrono::Utc>,
-) -> PyResult<Vec<(String, usize, usize)>> {
+) -> PyResult<Vec<(String, usize, usize, usize)>> {
     run(py, async move {
         let repo = open(&repo)?;
         let reports = repo.materialize(micros(start), micros(end)).await?;
-        Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written)).collect())
+        Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written, r.expired)).collect())
     })
 }
 
 /// Loads what arrived since the last incremental run, up to `end`.
 #[pyfunction]
-fn materialize_incremental(py: Python<'_>, repo: String, end: chrono::DateTime<chrono::Utc>) -> PyResult<Vec<(String, usize, usize)>> {
+fn materialize_incremental(
+    py: Python<'_>,
+    repo: String,
+    end: chrono::DateTime<chrono::Utc>,
+) -> PyResult<Vec<(String, usize, usize, usize)>> {
     run(py, async move {
         let repo = open(&repo)?;
         let reports = repo.materialize_incremental(micros(end)).await?;
-        Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written)).collect())
+        Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written, r.expired)).collect())
     })
 }
 
+/// One column of an online answer: its name, its values as JSON text, their statuses.
+type AnswerColumn = (String, String, Vec<String>);
+
 /// Online lookup. `entities` maps each join key to its values (one per row). Returns
-/// (name, values as JSON text, statuses) per column, join keys first.
+/// (name, values as JSON text, statuses) per column, join keys first, and the same
+/// values as a table typed by the definitions (a feature's type even when every value
+/// is missing).
 #[pyfunction]
 #[pyo3(signature = (repo, entities_json, features = None, feature_service = None, full_feature_names = false))]
 fn get_online_features(
@@ -198,7 +212,7 @@ fn get_online_features(
     features: Option<Vec<String>>,
     feature_service: Option<String>,
     full_feature_names: bool,
-) -> PyResult<Vec<(String, String, Vec<String>)>> {
+) -> PyResult<(Vec<AnswerColumn>, ArrowStream)> {
     let entities: Vec<(String, Vec<serde_json::Value>)> =
         serde_json::from_str(&entities_json).map_err(|e| ValidationError::new_err(format!("entity_rows: {e}")))?;
     run(py, async move {
@@ -214,22 +228,72 @@ fn get_online_features(
                 .collect::<Result<Vec<_>, _>>()?;
             columns.push((name, keys));
         }
+        let n_keys = columns.len();
         let mut op = repo.lookup(columns).with_full_names(full_feature_names);
-        op = match (feature_service, features) {
-            (Some(service), _) => op.with_service(service),
-            (None, Some(features)) => op.with_features(features),
+        op = match (&feature_service, &features) {
+            (Some(service), _) => op.with_service(service.clone()),
+            (None, Some(features)) => op.with_features(features.clone()),
             (None, None) => anyhow::bail!(quiver::Error::Invalid("give `features` or `feature_service`".into())),
         };
         let result = op.await?;
-        Ok(result
+        let defs = repo.defs()?;
+        let refs: Vec<quiver::sdk::FeatureRef> = match (feature_service, features) {
+            (Some(service), _) => defs.find_service(&service).map_err(|e| quiver::Error::NotFound(e.0))?.features.clone(),
+            (None, features) => features.unwrap_or_default().iter().filter_map(|f| f.parse().ok()).collect(),
+        };
+        let table = ArrowStream::new(typed_answer(&defs, n_keys, &refs, &result)?);
+        let columns = result
             .into_iter()
             .map(|c| {
                 // The server's JSON of each value (floats keep their point, non-finite ones are null).
                 let values: Vec<String> = c.values.iter().map(quiver::online::server::json::value_json).collect();
                 (c.name, format!("[{}]", values.join(",")), c.statuses.iter().map(|s| s.as_str().to_string()).collect())
             })
-            .collect())
+            .collect();
+        Ok((columns, table))
     })
+}
+
+/// A lookup's answer as one batch: each join key typed by the entity that defines it,
+/// each feature by its definition (an aggregation by its output), whatever the values.
+fn typed_answer(
+    defs: &Definitions,
+    n_keys: usize,
+    refs: &[quiver::sdk::FeatureRef],
+    columns: &[quiver::online::lookup::Column],
+) -> anyhow::Result<arrow::array::RecordBatch> {
+    use quiver::offline::schema::{key_array, values_to_array};
+    use quiver::sdk::encoding::Value;
+    let mut fields = Vec::with_capacity(columns.len());
+    let mut arrays = Vec::with_capacity(columns.len());
+    for (i, c) in columns.iter().enumerate() {
+        let array = if i < n_keys {
+            let key = defs.entities.iter().flat_map(|e| &e.join_keys).find(|k| k.name == c.name);
+            let dtype = match (key, c.values.first()) {
+                (Some(k), _) => k.dtype,
+                (None, Some(Value::String(_))) => quiver::sdk::KeyType::String,
+                (None, _) => quiver::sdk::KeyType::Int64,
+            };
+            let keys: Vec<KeyValue> = c
+                .values
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => KeyValue::Str(s.clone()),
+                    Value::Int64(n) => KeyValue::Int(*n),
+                    _ => KeyValue::Int(0),
+                })
+                .collect();
+            key_array(dtype, keys.iter())
+        } else {
+            let r = &refs[i - n_keys];
+            let feature = defs.feature_view(&r.view).and_then(|v| v.served_feature(&r.feature));
+            let feature = feature.ok_or_else(|| quiver::Error::NotFound(format!("feature `{r}`")))?;
+            values_to_array(feature.dtype, c.values.iter())
+        };
+        fields.push(arrow::datatypes::Field::new(&c.name, array.data_type().clone(), true));
+        arrays.push(array);
+    }
+    Ok(arrow::array::RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), arrays)?)
 }
 
 /// Writes a table of `view`'s rows through the streaming write path to `to` (online,

@@ -329,7 +329,7 @@ def test_tables_cross_through_the_arrow_pycapsule_interface(store):
     once, and what is not a table is refused by name."""
     from quiver import _quiver
     pl = pytest.importorskip("polars")
-    rows, _ = _quiver.ingest(store.repo_path, "trips", pl.from_arrow(table()))
+    rows, _, _ = _quiver.ingest(store.repo_path, "trips", pl.from_arrow(table()))
     assert rows == table().num_rows
     stream = _quiver.get_historical_features(store.repo_path, spine(), ["trips:fare"])
     joined = pa.table(stream)
@@ -427,3 +427,71 @@ def test_get_historical_features_on_a_cluster_equals_the_local_join(store, tmp_p
         for p in procs:
             p.terminate()
             p.wait(timeout=10)
+
+
+def test_ingesting_the_same_table_twice_appends_it_once(store):
+    """Idempotent by content: the fixture's table again (a retried call) appends nothing,
+    warns, and returns the version holding it; allow_duplicate=True appends it."""
+    with pytest.warns(qv.DuplicateIngestWarning, match="table version 1 holds the same content"):
+        assert store.ingest("trips", table()) == 1
+    assert store.ingest("trips", table(), allow_duplicate=True) == 2
+    with pytest.warns(qv.DuplicateIngestWarning, match="table version 2 holds the same content"):
+        assert store.ingest("trips", table()) == 2
+
+
+def _rides(*extra):
+    rider = qv.Entity(name="rider", join_keys=[qv.Field(name="rider_id", dtype=qv.Int64)])
+    aggregations = [qv.Aggregation(name="fare_sum_1h", function="sum", column="fare", window=timedelta(hours=1)), *extra]
+    rides = qv.FeatureView(name="rides", entities=[rider], schema=[qv.Field(name="fare", dtype=qv.Float64)],
+                           aggregations=aggregations)
+    return rider, rides
+
+
+def test_an_aggregation_added_from_python_keeps_the_served_ones_and_answers_typed(tmp_path):
+    """Adding an aggregation to a served event log never blanks the ones served (the new
+    one is NOT_FOUND until materialized), and to_arrow() types a column whose every
+    value is missing by its definition, not as null."""
+    store = qv.FeatureStore(str(new_repo(tmp_path / "repo")))
+    store.apply(list(_rides()))
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    store.ingest("rides", pa.table({"rider_id": pa.array([1, 1], pa.int64()),
+                                    "event_timestamp": pa.array([now - timedelta(minutes=m) for m in (5, 30)], pa.timestamp("us", tz="UTC")),
+                                    "fare": pa.array([1.5, 2.0], pa.float64())}))
+    store.materialize(now - timedelta(days=1), now)
+    store.apply(list(_rides(qv.Aggregation(name="fare_max_1d", function="max", column="fare", window=timedelta(days=1)))))
+    resp = store.get_online_features(["rides:fare_sum_1h", "rides:fare_max_1d"], [{"rider_id": 1}])
+    assert resp.to_dict() == {"rider_id": [1], "fare_sum_1h": [3.5], "fare_max_1d": [None]}
+    assert resp.statuses["fare_sum_1h"] == ["PRESENT"] and resp.statuses["fare_max_1d"] == ["NOT_FOUND"]
+    assert resp.to_arrow().schema == pa.schema([("rider_id", pa.int64()), ("fare_sum_1h", pa.float64()), ("fare_max_1d", pa.float64())])
+    store.materialize(now - timedelta(days=1), now)
+    assert store.get_online_features(["rides:fare_max_1d"], [{"rider_id": 1}]).to_dict()["fare_max_1d"] == [2.0]
+
+
+def test_a_python_definition_error_names_the_view_and_aggregation(tmp_path):
+    store = qv.FeatureStore(str(new_repo(tmp_path / "repo")))
+    with pytest.raises(qv.ValidationError) as err:
+        store.apply(list(_rides(qv.Aggregation(name="fare_summ", function="summ", column="fare", window=timedelta(days=1)))))
+    message = str(err.value)
+    assert message.startswith("feature view `rides`, aggregation `fare_summ`: unknown function `summ`"), message
+    assert " at line " not in message, message
+
+
+def test_the_cli_keeps_what_python_defined(tmp_path):
+    """A repository defined in Python, then `quiver plan` and `quiver apply` with the
+    empty features.yaml: nothing is proposed for removal; `--remove` and Python's
+    objects_to_delete remove on purpose."""
+    repo = new_repo(tmp_path / "repo")
+    store = qv.FeatureStore(str(repo))
+    rider, rides = _rides()
+    store.apply([rider, rides])
+    plan = cli(repo, "plan")
+    assert "0 to add, 0 to change, 0 to remove, 2 kept (defined elsewhere)" in plan, plan
+    assert "= feature_view rides (kept: defined from python; `--remove feature_view/rides` removes it)" in plan, plan
+    assert "no changes" in cli(repo, "apply")
+    assert store.list_feature_views() == ["rides"]
+    out = cli(repo, "apply", "--remove", "feature_view/rides")
+    assert "- feature_view rides" in out and "0 to add, 0 to change, 1 to remove, 1 kept" in out, out
+    assert store.list_feature_views() == []
+    store.apply([rides])
+    store.apply([], objects_to_delete=[rides])
+    assert store.list_feature_views() == []

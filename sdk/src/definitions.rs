@@ -13,6 +13,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::aggregation::Aggregation;
+use crate::error::DefinitionError;
 use crate::types::{DType, KeyType, Ttl};
 
 /// One join key of an entity: a spine column and its type.
@@ -233,6 +234,43 @@ pub struct FeatureService {
     pub tags: BTreeMap<String, String>,
 }
 
+/// The first definition in `value` (a [`Definitions`] document as JSON) that does not
+/// read as its type, named: `feature view \`rides\`, aggregation \`n\``.
+fn locate_json_error(value: &serde_json::Value) -> Option<DefinitionError> {
+    fn fails<T: serde::de::DeserializeOwned>(item: &serde_json::Value) -> Option<String> {
+        serde_json::from_value::<T>(item.clone()).err().map(|e| e.to_string())
+    }
+    let name = |item: &serde_json::Value| item.get("name").and_then(serde_json::Value::as_str).unwrap_or("(unnamed)").to_string();
+    let items = |key: &str| value.get(key).and_then(serde_json::Value::as_array).into_iter().flatten();
+    for item in items("entities") {
+        if let Some(reason) = fails::<Entity>(item) {
+            return Some(DefinitionError::Shape { what: format!("entity `{}`", name(item)), reason });
+        }
+    }
+    for item in items("feature_views") {
+        let Some(reason) = fails::<FeatureView>(item) else { continue };
+        let view = name(item);
+        let aggregations = item.get("aggregations").and_then(serde_json::Value::as_array).into_iter().flatten();
+        for a in aggregations {
+            if let Some(reason) = fails::<Aggregation>(a) {
+                return Some(DefinitionError::BadAggregation { view, aggregation: name(a), reason });
+            }
+        }
+        for f in item.get("features").and_then(serde_json::Value::as_array).into_iter().flatten() {
+            if let Some(reason) = fails::<Feature>(f) {
+                return Some(DefinitionError::Shape { what: format!("feature view `{view}`, feature `{}`", name(f)), reason });
+            }
+        }
+        return Some(DefinitionError::Shape { what: format!("feature view `{view}`"), reason });
+    }
+    for item in items("feature_services") {
+        if let Some(reason) = fails::<FeatureService>(item) {
+            return Some(DefinitionError::Shape { what: format!("feature service `{}`", name(item)), reason });
+        }
+    }
+    None
+}
+
 /// Everything a feature repository defines.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -250,13 +288,46 @@ pub struct Definitions {
     /// that changes a view's features; never written by hand, not part of a plan.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub online_layouts: BTreeMap<String, Vec<Feature>>,
+    /// The aggregations of event-log records written under earlier definitions of a
+    /// view, by the same fingerprint as [`Definitions::online_layouts`]: a lookup answers
+    /// such a record's aggregations by definition, so an aggregation added by `apply`
+    /// never blanks those already served. Kept like `online_layouts`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub online_aggregations: BTreeMap<String, Vec<Aggregation>>,
 }
 
 impl Definitions {
+    /// Definitions as JSON of these structures (what the Python SDK sends), not yet
+    /// validated. An error names the entity, feature view (and aggregation) or feature
+    /// service whose shape is wrong, never a position in the text.
+    ///
+    /// # Errors
+    /// [`DefinitionError::Shape`] or [`DefinitionError::BadAggregation`]; a text that is
+    /// not JSON at all, [`DefinitionError::Yaml`].
+    pub fn from_json(text: &str) -> Result<Definitions, DefinitionError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| DefinitionError::Yaml(format!("definitions are not valid JSON: {e}")))?;
+        serde_json::from_value::<Definitions>(value.clone()).map_err(|whole| {
+            locate_json_error(&value)
+                .unwrap_or_else(|| DefinitionError::Shape { what: "definitions".to_string(), reason: whole.to_string() })
+        })
+    }
+
     /// The features of rows written under the schema `fingerprint` of a view, when the
     /// registry kept them ([`Definitions::online_layouts`]).
     pub fn online_layout(&self, fingerprint: u64) -> Option<&[Feature]> {
         self.online_layouts.get(&format!("{fingerprint:016x}")).map(Vec::as_slice)
+    }
+
+    /// `view` as it was defined when online rows or records of `fingerprint` were
+    /// written: its features and (an event log) aggregations then, when the registry
+    /// kept them and they give that fingerprint.
+    pub fn earlier_view(&self, view: &FeatureView, fingerprint: u64) -> Option<FeatureView> {
+        let key = format!("{fingerprint:016x}");
+        let features = self.online_layouts.get(&key)?.clone();
+        let aggregations = self.online_aggregations.get(&key).cloned().unwrap_or_default();
+        let earlier = FeatureView { features, aggregations, ..view.clone() };
+        (crate::encoding::fingerprint(&earlier) == fingerprint).then_some(earlier)
     }
 
     pub fn entity(&self, name: &str) -> Option<&Entity> {

@@ -57,6 +57,13 @@ pub enum DefinitionError {
     ServingLogTable { view: String, table: String },
     #[error("{0}")]
     Yaml(String),
+    /// A definition given as JSON (from Python) whose shape is wrong, named by what it
+    /// defines (`feature view \`rides\``), never by a position in the JSON text.
+    #[error("{what}: {reason}")]
+    Shape { what: String, reason: String },
+    /// `apply --remove` (or Python's `objects_to_delete`) naming what it cannot remove.
+    #[error("cannot remove `{name}`: {reason}")]
+    BadRemoval { name: String, reason: String },
 }
 
 /// What kind of failure an error is: the one thing front ends map (an HTTP status, a

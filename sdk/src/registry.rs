@@ -39,12 +39,49 @@ pub struct RegistryDoc {
     pub history: Vec<HistoryEntry>,
 }
 
-/// Version and times of one object in the registry.
+/// Version, times and origin of one object in the registry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectMeta {
     pub version: u64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The front end that last added or changed it ([`Origin::name`]: `features.yaml`,
+    /// `python`); `None` for objects recorded before origins were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+}
+
+/// Where the definitions of an apply come from, and what it removes explicitly. A
+/// front end removes what it defined itself and no longer defines; an object another
+/// front end defined (or one recorded before origins were) is kept unless named in
+/// `remove`, so no front end silently removes what another one defined.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// `features.yaml` for `quiver apply`, `python` for the Python SDK.
+    pub name: String,
+    /// Objects to remove whoever defined them: `kind/name` or a name.
+    pub remove: Vec<String>,
+}
+
+impl Origin {
+    pub fn new(name: impl Into<String>) -> Origin {
+        Origin { name: name.into(), remove: Vec::new() }
+    }
+
+    pub fn removing(mut self, remove: Vec<String>) -> Origin {
+        self.remove = remove;
+        self
+    }
+}
+
+/// A registered object an apply leaves as it is, though its definitions lack it: it was
+/// defined by another front end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    pub kind: ObjectKind,
+    pub name: String,
+    /// Where it was defined (`None`: before origins were recorded).
+    pub origin: Option<String>,
 }
 
 /// One effective `apply`.
@@ -129,6 +166,8 @@ impl Change {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Plan {
     pub changes: Vec<Change>,
+    /// Objects the new definitions lack that stay, defined by another front end.
+    pub kept: Vec<Kept>,
 }
 
 impl Plan {
@@ -176,8 +215,16 @@ impl fmt::Display for Plan {
                 }
             }
         }
+        for k in &self.kept {
+            let from = k.origin.as_deref().map_or_else(|| "before origins were recorded".to_string(), |o| format!("from {o}"));
+            writeln!(f, "= {} {} (kept: defined {from}; `--remove {}/{}` removes it)", k.kind, k.name, k.kind, k.name)?;
+        }
         let (a, c, r) = self.counts();
-        write!(f, "{a} to add, {c} to change, {r} to remove")
+        write!(f, "{a} to add, {c} to change, {r} to remove")?;
+        if !self.kept.is_empty() {
+            write!(f, ", {} kept (defined elsewhere)", self.kept.len())?;
+        }
+        Ok(())
     }
 }
 
@@ -296,7 +343,7 @@ pub fn diff(old: &Definitions, new: &Definitions) -> Plan {
         }
     }
     changes.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
-    Plan { changes }
+    Plan { changes, kept: Vec::new() }
 }
 
 impl RegistryDoc {
@@ -316,6 +363,69 @@ impl RegistryDoc {
     /// What applying `new` would change.
     pub fn plan(&self, new: &Definitions) -> Plan {
         diff(&self.definitions, new)
+    }
+
+    /// The definitions an apply of `new` from `origin` records, and its plan: `new`,
+    /// plus each registered object `new` lacks that `origin` may not remove (defined
+    /// by another front end, or before origins were recorded, and not named in
+    /// `origin.remove`), listed in the plan as kept.
+    ///
+    /// # Errors
+    /// [`Error::Definition`] for a name in `origin.remove` that is not registered, or
+    /// that `new` defines.
+    pub fn plan_from(&self, new: &Definitions, origin: &Origin) -> Result<(Definitions, Plan)> {
+        let mut merged = new.clone();
+        let mut kept = Vec::new();
+        let named = |kind: ObjectKind, name: &str| origin.remove.iter().any(|r| *r == name || *r == format!("{kind}/{name}"));
+        for r in &origin.remove {
+            let (kind, name) = match r.split_once('/') {
+                Some((k, n)) => (Some(k), n),
+                None => (None, r.as_str()),
+            };
+            let is = |k: ObjectKind| kind.is_none_or(|want| want == k.as_str());
+            let registered = (is(ObjectKind::Entity) && self.definitions.entity(name).is_some())
+                || (is(ObjectKind::FeatureView) && self.definitions.feature_view(name).is_some())
+                || (is(ObjectKind::FeatureService) && self.definitions.feature_service(name).is_some());
+            let defined = (is(ObjectKind::Entity) && new.entity(name).is_some())
+                || (is(ObjectKind::FeatureView) && new.feature_view(name).is_some())
+                || (is(ObjectKind::FeatureService) && new.feature_service(name).is_some());
+            let refuse = |reason: String| crate::error::DefinitionError::BadRemoval { name: r.clone(), reason };
+            if !registered {
+                return Err(refuse("the registry holds no such object".to_string()).into());
+            }
+            if defined {
+                return Err(refuse(format!("{} defines it (take it out there to remove it)", origin.name)).into());
+            }
+        }
+        // An object the new definitions lack stays unless this front end defined it
+        // or it is named for removal.
+        let mut keep = |kind: ObjectKind, name: &str| -> bool {
+            let meta = self.objects.get(&format!("{kind}/{name}"));
+            let from = meta.and_then(|m| m.origin.clone());
+            if named(kind, name) || from.as_deref() == Some(origin.name.as_str()) {
+                return false;
+            }
+            kept.push(Kept { kind, name: name.to_string(), origin: from });
+            true
+        };
+        for e in &self.definitions.entities {
+            if new.entity(&e.name).is_none() && keep(ObjectKind::Entity, &e.name) {
+                merged.entities.push(e.clone());
+            }
+        }
+        for v in &self.definitions.feature_views {
+            if new.feature_view(&v.name).is_none() && keep(ObjectKind::FeatureView, &v.name) {
+                merged.feature_views.push(v.clone());
+            }
+        }
+        for s in &self.definitions.feature_services {
+            if new.feature_service(&s.name).is_none() && keep(ObjectKind::FeatureService, &s.name) {
+                merged.feature_services.push(s.clone());
+            }
+        }
+        let mut plan = diff(&self.definitions, &merged);
+        plan.kept = kept;
+        Ok((merged, plan))
     }
 
     /// The changes in `new` that would break a view that holds data: a removed view, a
@@ -375,16 +485,26 @@ impl RegistryDoc {
 
     /// The next version of this document with `new` applied as `plan` describes.
     pub fn applied(&self, new: &Definitions, plan: &Plan, now: DateTime<Utc>, forced: bool) -> Self {
+        self.applied_from(new, plan, now, forced, None)
+    }
+
+    /// [`RegistryDoc::applied`], recording `origin` on every object added or changed.
+    pub fn applied_from(&self, new: &Definitions, plan: &Plan, now: DateTime<Utc>, forced: bool, origin: Option<&str>) -> Self {
+        let origin = origin.map(str::to_string);
         let mut next = self.clone();
         next.version += 1;
         next.updated_at = Some(now);
         next.definitions = new.clone();
         // Online rows written under the views' current features stay readable by name.
         next.definitions.online_layouts = self.definitions.online_layouts.clone();
+        next.definitions.online_aggregations = self.definitions.online_aggregations.clone();
         for old in &self.definitions.feature_views {
             let (before, after) = (fingerprint(old), new.feature_view(&old.name).map(fingerprint));
             if after.is_some_and(|after| after != before) {
                 next.definitions.online_layouts.insert(format!("{before:016x}"), old.features.clone());
+                if old.is_event_log() {
+                    next.definitions.online_aggregations.insert(format!("{before:016x}"), old.aggregations.clone());
+                }
             }
         }
         for change in &plan.changes {
@@ -393,12 +513,15 @@ impl RegistryDoc {
                 ChangeOp::Added => {
                     // A re-added object keeps counting from its last version.
                     let version = self.objects.get(&key).map_or(1, |m| m.version + 1);
-                    next.objects.insert(key, ObjectMeta { version, created_at: now, updated_at: now });
+                    next.objects.insert(key, ObjectMeta { version, created_at: now, updated_at: now, origin: origin.clone() });
                 }
                 ChangeOp::Changed(_) => {
-                    let meta = next.objects.entry(key).or_insert(ObjectMeta { version: 0, created_at: now, updated_at: now });
+                    let meta = next.objects.entry(key).or_insert(ObjectMeta { version: 0, created_at: now, updated_at: now, origin: None });
                     meta.version += 1;
                     meta.updated_at = now;
+                    if origin.is_some() {
+                        meta.origin.clone_from(&origin);
+                    }
                 }
                 // Removed objects keep their meta so a re-added one continues the count;
                 // `definitions` alone says what exists.
@@ -531,35 +654,57 @@ pub fn apply(
     force: bool,
     now: DateTime<Utc>,
 ) -> Result<ApplyOutcome> {
-    apply_with(registry, project, new, probe, force, now, &mut || Ok(()))
+    let request = ApplyRequest { new, origin: &Origin::new("rust"), probe, force, now };
+    apply_with(registry, project, &request, &mut || Ok(()))
 }
 
-/// As [`apply`], calling `before_write` after every check has passed and before the
-/// registry is written (not at all for a no-op), so that the stores can be prepared
-/// first: if it fails, the registry is left as it was.
+/// One apply: the definitions, where they come from, how to probe the views for data,
+/// whether to force breaking changes, and the time to record.
+#[derive(Clone, Copy)]
+pub struct ApplyRequest<'a> {
+    pub new: &'a Definitions,
+    pub origin: &'a Origin,
+    pub probe: &'a dyn DataProbe,
+    pub force: bool,
+    pub now: DateTime<Utc>,
+}
+
+impl fmt::Debug for ApplyRequest<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApplyRequest")
+            .field("origin", self.origin)
+            .field("force", &self.force)
+            .field("now", &self.now)
+            .finish_non_exhaustive()
+    }
+}
+
+/// As [`apply`] of `request`, calling `before_write` after every check has passed and
+/// before the registry is written (not at all for a no-op), so that the stores can be
+/// prepared first: if it fails, the registry is left as it was. The definitions recorded
+/// are [`RegistryDoc::plan_from`]'s: objects another front end defined are kept.
 ///
 /// # Errors
-/// As [`apply`], and whatever `before_write` returns.
+/// As [`apply`], invalid definitions after the merge, and whatever `before_write`
+/// returns.
 pub fn apply_with(
     registry: &FileRegistry,
     project: &str,
-    new: &Definitions,
-    probe: &dyn DataProbe,
-    force: bool,
-    now: DateTime<Utc>,
+    request: &ApplyRequest<'_>,
     before_write: &mut dyn FnMut() -> Result<()>,
 ) -> Result<ApplyOutcome> {
     // Load, check and write under one lock: two applies never both read version N and
     // write N + 1 (the second waits and applies on top of the first).
     let _lock = registry.lock(APPLY_LOCK_WAIT)?;
     let doc = registry.load_or_empty(project)?;
-    let plan = doc.plan(new);
+    let (new, plan) = doc.plan_from(request.new, request.origin)?;
     if plan.is_empty() {
         return Ok(ApplyOutcome { plan, version: doc.version, written: false, forced: Vec::new() });
     }
-    let breaking = doc.breaking_changes(new, probe)?;
+    new.validate()?;
+    let breaking = doc.breaking_changes(&new, request.probe)?;
     if let Some(first) = breaking.first()
-        && !force
+        && !request.force
     {
         let more = match breaking.len() {
             1 => String::new(),
@@ -567,7 +712,7 @@ pub fn apply_with(
         };
         return Err(Error::Breaking(format!("{first}{more}")));
     }
-    let next = doc.applied(new, &plan, now, force && !breaking.is_empty());
+    let next = doc.applied_from(&new, &plan, request.now, request.force && !breaking.is_empty(), Some(&request.origin.name));
     before_write()?;
     registry.save(&next)?;
     Ok(ApplyOutcome { plan, version: next.version, written: true, forced: breaking })

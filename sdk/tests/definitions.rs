@@ -355,3 +355,29 @@ fn the_builder_api_writes_aggregations_too() {
     .unwrap();
     assert_eq!(defs, from_yaml);
 }
+
+/// Definitions as JSON (the Python SDK's) with a wrong shape: the error names the view
+/// and aggregation (or feature, entity, service), never a position in the JSON text.
+#[test]
+fn json_definitions_name_what_is_wrong() {
+    let good = serde_json::json!({
+        "entities": [{"name": "user", "join_keys": [{"name": "user_id", "dtype": "int64"}]}],
+        "feature_views": [{"name": "activity", "entities": ["user"], "features": [{"name": "amount", "dtype": "float64"}],
+            "aggregations": [{"name": "amount_sum_7d", "function": "sum", "column": "amount", "window": "7d"}]}],
+    });
+    assert!(Definitions::from_json(&good.to_string()).is_ok());
+    let mut bad = good.clone();
+    bad["feature_views"][0]["aggregations"][0]["function"] = "summ".into();
+    let err = Definitions::from_json(&bad.to_string()).unwrap_err().to_string();
+    assert!(err.starts_with("feature view `activity`, aggregation `amount_sum_7d`: unknown function `summ`"), "{err}");
+    assert!(!err.contains("line") && !err.contains("column 3"), "{err}");
+    let mut bad = good.clone();
+    bad["feature_views"][0]["features"][0]["dtype"] = 7.into();
+    let err = Definitions::from_json(&bad.to_string()).unwrap_err().to_string();
+    assert!(err.starts_with("feature view `activity`, feature `amount`: "), "{err}");
+    let mut bad = good.clone();
+    bad["entities"][0]["join_keys"] = "user_id".into();
+    let err = Definitions::from_json(&bad.to_string()).unwrap_err().to_string();
+    assert!(err.starts_with("entity `user`: "), "{err}");
+    assert!(!err.contains(" at line "), "{err}");
+}

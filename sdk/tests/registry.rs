@@ -240,3 +240,54 @@ fn a_registry_of_another_project_or_format_is_refused() {
     std::fs::write(reg.path(), "not json").unwrap();
     assert!(reg.load().unwrap_err().to_string().contains("not valid JSON"));
 }
+
+/// Where definitions come from is recorded per object; a front end removes only what it
+/// defined itself: `features.yaml` without Python's objects keeps them (listed as kept),
+/// and removing one of them takes naming it.
+#[test]
+fn a_front_end_never_removes_what_another_defined_unless_told() {
+    use quiver_sdk::registry::{ApplyRequest, Origin, apply_with};
+    let dir = tempfile::tempdir().unwrap();
+    let reg = FileRegistry::new(dir.path().join("registry.json"));
+    let probe = Holding::new(&[]);
+    let run = |new: &Definitions, origin: &Origin| {
+        let request = ApplyRequest { new, origin, probe: &probe, force: false, now: t(1) };
+        apply_with(&reg, "demo", &request, &mut || Ok(()))
+    };
+    // Python defines everything.
+    run(&defs(BASE), &Origin::new("python")).unwrap();
+    let doc = reg.load().unwrap().unwrap();
+    assert!(doc.objects.values().all(|m| m.origin.as_deref() == Some("python")), "{:?}", doc.objects);
+    // An empty features.yaml plans nothing to remove: all four are kept.
+    let empty = Definitions::default();
+    let (merged, plan) = doc.plan_from(&empty, &Origin::new("features.yaml")).unwrap();
+    assert!(plan.is_empty(), "{plan}");
+    assert_eq!(plan.kept.len(), 4, "{plan}");
+    assert_eq!(merged, doc.definitions);
+    let shown = plan.to_string();
+    assert!(shown.contains("= feature_view stats (kept: defined from python; `--remove feature_view/stats` removes it)"), "{shown}");
+    assert!(shown.ends_with("0 to add, 0 to change, 0 to remove, 4 kept (defined elsewhere)"), "{shown}");
+    let outcome = run(&empty, &Origin::new("features.yaml")).unwrap();
+    assert!(!outcome.written);
+    // Named, one goes (with the service that names it: removing the view alone would
+    // leave the service pointing at nothing, which validation refuses).
+    let err = run(&empty, &Origin::new("features.yaml").removing(vec!["feature_view/stats".into()])).unwrap_err();
+    assert!(err.to_string().contains("feature service `ranker`: unknown feature view `stats`"), "{err}");
+    let remove = vec!["empty_view".to_string()];
+    let outcome = run(&empty, &Origin::new("features.yaml").removing(remove)).unwrap();
+    assert_eq!(outcome.plan.counts(), (0, 0, 1), "{}", outcome.plan);
+    assert!(reg.load().unwrap().unwrap().definitions.feature_view("empty_view").is_none());
+    // What features.yaml defines is its own: taking it out of the file removes it.
+    let own = defs("entities:\n  - {name: rider, join_keys: [{name: rider_id, dtype: int64}]}\n");
+    run(&own, &Origin::new("features.yaml")).unwrap();
+    let doc = reg.load().unwrap().unwrap();
+    assert_eq!(doc.objects["entity/rider"].origin.as_deref(), Some("features.yaml"));
+    let outcome = run(&empty, &Origin::new("features.yaml")).unwrap();
+    assert_eq!(outcome.plan.counts(), (0, 0, 1), "{}", outcome.plan);
+    assert!(reg.load().unwrap().unwrap().definitions.entity("rider").is_none());
+    // Removal names must be registered objects the front end does not define itself.
+    for (remove, part) in [("nope", "cannot remove `nope`: the registry holds no such object"), ("stats", "features.yaml defines it")] {
+        let err = run(&defs(BASE), &Origin::new("features.yaml").removing(vec![remove.into()])).unwrap_err();
+        assert!(err.to_string().contains(part), "{err}");
+    }
+}

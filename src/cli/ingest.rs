@@ -12,6 +12,10 @@ use super::{Ctx, progress_bar, progress_on, runtime};
 pub struct Ingest {
     view: String,
     file: PathBuf,
+    /// Append the file even when the table already holds its content (an ingest is
+    /// otherwise a no-op for content ingested before: a retry never doubles rows).
+    #[arg(long)]
+    allow_duplicate: bool,
 }
 
 impl Ingest {
@@ -19,8 +23,18 @@ impl Ingest {
         let repo = ctx.open()?;
         let rt = runtime()?;
         let bar = progress_bar();
-        let report = rt.block_on(async { repo.ingest(&self.view, Rows::File(self.file)).with_progress(progress_on(&bar)).await })?;
+        let file = self.file.display().to_string();
+        let report = rt.block_on(async {
+            repo.ingest(&self.view, Rows::File(self.file)).allow_duplicate(self.allow_duplicate).with_progress(progress_on(&bar)).await
+        })?;
         bar.finish_and_clear();
+        if report.duplicate {
+            println!(
+                "{file}: already ingested into {} (table version {} holds the same content): nothing appended; --allow-duplicate appends it again",
+                self.view, report.version
+            );
+            return Ok(());
+        }
         println!("ingested {} rows into {} (table version {}) in {:.2} s", report.rows, self.view, report.version, report.seconds);
         Ok(())
     }

@@ -52,7 +52,16 @@ impl MaterializeIncremental {
 fn print_materialized(reports: &[ViewReport], began: std::time::Instant) {
     let mut total = 0;
     for r in reports {
-        println!("{}: {} entities, {} written", r.view, r.entities, r.written);
+        // Every entity is written, left out as expired, or older than the stored row.
+        let mut line = format!("{}: {} entities, {} written", r.view, r.entities, r.written);
+        if r.expired > 0 {
+            line.push_str(&format!(", {} skipped as already expired (past the ttl and its day of grace)", r.expired));
+        }
+        let older = r.entities.saturating_sub(r.written + r.expired);
+        if older > 0 {
+            line.push_str(&format!(", {older} older than the row stored"));
+        }
+        println!("{line}");
         total += r.entities;
     }
     let secs = began.elapsed().as_secs_f64();

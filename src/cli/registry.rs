@@ -3,14 +3,19 @@
 use std::path::Path;
 
 use quiver::Repo;
-use quiver::sdk::registry::{ObjectMeta, format_time};
+use quiver::sdk::registry::{ObjectMeta, Origin, format_time};
 use quiver::sdk::{Definitions, RegistryDoc};
 
 use super::{Ctx, runtime};
 
 /// Show what `apply` would change in the registry, per field.
 #[derive(Debug, clap::Args)]
-pub struct Plan {}
+pub struct Plan {
+    /// Also remove this object, defined by another front end (Python): `kind/name` or
+    /// a name; repeatable. Objects defined elsewhere are otherwise kept.
+    #[arg(long, value_name = "OBJECT")]
+    remove: Vec<String>,
+}
 
 /// Record features.yaml in the registry as its next version.
 #[derive(Debug, clap::Args)]
@@ -18,6 +23,10 @@ pub struct Apply {
     /// Apply even changes that break views already holding data.
     #[arg(long)]
     force: bool,
+    /// Also remove this object, defined by another front end (Python): `kind/name` or
+    /// a name; repeatable. Objects defined elsewhere are otherwise kept.
+    #[arg(long, value_name = "OBJECT")]
+    remove: Vec<String>,
 }
 
 /// List what the registry holds.
@@ -33,13 +42,13 @@ pub struct Describe {
 
 impl Plan {
     pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
-        cmd_plan(&ctx.repo)
+        cmd_plan(&ctx.repo, self.remove)
     }
 }
 
 impl Apply {
     pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
-        cmd_apply(&ctx.repo, self.force)
+        cmd_apply(&ctx.repo, self.force, self.remove)
     }
 }
 
@@ -55,28 +64,34 @@ impl Describe {
     }
 }
 
-fn cmd_plan(dir: &Path) -> anyhow::Result<()> {
+fn cmd_plan(dir: &Path, remove: Vec<String>) -> anyhow::Result<()> {
     let repo = Repo::open(dir)?;
     let applied = repo.applied()?;
-    let plan = applied.plan(&repo.definitions()?);
+    let plan = repo.plan(remove)?;
+    if !plan.is_empty() || !plan.kept.is_empty() {
+        println!("{plan}");
+    }
     if plan.is_empty() {
         println!("no changes: registry is at version {}", applied.version);
     } else {
-        println!("{plan}");
         println!("run `quiver apply` to record this as version {}", applied.version + 1);
     }
     Ok(())
 }
 
-fn cmd_apply(dir: &Path, force: bool) -> anyhow::Result<()> {
+fn cmd_apply(dir: &Path, force: bool, remove: Vec<String>) -> anyhow::Result<()> {
     let repo = Repo::open(dir)?;
     let rt = runtime()?;
-    let applied = repo.apply(force, chrono::Utc::now(), rt.handle().clone())?;
+    let origin = Origin::new(quiver::repo::DEFINITIONS_FILE).removing(remove);
+    let applied = repo.apply_from(repo.definitions()?, &origin, force, chrono::Utc::now(), rt.handle().clone())?;
     for table in &applied.created_tables {
         println!("created delta table {table}");
     }
     let outcome = applied.outcome;
     if !outcome.written {
+        if !outcome.plan.kept.is_empty() {
+            println!("{}", outcome.plan);
+        }
         println!("no changes: registry stays at version {}", outcome.version);
         return Ok(());
     }
@@ -163,6 +178,12 @@ fn cmd_describe(dir: &Path, name: &str) -> anyhow::Result<()> {
         let keys: Vec<String> = defs.join_keys(v).iter().map(|k| format!("{}:{}", k.name, k.dtype)).collect();
         value["join_keys"] = keys.into();
         value["table"] = repo.config.view_table(v).to_string().into();
+        // An aggregation that names no hop shows the one it gets.
+        for (a, shown) in v.aggregations.iter().zip(value["aggregations"].as_array_mut().into_iter().flatten()) {
+            if a.hop.is_none() {
+                shown["hop"] = format!("{} (default for a {} window)", a.hop(), a.window).into();
+            }
+        }
         found.push(("feature_view", value));
     }
     if let Some(s) = defs.feature_service(name).filter(|_| wanted("feature_service")) {

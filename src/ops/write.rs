@@ -25,13 +25,46 @@ impl Rows {
         Rows::File(path.into())
     }
 
-    /// The batches, read from the file when it is one.
     /// The batches, and what errors call them (the file's path, or the name given).
     fn read(self, defs: &quiver_sdk::Definitions, view: &quiver_sdk::FeatureView) -> Result<(Vec<RecordBatch>, String)> {
         match self {
             Rows::File(path) => Ok((quiver_offline::input::read_file(&path, defs, view)?, path.display().to_string())),
             Rows::Batches(batches, name) => Ok((batches, name)),
         }
+    }
+
+    /// `sha256:<hex>` of the content: a file's bytes, or batches as an Arrow IPC
+    /// stream (the same table gives the same bytes).
+    fn content_hash(&self) -> Result<String> {
+        use sha2::{Digest, Sha256};
+        /// Bytes written into the hash.
+        struct Hashing(Sha256);
+        impl std::io::Write for Hashing {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.update(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut hasher = Hashing(Sha256::new());
+        match self {
+            Rows::File(path) => {
+                let mut file = std::fs::File::open(path).map_err(|e| crate::Error::io(path, e))?;
+                std::io::copy(&mut file, &mut hasher).map_err(|e| crate::Error::io(path, e))?;
+            }
+            Rows::Batches(batches, name) => {
+                let schema = batches.first().map(RecordBatch::schema).unwrap_or_else(|| Arc::new(arrow::datatypes::Schema::empty()));
+                let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut hasher, &schema)
+                    .map_err(|e| crate::Error::Invalid(format!("{name}: {e}")))?;
+                for batch in batches {
+                    writer.write(batch).map_err(|e| crate::Error::Invalid(format!("{name}: {e}")))?;
+                }
+                writer.finish().map_err(|e| crate::Error::Invalid(format!("{name}: {e}")))?;
+            }
+        }
+        Ok(format!("sha256:{}", hasher.0.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()))
     }
 }
 
@@ -43,6 +76,7 @@ pub struct Ingest<'a> {
     view: String,
     rows: Rows,
     progress: Progress,
+    allow_duplicate: bool,
 }
 
 /// Writes rows through the streaming write path ([`Repo::push`]).
@@ -58,9 +92,12 @@ pub struct Push<'a> {
 
 impl Repo {
     /// Appends `rows` to `view`'s Delta table: checked whole (types, zoned times, no
-    /// event time after now + `max_future_skew`), then one commit.
+    /// event time after now + `max_future_skew`), then one commit. Idempotent by
+    /// content: rows whose content the table already holds (the same file's bytes, or
+    /// the same table) are not appended again — the report says which version holds
+    /// them — unless [`Ingest::allow_duplicate`].
     pub fn ingest(&self, view: &str, rows: Rows) -> Ingest<'_> {
-        Ingest { repo: self, view: view.to_string(), rows, progress: no_progress() }
+        Ingest { repo: self, view: view.to_string(), rows, progress: no_progress(), allow_duplicate: false }
     }
 
     /// Pushes `rows` of `view` to both stores (offline only for a view with `online:
@@ -74,13 +111,22 @@ setters!(Ingest { progress });
 setters!(Push { store });
 
 impl<'a> Ingest<'a> {
+    /// Appends the rows even when the table already holds the same content (they will
+    /// count twice).
+    pub fn allow_duplicate(mut self, on: bool) -> Self {
+        self.allow_duplicate = on;
+        self
+    }
+
     async fn run(self) -> Result<IngestReport> {
         let began = std::time::Instant::now();
         let defs = self.repo.defs()?;
         let view = view(&defs, &self.view)?;
+        let hash = self.rows.content_hash()?;
         let (batches, source) = self.rows.read(&defs, view)?;
         let progress = self.progress.clone();
-        let options = AppendOptions::new(Some(self.repo.event_horizon()));
+        let content = quiver_offline::ingest::Content { hash, allow_duplicate: self.allow_duplicate };
+        let options = AppendOptions::new(Some(self.repo.event_horizon())).with_content(content);
         let location = self.repo.config.view_table(view);
         let mut report =
             quiver_offline::ingest::append(&location, &defs, view, &source, batches, options, &move |p, n| progress.report(p, n)).await?;

@@ -14,8 +14,13 @@ pub struct LogRow {
     pub view: String,
     /// The view's join keys as a JSON object, in definition order: `{"driver_id":1001}`.
     pub entity: String,
-    /// The event time of the row served (`None` when nothing was found).
+    /// The event time of the row served (`None` when nothing was found); of an event
+    /// log, the latest of its aggregations' times.
     pub event_ts: Option<i64>,
+    /// Of an event log, each aggregation's own event time (the latest event in its
+    /// window) as a JSON object of RFC 3339 times, `{"rides_7d":"2026-...Z"}`, without
+    /// those that have none; empty for other views, whose features share the row's.
+    pub event_timestamps: String,
     /// `{"feature": value, ...}` for the view's features asked for, values as served.
     pub values: String,
     /// `{"feature": "PRESENT", ...}`.
@@ -63,6 +68,8 @@ pub struct LogColumns {
     pub view: TextColumn,
     pub entity: TextColumn,
     pub event_ts: Vec<Option<i64>>,
+    /// Empty for a row whose features share its event time (null in the table).
+    pub event_timestamps: TextColumn,
     pub values: TextColumn,
     pub statuses: TextColumn,
 }
@@ -89,6 +96,7 @@ impl LogColumns {
             view: self.view.value(i).to_string(),
             entity: self.entity.value(i).to_string(),
             event_ts: self.event_ts[i],
+            event_timestamps: self.event_timestamps.value(i).to_string(),
             values: self.values.value(i).to_string(),
             statuses: self.statuses.value(i).to_string(),
         }
@@ -136,7 +144,29 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
             out.request_id.push(request_id);
             out.request_time.push(served.request_time);
             out.view.push(name);
-            out.event_ts.push(features.first().and_then(|(_, c)| c.event_ts[row]));
+            let times = &mut out.event_timestamps;
+            times.start();
+            if view.is_event_log() {
+                // Each aggregation's own time; the row's, the latest of them.
+                out.event_ts.push(features.iter().filter_map(|(_, c)| c.event_ts[row]).filter(|&t| t != 0).max());
+                times.bytes.push(b'{');
+                let mut first = true;
+                for (label, (_, c)) in labels.iter().zip(&features) {
+                    if let Some(ts) = c.event_ts[row].filter(|&t| t != 0) {
+                        if !std::mem::take(&mut first) {
+                            times.bytes.push(b',');
+                        }
+                        times.bytes.extend_from_slice(label);
+                        times.bytes.push(b'"');
+                        quiver_sdk::rows::write_rfc3339(&mut times.bytes, ts);
+                        times.bytes.push(b'"');
+                    }
+                }
+                times.bytes.push(b'}');
+            } else {
+                out.event_ts.push(features.first().and_then(|(_, c)| c.event_ts[row]));
+            }
+            times.end();
             let entity = &mut out.entity;
             entity.start();
             entity.bytes.push(b'{');
@@ -231,6 +261,7 @@ mod tests {
             view: view.into(),
             entity: entity.into(),
             event_ts: ts,
+            event_timestamps: String::new(),
             values: values.into(),
             statuses: statuses.into(),
         };
@@ -247,5 +278,46 @@ mod tests {
         let parsed: serde_json::Value = serde_json::from_str(&rows[2].entity).unwrap();
         assert_eq!(parsed["item_id"].as_i64(), Some(big));
         assert_eq!(value_json(&Value::Float32(0.1)), serde_json::to_string(&f64::from(0.1f32)).unwrap());
+    }
+
+    /// An event log's row keeps each aggregation's own time (none for an empty window);
+    /// the row's time is the latest of them.
+    #[test]
+    fn an_event_logs_row_keeps_each_aggregations_time() {
+        use quiver_sdk::{AggFunction, Aggregation, Ttl};
+        let count = |name: &str, window: &str| Aggregation {
+            name: name.into(),
+            function: AggFunction::Count,
+            column: "fare".into(),
+            window: Ttl::parse(window).unwrap(),
+            hop: None,
+            k: None,
+            description: String::new(),
+        };
+        let defs = Definitions::default().with_entity(Entity::new("rider").with_join_key("rider_id", KeyType::Int64)).with_feature_view(
+            FeatureView::new("rides")
+                .with_entity("rider")
+                .with_feature("fare", DType::Float64)
+                .with_aggregation(count("n_1h", "1h"))
+                .with_aggregation(count("n_7d", "7d")),
+        );
+        let t = 1_764_504_000_000_000; // 2025-11-30T12:00:00Z
+        let served = Served {
+            request_time: t + 1,
+            defs: Arc::new(defs),
+            refs: vec!["rides:n_1h".parse().unwrap(), "rides:n_7d".parse().unwrap()],
+            n_keys: 1,
+            columns: vec![
+                column("rider_id", vec![Value::Int64(1)], vec![Status::Present], vec![None]),
+                column("n_1h", vec![Value::Int64(0)], vec![Status::Present], vec![Some(0)]),
+                column("n_7d", vec![Value::Int64(3)], vec![Status::Present], vec![Some(t)]),
+            ],
+        };
+        let mut columns = LogColumns::default();
+        append_log_rows(&served, "r-2", &mut columns);
+        let row = columns.row(0);
+        assert_eq!(row.event_ts, Some(t));
+        assert_eq!(row.event_timestamps, r#"{"n_7d":"2025-11-30T12:00:00Z"}"#);
+        assert_eq!(row.values, r#"{"n_1h":0,"n_7d":3}"#);
     }
 }

@@ -4,9 +4,11 @@
 //!
 //! Columns: `request_id`, `request_time` (timestamp, UTC), `view`, `entity` (the join
 //! keys as a JSON object), `event_timestamp` (of the row served; null when none was
-//! found), `values` and `statuses` (JSON objects keyed by feature name). JSON keeps one
-//! table for views of any keys and types, and is what the server answered, byte for
-//! byte.
+//! found), `values` and `statuses` (JSON objects keyed by feature name), and
+//! `event_timestamps` (an event log's per-aggregation times, a JSON object; null for
+//! other views). JSON keeps one table for views of any keys and types, and is what the
+//! server answered, byte for byte. A log written before `event_timestamps` existed
+//! gains the column at its next append and reads it as null.
 
 use std::sync::Arc;
 
@@ -30,10 +32,12 @@ enum Col {
     EventTimestamp,
     Values,
     Statuses,
+    EventTimestamps,
 }
 
 impl Col {
-    const ALL: [Col; 7] = [Col::RequestId, Col::RequestTime, Col::View, Col::Entity, Col::EventTimestamp, Col::Values, Col::Statuses];
+    const ALL: [Col; 8] =
+        [Col::RequestId, Col::RequestTime, Col::View, Col::Entity, Col::EventTimestamp, Col::Values, Col::Statuses, Col::EventTimestamps];
 
     fn field(self) -> Field {
         match self {
@@ -44,6 +48,7 @@ impl Col {
             Col::EventTimestamp => Field::new("event_timestamp", timestamp_type(), true),
             Col::Values => Field::new("values", DataType::Utf8, false),
             Col::Statuses => Field::new("statuses", DataType::Utf8, false),
+            Col::EventTimestamps => Field::new("event_timestamps", DataType::Utf8, true),
         }
     }
 }
@@ -103,6 +108,13 @@ impl LogBatch {
     pub fn statuses(&self, r: usize) -> &str {
         self.text(Col::Statuses, r)
     }
+
+    /// An event log's `{"aggregation": "RFC 3339 time", ...}`; `None` for other views'
+    /// rows (and rows logged before the column existed).
+    pub fn event_timestamps(&self, r: usize) -> Option<&str> {
+        let c = self.0.column(Col::EventTimestamps as usize).as_string::<i32>();
+        c.is_valid(r).then(|| c.value(r))
+    }
 }
 
 /// The pending rows as the log table's batch; the text columns' buffers are copied once.
@@ -123,6 +135,13 @@ fn to_batch(rows: &LogColumns) -> Result<RecordBatch> {
             Col::EventTimestamp => Ok(utc(TimestampMicrosecondArray::from(rows.event_ts.clone()))),
             Col::Values => text(&rows.values),
             Col::Statuses => text(&rows.statuses),
+            Col::EventTimestamps => {
+                // An empty value is a null (a view whose features share the row's time).
+                let c = &rows.event_timestamps;
+                let valid = arrow::buffer::NullBuffer::from_iter(c.offsets.windows(2).map(|w| w[1] > w[0]));
+                let offsets = OffsetBuffer::new(ScalarBuffer::from(c.offsets.clone()));
+                Ok(Arc::new(StringArray::try_new(offsets, Buffer::from(c.bytes.as_slice()), Some(valid))?) as ArrayRef)
+            }
         })
         .collect::<Result<_>>()?;
     Ok(RecordBatch::try_new(schema(), columns)?)

@@ -140,12 +140,7 @@ impl Replay<'_> {
         }
         let refs: Vec<FeatureRef> = view.served_features().iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
         let resolved = resolve(&unbounded, &refs)?;
-        let options = HistoricalOptions {
-            event_times: !view.is_event_log(),
-            // Views without a created time have nothing to cut by.
-            created_cutoff: self.created_cutoff && view.source.created_timestamp_field.is_some(),
-            ..Default::default()
-        };
+        let options = HistoricalOptions { event_times: !view.is_event_log(), created_cutoff: self.created_cutoff, ..Default::default() };
         let rows = SpineRows { source: "serving log", rows: spine };
         Ok(historical(self.config, &unbounded, rows, &resolved, options, self.kernel, &|_, _| {}).await?)
     }
@@ -168,6 +163,8 @@ impl Replay<'_> {
             _ => serde_json::Map::new(),
         };
         let (values, statuses) = (object(b.values(r)), object(b.statuses(r)));
+        // An event log's aggregations each have their own time.
+        let times = b.event_timestamps(r).map(object);
         for logged in statuses.keys().filter(|f| view.served_feature(f).is_none()) {
             gone.insert(logged.clone());
         }
@@ -181,7 +178,11 @@ impl Replay<'_> {
                 continue;
             };
             let served_value = values.get(&feature.name).map_or_else(|| "null".to_string(), ToString::to_string);
-            let served = (served_status, served_value, b.event_ts(r));
+            let served_ts = match &times {
+                Some(times) => times.get(&feature.name).and_then(|t| t.as_str()).and_then(|t| quiver_sdk::rows::parse_instant(t).ok()),
+                None => b.event_ts(r),
+            };
+            let served = (served_status, served_value, served_ts);
             let expected = joined.expected(j, k, request_time, served.2);
             judge(&mut reports[k], &served, &expected, request_time, b.entity(r));
         }

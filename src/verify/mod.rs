@@ -110,11 +110,9 @@ pub(crate) fn floats_close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
 }
 
+/// A value as the server answers it (JSON), for the reports' examples.
 pub(crate) fn show(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        other => format!("{other:?}"),
-    }
+    quiver_online::server::json::value_json(v)
 }
 
 /// A spine of the view's keys and `event_timestamp` = the request times.

@@ -163,7 +163,7 @@ impl Sampled<'_> {
             } else if got.0 == Status::NotFound {
                 report.missing_online += 1;
                 if report.examples.len() < EXAMPLES {
-                    report.examples.push(format!("{}: missing online (offline {:?} {})", entity(), expected.0, show(&expected.1)));
+                    report.examples.push(format!("{}: missing online (offline {} {})", entity(), expected.0.as_str(), show(&expected.1)));
                 }
             } else {
                 report.mismatches += 1;

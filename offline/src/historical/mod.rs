@@ -87,7 +87,9 @@ pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<Vie
 /// Options of a historical retrieval.
 #[derive(Debug, Clone, Default)]
 pub struct HistoricalOptions {
-    /// Only rows created by the spine time are candidates (SPEC §3.5).
+    /// Only rows created by the spine time are candidates; a view without a created
+    /// time counts each row as created at its event time (so nothing more is cut).
+    /// [`HistoricalOptions::cuts_by_created`] is the rule per view.
     pub created_cutoff: bool,
     /// After the features, one `view__event_timestamp` column per view: the event time
     /// of the row each spine row joined (null when none). `verify` uses it to tell a
@@ -100,6 +102,16 @@ pub struct HistoricalOptions {
     /// Run the join on a DataFusion Ballista cluster (`df://HOST:PORT`, SPEC §12)
     /// instead of in this process; the answer is the same.
     pub cluster: Option<String>,
+}
+
+impl HistoricalOptions {
+    /// Whether `view`'s rows are cut by their created time: under `created_cutoff`, for
+    /// views with a `created_timestamp_field`. A view without one counts each row as
+    /// created at its event time, which the join's own `event time <= spine time`
+    /// already requires.
+    pub fn cuts_by_created(&self, view: &FeatureView) -> bool {
+        self.created_cutoff && view.source.created_timestamp_field.is_some()
+    }
 }
 
 /// What one view's join reads of its table.
@@ -122,8 +134,7 @@ pub struct SpineRows<'a> {
 ///
 /// # Errors
 /// [`Error::Input`] for a spine without `event_timestamp` or a needed join key, or with
-/// naive or null times; [`Error::Request`] for `created_cutoff` on a view without a
-/// created time; store and kernel errors; a version the table does not have.
+/// naive or null times; store and kernel errors; a version the table does not have.
 pub async fn historical(
     config: &Config,
     defs: &Definitions,
@@ -236,12 +247,6 @@ impl Join<'_> {
     /// earliest spine time less the TTL or the longest window, to the latest).
     fn need<'r>(&self, request: &ViewRequest<'r>) -> Result<ScanNeed<'r>> {
         let view = request.view;
-        if self.options.created_cutoff && view.source.created_timestamp_field.is_none() {
-            return Err(Error::Request(format!(
-                "--created-cutoff needs a created timestamp, and feature view `{}` has no created_timestamp_field",
-                view.name
-            )));
-        }
         let (min_t, max_t) = (self.times.iter().min().copied().unwrap_or(0), self.times.iter().max().copied().unwrap_or(0));
         let version = self.options.versions.get(&view.name).copied();
         if view.is_event_log() {
@@ -276,7 +281,7 @@ impl Join<'_> {
         let columns = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
         // Keep only the feature columns of the scan while the kernel runs.
         let scan = scan.features_only()?;
-        let input = columns.input(&index, self.times, ttl_us, self.options.created_cutoff);
+        let input = columns.input(&index, self.times, ttl_us, self.options.cuts_by_created(view));
         let phase = std::time::Instant::now();
         let winners = self.kernel.join(&input)?;
         tracing::debug!(view = %view.name, engine = self.kernel.name(), secs = phase.elapsed().as_secs_f64(), "kernel");

@@ -104,15 +104,10 @@ impl Plan {
             let view = &defs.feature_views[planned.index];
             let rows = &stored[i * n..(i + 1) * n];
             if view.is_event_log() {
-                for (row, answer) in answer_records(view, rows, now).iter().enumerate() {
+                let answers = answer_records(defs, view, rows, now);
+                for row in 0..rows.len() {
                     for &(j, k) in &planned.wanted {
-                        let (value, status, ts) = match answer {
-                            None => (&Value::Null, Status::NotFound, 0),
-                            Some(a) => {
-                                let (v, ts) = &a[k];
-                                (v, if matches!(v, Value::Null) { Status::NullValue } else { Status::Present }, ts.unwrap_or(0))
-                            }
-                        };
+                        let (value, status, ts) = answers.cell(row, k);
                         cell(&mut parts[j], row, value, status);
                         time(&mut parts[j].times, row, ts);
                     }
@@ -240,7 +235,7 @@ mod tests {
     use quiver_sdk::{FeatureRef, yaml::parse_definitions};
     use rand::{Rng, SeedableRng, rngs::StdRng};
 
-    use super::super::{LookupPhases, Plan};
+    use super::super::{LookupPhases, Plan, Status};
     use crate::WriteRow;
     use crate::server::json::response_json;
     use crate::store::OnlineStore;
@@ -406,5 +401,66 @@ feature_views:
             }
         }
         assert!(compared > 500, "{compared} values compared");
+    }
+
+    /// Records written before `apply` added an aggregation (and changed another) answer
+    /// the aggregations still defined the same way — what the record itself answers by
+    /// name — and NOT_FOUND for the new and the changed one; both answer paths agree.
+    /// Without the registry's earlier layouts, every aggregation is NOT_FOUND.
+    #[tokio::test]
+    async fn records_of_earlier_aggregations_answer_the_ones_they_hold() {
+        use quiver_sdk::registry::RegistryDoc;
+        let old_defs = parse_definitions(DEFS).unwrap();
+        let changed = DEFS
+            .replace(
+                "      - {name: n_1h, function: count, column: fare, window: 1h}\n",
+                "      - {name: fare_max_1d, function: max, column: fare, window: 1d}\n      - {name: n_1h, function: count, column: fare, window: 1h}\n",
+            )
+            .replace("{name: fare_sum_1h, function: sum, column: fare, window: 1h}", "{name: fare_sum_1h, function: sum, column: fare, window: 2h}");
+        let new_defs = parse_definitions(&changed).unwrap();
+        let now = chrono::Utc::now();
+        let first = RegistryDoc::empty("p");
+        let first = first.applied(&old_defs, &first.plan(&old_defs), now, false);
+        let second = first.applied(&new_defs, &first.plan(&new_defs), now, false);
+        let defs = second.definitions;
+        let old_view = old_defs.feature_view("rides").unwrap();
+        let old_layout = Layout::of(old_view);
+        let mut rng = StdRng::seed_from_u64(7);
+        let store = Map::default();
+        let mut expected = Vec::new();
+        for d in 0..12i64 {
+            let events: Vec<Event> = (0..rng.random_range(0..5))
+                .map(|i| Event {
+                    order: (NOW - rng.random_range(0..1_500) * MINUTE, 0, i),
+                    values: vec![Value::Float64(rng.random_range(0.0..90.0)), Value::String(text(&mut rng))],
+                })
+                .collect();
+            let record = AggRecord::build(&old_layout, &events, NOW, 1);
+            // The old record's own answers, by name: n_1h, fare_sum_1h, cities.
+            expected.push(record.answer(&old_layout, NOW));
+            let row = record.encode(&old_layout);
+            store.write(&[WriteRow { key: store_key("p", "rides", &[KeyValue::Int(d)]), row, expire_at_ms: None }]).await.unwrap();
+        }
+        let entities = vec![("driver_id".to_string(), (0..12).map(KeyValue::Int).collect::<Vec<_>>())];
+        let refs: Vec<FeatureRef> =
+            ["rides:cities", "rides:fare_max_1d", "rides:n_1h", "rides:fare_sum_1h"].iter().map(|f| f.parse().unwrap()).collect();
+        let plan = Plan::new(&defs, refs.clone(), false).unwrap();
+        let mut phases = LookupPhases::default();
+        let columns = plan.lookup(&store, "p", &defs, &entities, NOW, &mut phases).await.unwrap();
+        for (d, want) in expected.iter().enumerate() {
+            let cell = |c: usize| (columns[c].values[d].clone(), columns[c].statuses[d]);
+            let status = |v: &Value| if matches!(v, Value::Null) { Status::NullValue } else { Status::Present };
+            assert_eq!(cell(1), (want[2].0.clone(), status(&want[2].0)), "driver {d}: cities");
+            assert_eq!(cell(3), (want[0].0.clone(), status(&want[0].0)), "driver {d}: n_1h");
+            assert_eq!(columns[3].event_ts[d], Some(want[0].1.unwrap_or(0)), "driver {d}: n_1h's latest event");
+            assert_eq!(cell(2), (Value::Null, Status::NotFound), "driver {d}: the new aggregation");
+            assert_eq!(cell(4), (Value::Null, Status::NotFound), "driver {d}: a changed window is another aggregation");
+        }
+        let direct = plan.answer_json(&store, "p", &defs, &entities, NOW, &mut phases).await.unwrap();
+        assert_eq!(String::from_utf8(direct).unwrap(), String::from_utf8(response_json(&columns)).unwrap());
+        // The registry's earlier layouts are what make the old records readable.
+        let plan = Plan::new(&new_defs, refs, false).unwrap();
+        let blank = plan.lookup(&store, "p", &new_defs, &entities, NOW, &mut phases).await.unwrap();
+        assert!(blank[1..].iter().all(|c| c.statuses.iter().all(|s| *s == Status::NotFound)));
     }
 }

@@ -275,7 +275,7 @@ impl Plan {
             let view = &defs.feature_views[planned.index];
             let stored = &stored[i * n..(i + 1) * n];
             let built: Vec<Column> = if view.is_event_log() {
-                let answers = answer_records(view, stored, now);
+                let answers = answer_records(defs, view, stored, now);
                 planned.wanted.iter().map(|&(j, k)| aggregation_column(k, &self.names[j], &answers)).collect()
             } else {
                 feature_columns(defs, view, planned, &self.names, stored, now)
@@ -312,6 +312,21 @@ impl Plan {
         Ok((n, stored, read))
     }
 
+    /// The entity columns no view of the plan takes, as a note for a missing join key
+    /// (a misspelt key is the usual cause): ` (the request has `userid`, which no
+    /// requested feature view takes)`, or nothing.
+    fn unknown_keys(&self, entities: &EntityColumns) -> String {
+        let unknown: Vec<String> = entities
+            .iter()
+            .filter(|(name, _)| !self.views.iter().any(|v| v.join_keys.iter().any(|k| k.name == *name)))
+            .map(|(name, _)| format!("`{name}`"))
+            .collect();
+        if unknown.is_empty() {
+            return String::new();
+        }
+        format!(" (the request has {}, which no requested feature view takes)", unknown.join(", "))
+    }
+
     /// One store key per (view, row), views in plan order, after checking that every
     /// view's join keys are given with the right types.
     fn store_keys(&self, project: &str, defs: &Definitions, entities: &EntityColumns, n: usize) -> Result<Vec<String>> {
@@ -324,7 +339,7 @@ impl Plan {
             columns.clear();
             for key in &planned.join_keys {
                 let Some((_, values)) = entities.iter().find(|(k, _)| *k == key.name) else {
-                    return Err(bad(format!("missing join key `{}` for feature view `{name}`", key.name)));
+                    return Err(bad(format!("missing join key `{}` for feature view `{name}`{}", key.name, self.unknown_keys(entities))));
                 };
                 if let Some(v) = values
                     .iter()
@@ -347,38 +362,111 @@ impl Plan {
 /// Every aggregation's value at `now` and the time of the latest event in its window.
 type Answer = Vec<(Value, Option<i64>)>;
 
+/// The answers of an event log's records at `now` for one lookup, one per stored row.
+struct Answers {
+    rows: Vec<Answered>,
+    /// Per earlier layout met: where each of the view's aggregations is among that
+    /// layout's (`None`: the aggregation is new since, or defined otherwise then).
+    earlier: Vec<Vec<Option<usize>>>,
+}
+
+/// One record's answer.
+enum Answered {
+    /// Written under the view's current aggregations (or no record: no events).
+    Current(Answer),
+    /// Written under earlier aggregations of the view ([`Answers::earlier`] index).
+    Earlier(Answer, usize),
+    /// Not a record the registry knows the layout of: `NOT_FOUND`.
+    Unreadable,
+}
+
+impl Answers {
+    /// Aggregation `k` of row `row`: its value, status, and the time of the latest
+    /// event in its window (0 when none). `NOT_FOUND` for a record that cannot be read
+    /// and for an aggregation its layout lacks (until the entity is written again).
+    fn cell(&self, row: usize, k: usize) -> (&Value, Status, i64) {
+        let found = match &self.rows[row] {
+            Answered::Current(a) => Some(&a[k]),
+            Answered::Earlier(a, layout) => self.earlier[*layout][k].map(|i| &a[i]),
+            Answered::Unreadable => None,
+        };
+        match found {
+            None => (&Value::Null, Status::NotFound, 0),
+            Some((v @ Value::Null, ts)) => (v, Status::NullValue, ts.unwrap_or(0)),
+            Some((v, ts)) => (v, Status::Present, ts.unwrap_or(0)),
+        }
+    }
+}
+
 /// The answers of an event log's records at `now` (SPEC §11): an entity without a
-/// record has no events in any window; `None` for a record written under other
-/// aggregations (until the view is materialized again).
-fn answer_records(view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> Vec<Option<Answer>> {
+/// record has no events in any window; a record written under earlier aggregations of
+/// the view (before an `apply` changed them, until the entity is written again) answers
+/// those still defined the same way.
+fn answer_records(defs: &Definitions, view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> Answers {
     let layout = Layout::of(view);
     // An entity without a record: the answer of no events, the same for all.
     let none = AggRecord::empty(&layout).answer(&layout, now);
     let tails = layout.tails(now);
-    stored
+    let mut other: Vec<(u64, usize)> = Vec::new();
+    let rows = stored
         .iter()
-        .map(|b| match b {
-            None => Some(none.clone()),
-            Some(bytes) => AggRecord::answer_stored_at(&layout, &tails, bytes).ok(),
+        .enumerate()
+        .map(|(row, b)| match b {
+            None => Answered::Current(none.clone()),
+            Some(bytes) => match AggRecord::answer_stored_at(&layout, &tails, bytes) {
+                Ok(answer) => Answered::Current(answer),
+                Err(_) => {
+                    if let Some(print) = AggRecord::layout_of(bytes).filter(|p| *p != layout.fingerprint) {
+                        other.push((print, row));
+                    }
+                    Answered::Unreadable
+                }
+            },
         })
-        .collect()
+        .collect();
+    let mut answers = Answers { rows, earlier: Vec::new() };
+    // Records of earlier layouts, a layout at a time.
+    other.sort_unstable();
+    for group in other.chunk_by(|a, b| a.0 == b.0) {
+        let Some(old) = defs.earlier_view(view, group[0].0) else { continue };
+        let old_layout = Layout::of(&old);
+        let old_tails = old_layout.tails(now);
+        let index = answers.earlier.len();
+        answers
+            .earlier
+            .push(view.aggregations.iter().map(|a| old.aggregations.iter().position(|o| same_aggregation(&old, o, view, a))).collect());
+        for &(_, row) in group {
+            let bytes = stored[row].as_deref().expect("a stored record");
+            if let Ok(answer) = AggRecord::answer_stored_at(&old_layout, &old_tails, bytes) {
+                answers.rows[row] = Answered::Earlier(answer, index);
+            }
+        }
+    }
+    answers
 }
 
-/// Aggregation `feature` of an event log for each entity: PRESENT, or NULL_VALUE for a
+/// Whether aggregation `a` of `old` computes what `b` of `view` does: the same name,
+/// function, column (of the same type), window, hop and k.
+fn same_aggregation(old: &FeatureView, a: &quiver_sdk::Aggregation, view: &FeatureView, b: &quiver_sdk::Aggregation) -> bool {
+    let dtype = |v: &FeatureView, column: &str| v.feature(column).map(|f| f.dtype);
+    a.name == b.name
+        && a.function == b.function
+        && a.column == b.column
+        && a.window_us() == b.window_us()
+        && a.hop_us() == b.hop_us()
+        && a.keep() == b.keep()
+        && dtype(old, &a.column) == dtype(view, &b.column)
+}
+
+/// Aggregation `k` of an event log for each entity: PRESENT, or NULL_VALUE for a
 /// null value; the event time is the latest event in the window (epoch 0 when none).
-fn aggregation_column(k: usize, name: &str, answers: &[Option<Answer>]) -> Column {
-    let mut column = Column::empty(name, answers.len());
-    for answer in answers {
-        let (value, status, ts) = match answer {
-            None => (Value::Null, Status::NotFound, None),
-            Some(a) => match &a[k] {
-                (Value::Null, ts) => (Value::Null, Status::NullValue, Some(ts.unwrap_or(0))),
-                (v, ts) => (v.clone(), Status::Present, Some(ts.unwrap_or(0))),
-            },
-        };
-        column.values.push(value);
+fn aggregation_column(k: usize, name: &str, answers: &Answers) -> Column {
+    let mut column = Column::empty(name, answers.rows.len());
+    for row in 0..answers.rows.len() {
+        let (value, status, ts) = answers.cell(row, k);
+        column.values.push(value.clone());
         column.statuses.push(status);
-        column.event_ts.push(ts);
+        column.event_ts.push((status != Status::NotFound).then_some(ts));
     }
     column
 }

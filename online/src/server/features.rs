@@ -51,8 +51,9 @@ struct TypedRequest<'a> {
     features: Option<Vec<&'a str>>,
     #[serde(default)]
     feature_service: Option<Json_>,
+    /// Anything but a boolean (or null) is left to the checked reading to refuse.
     #[serde(default)]
-    full_feature_names: Option<Json_>,
+    full_feature_names: Option<bool>,
 }
 
 /// One join-key value of the fast reading.
@@ -130,8 +131,13 @@ fn service_of(service: Option<Json_>) -> Option<Result<String, String>> {
     }
 }
 
-fn full_names_of(flag: Option<&Json_>) -> bool {
-    flag.and_then(Json_::as_bool).unwrap_or(false)
+/// `full_feature_names`: a boolean, or absent or null (false).
+fn full_names_of(flag: Option<&Json_>) -> Result<bool, ApiError> {
+    match flag {
+        None | Some(Json_::Null) => Ok(false),
+        Some(Json_::Bool(b)) => Ok(*b),
+        Some(other) => Err(bad(format!("`full_feature_names` must be true or false, got {other}"))),
+    }
 }
 
 impl<'a> Parsed<'a> {
@@ -144,7 +150,7 @@ impl<'a> Parsed<'a> {
             entities: r.entities.map(|e| e.0.into_iter().map(|(name, keys)| (name, keys.into_iter().map(|k| k.0).collect())).collect()),
             features: r.features.map(Features::List),
             service: service_of(r.feature_service),
-            full_names: full_names_of(r.full_feature_names.as_ref()),
+            full_names: r.full_feature_names.unwrap_or(false),
         })
     }
 
@@ -178,7 +184,7 @@ impl<'a> Parsed<'a> {
             entities,
             features,
             service: service_of(r.feature_service.clone()),
-            full_names: full_names_of(r.full_feature_names.as_ref()),
+            full_names: full_names_of(r.full_feature_names.as_ref())?,
         })
     }
 
@@ -340,6 +346,12 @@ mod tests {
                 ),
             }
         }
-        assert_eq!(fast, 6, "the plain requests are read the fast way");
+        assert_eq!(fast, 5, "the plain requests are read the fast way");
+        // A flag that is not a boolean is refused, never read as false.
+        let body = r#"{"features": ["a:x"], "entities": {"k": [1]}, "full_feature_names": "yes"}"#;
+        assert!(Parsed::typed(body.as_bytes()).is_none());
+        let checked: CheckedRequest = serde_json::from_str(body).unwrap();
+        let refused = Parsed::checked(&checked, &metrics).unwrap_err();
+        assert_eq!((refused.0, refused.1.as_str()), (StatusCode::BAD_REQUEST, r#"`full_feature_names` must be true or false, got "yes""#));
     }
 }

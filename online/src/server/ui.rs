@@ -56,12 +56,21 @@ pub(super) async fn app_css() -> Response {
 
 pub(super) async fn registry(State(state): State<Arc<ServerState>>) -> Json<Value> {
     let defs = state.registry.current();
+    let mut definitions = serde_json::to_value(defs.as_ref()).expect("definitions serialise");
+    // An aggregation that names no hop carries the one it gets, for the page to show.
+    for (view, shown) in defs.feature_views.iter().zip(definitions["feature_views"].as_array_mut().into_iter().flatten()) {
+        for (a, shown) in view.aggregations.iter().zip(shown["aggregations"].as_array_mut().into_iter().flatten()) {
+            if a.hop.is_none() {
+                shown["default_hop"] = a.hop().to_string().into();
+            }
+        }
+    }
     Json(json!({
         "project": state.project,
         "version": state.registry.version(),
         "store": state.store.name(),
         "history": serde_json::to_value(state.registry.history()).expect("history serialises"),
-        "definitions": serde_json::to_value(defs.as_ref()).expect("definitions serialise"),
+        "definitions": definitions,
     }))
 }
 

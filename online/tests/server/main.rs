@@ -243,6 +243,18 @@ async fn bad_requests_get_clear_errors() {
         (json!({"entities": {"driver_id": [1]}}), StatusCode::BAD_REQUEST, "needs `features` or `feature_service`"),
         (json!({"features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "needs `entities`"),
         (json!({"entities": {"customer_id": ["c1"]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "missing join key `driver_id`"),
+        // A misspelt key is named beside the missing one.
+        (
+            json!({"entities": {"driverid": [1]}, "features": ["stats:rate"]}),
+            StatusCode::BAD_REQUEST,
+            "missing join key `driver_id` for feature view `stats` (the request has `driverid`, which no requested feature view takes)",
+        ),
+        // A field of the wrong type is refused, not read as its default.
+        (
+            json!({"entities": {"driver_id": [1]}, "features": ["stats:rate"], "full_feature_names": "yes"}),
+            StatusCode::BAD_REQUEST,
+            "`full_feature_names` must be true or false, got \"yes\"",
+        ),
         (json!({"entities": {"driver_id": ["one"]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "join key `driver_id` is int64"),
         (json!({"entities": {"driver_id": [1.5]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "is not an integer or a string"),
         (

@@ -14,6 +14,7 @@ without a copy on the Rust side. Long calls release the GIL, and Ctrl-C cancels 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field as _field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
@@ -25,11 +26,16 @@ from ._quiver import NotFoundError, QuiverError, StoreUnavailableError, Validati
 from .training import TrainingSet, shard_plan, to_tensors
 
 __all__ = [
-    "Aggregation", "Array", "Bool", "Bytes", "DeltaSource", "Entity", "FeatureService", "FeatureStore", "FeatureView",
+    "Aggregation", "Array", "Bool", "Bytes", "DeltaSource", "DuplicateIngestWarning", "Entity", "FeatureService", "FeatureStore", "FeatureView",
     "Field", "Float32", "Float64", "Int32", "Int64", "KafkaSource", "NotFoundError", "OnlineResponse",
     "QuiverError", "RetrievalJob", "StoreUnavailableError", "String", "TrainingSet", "UnixTimestamp",
     "ValidationError", "shard_plan", "to_tensors",
 ]
+
+
+class DuplicateIngestWarning(UserWarning):
+    """``FeatureStore.ingest`` found the table already holding the same content and
+    appended nothing (pass ``allow_duplicate=True`` to append it again)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -298,16 +304,19 @@ class OnlineResponse:
     """Online features in Feast's shape: ``to_dict()`` maps each column (join keys
     first) to one value per entity row; ``statuses`` holds Feast's status names."""
 
-    def __init__(self, columns: List[tuple]):
+    def __init__(self, columns: List[tuple], table: Any):
         self._names = [c[0] for c in columns]
         self._values = {c[0]: json.loads(c[1]) for c in columns}
         self.statuses = {c[0]: list(c[2]) for c in columns}
+        self._table = pa.table(table)
 
     def to_dict(self) -> Dict[str, List[Any]]:
         return {n: list(self._values[n]) for n in self._names}
 
     def to_arrow(self) -> pa.Table:
-        return pa.table({n: self._values[n] for n in self._names})
+        """The answer as a table, each column typed by its definition (a feature whose
+        every value is missing keeps its type)."""
+        return self._table
 
 
 def _utc(t: datetime, what: str) -> datetime:
@@ -329,27 +338,45 @@ class FeatureStore:
         self.repo_path = str(repo_path)
         _quiver.registry_json(self.repo_path)  # fails early outside a repository
 
-    def apply(self, objects: Iterable[Union[Entity, FeatureView, FeatureService]], force: bool = False) -> int:
+    def apply(self, objects: Iterable[Union[Entity, FeatureView, FeatureService]], force: bool = False,
+              objects_to_delete: Optional[Iterable[Union[Entity, FeatureView, FeatureService]]] = None) -> int:
         """Records the definitions as the registry's next version (the same validation
-        and breaking-change checks as ``quiver apply``); returns that version. Objects
-        already registered and not given are kept."""
+        and breaking-change checks as ``quiver apply``), as defined from Python; returns
+        that version. Objects already registered and not given are kept; those in
+        ``objects_to_delete`` are removed, whoever defined them."""
+        kinds = {Entity: "entities", FeatureView: "feature_views", FeatureService: "feature_services"}
+        singular = {"entities": "entity", "feature_views": "feature_view", "feature_services": "feature_service"}
         current = json.loads(_quiver.registry_json(self.repo_path))["definitions"]
-        merged = {k: {d["name"]: d for d in current.get(k, [])} for k in ("entities", "feature_views", "feature_services")}
+        merged = {k: {d["name"]: d for d in current.get(k, [])} for k in kinds.values()}
         for obj in objects:
-            kind = {Entity: "entities", FeatureView: "feature_views", FeatureService: "feature_services"}.get(type(obj))
+            kind = kinds.get(type(obj))
             if kind is None:
                 raise ValidationError(f"apply takes Entity, FeatureView and FeatureService objects, got {type(obj).__name__}")
             merged[kind][obj.name] = obj._json()
+        remove = []
+        for obj in objects_to_delete or []:
+            kind = kinds.get(type(obj))
+            if kind is None:
+                raise ValidationError(f"objects_to_delete takes Entity, FeatureView and FeatureService objects, got {type(obj).__name__}")
+            merged[kind].pop(obj.name, None)
+            remove.append(f"{singular[kind]}/{obj.name}")
         defs = {k: list(v.values()) for k, v in merged.items()}
-        return _quiver.apply(self.repo_path, json.dumps(defs), force)
+        return _quiver.apply(self.repo_path, json.dumps(defs), force, remove)
 
     def list_feature_views(self) -> List[str]:
         return [v["name"] for v in json.loads(_quiver.registry_json(self.repo_path))["definitions"].get("feature_views", [])]
 
-    def ingest(self, view: str, table: Any) -> int:
+    def ingest(self, view: str, table: Any, allow_duplicate: bool = False) -> int:
         """Appends rows (pyarrow/pandas/polars) to the view's Delta table in one commit,
-        checked as ``quiver ingest`` checks a file. Returns the table version."""
-        _, version = _quiver.ingest(self.repo_path, view, _to_arrow(table, "table"))
+        checked as ``quiver ingest`` checks a file. Returns the table version.
+
+        Idempotent by content: a table whose content the view's table already holds
+        (a retried call) is not appended again; a ``DuplicateIngestWarning`` says so and
+        the version holding it is returned. ``allow_duplicate=True`` appends it anyway."""
+        _, version, duplicate = _quiver.ingest(self.repo_path, view, _to_arrow(table, "table"), allow_duplicate)
+        if duplicate:
+            warnings.warn(f"already ingested into {view} (table version {version} holds the same content): nothing appended; "
+                          "allow_duplicate=True appends it again", DuplicateIngestWarning, stacklevel=2)
         return version
 
     def get_historical_features(self, entity_df: Any, features: Optional[Sequence[str]] = None,
@@ -391,7 +418,7 @@ class FeatureStore:
             out = _quiver.get_online_features(self.repo_path, json.dumps(columns), None, features.name, full_feature_names)
         else:
             out = _quiver.get_online_features(self.repo_path, json.dumps(columns), list(features), None, full_feature_names)
-        return OnlineResponse(out)
+        return OnlineResponse(*out)
 
     def push(self, view: str, table: Any, to: Optional[str] = None) -> Dict[str, Any]:
         """Writes rows through the streaming write path (offline first, then the

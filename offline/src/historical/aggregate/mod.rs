@@ -79,18 +79,19 @@ impl Join<'_> {
             })
             .collect::<Result<_>>()?;
         drop(scan);
-        let input = kernel.input(&index, self.times, None, self.options.created_cutoff);
+        let cutoff = self.options.cuts_by_created(view);
+        let input = kernel.input(&index, self.times, None, cutoff);
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let runs = EntityRuns::build(&input, threads);
         // Past here only the cutoff reads the kernel's columns (the created times): the
         // runs hold the order. Freed now, their memory serves what follows.
-        let created = if self.options.created_cutoff { std::mem::take(&mut kernel.created) } else { Vec::new() };
+        let created = if cutoff { std::mem::take(&mut kernel.created) } else { Vec::new() };
         drop(kernel);
         let spine = SpineRuns::build(&index.spine_ids, self.times, index.n_entities as usize);
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: events grouped and sorted");
         let plan = Plan::new(view, &aggs, &columns, values, &runs);
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: columns in run order");
-        let events = Events { runs: &runs, created: &created, cutoff: self.options.created_cutoff };
+        let events = Events { runs: &runs, created: &created, cutoff };
         let table = events.aggregate(&plan, &spine, self.times, threads);
         tracing::debug!(view = %view.name, ms = started.elapsed().as_millis() as u64, "aggregation: swept");
         // In request order, as the plan holds the aggregations.

@@ -88,7 +88,7 @@ function renderRegistry() {
     const rows = features.map((f) => el("tr", {}, el("td", { class: "mono", text: f.name }), el("td", { text: f.dtype }), el("td", { text: aggs.length ? "event column" : "served" })));
     const aggRows = aggs.map((a) => el("tr", {}, el("td", { class: "mono", text: a.name }),
       el("td", { text: `${a.function}(${a.column})${a.k ? " k=" + a.k : ""}` }),
-      el("td", { text: `window ${a.window}${a.hop ? ", hop " + a.hop : ""}` })));
+      el("td", { text: `window ${a.window}, hop ${a.hop || a.default_hop + " (default)"}` })));
     out.append(el("div", { class: "card view", "data-name": v.name },
       el("h2", {}, v.name, el("span", { class: "kind", text: viewKind(v) })),
       v.description ? el("p", { text: v.description }) : null,

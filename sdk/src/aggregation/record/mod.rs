@@ -358,6 +358,15 @@ impl AggRecord {
         Self::answer_indexed(layout, rest, tails)
     }
 
+    /// The layout (the view's fingerprint) a record's bytes were written under; `None`
+    /// for bytes that are not a record of this format.
+    pub fn layout_of(bytes: &[u8]) -> Option<u64> {
+        match bytes.get(16..25)? {
+            [FORMAT, print @ ..] => Some(u64::from_le_bytes(print.try_into().ok()?)),
+            _ => None,
+        }
+    }
+
     /// A record's clock, its cached answer's bytes and the rest (tiles and pending
     /// events), after checking its format, layout and length.
     fn open<'b>(layout: &Layout<'_>, bytes: &'b [u8]) -> Result<(i64, &'b [u8], &'b [u8]), DecodeError> {
