@@ -882,3 +882,94 @@ fn serve_answers_over_http_and_stops_gracefully() {
     assert!(out.status.success(), "{:?}", out.status);
     assert!(String::from_utf8_lossy(&out.stdout).contains("stopped"));
 }
+
+/// The offline-only view the lookup cases ask for (`tests/lookup_cases.json`).
+const AUDIT_VIEW: &str = "  - name: audit\n    entities: [driver]\n    online: false\n    source: {timestamp_field: event_timestamp}\n    features: [{name: note, dtype: string}]\n\n";
+
+/// One table of lookups (`tests/lookup_cases.json`) through `quiver online` and the
+/// server: the same requests answered (with the same statuses), the others refused with
+/// the same message — exit 1, and the status of the error's kind. Python drives the
+/// same table (`python/tests/test_sdk.py`).
+#[test]
+fn one_table_of_lookups_is_answered_alike_by_the_cli_and_the_server() {
+    let table: serde_json::Value = serde_json::from_str(include_str!("lookup_cases.json")).unwrap();
+    let cases = table["cases"].as_array().unwrap();
+    let (_tmp, repo) = demo_repo();
+    let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
+    std::fs::write(repo.join("features.yaml"), yaml.replacen("\nfeature_services:", &format!("\n{AUDIT_VIEW}feature_services:"), 1))
+        .unwrap();
+    let config = std::fs::read_to_string(repo.join("quiver.yaml")).unwrap();
+    assert!(config.contains("# max_cells: 1000000"), "{config}");
+    std::fs::write(repo.join("quiver.yaml"), config.replacen("# max_cells: 1000000", "max_cells: 8", 1)).unwrap();
+    ok(&repo, &["apply"]);
+    ok(&repo, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]);
+    ok(&repo, &["materialize", "2000-01-01T00:00:00Z", "now"]);
+    const STATUSES: [&str; 4] = ["PRESENT", "NULL_VALUE", "NOT_FOUND", "OUTSIDE_MAX_AGE"];
+    // The CLI first (the server holds the embedded store's file while it runs).
+    let mut cli_statuses = Vec::new();
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let mut args: Vec<String> = vec!["online".into()];
+        match (case.get("features"), case.get("service")) {
+            (Some(f), _) => {
+                let refs: Vec<&str> = f.as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+                args.extend(["--features".into(), refs.join(",")]);
+            }
+            (None, Some(s)) => args.extend(["--service".into(), s.as_str().unwrap().into()]),
+            (None, None) => panic!("{name}: features or service"),
+        }
+        for (key, values) in case["entities"].as_object().unwrap() {
+            let value = match &values[0] {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            args.extend(["--entity".into(), format!("{key}={value}")]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = quiver_in(&repo, &args, &[]);
+        match case.get("refused") {
+            None => {
+                assert_eq!(run.code, 0, "{name}: {}", run.stderr);
+                let statuses: Vec<&str> = run
+                    .stdout
+                    .lines()
+                    .map(|l| *l.split_whitespace().filter(|w| STATUSES.contains(w)).collect::<Vec<_>>().last().unwrap())
+                    .collect();
+                cli_statuses.push(statuses.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+            }
+            Some(refused) => {
+                let message = refused["message"].as_str().unwrap();
+                assert_eq!(run.code, 1, "{name}: {}{}", run.stdout, run.stderr);
+                assert!(run.stderr.starts_with("error: ") && run.stderr.contains(message), "{name}: {:?} lacks {message:?}", run.stderr);
+                cli_statuses.push(Vec::new());
+            }
+        }
+    }
+    let (mut child, port) = common::spawn_serve(&repo);
+    for (case, cli) in cases.iter().zip(&cli_statuses) {
+        let name = case["name"].as_str().unwrap();
+        let mut body = serde_json::json!({"entities": case["entities"], "full_feature_names": true});
+        match (case.get("features"), case.get("service")) {
+            (Some(f), _) => body["features"] = f.clone(),
+            (_, service) => body["feature_service"] = service.unwrap().clone(),
+        }
+        let (code, text) = common::request(port, "POST", "/get-online-features", &[], &body.to_string());
+        let answer: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{name}: {text}"));
+        match case.get("refused") {
+            None => {
+                assert_eq!(code, 200, "{name}: {text}");
+                let keys = case["entities"].as_object().unwrap().len();
+                let statuses: Vec<String> =
+                    answer["results"].as_array().unwrap()[keys..].iter().map(|r| r["statuses"][0].as_str().unwrap().to_string()).collect();
+                assert_eq!(&statuses, cli, "{name}: the server and the CLI answer alike");
+            }
+            Some(refused) => {
+                assert_eq!(u64::from(code), refused["http"].as_u64().unwrap(), "{name}: {text}");
+                let message = refused["message"].as_str().unwrap();
+                assert!(answer["error"].as_str().unwrap().contains(message), "{name}: {text} lacks {message:?}");
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -171,7 +171,7 @@ async fn server_push_offline_goes_through_delta() {
     .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["rows"], 2);
-    assert_eq!(answer["written"], 2);
+    assert_eq!(answer["online_written"], 2);
     assert!(answer["offline_version"].is_u64(), "{answer}");
     assert_eq!(delta(&dir).await, vec![(5, T0, Some(1.25), 10), (6, T0 + 1_000_000, Some(2.0), 11)]);
     let (status, answer) = push(
@@ -179,7 +179,7 @@ async fn server_push_offline_goes_through_delta() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    assert!(answer.get("written").is_none(), "offline only: {answer}");
+    assert!(answer.get("online_written").is_none(), "offline only: {answer}");
     assert_eq!(delta(&dir).await.len(), 3);
     let got = store.read(&[store_key("pushes", "trips", &[KeyValue::Int(7)])]).await.unwrap();
     assert!(got[0].is_none(), "offline-only push must not reach the online store");

@@ -12,6 +12,10 @@ pub enum Error {
     /// An unknown feature view or feature.
     #[error("{0}")]
     Unknown(String),
+    /// A request over one of the bounds every lookup is held to (`bound`: the setting
+    /// or constant, as the server's refusal metric names it).
+    #[error("{message}")]
+    TooLarge { bound: &'static str, message: String },
     /// The store is set up in a way that would break the guarded write (Redis evicting
     /// keys without expiry).
     #[error("online store {store}: {message}")]
@@ -27,7 +31,7 @@ impl Error {
         use quiver_sdk::ErrorKind as K;
         match self {
             Error::Unavailable { .. } => K::Unavailable,
-            Error::Request(_) | Error::Misconfigured { .. } => K::Invalid,
+            Error::Request(_) | Error::TooLarge { .. } | Error::Misconfigured { .. } => K::Invalid,
             Error::Unknown(_) => K::NotFound,
             Error::Corrupt { .. } => K::Internal,
         }

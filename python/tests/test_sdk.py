@@ -495,3 +495,37 @@ def test_the_cli_keeps_what_python_defined(tmp_path):
     store.apply([rides])
     store.apply([], objects_to_delete=[rides])
     assert store.list_feature_views() == []
+
+
+AUDIT_VIEW = ("  - name: audit\n    entities: [driver]\n    online: false\n    source: {timestamp_field: event_timestamp}\n"
+              "    features: [{name: note, dtype: string}]\n\n")
+
+
+def test_one_table_of_lookups_is_answered_as_the_cli_and_server_answer_it(tmp_path):
+    """tests/lookup_cases.json, as tests/cli.rs drives it through the CLI and the server:
+    the same requests answered, the others refused with the same message and the
+    exception of the error's kind."""
+    table = json.load(open(os.path.join(os.path.dirname(__file__), "..", "..", "tests", "lookup_cases.json")))
+    res = subprocess.run([QUIVER, "init", str(tmp_path / "demo"), "--demo"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    repo = tmp_path / "demo"
+    yaml = (repo / "features.yaml").read_text()
+    (repo / "features.yaml").write_text(yaml.replace("\nfeature_services:", "\n" + AUDIT_VIEW + "feature_services:", 1))
+    config = (repo / "quiver.yaml").read_text()
+    (repo / "quiver.yaml").write_text(config.replace("# max_cells: 1000000", "max_cells: 8", 1))
+    cli(repo, "apply")
+    cli(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+    cli(repo, "materialize", "2000-01-01T00:00:00Z", "now")
+    store = qv.FeatureStore(str(repo))
+    exceptions = {"invalid": qv.ValidationError, "not_found": qv.NotFoundError}
+    for case in table["cases"]:
+        rows = [dict(zip(case["entities"], values)) for values in zip(*case["entities"].values())]
+        features = case.get("features") or qv.FeatureService(name=case["service"], features=[])
+        refused = case.get("refused")
+        if refused is None:
+            resp = store.get_online_features(features, rows, full_feature_names=True)
+            assert len(resp.statuses) == len(case["entities"]) + (len(case["features"]) if "features" in case else 8), case["name"]
+            continue
+        with pytest.raises(exceptions[refused["kind"]]) as err:
+            store.get_online_features(features, rows, full_feature_names=True)
+        assert refused["message"] in str(err.value), (case["name"], str(err.value))

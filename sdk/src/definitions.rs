@@ -129,6 +129,23 @@ pub struct FeatureView {
 }
 
 impl FeatureView {
+    /// Whether the view takes online writes (materialize, push, `/push`, the stream):
+    /// the one rule, `online: true`. Reads of a view that does not are refused too.
+    pub fn takes_online_writes(&self) -> bool {
+        self.online
+    }
+
+    /// [`FeatureView::takes_online_writes`] as the one refusal of an online write.
+    ///
+    /// # Errors
+    /// The reason, naming the view.
+    pub fn check_online_writes(&self) -> Result<(), String> {
+        if self.takes_online_writes() {
+            return Ok(());
+        }
+        Err(format!("feature view `{}` is offline only (`online: false`): it takes no online writes", self.name))
+    }
+
     /// Whether the view is an event log (it has aggregations).
     pub fn is_event_log(&self) -> bool {
         !self.aggregations.is_empty()
@@ -193,9 +210,18 @@ impl fmt::Display for FeatureRef {
     }
 }
 
-/// Error of parsing a feature reference: the text, which is not `view:feature`.
+/// Error of parsing a feature reference: the text, which is not `view:feature`. Its
+/// message is the one wording of a bad reference, whatever front end read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadFeatureRef(pub String);
+
+impl fmt::Display for BadFeatureRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "bad feature reference `{}` (expected `view:feature`)", self.0)
+    }
+}
+
+impl std::error::Error for BadFeatureRef {}
 
 impl FromStr for FeatureRef {
     type Err = BadFeatureRef;
@@ -218,7 +244,7 @@ impl Serialize for FeatureRef {
 impl<'de> Deserialize<'de> for FeatureRef {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        s.parse().map_err(|_| serde::de::Error::custom(format!("bad feature reference `{s}` (expected `view:feature`)")))
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 

@@ -27,7 +27,7 @@ pub enum DefinitionError {
     UnknownView { service: String, view: String, known: String },
     #[error("feature service `{service}`: unknown feature `{reference}` (feature view `{view}` has: {known})")]
     UnknownFeature { service: String, reference: String, view: String, known: String },
-    #[error("feature service `{service}`: bad feature reference `{got}` (expected `view:feature`)")]
+    #[error("feature service `{service}`: {}", crate::definitions::BadFeatureRef(got.clone()))]
     BadFeatureRef { service: String, got: String },
     #[error("feature view `{view}`, feature `{feature}`: unknown dtype `{got}` (expected one of {expected})")]
     BadDtype { view: String, feature: String, got: String, expected: &'static str },

@@ -26,10 +26,11 @@ pub enum Target {
 }
 
 impl Target {
-    /// Where a push goes unless told: both stores for an online view, offline only
-    /// for a view with `online: false`.
+    /// Where a push goes unless told, in every front end (`quiver push`, `/push`,
+    /// Python): both stores for a view that takes online writes, offline only for one
+    /// with `online: false`.
     pub fn default_for(view: &FeatureView) -> Target {
-        if view.online { Target::OnlineAndOffline } else { Target::Offline }
+        if view.takes_online_writes() { Target::OnlineAndOffline } else { Target::Offline }
     }
 
     pub fn online(self) -> bool {
@@ -46,7 +47,8 @@ impl std::str::FromStr for Target {
         match s {
             "online" => Ok(Target::Online),
             "offline" => Ok(Target::Offline),
-            "online_and_offline" => Ok(Target::OnlineAndOffline),
+            // The CLI's spelling before there was one, still understood.
+            "online_and_offline" | "online-and-offline" => Ok(Target::OnlineAndOffline),
             other => Err(format!("`to` is `{other}` (expected online, offline or online_and_offline)")),
         }
     }

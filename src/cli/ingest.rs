@@ -40,10 +40,12 @@ impl Ingest {
     }
 }
 
+/// The spellings are those of `/push`'s `to` (the hyphenated one is still taken).
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum PushTarget {
     Online,
     Offline,
+    #[value(name = "online_and_offline", alias = "online-and-offline")]
     OnlineAndOffline,
 }
 

@@ -6,9 +6,14 @@ use super::{Ctx, runtime};
 
 /// Look up online features for one entity.
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("asked").required(true).args(["features", "service"])))]
 pub struct Online {
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// `view:feature` references, comma separated.
+    #[arg(long, value_delimiter = ',')]
     features: Vec<String>,
+    /// A feature service's name, instead of `--features`.
+    #[arg(long)]
+    service: Option<String>,
     /// A join key value, KEY=VALUE; repeat for composite keys.
     #[arg(long = "entity", required = true)]
     entities: Vec<String>,
@@ -40,7 +45,12 @@ impl Online {
         }
         let n_keys = columns.len();
         let rt = runtime()?;
-        let result = rt.block_on(async { repo.lookup(columns).with_features(self.features).with_full_names(true).await })?;
+        let lookup = repo.lookup(columns).with_full_names(true);
+        let lookup = match self.service {
+            Some(service) => lookup.with_service(service),
+            None => lookup.with_features(self.features),
+        };
+        let result = rt.block_on(async { lookup.await })?;
         for column in result.iter().skip(n_keys) {
             println!(
                 "{:<36} {:<24} {:<16} {}",

@@ -42,6 +42,9 @@ impl<'a> Lookup<'a> {
     async fn run(self) -> Result<Vec<Column>> {
         let defs = self.repo.defs()?;
         let refs = self.features.resolve(&defs)?;
+        // The bounds every front end holds a lookup to, before any work.
+        let rows = self.entities.first().map_or(0, |(_, values)| values.len());
+        quiver_online::lookup::check_size(rows, refs.len(), self.repo.config.server.max_cells)?;
         let store = self.repo.open_store().await?;
         let now = self.now.unwrap_or_else(now_us);
         quiver_online::lookup::get_online_features(

@@ -50,15 +50,13 @@ impl Repo {
 /// The online views among `names` (all online views when empty).
 fn online_views<'d>(defs: &'d quiver_sdk::Definitions, names: &[String]) -> Result<Vec<&'d FeatureView>> {
     if names.is_empty() {
-        return Ok(defs.feature_views.iter().filter(|v| v.online).collect());
+        return Ok(defs.feature_views.iter().filter(|v| v.takes_online_writes()).collect());
     }
     names
         .iter()
         .map(|n| {
             let v = view(defs, n)?;
-            if !v.online {
-                return Err(Error::Invalid(format!("feature view `{n}` is not online (it has `online: false`)")));
-            }
+            v.check_online_writes().map_err(Error::Invalid)?;
             Ok(v)
         })
         .collect()

@@ -232,10 +232,9 @@ impl Features {
     pub fn resolve(&self, defs: &Definitions) -> Result<Vec<FeatureRef>> {
         match self {
             Features::Service(name) => Ok(defs.find_service(name).map_err(|e| Error::NotFound(e.0))?.features.clone()),
-            Features::Refs(list) if !list.is_empty() => list
-                .iter()
-                .map(|f| f.parse().map_err(|_| Error::Invalid(format!("bad feature reference `{f}` (expected view:feature)"))))
-                .collect(),
+            Features::Refs(list) if !list.is_empty() => {
+                list.iter().map(|f| f.parse().map_err(|e: quiver_sdk::definitions::BadFeatureRef| Error::Invalid(e.to_string()))).collect()
+            }
             _ => Err(Error::Invalid("no features asked for: give feature references (view:feature) or a feature service".into())),
         }
     }

@@ -5,7 +5,7 @@ use arrow::datatypes::TimestampMicrosecondType as Micros;
 use quiver_gpu_join::AsOfKernel;
 use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, resolve};
 use quiver_offline::schema::value_at;
-use quiver_online::lookup::{Status, expected_status};
+use quiver_online::lookup::{Row, Status};
 use quiver_online::server::json::value_json;
 use quiver_sdk::encoding::{KeyValue, Value};
 use quiver_sdk::rows::format_instant;
@@ -207,22 +207,18 @@ impl Joined<'_> {
     /// `request_time`. An aggregation's event time is not judged: the served one is
     /// taken as it is.
     fn expected(&self, j: usize, k: usize, request_time: i64, served_ts: Option<i64>) -> Answer {
+        let value = || value_at(self.batch.column(self.first + k).as_ref(), j, self.served[k].dtype);
         let Some(offline_ts) = self.offline_ts else {
-            return match value_at(self.batch.column(self.first + k).as_ref(), j, self.served[k].dtype) {
-                Value::Null => (Status::NullValue, "null".to_string(), served_ts),
-                v => (Status::Present, value_json(&v), served_ts),
-            };
+            // An aggregation is live whenever asked: its status follows from its value.
+            let v = value();
+            return (Row::Live(request_time).status(v == Value::Null), value_json(&v), served_ts);
         };
         let found = (!offline_ts.is_null(j)).then(|| offline_ts.value(j));
-        match (expected_status(self.view, found, request_time), found) {
-            // No row, or past the TTL and the key's grace period: the store dropped it.
-            (Status::NotFound, _) | (_, None) => (Status::NotFound, "null".to_string(), None),
-            (Status::OutsideMaxAge, ts) => (Status::OutsideMaxAge, "null".to_string(), ts),
-            (_, Some(ts)) => match value_at(self.batch.column(self.first + k).as_ref(), j, self.served[k].dtype) {
-                Value::Null => (Status::NullValue, "null".to_string(), Some(ts)),
-                v => (Status::Present, value_json(&v), Some(ts)),
-            },
-        }
+        // No row, or past the TTL and the key's grace period (the store dropped it): no
+        // value and no time; past the TTL: the row's time, no value.
+        let row = Row::judge(self.view, found, request_time);
+        let v = if matches!(row, Row::Live(_)) { value() } else { Value::Null };
+        (row.status(v == Value::Null), value_json(&v), row.event_ts())
     }
 }
 

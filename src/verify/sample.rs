@@ -5,7 +5,7 @@ use arrow::datatypes::TimestampMicrosecondType;
 use quiver_offline::historical::{Window, latest_per_entity};
 use quiver_offline::schema::{ViewLayout, key_at, value_at};
 use quiver_online::OnlineStore;
-use quiver_online::lookup::{Column, Status, expected_status, get_online_features};
+use quiver_online::lookup::{Column, Row, Status, get_online_features};
 use quiver_sdk::encoding::{KeyValue, Value};
 use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, JoinKey};
 use rand::SeedableRng;
@@ -95,7 +95,8 @@ async fn sample_event_log(
         let off = offline.column(spine.num_columns() + k);
         for j in 0..picked.len() {
             let want = value_at(off.as_ref(), j, served[k].dtype);
-            let expected = (if want == Value::Null { Status::NullValue } else { Status::Present }, want);
+            // An aggregation is live whenever asked: its status follows from its value.
+            let expected = (Row::Live(now).status(want == Value::Null), want);
             let got = (column.statuses[j], column.values[j].clone());
             report.compared += 1;
             let close = match (&got.1, &expected.1) {
@@ -150,11 +151,9 @@ impl Sampled<'_> {
         for (j, &r) in self.rows.iter().enumerate() {
             // Judged as the lookup answers: an expired key is NOT_FOUND, not missing.
             let offline = value_at(self.batch.column(self.layout.feature(k)).as_ref(), r, feature.dtype);
-            let expected = match (expected_status(self.view, Some(ts.value(r)), self.now), &offline) {
-                (Status::Present, Value::Null) => (Status::NullValue, Value::Null),
-                (Status::Present, v) => (Status::Present, v.clone()),
-                (status, _) => (status, Value::Null),
-            };
+            let row = Row::judge(self.view, Some(ts.value(r)), self.now);
+            let value = if matches!(row, Row::Live(_)) { offline } else { Value::Null };
+            let expected = (row.status(value == Value::Null), value);
             let got = (column.statuses[j], column.values[j].clone());
             report.compared += 1;
             let entity = || self.entities.iter().map(|(name, v)| format!("{name}={}", v[j])).collect::<Vec<_>>().join(",");

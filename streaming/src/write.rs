@@ -214,8 +214,8 @@ pub fn batch_entities(defs: &Definitions, view: &FeatureView, batches: &[RecordB
 /// # Errors
 /// The reason, naming the view.
 pub fn check_target(view: &FeatureView, target: Target) -> std::result::Result<(), String> {
-    if target.online() && !view.online {
-        return Err(format!("feature view `{}` is offline only (`online: false`): it takes no online writes (push to offline)", view.name));
+    if target.online() {
+        view.check_online_writes()?;
     }
     Ok(())
 }

@@ -124,14 +124,8 @@ impl Plan {
                 let read = reader.read(bytes.as_deref(), values);
                 time(shared, row, read.event_ts().unwrap_or(0));
                 for &(j, k) in &planned.wanted {
-                    match read {
-                        Row::Missing => cell(&mut parts[j], row, &Value::Null, Status::NotFound),
-                        Row::Expired(_) => cell(&mut parts[j], row, &Value::Null, Status::OutsideMaxAge),
-                        Row::Live(_) => {
-                            let v = &values[k];
-                            cell(&mut parts[j], row, v, if matches!(v, Value::Null) { Status::NullValue } else { Status::Present });
-                        }
-                    }
+                    let v = if matches!(read, Row::Live(_)) { &values[k] } else { &Value::Null };
+                    cell(&mut parts[j], row, v, read.status(matches!(v, Value::Null)));
                 }
             }
         }
@@ -379,7 +373,7 @@ feature_views:
                 "rides:fare_sum_1h",
             ],
             &["stats:rate"],
-            &["stats:label", "pair:w", "stats:label"],
+            &["stats:label", "pair:w", "stats:seen"],
             &["rides:cities", "rides:n_1h"],
             &[],
         ];

@@ -37,21 +37,52 @@ impl Status {
     }
 }
 
-/// What the online store answers at `at` (UTC microseconds) for an entity whose latest
-/// row has event time `event_ts` (`None`: no row was ever written): [`Status::NotFound`]
-/// once the key has expired (the TTL plus [`quiver_sdk::encoding::KEY_GRACE_MS`] after
-/// the event, as both stores expire keys), [`Status::OutsideMaxAge`] past the TTL, else
-/// [`Status::Present`] (or [`Status::NullValue`], which depends on the value). The rule
-/// `verify` judges the stores by.
-pub fn expected_status(view: &quiver_sdk::FeatureView, event_ts: Option<i64>, at: i64) -> Status {
-    let Some(ts) = event_ts else { return Status::NotFound };
-    if quiver_sdk::encoding::expire_at_ms(view, ts).is_some_and(|expire| at.div_euclid(1000) >= expire) {
-        return Status::NotFound;
+/// A view's latest row as a lookup at some time answers it: the one rule of statuses
+/// ([`Row::judge`], then [`Row::status`]), which both answer paths and `verify` use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Row {
+    /// No row, one that cannot be read, or a key that has expired: `NOT_FOUND`.
+    Missing,
+    /// Older than the view's TTL (its event time): `OUTSIDE_MAX_AGE`, the values null.
+    Expired(i64),
+    /// Its values are served (its event time): `PRESENT`, or `NULL_VALUE` for a null.
+    Live(i64),
+}
+
+impl Row {
+    /// The latest row of an entity, with event time `event_ts` (`None`: no row was
+    /// ever written), as a lookup at `at` (UTC microseconds) answers it: missing once
+    /// the key has expired (the TTL plus [`quiver_sdk::encoding::KEY_GRACE_MS`] after
+    /// the event, as both stores expire keys), expired past the TTL, else live. An event
+    /// log's records have no TTL: they are live while stored.
+    pub fn judge(view: &FeatureView, event_ts: Option<i64>, at: i64) -> Row {
+        let Some(ts) = event_ts else { return Row::Missing };
+        if quiver_sdk::encoding::expire_at_ms(view, ts).is_some_and(|expire| at.div_euclid(1000) >= expire) {
+            return Row::Missing;
+        }
+        if view.ttl_us().is_some_and(|ttl| at.saturating_sub(ts) > ttl) {
+            return Row::Expired(ts);
+        }
+        Row::Live(ts)
     }
-    if view.ttl_us().is_some_and(|ttl| at.saturating_sub(ts) > ttl) {
-        return Status::OutsideMaxAge;
+
+    /// The status of one of the row's values (`null`: the value is null).
+    pub fn status(self, null: bool) -> Status {
+        match self {
+            Row::Missing => Status::NotFound,
+            Row::Expired(_) => Status::OutsideMaxAge,
+            Row::Live(_) if null => Status::NullValue,
+            Row::Live(_) => Status::Present,
+        }
     }
-    Status::Present
+
+    /// Its event time, when there is a row.
+    pub fn event_ts(self) -> Option<i64> {
+        match self {
+            Row::Missing => None,
+            Row::Expired(ts) | Row::Live(ts) => Some(ts),
+        }
+    }
 }
 
 /// One output column: a join key or a feature, one entry per entity row.
@@ -159,6 +190,34 @@ pub async fn get_online_features_timed(
     Ok(columns)
 }
 
+/// The most entity rows one lookup may ask for.
+pub const MAX_ENTITY_ROWS: usize = 10_000;
+
+/// Refuses a lookup of `rows` entity rows x `features` features before any work: more
+/// than [`MAX_ENTITY_ROWS`] rows, or more values than `max_cells` (`server.max_cells`).
+/// Every front end checks a lookup with it.
+///
+/// # Errors
+/// [`Error::TooLarge`], naming the bound.
+pub fn check_size(rows: usize, features: usize, max_cells: usize) -> Result<()> {
+    if rows > MAX_ENTITY_ROWS {
+        return Err(Error::TooLarge {
+            bound: "max_entity_rows",
+            message: format!("{rows} entity rows; at most {MAX_ENTITY_ROWS} per request"),
+        });
+    }
+    let cells = rows.saturating_mul(features);
+    if cells > max_cells {
+        return Err(Error::TooLarge {
+            bound: "max_cells",
+            message: format!(
+                "{rows} entity rows x {features} features = {cells} values; at most {max_cells} per request (server.max_cells)"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Every entity column has as many values as the first.
 fn check_lengths(entities: &EntityColumns) -> Result<usize> {
     let n = entities.first().map_or(0, |(_, v)| v.len());
@@ -204,15 +263,24 @@ struct ViewPlan {
 }
 
 impl Plan {
-    /// Resolves `refs` (`full_names`: columns named `view__feature`).
+    /// Resolves `refs` (`full_names`: columns named `view__feature`): the one check of
+    /// a lookup's features, whichever front end asks (the server, `quiver online`,
+    /// Python).
     ///
     /// # Errors
-    /// [`Error::Unknown`] for an unknown view or feature.
+    /// [`Error::Unknown`] for an unknown view or feature; [`Error::Request`] for a
+    /// feature asked for twice, or one of a view that is not online (`online: false`).
     pub fn new(defs: &Definitions, refs: Vec<FeatureRef>, full_names: bool) -> Result<Plan> {
         let mut views: Vec<ViewPlan> = Vec::new();
         let mut names = Vec::with_capacity(refs.len());
         for (j, r) in refs.iter().enumerate() {
             let (view, _) = defs.find_feature(r).map_err(|e| Error::Unknown(e.0))?;
+            if refs[..j].contains(r) {
+                return Err(Error::Request(format!("feature `{r}` is asked for twice")));
+            }
+            if !view.online {
+                return Err(Error::Request(format!("feature `{r}`: feature view `{}` is offline only (`online: false`)", view.name)));
+            }
             let index = defs.feature_views.iter().position(|v| v.name == view.name).expect("found");
             let k = if view.is_event_log() {
                 view.aggregations.iter().position(|a| a.name == r.feature)
@@ -391,9 +459,8 @@ impl Answers {
             Answered::Unreadable => None,
         };
         match found {
-            None => (&Value::Null, Status::NotFound, 0),
-            Some((v @ Value::Null, ts)) => (v, Status::NullValue, ts.unwrap_or(0)),
-            Some((v, ts)) => (v, Status::Present, ts.unwrap_or(0)),
+            None => (&Value::Null, Row::Missing.status(true), 0),
+            Some((v, ts)) => (v, Row::Live(ts.unwrap_or(0)).status(matches!(v, Value::Null)), ts.unwrap_or(0)),
         }
     }
 }
@@ -483,27 +550,6 @@ fn key_column(name: &str, values: &[KeyValue]) -> Column {
     column
 }
 
-/// A plain view's stored row as read at `now`.
-#[derive(Debug, Clone, Copy)]
-enum Row {
-    /// No row, or one that cannot be read: `NOT_FOUND`.
-    Missing,
-    /// Older than the view's TTL (its event time): `OUTSIDE_MAX_AGE`, the values null.
-    Expired(i64),
-    /// Its values are in the decode buffer (its event time): `PRESENT`, or `NULL_VALUE`
-    /// for a null.
-    Live(i64),
-}
-
-impl Row {
-    fn event_ts(self) -> Option<i64> {
-        match self {
-            Row::Missing => None,
-            Row::Expired(ts) | Row::Live(ts) => Some(ts),
-        }
-    }
-}
-
 /// Reads the stored rows of one plain view: each decoded once into one reused buffer,
 /// only the requested values built; a row written under another layout of the view is
 /// read by name, one that cannot be read is missing. Judged at `now` against the TTL.
@@ -511,14 +557,13 @@ struct RowReader<'a> {
     defs: &'a Definitions,
     view: &'a FeatureView,
     planned: &'a ViewPlan,
-    ttl_us: Option<i64>,
     now: i64,
     layouts: Layouts,
 }
 
 impl<'a> RowReader<'a> {
     fn new(defs: &'a Definitions, view: &'a FeatureView, planned: &'a ViewPlan, now: i64) -> RowReader<'a> {
-        RowReader { defs, view, planned, ttl_us: view.ttl_us(), now, layouts: Layouts::default() }
+        RowReader { defs, view, planned, now, layouts: Layouts::default() }
     }
 
     /// Reads `bytes` (`None`: no row stored) into `values`, in the view's feature order.
@@ -534,11 +579,7 @@ impl<'a> RowReader<'a> {
             *values = self.layouts.conform(self.defs, self.view, row)?.values;
             Some(event_ts)
         });
-        match event_ts {
-            None => Row::Missing,
-            Some(ts) if self.ttl_us.is_some_and(|ttl| self.now.saturating_sub(ts) > ttl) => Row::Expired(ts),
-            Some(ts) => Row::Live(ts),
-        }
+        Row::judge(self.view, event_ts, self.now)
     }
 }
 
@@ -559,15 +600,12 @@ fn feature_columns(
     for bytes in stored {
         let row = reader.read(bytes.as_deref(), &mut values);
         for ((column, &(_, k)), &shared) in columns.iter_mut().zip(&planned.wanted).zip(&planned.shared) {
-            let (value, status) = match row {
-                Row::Missing => (Value::Null, Status::NotFound),
-                Row::Expired(_) => (Value::Null, Status::OutsideMaxAge),
-                Row::Live(_) => match &mut values[k] {
-                    Value::Null => (Value::Null, Status::NullValue),
-                    v if shared => (v.clone(), Status::Present),
-                    v => (std::mem::replace(v, Value::Null), Status::Present),
-                },
+            let value = match row {
+                Row::Missing | Row::Expired(_) => Value::Null,
+                Row::Live(_) if shared => values[k].clone(),
+                Row::Live(_) => std::mem::replace(&mut values[k], Value::Null),
             };
+            let status = row.status(matches!(value, Value::Null));
             column.values.push(value);
             column.statuses.push(status);
             column.event_ts.push(row.event_ts());

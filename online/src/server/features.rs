@@ -19,8 +19,8 @@ use serde_json::Value as Json_;
 
 use super::json::response_json;
 use super::registry_cache::{Asked, RegistryCache};
-use super::{ApiError, Limit, MAX_ENTITY_ROWS, Metrics, ServerState, bad};
-use crate::lookup::{EntityColumns, LookupPhases, Plan};
+use super::{ApiError, Metrics, ServerState, bad};
+use crate::lookup::{EntityColumns, LookupPhases, Plan, check_size};
 use crate::serving_log::Served;
 
 /// A request as read: its entity columns, and the features it asks for.
@@ -159,7 +159,7 @@ impl<'a> Parsed<'a> {
         let features = match &r.features {
             None | Some(Json_::Null) => None,
             Some(Json_::Array(list)) => Some(match list.iter().find(|f| !f.is_string()) {
-                Some(f) => Features::Bad(format!("bad feature reference {f} (expected \"view:feature\")")),
+                Some(f) => Features::Bad(quiver_sdk::definitions::BadFeatureRef(f.to_string()).to_string()),
                 None => Features::List(list.iter().filter_map(Json_::as_str).collect()),
             }),
             Some(_) => Some(Features::Bad("`features` must be a list of \"view:feature\"".to_string())),
@@ -170,7 +170,7 @@ impl<'a> Parsed<'a> {
                 let mut columns = Vec::with_capacity(entities.0.len());
                 for (name, values) in &entities.0 {
                     let values = values.as_array().ok_or_else(|| bad(format!("entity `{name}` must be a list of values")))?;
-                    check_rows(metrics, values.len())?;
+                    check_size(values.len(), 0, usize::MAX).map_err(|e| ApiError::refused(metrics, &e))?;
                     let keys = values
                         .iter()
                         .map(|v| KeyValue::from_json(v).ok_or_else(|| bad(format!("entity `{name}`: {v} is not an integer or a string"))))
@@ -200,38 +200,18 @@ impl<'a> Parsed<'a> {
     }
 }
 
-/// 413 for more entity rows than a request may hold.
-fn check_rows(metrics: &Metrics, rows: usize) -> Result<(), ApiError> {
-    if rows > MAX_ENTITY_ROWS {
-        metrics.refused(Limit::MaxEntityRows);
-        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, format!("{rows} entity rows; at most {MAX_ENTITY_ROWS} per request")));
-    }
-    Ok(())
-}
-
-/// The plan of what `request` asks for under `defs`, after the checks a server makes
-/// beyond the lookup's own: no feature twice, no view that is offline only.
+/// The plan of what `request` asks for under `defs`: the references read (or the
+/// service's), then [`Plan::new`]'s checks, which every front end shares.
 fn plan(registry: &RegistryCache, defs: &Arc<Definitions>, asked: Asked<'_>, full_names: bool) -> Result<Arc<Plan>, ApiError> {
     registry.plan(defs, asked, full_names, || {
         let refs: Vec<FeatureRef> = match asked {
             Asked::Features(list) => list
                 .iter()
-                .map(|f| {
-                    f.parse()
-                        .map_err(|_| bad(format!("bad feature reference {} (expected \"view:feature\")", Json_::String((*f).to_string()))))
-                })
+                .map(|f| f.parse().map_err(|e: quiver_sdk::definitions::BadFeatureRef| bad(e.to_string())))
                 .collect::<Result<_, _>>()?,
             Asked::Service(name) => defs.find_service(name).map_err(|e| ApiError(StatusCode::NOT_FOUND, e.0))?.features.clone(),
         };
-        if let Some(dup) = refs.iter().enumerate().find_map(|(i, r)| refs[..i].contains(r).then_some(r)) {
-            return Err(bad(format!("feature `{dup}` is asked for twice")));
-        }
-        for r in &refs {
-            if let Some(view) = defs.feature_view(&r.view).filter(|v| !v.online) {
-                return Err(bad(format!("feature `{r}`: feature view `{}` is offline only (`online: false`)", view.name)));
-            }
-        }
-        Plan::new(defs, refs, full_names).map_err(|e| bad(e.to_string()))
+        Plan::new(defs, refs, full_names).map_err(|e| ApiError::of(&e))
     })
 }
 
@@ -254,19 +234,7 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
         Asked::Service(name) => defs.feature_service(name).map_or(0, |s| s.features.len()),
     };
     for (_, values) in columns {
-        check_rows(&state.metrics, values.len())?;
-        let cells = values.len().saturating_mul(n_features);
-        if cells > state.limits.max_cells {
-            state.metrics.refused(Limit::MaxCells);
-            return Err(ApiError(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "{} entity rows x {n_features} features = {cells} values; at most {} per request (server.max_cells)",
-                    values.len(),
-                    state.limits.max_cells
-                ),
-            ));
-        }
+        check_size(values.len(), n_features, state.limits.max_cells).map_err(|e| ApiError::refused(&state.metrics, &e))?;
     }
     let plan = match plan(&state.registry, &defs, asked, request.full_names) {
         Ok(plan) => plan,

@@ -46,7 +46,7 @@ pub use ui::Insights;
 /// Largest request body accepted (413 beyond).
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// Most entity rows in one request (413 beyond).
-pub const MAX_ENTITY_ROWS: usize = 10_000;
+pub use crate::lookup::MAX_ENTITY_ROWS;
 /// How long a store call may take before the request fails with 503.
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -83,7 +83,7 @@ impl ServerState {
     async fn store_call<T>(&self, call: impl std::future::Future<Output = crate::Result<T>>) -> Result<T, ApiError> {
         match tokio::time::timeout(STORE_TIMEOUT, call).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) if matches!(e.kind(), quiver_sdk::ErrorKind::Invalid | quiver_sdk::ErrorKind::NotFound) => Err(bad(e.to_string())),
+            Ok(Err(e)) if matches!(e.kind(), quiver_sdk::ErrorKind::Invalid | quiver_sdk::ErrorKind::NotFound) => Err(ApiError::of(&e)),
             Ok(Err(e)) => Err(self.unavailable("online store", &e)),
             Err(_) => Err(self.unavailable("online store", &"timed out")),
         }
@@ -105,6 +105,32 @@ pub fn system_clock() -> Box<dyn Fn() -> i64 + Send + Sync> {
 /// An error answer: a status and a one-line message, as `{"error": "..."}`.
 #[derive(Debug)]
 pub struct ApiError(StatusCode, String);
+
+impl ApiError {
+    /// The answer to a request that failed with `e`: the status from its kind, in this
+    /// one place (invalid 400, not found 404, conflict 409, unavailable 503, internal
+    /// 500; a request over a lookup's bounds 413), and its message.
+    pub(crate) fn of(e: &crate::Error) -> ApiError {
+        use quiver_sdk::ErrorKind as K;
+        let status = match (e, e.kind()) {
+            (crate::Error::TooLarge { .. }, _) => StatusCode::PAYLOAD_TOO_LARGE,
+            (_, K::Invalid) => StatusCode::BAD_REQUEST,
+            (_, K::NotFound) => StatusCode::NOT_FOUND,
+            (_, K::Conflict) => StatusCode::CONFLICT,
+            (_, K::Unavailable) => StatusCode::SERVICE_UNAVAILABLE,
+            (_, K::Internal) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, e.to_string())
+    }
+
+    /// [`ApiError::of`] a refusal before any work, counted by the bound it hit.
+    fn refused(metrics: &Metrics, e: &crate::Error) -> ApiError {
+        if let crate::Error::TooLarge { bound, .. } = e {
+            metrics.refused(if *bound == "max_cells" { Limit::MaxCells } else { Limit::MaxEntityRows });
+        }
+        ApiError::of(e)
+    }
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {

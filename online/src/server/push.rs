@@ -24,19 +24,19 @@ struct PushRequest {
 
 /// `POST /push`: rows read by the strict row reader shared with ingest and streaming,
 /// written offline (through [`OfflineWriter`], the streaming write path) and then
-/// through the guarded online write, as `to` asks (default `online`).
+/// through the guarded online write, as `to` asks (default: both stores, offline only
+/// for a view with `online: false`, as every front end pushes).
 pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Json<Json_>, ApiError> {
     let request: PushRequest = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
-    let target: quiver_sdk::rows::Target = request.to.as_deref().unwrap_or("online").parse().map_err(bad)?;
-    let (online, offline) = (target.online(), target.offline());
+    let asked: Option<quiver_sdk::rows::Target> = request.to.as_deref().map(str::parse).transpose().map_err(bad)?;
     let defs = state.registry.current();
     let name =
         request.feature_view.or(request.push_source_name).ok_or_else(|| bad("the push needs `feature_view` (or `push_source_name`)"))?;
-    let view = defs.find_view(&name).map_err(|e| bad(e.0))?;
-    if online && !view.online {
-        return Err(bad(format!(
-            "feature view `{name}` is offline only (`online: false`): it takes no online writes (push with \"to\": \"offline\")"
-        )));
+    let view = defs.find_view(&name).map_err(|e| ApiError(StatusCode::NOT_FOUND, e.0))?;
+    let target = asked.unwrap_or_else(|| quiver_sdk::rows::Target::default_for(view));
+    let (online, offline) = (target.online(), target.offline());
+    if online {
+        view.check_online_writes().map_err(bad)?;
     }
     let n = request.df.values().next().map_or(0, Vec::len);
     if n > MAX_ENTITY_ROWS {
@@ -86,11 +86,11 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
             .refresh_event_log(&defs, view, &entities, state.store.as_ref())
             .await
             .map_err(|e| state.unavailable("online store", &e))?;
-        answer.insert("written".into(), json!(written));
+        answer.insert("online_written".into(), json!(written));
     } else if online {
         let writes = crate::store::WriteRow::of_rows(&state.project, view, &rows);
         let written = state.store_call(state.store.write(&writes)).await?;
-        answer.insert("written".into(), json!(written));
+        answer.insert("online_written".into(), json!(written));
     }
     Ok(Json(Json_::Object(answer)))
 }

@@ -97,7 +97,7 @@ impl Pipeline {
         let mut replayed = true;
         for &i in views {
             if self.floor(i, partition).is_some_and(|floor| offset <= floor) {
-                if self.readers[i].view.online
+                if self.readers[i].view.takes_online_writes()
                     && let Ok(row) = self.readers[i].from_slice(payload)
                 {
                     self.batch.replayed[i].push(row);

@@ -160,7 +160,7 @@ impl Writer {
         let began = Instant::now();
         let batch = &*batch;
         let ((offline, offline_took), online) = std::thread::scope(|scope| {
-            let online = view.online.then(|| scope.spawn(|| (self.write_online(&view, &rows, &replayed), began.elapsed())));
+            let online = view.takes_online_writes().then(|| scope.spawn(|| (self.write_online(&view, &rows, &replayed), began.elapsed())));
             let offline = if rows.is_empty() { Ok(Written::All) } else { self.append_offline(batch, i, &view, &rows) };
             let offline_took = began.elapsed();
             ((offline, offline_took), online.map(|h| h.join().expect("the online write does not panic")))
@@ -208,7 +208,7 @@ impl Writer {
                 other => return Ok(other),
             }
         }
-        if !view.online {
+        if !view.takes_online_writes() {
             return Ok(Written::All);
         }
         let replayed = std::mem::take(&mut batch.replayed[i]);
