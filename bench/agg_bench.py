@@ -7,7 +7,7 @@
 (`./run bench-agg` builds and runs this.) Generates an event log (rider, event time,
 fare with 5% nulls, minutes, city) and a spine, then computes 12 aggregations (count,
 sum, avg, stddev, min, max, last_k over 1h, 1d and 7d windows with their default hops,
-SPEC §11) three ways on the same files, each under /usr/bin/time:
+docs/aggregations.md) three ways on the same files, each under /usr/bin/time:
 
 - `quiver historical` on a repository whose features.yaml defines them;
 - DuckDB: a range join of spine and events on the key and the widest window, then
@@ -34,7 +34,7 @@ from benchlib import time_v
 
 US = 1_000_000
 HOUR, DAY = 3600 * US, 86400 * US
-# (name, function, column, window, hop): hops are the SPEC's defaults for these windows.
+# (name, function, column, window, hop): hops are the defaults of docs/aggregations.md for these windows.
 AGGS = [
     ("n_1h", "count", "fare", "1h", HOUR, 5 * 60 * US),
     ("fare_sum_1h", "sum", "fare", "1h", HOUR, 5 * 60 * US),

@@ -7,7 +7,7 @@
 (`./run bench-agg` runs this after the offline benchmark.) One private redis-server on a
 free loopback port. One repository with two views of the same riders:
 
-- `rides`, an event log (SPEC §11): ~50 rides per rider over the last 7 days and 10
+- `rides`, an event log (docs/aggregations.md): ~50 rides per rider over the last 7 days and 10
   aggregations of them (count, sum, avg, stddev, min, max, last_k over 1h, 1d and 7d);
 - `profile`, a plain view: one row per rider, 10 features.
 

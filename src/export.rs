@@ -236,7 +236,7 @@ pub struct Exported {
 }
 
 /// What joins an export's shards: a kernel in this process, or a Ballista cluster
-/// (`df://HOST:PORT`, SPEC §12) whose executors run the same join.
+/// (`df://HOST:PORT`, docs/settings.md) whose executors run the same join.
 #[derive(Clone, Copy)]
 pub struct Joiner<'a> {
     pub kernel: &'a dyn AsOfKernel,

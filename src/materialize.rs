@@ -1,5 +1,5 @@
 //! Materialization: the latest offline row of every entity, written to the online store
-//! through the guarded write (SPEC §4), in large pipelined batches.
+//! through the guarded write (docs/online.md), in large pipelined batches.
 
 use std::time::Instant;
 
@@ -78,7 +78,7 @@ async fn load_view(
     Ok((ViewReport { view: view.name.clone(), entities: batch.num_rows(), written, expired }, latest.version))
 }
 
-/// Rebuilds the online records of an event log (SPEC §11) from every event its windows
+/// Rebuilds the online records of an event log (docs/aggregations.md) from every event its windows
 /// can still count at `now` (and those after it, kept pending): one record per entity,
 /// dated by the table version, so the guarded write keeps the newest rebuild and a
 /// rerun writes the same records again.

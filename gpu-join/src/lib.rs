@@ -1,5 +1,5 @@
 //! The point-in-time (as-of) kernel: for each spine row, the winning feature row of its
-//! entity (SPEC §3), as row indices with "no match" marked.
+//! entity (docs/offline.md), as row indices with "no match" marked.
 //!
 //! The kernel works on dense entity ids and microsecond times, so that every engine —
 //! the CPU kernel here, and the CUDA kernels through cudarc — sees the same plain arrays

@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 /// For each spine row: the max (ts, created, seq) feature row of its entity among the
-/// candidates of SPEC §3, by looking at every feature row.
+/// candidates of docs/offline.md, by looking at every feature row.
 fn oracle(input: &AsOfInput<'_>) -> Vec<u32> {
     (0..input.spine_entity.len())
         .map(|i| {

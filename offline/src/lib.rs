@@ -1,5 +1,5 @@
 //! The offline store: one Delta Lake table per feature view, ingestion with schema
-//! checks, DataFusion scans and the CPU point-in-time join (SPEC §3).
+//! checks, DataFusion scans and the CPU point-in-time join (docs/offline.md).
 //!
 //! - [`delta`]: locating, opening and creating the views' tables; [`DeltaProbe`] tells
 //!   `apply` which views hold data.

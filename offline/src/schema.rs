@@ -2,7 +2,7 @@
 //!
 //! A table holds the view's join keys, its event time, its created time (when the view
 //! has one), the features, and `_quiver_seq`: the ingestion order, used as the last
-//! tie-break (SPEC §3) and kept through any rewrite of the files.
+//! tie-break (docs/offline.md) and kept through any rewrite of the files.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! The online store: each entity's latest feature row per view (SPEC §4), behind the
+//! The online store: each entity's latest feature row per view (docs/online.md), behind the
 //! [`OnlineStore`] trait, with implementations that behave identically — Redis
 //! ([`RedisStore`]), Redis Cluster ([`RedisClusterStore`]) and an embedded single-file
 //! store ([`EmbeddedStore`]) — proven by one shared test suite run against each.
@@ -8,7 +8,7 @@
 //! (event_ts, created_ts). Materialization, streaming and `/push` all write through it,
 //! so replays are idempotent.
 //!
-//! [`lookup`] answers online requests with SPEC §4 statuses; [`server`] serves them over
+//! [`lookup`] answers online requests with docs/online.md statuses; [`server`] serves them over
 //! HTTP in Feast's wire shape (only this crate knows HTTP and JSON shapes).
 
 mod embedded;

@@ -1,5 +1,5 @@
 //! The listener behind `quiver serve`: accepts connections, bounds them, and stops
-//! gracefully (SPEC §13).
+//! gracefully (docs/limits.md).
 //!
 //! - A connection must send complete request headers within `request_timeout` of
 //!   opening or of its last answer (hyper's header read timeout, which also covers an

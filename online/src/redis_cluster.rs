@@ -1,4 +1,4 @@
-//! The Redis Cluster online store (SPEC §12): the same keys and packed rows as
+//! The Redis Cluster online store (docs/settings.md): the same keys and packed rows as
 //! [`crate::RedisStore`], each key on its slot's master.
 //!
 //! - Reads: one MGET of all keys, which the redis crate splits by slot and sends to the

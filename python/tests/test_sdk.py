@@ -131,7 +131,7 @@ def test_python_and_yaml_definitions_give_the_same_registry(tmp_path):
 def test_the_spec_snippet_runs_as_written(tmp_path):
     repo = new_repo(tmp_path / "repo")
     table_, spine_, start, end = table(), spine(), NOW - timedelta(days=1), NOW
-    # --- SPEC §10, as written ---
+    # --- docs/python.md, as written ---
     store = qv.FeatureStore(str(repo))                      # an initialised repo folder
     rider = qv.Entity(name="rider", join_keys=[qv.Field("rider_id", qv.Int64)])
     trips = qv.FeatureView(
@@ -286,13 +286,13 @@ def test_the_stub_matches_the_extension():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_the_readme_quick_start_runs_as_written(tmp_path, monkeypatch, capsys):
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
-    section = readme[readme.index("## Python"):]
+def test_the_guides_python_quick_start_prints_what_it_says(tmp_path, monkeypatch, capsys):
+    guide = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")).read()
+    section = guide[guide.index("## Quick start"):]
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     new_repo(tmp_path / "repo")
     monkeypatch.chdir(tmp_path)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/python.md", "exec"), {})
     out = capsys.readouterr().out
     assert "trips__fare" in out and "12.5" in out, out
     assert "{'rider_id': [1], 'fare': [12.5]}" in out, out
@@ -502,10 +502,10 @@ AUDIT_VIEW = ("  - name: audit\n    entities: [driver]\n    online: false\n    s
 
 
 def test_one_table_of_lookups_is_answered_as_the_cli_and_server_answer_it(tmp_path):
-    """tests/lookup_cases.json, as tests/cli.rs drives it through the CLI and the server:
+    """tests/it/lookup_cases.json, as tests/it/cli.rs drives it through the CLI and the server:
     the same requests answered, the others refused with the same message and the
     exception of the error's kind."""
-    table = json.load(open(os.path.join(os.path.dirname(__file__), "..", "..", "tests", "lookup_cases.json")))
+    table = json.load(open(os.path.join(os.path.dirname(__file__), "..", "..", "tests", "it", "lookup_cases.json")))
     res = subprocess.run([QUIVER, "init", str(tmp_path / "demo"), "--demo"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     repo = tmp_path / "demo"

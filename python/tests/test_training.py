@@ -160,15 +160,14 @@ def test_job_to_torch_on_cpu_matches_the_table(exported):
             job.to_torch(device="cuda")
 
 
-def test_readme_torch_loop_runs(exported, tmp_path, monkeypatch, capsys):
+def test_the_guides_torch_loop_runs(exported, tmp_path, monkeypatch, capsys):
     _torch()
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
-    section = readme[readme.index("### Training-set export"):]
-    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    guide = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "export.md")).read()
+    block = guide.split("```py\n", 1)[1].split("```", 1)[0]
     cli(exported, "export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet",
         "--out", str(tmp_path / "train_v1"), "--shard-rows", "100")
     monkeypatch.chdir(tmp_path)
-    exec(compile(block, "README.md", "exec"), {"__name__": "__main__"})
+    exec(compile(block, "docs/export.md", "exec"), {"__name__": "__main__"})
     out = capsys.readouterr().out
     assert "epoch 0: 500 rows" in out and "epoch 1: 500 rows" in out, out
 

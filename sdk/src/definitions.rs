@@ -1,4 +1,4 @@
-//! The definition types of SPEC §2 — entities, sources, feature views, feature services —
+//! The definition types of docs/concepts.md — entities, sources, feature views, feature services —
 //! and the Rust builder API that produces them.
 //!
 //! These serde structures are the one shape of a definition: `features.yaml`
@@ -36,7 +36,7 @@ pub struct Entity {
     pub tags: BTreeMap<String, String>,
 }
 
-/// Message format of a stream source. JSON is the one format so far (SPEC §7).
+/// Message format of a stream source. JSON is the one format so far (docs/streaming.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StreamFormat {
@@ -121,7 +121,7 @@ pub struct FeatureView {
     pub tags: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
-    /// Windowed aggregations of the view's events (SPEC §11). A view with any is an
+    /// Windowed aggregations of the view's events (docs/aggregations.md). A view with any is an
     /// event log: its rows are events, its served features are these aggregations, and
     /// its `features` are the event columns they read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -3,7 +3,7 @@
 //!
 //! A packed row starts with its ordering header — event time then created time, each as
 //! 8 big-endian bytes with the sign bit flipped — so that comparing the first 16 bytes
-//! as unsigned bytes orders rows exactly as SPEC §4's guarded write does ("newer
+//! as unsigned bytes orders rows exactly as the guarded write of docs/online.md does ("newer
 //! (event_ts, created_ts) wins, equal replaces"). A Redis script and the embedded store
 //! can both apply the guard without decoding anything else. Then come a format byte,
 //! the view's schema fingerprint (so a row written under another schema is recognised),

@@ -1,6 +1,6 @@
 //! Quiver's definition layer: the types every other crate speaks.
 //!
-//! - [`definitions`]: entities, sources, feature views and services (SPEC §2), and the
+//! - [`definitions`]: entities, sources, feature views and services (docs/concepts.md), and the
 //!   Rust builder API.
 //! - [`yaml`]: `features.yaml` in, validated [`Definitions`] out.
 //! - [`validate`](Definitions::validate): one validation for every way of writing

@@ -17,7 +17,7 @@ use crate::types::{DType, KeyType, ListElement};
 mod typed;
 use typed::Slots;
 
-/// Where a push writes (SPEC §6 `to`).
+/// Where a push writes (docs/online.md `to`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
     Online,
@@ -73,7 +73,7 @@ pub struct RowReader {
     pub view: FeatureView,
     pub keys: Vec<JoinKey>,
     /// The latest event time accepted (UTC microseconds): the wall clock plus
-    /// `max_future_skew` (SPEC §13). `None` accepts any time.
+    /// `max_future_skew` (docs/limits.md). `None` accepts any time.
     pub latest_event: Option<i64>,
     /// The fields a message is read into on the typed path (see `typed`).
     slots: Slots,

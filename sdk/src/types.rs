@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// The element type of a list feature (SPEC §2: lists of int64/float32/float64/string).
+/// The element type of a list feature (docs/concepts.md: lists of int64/float32/float64/string).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ListElement {
     Int64,
@@ -118,7 +118,7 @@ impl<'de> Deserialize<'de> for DType {
     }
 }
 
-/// The type of a join key: SPEC §2 allows `int64` and `string`.
+/// The type of a join key: docs/concepts.md allows `int64` and `string`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KeyType {
     Int64,
@@ -174,7 +174,7 @@ impl<'de> Deserialize<'de> for KeyType {
 }
 
 /// A feature view's time to live: how far back from a spine timestamp a feature row is
-/// still a candidate (SPEC §3). `Ttl::UNBOUNDED` (written as absent or `0`) means no
+/// still a candidate (docs/offline.md). `Ttl::UNBOUNDED` (written as absent or `0`) means no
 /// lower bound. Whole seconds only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Ttl(u64);

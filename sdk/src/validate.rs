@@ -200,7 +200,7 @@ impl Definitions {
         Ok(())
     }
 
-    /// An event log's aggregations (SPEC §11): names, columns, functions, windows.
+    /// An event log's aggregations (docs/aggregations.md): names, columns, functions, windows.
     fn check_aggregations(&self, view: &crate::FeatureView) -> Result<(), DefinitionError> {
         if !view.is_event_log() {
             return Ok(());

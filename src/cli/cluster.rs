@@ -1,6 +1,6 @@
 //! `quiver cluster scheduler` and `quiver cluster executor`: DataFusion Ballista's own
 //! scheduler and executor processes (Ballista 55, on DataFusion 55 like the offline
-//! store), for joins spread over machines (SPEC §12). They are Ballista's, configured
+//! store), for joins spread over machines (docs/settings.md). They are Ballista's, configured
 //! from the command line, with Quiver's physical codec ([`QuiverCodec`]) so executors
 //! can run the as-of join of `historical --cluster` / `export --cluster`.
 

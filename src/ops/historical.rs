@@ -1,4 +1,4 @@
-//! `historical`: the point-in-time join of a spine with features (SPEC §3).
+//! `historical`: the point-in-time join of a spine with features (docs/offline.md).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -83,7 +83,7 @@ impl Repo {
 setters!(Historical { features, engine, progress });
 
 impl<'a> Historical<'a> {
-    /// Only rows created by each spine time are candidates (SPEC §3.5).
+    /// Only rows created by each spine time are candidates (docs/offline.md).
     pub fn with_created_cutoff(mut self, on: bool) -> Self {
         self.options.created_cutoff = on;
         self
@@ -95,7 +95,7 @@ impl<'a> Historical<'a> {
         self
     }
 
-    /// Runs the join on the Ballista cluster at `cluster` (`df://HOST:PORT`, SPEC §12)
+    /// Runs the join on the Ballista cluster at `cluster` (`df://HOST:PORT`, docs/settings.md)
     /// instead of in this process; the answer is the same.
     pub fn with_cluster(mut self, cluster: Option<String>) -> Self {
         self.options.cluster = cluster;

@@ -1,4 +1,4 @@
-//! An online lookup (SPEC §4), as `quiver online` and the Python SDK do it.
+//! An online lookup (docs/online.md), as `quiver online` and the Python SDK do it.
 
 use quiver_online::lookup::{Column, EntityColumns};
 

@@ -1,4 +1,4 @@
-//! `materialize` and `materialize-incremental`: offline to online (SPEC §4).
+//! `materialize` and `materialize-incremental`: offline to online (docs/online.md).
 
 use std::sync::Arc;
 

@@ -113,7 +113,7 @@ impl Replay<'_> {
         let mut gone: BTreeSet<String> = BTreeSet::new();
         let first = spine.num_columns();
         // An event log's join has no event-time column: its aggregations are judged
-        // by status and value (SPEC §11: the status follows from the value).
+        // by status and value (docs/aggregations.md: the status follows from the value).
         let offline_ts = (!view.is_event_log()).then(|| joined.column(first + served.len()).as_primitive::<Micros>());
         let joined = Joined { batch: &joined, first, view, served: &served, offline_ts };
         for (j, &at) in kept.iter().enumerate() {

@@ -3,13 +3,13 @@
 //! `verify --since T [--until T]` ([`verify_log`]) replays the serving log: every
 //! logged answer is joined point in time at its request time by the offline join, and
 //! each served value, status and event time is compared with what the offline store
-//! says should have been served then (SPEC §3/§4: the latest row by event time, created
+//! says should have been served then (docs/offline.md, docs/online.md: the latest row by event time, created
 //! time and ingestion order at or before the request; TTL -> OUTSIDE_MAX_AGE; null ->
 //! NULL_VALUE; no row -> NOT_FOUND). Served NOT_FOUND where offline has a row is
 //! *missing online*; a served row where offline has none is *missing offline*.
 //!
 //! `verify --sample N` ([`verify_sample`]) needs no log:
-//! For every online view, the offline winner of each entity at `now` (SPEC §3: the
+//! For every online view, the offline winner of each entity at `now` (docs/offline.md: the
 //! latest row by event time, created time, ingestion order, within the ttl) is the
 //! expectation; `N` entities are drawn at random (seeded) and looked up online at the
 //! same `now`, through the same lookup the server uses. Per feature: rows compared,
@@ -104,7 +104,7 @@ pub struct LogReport {
     pub skipped: Vec<String>,
 }
 
-/// Floats that agree to 1e-9 relative (SPEC §11: an aggregation's float sums are added
+/// Floats that agree to 1e-9 relative (docs/aggregations.md: an aggregation's float sums are added
 /// in another order online than offline).
 pub(crate) fn floats_close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())

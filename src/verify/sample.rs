@@ -59,7 +59,7 @@ pub async fn verify_sample(
 
 /// An event log's sampled entities (among those with events its windows can count at
 /// `now`): each aggregation online at `now` against `historical` for a spine row at
-/// `now` (SPEC §11), floats within 1e-9 relative.
+/// `now` (docs/aggregations.md), floats within 1e-9 relative.
 async fn sample_event_log(
     config: &Config,
     defs: &Definitions,

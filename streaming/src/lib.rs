@@ -1,4 +1,4 @@
-//! Streaming ingestion (SPEC §7): fresh rows into both stores through one write path.
+//! Streaming ingestion (docs/streaming.md): fresh rows into both stores through one write path.
 //!
 //! - [`write`]: the shared write path — typed rows or files to the online store
 //!   (guarded write) and to the view's Delta table (the `ingest` append, optionally with

@@ -2,7 +2,7 @@
 //! (`quiver push`) and the server's `/push` all end here, as do materialization's
 //! online writes.
 //!
-//! - Online: each row becomes the packed row of SPEC §4 under its entity's key and goes
+//! - Online: each row becomes the packed row of docs/online.md under its entity's key and goes
 //!   through the store's guarded write (newer `(event_ts, created_ts)` wins, equal
 //!   replaces), so replays and out-of-order writers never regress a value.
 //! - Offline: rows are appended to the view's Delta table through the same code as
@@ -156,7 +156,7 @@ pub async fn push_batches(
     Ok(PushReport { rows, online_written, offline_version })
 }
 
-/// The online records of an event log's entities (SPEC §11), built at `now` from their
+/// The online records of an event log's entities (docs/aggregations.md), built at `now` from their
 /// events read at table `version`: one guarded write per entity, dated by the version.
 pub fn event_log_rows(project: &str, view: &FeatureView, events: &EntityEvents, now: i64) -> Vec<WriteRow> {
     let layout = Layout::of(view);
@@ -208,7 +208,7 @@ pub fn batch_entities(defs: &Definitions, view: &FeatureView, batches: &[RecordB
     out
 }
 
-/// Refuses an online write to a view with `online: false` (SPEC §13: such a view takes
+/// Refuses an online write to a view with `online: false` (docs/limits.md: such a view takes
 /// no online writes).
 ///
 /// # Errors

@@ -34,7 +34,7 @@ pub struct Latest {
     pub version: Option<u64>,
 }
 
-/// The latest row of every entity of a view among the rows of `window`: the SPEC §3
+/// The latest row of every entity of a view among the rows of `window`: the docs/offline.md
 /// winner — greatest event time, then created time, then ingestion order. One batch
 /// with the view's columns (keys, event time, created time if any, then every feature;
 /// a feature the table lacks is all null), or none when the window holds no rows. This

@@ -1,4 +1,4 @@
-//! Historical retrieval: the point-in-time join of a spine with feature views (SPEC §3).
+//! Historical retrieval: the point-in-time join of a spine with feature views (docs/offline.md).
 //!
 //! By stage, one module each: [`spine`] reads the spine and its points in time;
 //! `scan` reads each requested view's Delta table with DataFusion, projected to the
@@ -99,7 +99,7 @@ pub struct HistoricalOptions {
     /// version for views it does not name), so a training set can be rebuilt exactly
     /// after more data arrived.
     pub versions: BTreeMap<String, u64>,
-    /// Run the join on a DataFusion Ballista cluster (`df://HOST:PORT`, SPEC §12)
+    /// Run the join on a DataFusion Ballista cluster (`df://HOST:PORT`, docs/settings.md)
     /// instead of in this process; the answer is the same.
     pub cluster: Option<String>,
 }

@@ -1,4 +1,4 @@
-//! Online lookups: features for entity rows, with SPEC §4's statuses, in Feast's
+//! Online lookups: features for entity rows, with the statuses of docs/online.md, in Feast's
 //! column-major shape (the join keys first, then one column per feature).
 
 use std::collections::HashMap;
@@ -465,7 +465,7 @@ impl Answers {
     }
 }
 
-/// The answers of an event log's records at `now` (SPEC §11): an entity without a
+/// The answers of an event log's records at `now` (docs/aggregations.md): an entity without a
 /// record has no events in any window; a record written under earlier aggregations of
 /// the view (before an `apply` changed them, until the entity is written again) answers
 /// those still defined the same way.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use quiver_sdk::encoding::KeyValue;
 use quiver_sdk::{Definitions, FeatureRef};
@@ -209,7 +209,7 @@ fn plan(registry: &RegistryCache, defs: &Arc<Definitions>, asked: Asked<'_>, ful
                 .iter()
                 .map(|f| f.parse().map_err(|e: quiver_sdk::definitions::BadFeatureRef| bad(e.to_string())))
                 .collect::<Result<_, _>>()?,
-            Asked::Service(name) => defs.find_service(name).map_err(|e| ApiError(StatusCode::NOT_FOUND, e.0))?.features.clone(),
+            Asked::Service(name) => defs.find_service(name).map_err(|e| bad(e.0))?.features.clone(),
         };
         Plan::new(defs, refs, full_names).map_err(|e| ApiError::of(&e))
     })
@@ -227,7 +227,7 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
     };
     let mut defs = state.registry.recent();
     let columns = request.entities.as_ref().ok_or_else(|| bad("the request needs `entities`: {join_key: [values]}"))?;
-    // The bounds first, before any work (SPEC 13).
+    // The bounds first, before any work (docs/limits.md).
     let asked = request.asked()?;
     let n_features = match asked {
         Asked::Features(list) => list.len(),
@@ -272,6 +272,7 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     /// The fast reading agrees with the checked one on every body it reads; the
     /// checked reading is the oracle (it is the request reader the server had before).

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// The bounds the server enforces (SPEC §13; `server:` and `max_future_skew` in
+/// The bounds the server enforces (docs/limits.md; `server:` and `max_future_skew` in
 /// `quiver.yaml`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {

@@ -96,7 +96,7 @@ impl Metrics {
             }
         }
         out.counter("quiver_store_errors_total", "Online store calls that failed.", &self.store_errors);
-        out.family("quiver_limit_refusals_total", Kind::Counter, "Requests and connections refused by a limit (SPEC 13).");
+        out.family("quiver_limit_refusals_total", Kind::Counter, "Requests and connections refused by a limit (docs/limits.md).");
         for (limit, n) in Limit::ALL.iter().zip(&self.refusals) {
             out.sample("quiver_limit_refusals_total", &[("limit", &limit.as_str())], n.load(Ordering::Relaxed));
         }

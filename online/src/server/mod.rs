@@ -1,4 +1,4 @@
-//! The HTTP feature server (SPEC §6), in Feast's wire shape so Feast clients work.
+//! The HTTP feature server (docs/online.md), in Feast's wire shape so Feast clients work.
 //!
 //! `router(state)` builds the axum `Router`; [`serve`] (in `listen`) binds it with the
 //! connection limits and graceful shutdown, answering `POST /get-online-features`
@@ -64,7 +64,7 @@ pub struct ServerState {
     pub offline: Option<Arc<dyn OfflineWriter>>,
     /// Where answers are logged (`serving_log` in quiver.yaml); `None`: not logged.
     pub serving_log: Option<Arc<dyn ServingLog>>,
-    /// The bounds of SPEC §13.
+    /// The bounds of docs/limits.md.
     pub limits: Limits,
     /// What the web UI reports of the offline side; `None` answers its endpoints 501.
     pub insights: Option<Arc<dyn Insights>>,
@@ -108,14 +108,15 @@ pub struct ApiError(StatusCode, String);
 
 impl ApiError {
     /// The answer to a request that failed with `e`: the status from its kind, in this
-    /// one place (invalid 400, not found 404, conflict 409, unavailable 503, internal
-    /// 500; a request over a lookup's bounds 413), and its message.
+    /// one place (invalid 400; not found 400 too, since what is not found is a name in
+    /// the request's body, as Feast answers — 404 is for paths; conflict 409,
+    /// unavailable 503, internal 500; a request over a lookup's bounds 413), and its
+    /// message.
     pub(crate) fn of(e: &crate::Error) -> ApiError {
         use quiver_sdk::ErrorKind as K;
         let status = match (e, e.kind()) {
             (crate::Error::TooLarge { .. }, _) => StatusCode::PAYLOAD_TOO_LARGE,
-            (_, K::Invalid) => StatusCode::BAD_REQUEST,
-            (_, K::NotFound) => StatusCode::NOT_FOUND,
+            (_, K::Invalid | K::NotFound) => StatusCode::BAD_REQUEST,
             (_, K::Conflict) => StatusCode::CONFLICT,
             (_, K::Unavailable) => StatusCode::SERVICE_UNAVAILABLE,
             (_, K::Internal) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -32,7 +32,7 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     let defs = state.registry.current();
     let name =
         request.feature_view.or(request.push_source_name).ok_or_else(|| bad("the push needs `feature_view` (or `push_source_name`)"))?;
-    let view = defs.find_view(&name).map_err(|e| ApiError(StatusCode::NOT_FOUND, e.0))?;
+    let view = defs.find_view(&name).map_err(|e| bad(e.0))?;
     let target = asked.unwrap_or_else(|| quiver_sdk::rows::Target::default_for(view));
     let (online, offline) = (target.online(), target.offline());
     if online {

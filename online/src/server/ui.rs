@@ -1,4 +1,4 @@
-//! The web UI (SPEC §14): `GET /ui` and its two assets, compiled into the binary, and
+//! The web UI (docs/online.md): `GET /ui` and its two assets, compiled into the binary, and
 //! the JSON endpoints the page reads — `/api/registry` (the definitions with the
 //! registry version), `/api/freshness`, `/api/statistics/{view}`, `/api/verify-reports`
 //! — beside the server's own `/get-online-features` for the lookup panel. The page
@@ -24,8 +24,8 @@ const APP_CSS: &[u8] = include_bytes!("ui/app.css");
 /// The static paths, served without a token.
 pub(super) const STATIC: &[&str] = &["/ui", "/ui/", "/ui/app.js", "/ui/app.css"];
 
-/// What the UI shows of the offline side, as JSON (shapes in the README's Web UI
-/// section). Errors are one line, answered as 503; an unknown view is the caller's
+/// What the UI shows of the offline side, as JSON (shapes in docs/online.md, "The web
+/// UI"). Errors are one line, answered as 503; an unknown view is the caller's
 /// check.
 #[async_trait::async_trait]
 pub trait Insights: Send + Sync {

@@ -236,15 +236,15 @@ async fn services_and_composite_keys() {
 async fn bad_requests_get_clear_errors() {
     let f = fixture(None, None).await;
     let cases = [
-        // Unknown names are 404, whatever names them (a feature, a view, a service).
-        (json!({"entities": {"driver_id": [1]}, "features": ["stats:speed"]}), StatusCode::NOT_FOUND, "unknown feature `stats:speed`"),
-        (json!({"entities": {"driver_id": [1]}, "features": ["nope:x"]}), StatusCode::NOT_FOUND, "unknown feature view `nope`"),
+        // Unknown names are 400 whatever names them (a feature, a view, a service): they are in the body.
+        (json!({"entities": {"driver_id": [1]}, "features": ["stats:speed"]}), StatusCode::BAD_REQUEST, "unknown feature `stats:speed`"),
+        (json!({"entities": {"driver_id": [1]}, "features": ["nope:x"]}), StatusCode::BAD_REQUEST, "unknown feature view `nope`"),
         (
             json!({"entities": {"driver_id": [1]}, "features": ["rate"]}),
             StatusCode::BAD_REQUEST,
             "bad feature reference `rate` (expected `view:feature`)",
         ),
-        (json!({"entities": {"driver_id": [1]}, "feature_service": "nope"}), StatusCode::NOT_FOUND, "unknown feature service `nope`"),
+        (json!({"entities": {"driver_id": [1]}, "feature_service": "nope"}), StatusCode::BAD_REQUEST, "unknown feature service `nope`"),
         (json!({"entities": {"driver_id": [1]}}), StatusCode::BAD_REQUEST, "needs `features` or `feature_service`"),
         (json!({"features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "needs `entities`"),
         (json!({"entities": {"customer_id": ["c1"]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "missing join key `driver_id`"),
@@ -334,7 +334,7 @@ async fn the_registry_is_reloaded_when_apply_changes_it() {
     registry.save(&without).unwrap();
     std::thread::sleep(quiver_online::server::REGISTRY_CHECK + std::time::Duration::from_millis(20));
     let (status, answer) = features(&f.state, body.clone()).await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("unknown feature view `stats`"));
     // The view applied again: a request naming it is answered at once — a lookup of
     // something the definitions do not know looks at the file without waiting.
@@ -481,7 +481,7 @@ async fn push_writes_online_through_the_guarded_write() {
     assert_eq!(got["results"][2]["values"], json!([5, null]));
 
     let bad_cases = [
-        (r#"{"feature_view": "nope", "df": {}}"#, StatusCode::NOT_FOUND, "unknown feature view `nope`"),
+        (r#"{"feature_view": "nope", "df": {}}"#, StatusCode::BAD_REQUEST, "unknown feature view `nope`"),
         (
             r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1]}}"#,
             StatusCode::BAD_REQUEST,

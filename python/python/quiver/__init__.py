@@ -162,7 +162,7 @@ def _ttl(ttl: Optional[timedelta], what: str = "ttl") -> str:
 
 
 class Aggregation:
-    """A windowed aggregation of one event column (SPEC §11): ``function`` is count, sum,
+    """A windowed aggregation of one event column (docs/aggregations.md): ``function`` is count, sum,
     avg, stddev, min, max, last or last_k (with ``k``); ``window`` (Feast: ``time_window``)
     and ``hop`` are timedeltas. A view with aggregations is an event log, and serves them."""
 
@@ -383,11 +383,11 @@ class FeatureStore:
                                 feature_service: Optional[Union[str, FeatureService]] = None,
                                 created_cutoff: bool = False, engine: str = "auto",
                                 cluster: Optional[str] = None) -> RetrievalJob:
-        """The point-in-time join (SPEC §3) of ``entity_df`` (join keys and
+        """The point-in-time join (docs/offline.md) of ``entity_df`` (join keys and
         ``event_timestamp``, plus anything else) with ``features`` or a service.
         ``engine``: "auto" (the GPU for large spines when one is usable), "cpu" or
         "gpu" (an error without a usable GPU). ``cluster``: ``"df://HOST:PORT"`` of a
-        ``quiver cluster scheduler`` to join on (SPEC §12); the answer is the same."""
+        ``quiver cluster scheduler`` to join on (docs/settings.md); the answer is the same."""
         if isinstance(features, FeatureService):
             feature_service, features = features, None
         service = feature_service.name if isinstance(feature_service, FeatureService) else feature_service

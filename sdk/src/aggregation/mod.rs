@@ -1,4 +1,4 @@
-//! Windowed aggregations (SPEC §11): their definitions, the window rule, and the one
+//! Windowed aggregations (docs/aggregations.md): their definitions, the window rule, and the one
 //! arithmetic both paths use.
 //!
 //! A view with `aggregations` is an event log. For a request at `t`, an aggregation
@@ -23,7 +23,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::types::{DType, ListElement, Ttl};
 
-/// An aggregation function (SPEC §11).
+/// An aggregation function (docs/aggregations.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AggFunction {
     Count,

@@ -3,7 +3,7 @@
 //!
 //! Float sums are kept as double-doubles (about 32 significant digits), so the order in
 //! which events are added — row by row, tile by tile, node by node of an index — moves
-//! the result by far less than the 1e-9 relative SPEC §11 allows; integer sums wrap
+//! the result by far less than the 1e-9 relative docs/aggregations.md allows; integer sums wrap
 //! modulo 2^64 (exact, whatever the order, as long as the true sum fits an int64).
 
 use std::cmp::Ordering;
@@ -303,7 +303,7 @@ impl Partial {
         }
     }
 
-    /// The served value (SPEC §11) of `agg` over a column of type `column`: on no
+    /// The served value (docs/aggregations.md) of `agg` over a column of type `column`: on no
     /// values, count 0, last_k `[]`, the others null.
     pub fn finish(&self, agg: &Aggregation, column: DType) -> Value {
         let s = &self.sums;

@@ -108,7 +108,7 @@ pub enum OnlineStoreConfig {
     },
 }
 
-/// The HTTP server's settings, with the bounds of SPEC §13.
+/// The HTTP server's settings, with the bounds of docs/limits.md.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
     pub host: String,

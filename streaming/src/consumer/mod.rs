@@ -28,7 +28,7 @@
 //! read back from Delta. Setting `shutdown` (the CLI does on SIGINT/SIGTERM) flushes
 //! the current batch and stops.
 //!
-//! Faults (SPEC §13):
+//! Faults (docs/limits.md):
 //! - A consumer that lost its partitions while holding a batch (paused past the
 //!   session timeout, a store outage longer than it) never appends that batch over
 //!   another member's work: each Delta append states the `txn` versions it follows

@@ -196,7 +196,7 @@ impl Writer {
         }
     }
 
-    /// An event log's rows of the batch (SPEC §11): 2. offline first, as any view's;
+    /// An event log's rows of the batch (docs/aggregations.md): 2. offline first, as any view's;
     /// 3. then the online records of the batch's entities — of its new rows and of
     /// those read again — rebuilt from the table. A record is a function of the
     /// table, so a crash anywhere, and the replay after it, never counts an event

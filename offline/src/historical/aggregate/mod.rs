@@ -1,4 +1,4 @@
-//! Windowed aggregations offline (SPEC §11): each spine row's value of every requested
+//! Windowed aggregations offline (docs/aggregations.md): each spine row's value of every requested
 //! aggregation of an event log, point in time.
 //!
 //! Not a range join. The events are grouped by entity and sorted by (ts, created,

@@ -1,4 +1,4 @@
-//! The point-in-time join on a DataFusion Ballista cluster (SPEC §12): `historical`
+//! The point-in-time join on a DataFusion Ballista cluster (docs/settings.md): `historical`
 //! and `export` with `--cluster df://HOST:PORT`.
 //!
 //! Per requested view, the client resolves what the local join would scan (the table's

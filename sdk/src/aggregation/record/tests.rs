@@ -209,7 +209,7 @@ fn stored_answers_equal_the_records_on_awkward_numbers() {
 #[test]
 fn the_stored_answer_holds_until_an_event_enters_or_leaves_a_window() {
     // Naively, minute by minute (every hop, event and clock here is a whole minute):
-    // which events each window holds by SPEC's rule, against the windows at the clock.
+    // which events each window holds by the window rule of docs/aggregations.md, against the windows at the clock.
     // The first minute any differs is the time the record names, and the answer is the
     // same until then.
     let v = view();

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Output;
 
-mod common;
+use crate::common;
 
 use quiver::online::{EmbeddedStore, OnlineStore, WriteRow};
 use quiver::sdk::encoding::{KeyValue, OnlineRow, Value, store_key};

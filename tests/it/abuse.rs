@@ -1,4 +1,4 @@
-//! Faults and abuse (SPEC §13, issue 14), against the real `quiver` binary, the real
+//! Faults and abuse (docs/limits.md, issue 14), against the real `quiver` binary, the real
 //! Redis `./run test` starts, and a private `redis-server` where a test needs its own
 //! settings. Each test is one mistake or attack a new user or a hostile client makes;
 //! each asserts the refusal (a one-line error naming the file, row or field; 4xx or
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::{fails, ok, quiver, request, unique};
 
 const HOUR_US: i64 = 3_600_000_000;

@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::ok;
 use quiver::sdk::encoding::{KeyValue, store_key};

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Feast's own Python SDK reading from `quiver serve` (SPEC §6, issue #4).
+"""Feast's own Python SDK reading from `quiver serve` (docs/online.md, issue #4).
 
     <feast-venv>/bin/python feast_client.py QUIVER_BIN WORK_DIR [REDIS_URL]
 
@@ -89,7 +89,7 @@ PAIR_FEATURES = ["rides", "embedding"]
 
 
 def generate(now, rng):
-    """Rows for 40 drivers and 40 (driver, rider) pairs with every edge case of SPEC §4."""
+    """Rows for 40 drivers and 40 (driver, rider) pairs with every edge case of docs/online.md."""
     drows = []
     for d in range(1, 41):
         if d % 10 == 0:
@@ -319,7 +319,7 @@ entity_key_serialization_version: 3
         resp = store.get_online_features(features=service, entity_rows=pairs, full_feature_names=full)
         compare(resp, pairs, expect, full)
 
-    # 3. What Feast's client sends beyond SPEC §6 is ignored, as are fields it may add later.
+    # 3. What Feast's client sends beyond the API of docs/online.md is ignored, as are fields it may add later.
     body = {"entities": {"driver_id": [11, 12]}, "features": ["driver_stats:trips"],
             "full_feature_names": False, "include_feature_view_version_metadata": False,
             "some_future_field": {"x": [1, 2]}}

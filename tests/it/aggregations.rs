@@ -1,4 +1,4 @@
-//! Windowed aggregations end to end through the binary (SPEC §11): events ingested,
+//! Windowed aggregations end to end through the binary (docs/aggregations.md): events ingested,
 //! materialized, pushed (`quiver push` and the server's `/push`), and the online
 //! answer at `now` compared with the offline answer for a spine row at `now`, with the
 //! expected counts written here by hand. Rebuilding or pushing again never counts an
@@ -17,7 +17,7 @@ use quiver::online::{EmbeddedStore, OnlineStore};
 use quiver::sdk::FeatureRef;
 use quiver::sdk::encoding::{KeyValue, Value};
 
-mod common;
+use crate::common;
 
 const FEATURES: &str = r#"entities:
   - name: rider

@@ -1,4 +1,4 @@
-//! The offline store on an object store (SPEC §12), end to end against the real
+//! The offline store on an object store (docs/settings.md), end to end against the real
 //! S3-compatible server `./run test` starts (moto): every command on `s3://` tables
 //! answers as the same repository on local folders does, concurrent writers lose no
 //! commit, another Delta reader (Python `deltalake`) reads the tables, and bad settings
@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Output;
 
-mod common;
+use crate::common;
 
 use common::{fails_alone, ok, quiver};
 

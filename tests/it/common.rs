@@ -5,7 +5,6 @@ use std::process::{Command, Output};
 
 /// Runs the `quiver` binary in `dir` with `env`, without the test process's own
 /// `QUIVER_` settings leaking into the repository under test.
-#[allow(dead_code)]
 pub fn quiver(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver"));
     cmd.current_dir(dir).args(args);
@@ -21,7 +20,6 @@ pub fn quiver(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 /// One HTTP/1.1 request on loopback over a plain socket; returns (status line, body).
-#[allow(dead_code)] // not every test binary makes requests
 pub fn http(port: u16, method: &str, path: &str, body: &str) -> (String, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -34,7 +32,6 @@ pub fn http(port: u16, method: &str, path: &str, body: &str) -> (String, String)
 
 /// `quiver serve` on a free port in `dir` (stdout piped), once it accepts connections;
 /// the test's own `QUIVER_` settings do not leak in.
-#[allow(dead_code)]
 pub fn spawn_serve(dir: &Path) -> (std::process::Child, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_quiver"));
@@ -51,7 +48,6 @@ pub fn spawn_serve(dir: &Path) -> (std::process::Child, u16) {
 }
 
 /// Runs `quiver` in `dir`; it must succeed. Its stdout.
-#[allow(dead_code)]
 pub fn ok(dir: &Path, args: &[&str]) -> String {
     let out = quiver(dir, args, &[]);
     assert!(
@@ -65,7 +61,6 @@ pub fn ok(dir: &Path, args: &[&str]) -> String {
 
 /// Runs `quiver` in `dir`; it must exit 1 with a one-line `error: ...` containing every
 /// one of `parts`. The error line.
-#[allow(dead_code)]
 pub fn fails(dir: &Path, args: &[&str], parts: &[&str]) -> String {
     let out = quiver(dir, args, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -83,7 +78,6 @@ pub fn fails(dir: &Path, args: &[&str], parts: &[&str]) -> String {
 
 /// Runs `quiver` in `dir`; it must exit with `code` and print nothing on stderr but
 /// one `error: ...` line containing every one of `parts`. That line.
-#[allow(dead_code)]
 pub fn fails_alone(dir: &Path, args: &[&str], code: i32, parts: &[&str]) -> String {
     let out = quiver(dir, args, &[]);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -99,7 +93,6 @@ pub fn fails_alone(dir: &Path, args: &[&str], code: i32, parts: &[&str]) -> Stri
 }
 
 /// One HTTP/1.1 request with extra headers; returns (status code, body).
-#[allow(dead_code)]
 pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -123,7 +116,6 @@ fn absent<T>(test: &str, what: &str, require: &str, vars: &str) -> Option<T> {
 }
 
 /// Redis for end-to-end tests (`QUIVER_TEST_REDIS_URL`); see [`absent`] when there is none.
-#[allow(dead_code)]
 pub fn redis_url(test: &str) -> Option<String> {
     match std::env::var("QUIVER_TEST_REDIS_URL") {
         Ok(url) => Some(url),
@@ -132,7 +124,6 @@ pub fn redis_url(test: &str) -> Option<String> {
 }
 
 /// The S3-compatible server of the end-to-end tests and a quiver.yaml section for it.
-#[allow(dead_code)]
 pub struct S3 {
     /// `QUIVER_TEST_S3_ENDPOINT`.
     pub endpoint: String,
@@ -144,7 +135,6 @@ pub struct S3 {
 
 /// The S3-compatible server (`QUIVER_TEST_S3_ENDPOINT`, `QUIVER_TEST_S3_BUCKET`) with
 /// the tables under `prefix`; see [`absent`] when there is none.
-#[allow(dead_code)]
 pub fn s3_offline_store(test: &str, prefix: &str) -> Option<S3> {
     match (std::env::var("QUIVER_TEST_S3_ENDPOINT"), std::env::var("QUIVER_TEST_S3_BUCKET")) {
         (Ok(endpoint), Ok(bucket)) => {
@@ -159,7 +149,6 @@ pub fn s3_offline_store(test: &str, prefix: &str) -> Option<S3> {
 }
 
 /// A name no other test run uses (process id and clock).
-#[allow(dead_code)]
 pub fn unique(name: &str) -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     format!("{name}-{}-{nanos}", std::process::id())
@@ -168,7 +157,6 @@ pub fn unique(name: &str) -> String {
 /// The test Redis Cluster (`QUIVER_TEST_REDIS_CLUSTER_URLS`, comma separated) and the
 /// folder of its nodes' config files (`QUIVER_TEST_REDIS_CLUSTER_DIR`); see [`absent`]
 /// when there is none.
-#[allow(dead_code)]
 pub fn redis_cluster(test: &str) -> Option<(Vec<String>, String)> {
     match (std::env::var("QUIVER_TEST_REDIS_CLUSTER_URLS"), std::env::var("QUIVER_TEST_REDIS_CLUSTER_DIR")) {
         (Ok(urls), Ok(dir)) => Some((urls.split(',').map(str::to_string).collect(), dir)),

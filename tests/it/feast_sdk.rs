@@ -1,7 +1,7 @@
 //! Feast's own Python SDK (the real `feast` package, in its own virtualenv because it pins
 //! pandas 2) reading from `quiver serve` through `online_store: {type: remote}`: every
 //! value, type and status checked against an independent pandas oracle. The work is in
-//! `tests/feast/feast_client.py`; this test runs it with the `quiver` binary built here,
+//! `tests/it/feast/feast_client.py`; this test runs it with the `quiver` binary built here,
 //! on the embedded store and on the real Redis that `./run test` starts.
 //!
 //! Needs `QUIVER_TEST_FEAST_PY` (the Feast venv's python, set by `./run test`); without it
@@ -23,7 +23,7 @@ fn feast_python(test: &str) -> Option<String> {
 
 fn run_client(python: &str, redis_url: Option<&str>) {
     let work = tempfile::tempdir().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/feast/feast_client.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/feast/feast_client.py");
     let mut cmd = Command::new(python);
     cmd.arg(&script).arg(env!("CARGO_BIN_EXE_quiver")).arg(work.path());
     if let Some(url) = redis_url {

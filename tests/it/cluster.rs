@@ -1,5 +1,5 @@
 //! `quiver cluster scheduler` and `quiver cluster executor` as separate processes on
-//! loopback (SPEC §12): the executors register, a query from a Ballista client runs on
+//! loopback (docs/settings.md): the executors register, a query from a Ballista client runs on
 //! both and answers as DataFusion does locally; `historical` and `export` with
 //! `--cluster` write the local join's bytes, with tasks on both executors; an executor
 //! killed mid-join never yields a wrong answer.
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, Int64Array};
 
-mod common;
+use crate::common;
 
 /// A `quiver cluster ...` process, its output collected in a file; killed on drop.
 struct Node {

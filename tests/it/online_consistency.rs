@@ -1,4 +1,4 @@
-//! SPEC §4's invariant, end to end: after materializing everything, the online answer
+//! The invariant of docs/online.md, end to end: after materializing everything, the online answer
 //! for entity `e` at time `now` equals the offline point-in-time answer for a spine row
 //! `(e, now)` — values cell by cell, and a null offline exactly where the online status
 //! is not PRESENT. Run against the embedded store and against the real Redis that
@@ -126,7 +126,7 @@ async fn check(store: Arc<dyn OnlineStore>) {
     }
 }
 
-/// Equal, or (SPEC §11) floats within 1e-9 relative: an aggregation's float sums are
+/// Equal, or (docs/aggregations.md) floats within 1e-9 relative: an aggregation's float sums are
 /// added in another order online (tile by tile) than offline.
 fn agrees(online: &Value, offline: &Value) -> bool {
     match (online, offline) {
@@ -154,7 +154,7 @@ async fn online_equals_offline_on_redis() {
 /// Materialization over three appends — two of distinct drivers, a third repeating
 /// every third driver with a row that ties on (event time, created time) and so wins by
 /// ingestion order (even drivers), or is older and loses (odd drivers): the store ends
-/// with each driver's latest row (SPEC §3), and a second run writes the same rows
+/// with each driver's latest row (docs/offline.md), and a second run writes the same rows
 /// again. The store's guard keeps the later of two tied writes, so a tie must be
 /// settled before anything is written.
 async fn check_appends(store: Arc<dyn OnlineStore>) {

@@ -34,7 +34,7 @@ async fn stream_is_exactly_once_across_crashes() {
     assert_online(&s, 0..3000).await;
 }
 
-/// The stream on Delta tables in an object store (SPEC §12): a crash between the Delta
+/// The stream on Delta tables in an object store (docs/settings.md): a crash between the Delta
 /// commit and the offset commit replays a batch the S3 table already holds, and every
 /// message still lands once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 use common::{fails_alone, ok, quiver};
 
 use arrow::array::RecordBatch;

@@ -30,8 +30,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 mod crashes;
 mod edges;
 mod groups;
@@ -72,7 +71,7 @@ async fn setup(name: &str, brokers: &str, redis: &str, partitions: i32) -> Setup
     setup_with(name, brokers, redis, partitions, "").await
 }
 
-/// An event log of the same topic (SPEC §11): every trip counted, summed, the latest.
+/// An event log of the same topic (docs/aggregations.md): every trip counted, summed, the latest.
 const TRIP_LOG: &str = r#"  - name: trip_log
     entities: [driver]
     online: true

@@ -1,4 +1,4 @@
-//! The web UI (SPEC §14): its JSON endpoints through the router against golden JSON
+//! The web UI (docs/online.md): its JSON endpoints through the router against golden JSON
 //! worked out by hand from a small repository, the token rule (the page is public, the
 //! endpoints are not), and the page itself in headless Chromium on the demo repository:
 //! the rendered DOM shows the views, features, services and freshness, the lookup panel
@@ -12,7 +12,7 @@ use axum::http::{Request, StatusCode};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-mod common;
+use crate::common;
 
 const FEATURES: &str = r#"entities:
   - name: rider

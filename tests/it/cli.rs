@@ -15,7 +15,7 @@ struct Run {
     stderr: String,
 }
 
-mod common;
+use crate::common;
 use common::{fails_alone as fails, ok};
 
 fn quiver_in(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
@@ -883,10 +883,10 @@ fn serve_answers_over_http_and_stops_gracefully() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("stopped"));
 }
 
-/// The offline-only view the lookup cases ask for (`tests/lookup_cases.json`).
+/// The offline-only view the lookup cases ask for (`tests/it/lookup_cases.json`).
 const AUDIT_VIEW: &str = "  - name: audit\n    entities: [driver]\n    online: false\n    source: {timestamp_field: event_timestamp}\n    features: [{name: note, dtype: string}]\n\n";
 
-/// One table of lookups (`tests/lookup_cases.json`) through `quiver online` and the
+/// One table of lookups (`tests/it/lookup_cases.json`) through `quiver online` and the
 /// server: the same requests answered (with the same statuses), the others refused with
 /// the same message — exit 1, and the status of the error's kind. Python drives the
 /// same table (`python/tests/test_sdk.py`).

@@ -1,6 +1,6 @@
-//! Differential test of windowed aggregations offline (SPEC §11): random events in two
+//! Differential test of windowed aggregations offline (docs/aggregations.md): random events in two
 //! ingests (the second with late events and exact duplicates), then `historical`,
-//! compared cell by cell with a naive oracle written here from the SPEC text: for each
+//! compared cell by cell with a naive oracle written here from the rule as docs/aggregations.md states it: for each
 //! spine row, look at every event.
 //!
 //! The events sit on a one-minute grid, so many share a time and many fall exactly on
@@ -11,12 +11,9 @@
 //! string key without; sums that overflow to infinity.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, Float32Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
-};
+use arrow::array::{Array, ArrayRef, AsArray, Float32Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
 use quiver_gpu_join::CpuKernel;
 use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, resolve};
@@ -26,6 +23,8 @@ use quiver_sdk::{Config, Definitions, FeatureRef};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+
+use crate::common::{opt, ts_array, write_parquet};
 
 const DEFS: &str = r#"
 entities:
@@ -121,10 +120,6 @@ struct Event {
     values: HashMap<&'static str, V>,
 }
 
-fn opt<T>(null: bool, v: T) -> Option<T> {
-    (!null).then_some(v)
-}
-
 fn gen_event(rng: &mut StdRng, view: &str, late: bool) -> Event {
     let minute = if late { rng.random_range(0..200) } else { rng.random_range(100..400) };
     let ts = T0 + minute * MIN;
@@ -149,10 +144,6 @@ fn gen_event(rng: &mut StdRng, view: &str, late: bool) -> Event {
         format!("u{}", rng.random_range(0..6))
     };
     Event { key, ts, created, order: (0, 0), values }
-}
-
-fn ts_array(values: impl Iterator<Item = i64>) -> ArrayRef {
-    Arc::new(TimestampMicrosecondArray::from(values.collect::<Vec<_>>()).with_timezone("UTC"))
 }
 
 fn to_batch(view: &str, events: &[Event]) -> RecordBatch {
@@ -180,13 +171,6 @@ fn to_batch(view: &str, events: &[Event]) -> RecordBatch {
     RecordBatch::try_from_iter(cols).unwrap()
 }
 
-fn write_parquet(path: &Path, batch: &RecordBatch) {
-    let file = std::fs::File::create(path).unwrap();
-    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
-    w.write(batch).unwrap();
-    w.close().unwrap();
-}
-
 /// What the oracle answers, typed loosely.
 #[derive(Debug, Clone, PartialEq)]
 enum Want {
@@ -199,7 +183,7 @@ enum Want {
     Strs(Vec<String>),
 }
 
-/// SPEC §11 for one spine row and one aggregation, by looking at every event.
+/// docs/aggregations.md for one spine row and one aggregation, by looking at every event.
 fn oracle(events: &[Event], agg: &quiver_sdk::Aggregation, has_created: bool, key: &str, t: i64, cutoff: bool) -> Want {
     let (w, h) = (agg.window.secs() as i64 * 1_000_000, agg.hop().secs() as i64 * 1_000_000);
     let tail = (t - w).div_euclid(h) * h;

@@ -9,7 +9,7 @@ async fn two_streams_in_a_group_split_the_partitions() {
     group_splits_partitions(setup("sgroup", &brokers, &redis, 4).await).await;
 }
 
-/// The same on a Redis Cluster as the online store (SPEC §12): the processes share the
+/// The same on a Redis Cluster as the online store (docs/settings.md): the processes share the
 /// partitions, each message once in Delta, each driver's latest row on its slot's master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_streams_share_the_partitions_on_a_redis_cluster() {
@@ -62,7 +62,7 @@ async fn group_splits_partitions(s: Setup) {
     assert_online(&s, 0..2000).await;
 }
 
-/// SPEC §13 / issue 14: a consumer that lost its partition while holding a batch (here
+/// docs/limits.md: a consumer that lost its partition while holding a batch (here
 /// SIGSTOPped past the session timeout while another member took over and wrote the
 /// same messages) never appends that batch again, nor records a stale offset: Delta
 /// holds each message once and the partition's `txn` version is the last offset.

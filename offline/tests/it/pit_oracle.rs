@@ -1,6 +1,6 @@
 //! Differential test of the offline store: random feature rows ingested through every
 //! input format (several files, several Delta versions), then `historical`, compared
-//! cell by cell with a naive row-by-row oracle written here from the SPEC §3 text.
+//! cell by cell with a naive row-by-row oracle written here from the rule as docs/offline.md states it.
 //!
 //! The data has duplicate event times, equal created times, null features, unsorted
 //! rows, spine rows exactly at a feature time and exactly at `t - ttl`, entities missing
@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Float32Builder, Float64Array, Int32Array, Int64Array, ListBuilder, RecordBatch, StringArray,
-    TimestampMicrosecondArray, TimestampMillisecondArray,
+    TimestampMillisecondArray,
 };
 use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
 use quiver_gpu_join::CpuKernel;
@@ -23,6 +23,8 @@ use quiver_sdk::{Config, Definitions, FeatureRef};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+
+use crate::common::{opt, ts_array, write_parquet};
 
 const DEFS: &str = r#"
 entities:
@@ -88,11 +90,6 @@ fn customer(rng: &mut StdRng) -> String {
     format!("c{}", rng.random_range(0..10))
 }
 
-/// `v`, or a null one time in ten (`null` is a draw of that chance).
-fn opt<T>(null: bool, v: T) -> Option<T> {
-    (!null).then_some(v)
-}
-
 fn gen_rows(rng: &mut StdRng, view: &str, ingest_no: usize, n: usize) -> Vec<Row> {
     (0..n)
         .map(|i| {
@@ -130,10 +127,6 @@ fn gen_rows(rng: &mut StdRng, view: &str, ingest_no: usize, n: usize) -> Vec<Row
         .collect()
 }
 
-fn ts_array(values: &[i64]) -> ArrayRef {
-    Arc::new(TimestampMicrosecondArray::from(values.to_vec()).with_timezone("UTC"))
-}
-
 /// The rows as a batch with the view's columns (and some deliberate type variety:
 /// `int32` driver ids and millisecond timestamps in odd ingests, to be widened).
 fn to_batch(view: &str, rows: &[Row], ingest_no: usize) -> RecordBatch {
@@ -156,10 +149,10 @@ fn to_batch(view: &str, rows: &[Row], ingest_no: usize) -> RecordBatch {
         let ms: Vec<i64> = ts.iter().map(|t| t / 1000).collect();
         cols.push((ts_name, Arc::new(TimestampMillisecondArray::from(ms).with_timezone("+02:00"))));
     } else {
-        cols.push((ts_name, ts_array(&ts)));
+        cols.push((ts_name, ts_array(ts.iter().copied())));
     }
     if view != "cp" {
-        cols.push((created_name, ts_array(&rows.iter().map(|r| r.created).collect::<Vec<_>>())));
+        cols.push((created_name, ts_array(rows.iter().map(|r| r.created))));
     }
     let names: &[&str] = match view {
         "dh" => &["f_f64", "f_i64", "f_str"],
@@ -225,13 +218,6 @@ fn to_batch(view: &str, rows: &[Row], ingest_no: usize) -> RecordBatch {
         cols.push((name, arr));
     }
     RecordBatch::try_from_iter(cols).unwrap()
-}
-
-fn write_parquet(path: &Path, batch: &RecordBatch) {
-    let file = std::fs::File::create(path).unwrap();
-    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
-    w.write(batch).unwrap();
-    w.close().unwrap();
 }
 
 fn rfc3339(us: i64) -> String {
@@ -317,7 +303,7 @@ fn write_csv(path: &Path, view: &str, rows: &[Row]) {
     std::fs::write(path, out).unwrap();
 }
 
-/// SPEC §3 for one spine row and one view, by looking at every row.
+/// docs/offline.md for one spine row and one view, by looking at every row.
 fn oracle<'a>(
     rows: &'a [Row],
     view: &str,
@@ -428,7 +414,7 @@ async fn historical_matches_the_row_by_row_oracle() {
         ("label", Arc::new(Int64Array::from((0..spine.len() as i64).collect::<Vec<_>>())) as ArrayRef),
         ("driver_id", Arc::new(Int64Array::from(spine.iter().map(|s| s.0).collect::<Vec<_>>()))),
         ("customer_id", Arc::new(StringArray::from(spine.iter().map(|s| s.1.clone()).collect::<Vec<_>>()))),
-        ("event_timestamp", ts_array(&spine.iter().map(|s| s.2).collect::<Vec<_>>())),
+        ("event_timestamp", ts_array(spine.iter().map(|s| s.2))),
     ])
     .unwrap();
 
