@@ -21,7 +21,7 @@ use quiver::ops::{Engine, Rows, Spine};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{enable_serving_log, post, serve_in_process, step};
+use common::{enable_serving_log, post, step};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -40,9 +40,9 @@ async fn main() -> anyhow::Result<()> {
     step("materialize", t, format!("{written} latest rows into the embedded online store"));
 
     let t = Instant::now();
-    let log = quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log);
     let serving_began = chrono::Utc::now().timestamp_micros();
-    let addr = serve_in_process(quiver::server::server_state(&repo.config, store.clone(), Some(log.clone()))?).await?;
+    let server = repo.serve(([127, 0, 0, 1], 0).into()).with_store(store.clone()).with_serving_log(true).start().await?;
+    let addr = server.addr();
     query(addr, &scale, t).await?;
     push_and_query(addr).await?;
 
@@ -55,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
         format!("{} rows in {} shards, training set {}", manifest.rows, manifest.shards.len(), &manifest.training_set_id[..12]),
     );
 
-    log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
+    server.flush_log().await?;
     verify(&repo, store, serving_began).await?;
     println!(
         "done in {:.2} s: repository {}, training set {}, export {}",

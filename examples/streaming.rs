@@ -30,7 +30,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 
 #[path = "common/mod.rs"]
 mod common;
-use common::{enable_serving_log, post, serve_in_process, step};
+use common::{enable_serving_log, post, step};
 
 const EVENTS: i64 = 20_000;
 const BAD: i64 = 20;
@@ -43,14 +43,14 @@ async fn main() -> anyhow::Result<()> {
     let began = Instant::now();
     println!("quiver streaming example in {} (Kafka at {brokers})", dir.display());
     let setup = setup(&dir).await?;
-    let running = start(&setup, &brokers).await?;
+    let (running, server) = start(&setup, &brokers).await?;
     let t = Instant::now();
     let (last, bad) = produce(&brokers, &setup.topic).await?;
     let produced = t.elapsed();
     let last_poll = wait_served(running.addr, &last, produced).await?;
-    let (log, serving_began) = (running.log.clone(), running.serving_began);
+    let serving_began = running.serving_began;
     stop_and_check(&setup, running, bad).await?;
-    log.flush().await.map_err(|e| anyhow::anyhow!(e))?;
+    server.stop().await?;
     verify(&setup.repo, serving_began, last_poll).await?;
     println!("done in {:.2} s: repository {}", began.elapsed().as_secs_f64(), dir.display());
     Ok(())
@@ -98,17 +98,16 @@ async fn setup(dir: &Path) -> anyhow::Result<Setup> {
     Ok(Setup { repo, defs, topic, history, store })
 }
 
-/// The consumer (on its own thread), the serving log and the server, running.
+/// The consumer (on its own thread), running beside the server.
 struct Running {
     consumer: std::thread::JoinHandle<quiver::Result<quiver::streaming::StreamReport>>,
     shutdown: Arc<AtomicBool>,
     metrics: Arc<quiver::streaming::Metrics>,
-    log: Arc<quiver::serving_log::DeltaServingLog>,
     serving_began: i64,
     addr: SocketAddr,
 }
 
-async fn start(setup: &Setup, brokers: &str) -> anyhow::Result<Running> {
+async fn start(setup: &Setup, brokers: &str) -> anyhow::Result<(Running, quiver::ops::Server)> {
     let Setup { repo, topic, store, .. } = setup;
     let t = Instant::now();
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
@@ -138,12 +137,12 @@ async fn start(setup: &Setup, brokers: &str) -> anyhow::Result<Running> {
                 .run_blocking(handle)
         })
     };
-    let log = quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log);
     let serving_began = chrono::Utc::now().timestamp_micros();
-    let addr = serve_in_process(quiver::server::server_state(&repo.config, store.clone(), Some(log.clone()))?).await?;
+    let server = repo.serve(([127, 0, 0, 1], 0).into()).with_store(store.clone()).with_serving_log(true).start().await?;
+    let addr = server.addr();
     step("start", t, format!("topic with 3 partitions, consumer group quiver-{}, server on http://{addr}", repo.config.project));
 
-    Ok(Running { consumer, shutdown, metrics: stream_metrics, log, serving_began, addr })
+    Ok((Running { consumer, shutdown, metrics: stream_metrics, serving_began, addr }, server))
 }
 
 /// Produces the events; returns each driver's last event number and the malformed count.

@@ -21,6 +21,10 @@ pub enum Error {
     /// A join engine that cannot run here (`--engine gpu` without a GPU).
     #[error("{0}")]
     Engine(String),
+    /// The feature server could not bind, failed for good, or its serving log could not
+    /// be written.
+    #[error("{0}")]
+    Serving(String),
     #[error("{path}: {message}", path = path.display())]
     Init { path: PathBuf, message: String },
     // The causes below are fields, not `source`s: the message already says them, and
@@ -45,6 +49,7 @@ impl Error {
             Error::Streaming(e) => e.kind(),
             Error::Invalid(_) | Error::Engine(_) | Error::Init { .. } => K::Invalid,
             Error::NotFound(_) => K::NotFound,
+            Error::Serving(_) => K::Unavailable,
             Error::Io { error, .. } if error.kind() == std::io::ErrorKind::NotFound => K::NotFound,
             Error::Io { .. } | Error::Parquet { .. } | Error::Arrow(_) => K::Internal,
         }

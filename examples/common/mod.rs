@@ -30,13 +30,3 @@ pub fn enable_serving_log(dir: &std::path::Path) -> anyhow::Result<()> {
     std::fs::write(dir.join("quiver.yaml"), config)?;
     Ok(())
 }
-
-/// Serves `state` on a free loopback port from a task of the current runtime, with the
-/// listener `quiver serve` uses (its limits included), until the process ends.
-pub async fn serve_in_process(state: quiver::online::server::ServerState) -> anyhow::Result<std::net::SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let state = std::sync::Arc::new(state);
-    tokio::spawn(quiver::online::server::serve_until(state, listener, std::future::pending()));
-    Ok(addr)
-}

@@ -514,7 +514,7 @@ def test_one_table_of_lookups_is_answered_as_the_cli_and_server_answer_it(tmp_pa
     config = (repo / "quiver.yaml").read_text()
     (repo / "quiver.yaml").write_text(config.replace("# max_cells: 1000000", "max_cells: 8", 1))
     cli(repo, "apply")
-    cli(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+    cli(repo, "ingest", "driver_hourly", str(repo / "sample_data" / "driver_hourly.parquet"))
     cli(repo, "materialize", "2000-01-01T00:00:00Z", "now")
     store = qv.FeatureStore(str(repo))
     exceptions = {"invalid": qv.ValidationError, "not_found": qv.NotFoundError}

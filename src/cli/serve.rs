@@ -1,6 +1,5 @@
 //! `quiver serve`: the HTTP feature server.
 
-use anyhow::Context;
 use quiver::sdk::Config;
 
 use super::{Ctx, runtime};
@@ -51,27 +50,14 @@ impl Serve {
         let addr = socket_addr(&host, port)?;
         let rt = runtime()?;
         rt.block_on(async {
-            let store = repo.open_store().await?;
-            let log = repo.config.serving_log.enabled.then(|| quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log));
-            let state = std::sync::Arc::new(quiver::server::server_state(&repo.config, store, log.clone())?);
+            let server = repo.serve(addr).start().await?;
             warn_exposure(&repo.config, &addr, "serve");
-            println!("serving project `{}` on http://{addr} (Ctrl-C to stop)", repo.config.project);
-            if log.is_some() {
+            println!("serving project `{}` on http://{} (Ctrl-C to stop)", repo.config.project, server.addr());
+            if server.logs_answers() {
                 println!("logging answers to {} (serving_log in quiver.yaml)", repo.config.serving_log.location);
             }
-            quiver::online::server::serve(state, addr).await.with_context(|| format!("serving on {addr}"))?;
-            if let Some(log) = &log {
-                // The last batch; a store that is briefly down gets a few more tries.
-                let mut tries = 0;
-                while let Err(e) = log.flush().await {
-                    tries += 1;
-                    if tries == 5 {
-                        anyhow::bail!("serving log: the last batch was not written: {e}");
-                    }
-                    eprintln!("serving log: {e}; retrying");
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                }
-            }
+            quiver::online::server::shutdown_signal().await;
+            server.stop().await?;
             println!("stopped");
             anyhow::Ok(())
         })

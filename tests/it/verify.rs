@@ -207,7 +207,7 @@ async fn verify_since_replays_the_serving_log() {
 /// that time, are mismatches. The server runs in-process with a settable clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_log_judges_each_answer_at_its_request_time() {
-    use quiver::online::server::{Metrics, RegistryCache, ServerState, router};
+    use quiver::online::server::router;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicI64, Ordering};
     use tower::ServiceExt;
@@ -223,21 +223,13 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
     let hour = 3_600_000_000;
     let clock = Arc::new(AtomicI64::new(now));
     let log = quiver::serving_log::DeltaServingLog::start(&repo.config.serving_log);
-    let state = Arc::new(ServerState {
-        store: Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap()),
-        registry: RegistryCache::new(repo.config.registry_path.clone(), "demo").unwrap(),
-        project: "demo".into(),
-        auth_token: None,
-        metrics: Metrics::default(),
-        clock: {
-            let c = clock.clone();
-            Box::new(move || c.load(Ordering::SeqCst))
-        },
-        offline: None,
-        serving_log: Some(log.clone()),
-        limits: quiver::online::server::Limits::default(),
-        insights: None,
-    });
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    let mut state = quiver::server::server_state(&repo.config, store, Some(log.clone())).unwrap();
+    state.clock = {
+        let c = clock.clone();
+        Box::new(move || c.load(Ordering::SeqCst))
+    };
+    let state = Arc::new(state);
     let body = r#"{"entities": {"driver_id": [1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010]}, "features": ["driver_hourly:conv_rate", "driver_hourly:avg_daily_trips"]}"#;
     let ask = |at: i64| {
         clock.store(at, Ordering::SeqCst);

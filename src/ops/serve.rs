@@ -1,0 +1,151 @@
+//! `serve`: the repository's feature server — its online store, the registry, `/push`
+//! offline through the streaming write path, the web UI's reports, and the serving log
+//! when `quiver.yaml` turns it on — bound to an address (docs/online.md).
+//!
+//! `.await` serves until SIGINT or SIGTERM, then stops gracefully (what `quiver serve`
+//! does); [`Serve::start`] returns a running [`Server`] to stop when the caller is done
+//! (the examples and tests).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use quiver_online::OnlineStore;
+use quiver_online::server::ServerState;
+
+use crate::error::{Error, Result};
+use crate::repo::Repo;
+use crate::serving_log::DeltaServingLog;
+
+/// Builder of [`Repo::serve`].
+#[must_use = "an operation does nothing until awaited"]
+pub struct Serve<'a> {
+    repo: &'a Repo,
+    addr: SocketAddr,
+    store: Option<Arc<dyn OnlineStore>>,
+    serving_log: Option<bool>,
+}
+
+impl std::fmt::Debug for Serve<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serve").field("addr", &self.addr).field("serving_log", &self.serving_log).finish_non_exhaustive()
+    }
+}
+
+setters!(Serve { store });
+
+impl Serve<'_> {
+    /// Logs every answer (or not), whatever `serving_log.enabled` in `quiver.yaml` says.
+    pub fn with_serving_log(mut self, on: bool) -> Self {
+        self.serving_log = Some(on);
+        self
+    }
+
+    /// Binds the address and serves from a task of the current runtime.
+    ///
+    /// # Errors
+    /// When the store cannot be opened, the registry read or the address bound.
+    pub async fn start(self) -> Result<Server> {
+        let store = self.repo.store_or_open(self.store).await?;
+        let log =
+            self.serving_log.unwrap_or(self.repo.config.serving_log.enabled).then(|| DeltaServingLog::start(&self.repo.config.serving_log));
+        let state = Arc::new(crate::server::server_state(&self.repo.config, store, log.clone())?);
+        let listener =
+            tokio::net::TcpListener::bind(self.addr).await.map_err(|e| Error::Serving(format!("serving on {}: {e}", self.addr)))?;
+        let addr = listener.local_addr().map_err(|e| Error::Serving(format!("serving on {}: {e}", self.addr)))?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(quiver_online::server::serve_until(state.clone(), listener, async move {
+            let _ = stopped.await;
+        }));
+        Ok(Server { addr, log, state, stop, task })
+    }
+
+    async fn run(self) -> Result<()> {
+        let server = self.start().await?;
+        quiver_online::server::shutdown_signal().await;
+        server.stop().await
+    }
+}
+
+impl<'a> std::future::IntoFuture for Serve<'a> {
+    type Output = Result<()>;
+    type IntoFuture = super::OpFuture<'a, ()>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}
+
+/// A running feature server ([`Serve::start`]).
+pub struct Server {
+    addr: SocketAddr,
+    log: Option<Arc<DeltaServingLog>>,
+    state: Arc<ServerState>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("addr", &self.addr).field("serving_log", &self.log.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// The bound address (the port the system chose, for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// What the server serves from (its store, registry cache, metrics).
+    pub fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    /// Whether answers are logged.
+    pub fn logs_answers(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Writes the answers logged so far (nothing without a serving log).
+    ///
+    /// # Errors
+    /// When the log's table cannot be written; the rows stay queued.
+    pub async fn flush_log(&self) -> Result<()> {
+        match &self.log {
+            Some(log) => log.flush().await.map_err(|e| Error::Serving(format!("serving log: {e}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops taking connections, finishes the requests in flight, then writes the
+    /// serving log's last batch (a store that is briefly down gets five tries).
+    ///
+    /// # Errors
+    /// When serving failed for good, or the log's last batch could not be written.
+    pub async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(());
+        match self.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(Error::Serving(format!("serving on {}: {e}", self.addr))),
+            Err(e) => return Err(Error::Serving(format!("serving on {}: {e}", self.addr))),
+        }
+        if let Some(log) = &self.log {
+            let mut tries = 0;
+            while let Err(e) = log.flush().await {
+                tries += 1;
+                if tries == 5 {
+                    return Err(Error::Serving(format!("serving log: the last batch was not written: {e}")));
+                }
+                tracing::warn!(error = %e, "serving log: the last batch failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Repo {
+    /// The feature server of this repository on `addr` (`host:port`; port 0 picks one).
+    pub fn serve(&self, addr: SocketAddr) -> Serve<'_> {
+        Serve { repo: self, addr, store: None, serving_log: None }
+    }
+}
