@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use quiver::Repo;
 use quiver::ops::{Engine, Rows, Spine};
+use quiver::sdk::Timestamp;
 
 #[path = "common/mod.rs"]
 mod common;
@@ -35,7 +36,7 @@ async fn main() -> anyhow::Result<()> {
 
     let t = Instant::now();
     let store: Arc<dyn quiver::online::OnlineStore> = repo.open_store().await?;
-    let reports = repo.materialize_incremental(now.timestamp_micros()).with_store(store.clone()).await?;
+    let reports = repo.materialize_incremental(now.into()).with_store(store.clone()).await?;
     let written: usize = reports.iter().map(|r| r.written).sum();
     step("materialize", t, format!("{written} latest rows into the embedded online store"));
 
@@ -227,7 +228,7 @@ fn feature<'a>(answer: &'a serde_json::Value, name: &str) -> &'a serde_json::Val
 async fn verify(repo: &Repo, store: Arc<dyn quiver::online::OnlineStore>, serving_began: i64) -> anyhow::Result<()> {
     let t = Instant::now();
     // Every logged answer, replayed through the offline join at its request time.
-    let replayed = repo.verify_log(serving_began, chrono::Utc::now().timestamp_micros()).await?;
+    let replayed = repo.verify_log(Timestamp(serving_began), Timestamp::now()).await?;
     let compared: u64 = replayed.features.iter().map(|r| r.compared).sum();
     let bad: u64 = replayed.features.iter().map(|r| r.mismatches + r.missing_online + r.missing_offline).sum();
     step(
@@ -240,8 +241,8 @@ async fn verify(repo: &Repo, store: Arc<dyn quiver::online::OnlineStore>, servin
     let t = Instant::now();
     // The pushed row is offline too; materialize what arrived, then compare.
     let check_now = chrono::Utc::now().timestamp_micros();
-    repo.materialize_incremental(check_now).with_store(store.clone()).await?;
-    let verified = repo.verify_sample(1000).at(check_now).with_store(store).await?;
+    repo.materialize_incremental(Timestamp(check_now)).with_store(store.clone()).await?;
+    let verified = repo.verify_sample(1000).at(Timestamp(check_now)).with_store(store).await?;
     let compared: u64 = verified.iter().map(|r| r.compared).sum();
     let bad: u64 = verified.iter().map(|r| r.mismatches + r.missing_online).sum();
     step("verify --sample", t, format!("1000 entities per view sampled: {compared} values compared online vs offline, {bad} disagree"));

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use quiver::Repo;
 use quiver::ops::Rows;
+use quiver::sdk::Timestamp;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -88,7 +89,7 @@ async fn setup(dir: &Path) -> anyhow::Result<Setup> {
     let file = dir.join("sample_data/driver_hourly.parquet");
     let history = repo.ingest("driver_hourly", Rows::File(file)).await?.rows;
     let store: Arc<dyn quiver::online::OnlineStore> = repo.open_store().await?;
-    repo.materialize(i64::MIN, now.timestamp_micros()).with_views(vec!["driver_hourly".into()]).with_store(store.clone()).await?;
+    repo.materialize(quiver::sdk::Timestamp::MIN, now.into()).with_views(vec!["driver_hourly".into()]).with_store(store.clone()).await?;
     step(
         "setup",
         t,
@@ -254,10 +255,10 @@ async fn verify(repo: &Repo, serving_began: i64, last_poll: i64) -> anyhow::Resu
     // poll, after the stream caught up, must agree exactly.
     let t = Instant::now();
     let until = chrono::Utc::now().timestamp_micros();
-    let during = repo.verify_log(serving_began, last_poll).await?;
+    let during = repo.verify_log(Timestamp(serving_began), Timestamp(last_poll)).await?;
     let lagged: u64 = during.features.iter().map(|r| r.compared - r.matches).sum();
     let compared: u64 = during.features.iter().map(|r| r.compared).sum();
-    let after = repo.verify_log(last_poll, until).await?;
+    let after = repo.verify_log(Timestamp(last_poll), Timestamp(until)).await?;
     let bad: u64 = after.features.iter().map(|r| r.compared - r.matches).sum();
     let checked: u64 = after.features.iter().map(|r| r.compared).sum();
     step(

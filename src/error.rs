@@ -55,6 +55,23 @@ impl Error {
         }
     }
 
+    /// The kind of `cause` when it is one of Quiver's errors (this crate's or a lower
+    /// crate's); front ends walk an error's chain with it to pick what they answer (the
+    /// CLI's exit code, Python's exception class).
+    pub fn kind_of(cause: &(dyn std::error::Error + 'static)) -> Option<quiver_sdk::ErrorKind> {
+        if let Some(e) = cause.downcast_ref::<Error>() {
+            Some(e.kind())
+        } else if let Some(e) = cause.downcast_ref::<quiver_sdk::Error>() {
+            Some(e.kind())
+        } else if let Some(e) = cause.downcast_ref::<quiver_offline::Error>() {
+            Some(e.kind())
+        } else if let Some(e) = cause.downcast_ref::<quiver_online::Error>() {
+            Some(e.kind())
+        } else {
+            cause.downcast_ref::<quiver_streaming::Error>().map(quiver_streaming::Error::kind)
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), error: source }
     }

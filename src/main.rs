@@ -1,8 +1,9 @@
 //! The `quiver` command line: parses the arguments and dispatches to the command's
 //! module in `cli/`, which does its work through `quiver::ops`.
 //!
-//! Exit codes: 0 success; 1 an error (bad input, a refused change, a store failure),
-//! printed as one line; 2 a usage error.
+//! Exit codes, from the error's kind ([`exit_code`]): 0 success; 1 an error (bad input,
+//! an unknown name, a refused change, a failure); 2 a usage error; 3 a store, broker or
+//! server that could not be reached (retrying may help). The error is one line.
 
 mod cli;
 
@@ -118,7 +119,16 @@ fn main() -> ExitCode {
         Err(err) => {
             // One line: the whole chain, outermost first.
             eprintln!("error: {err:#}");
-            ExitCode::from(1)
+            ExitCode::from(exit_code(err.chain().find_map(quiver::Error::kind_of)))
         }
+    }
+}
+
+/// The exit code of an error of `kind` (none: an error of the CLI itself, 1).
+fn exit_code(kind: Option<quiver::sdk::ErrorKind>) -> u8 {
+    use quiver::sdk::ErrorKind as K;
+    match kind {
+        Some(K::Unavailable) => 3,
+        Some(K::Invalid | K::NotFound | K::Conflict | K::Internal) | None => 1,
     }
 }

@@ -51,7 +51,7 @@ async fn load_view(
         // Records are built as of END, but never as of a time still to come: `materialize
         // 2000-01-01 2100-01-01` must count the windows of today, not of 2100 (events
         // after the clock stay pending in the record and count once due).
-        return load_event_log(config, defs, view, end.min(crate::ops::now_us()), store, progress).await;
+        return load_event_log(config, defs, view, end.min(quiver_sdk::Timestamp::now().0), store, progress).await;
     }
     let began = Instant::now();
     let latest = latest_per_entity(config, defs, view, window).await?;
@@ -130,7 +130,7 @@ where
 {
     use futures::StreamExt;
     type Call<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (usize, usize, quiver_online::Result<usize>)> + Send + 'a>>;
-    let now_ms = crate::ops::now_us().div_euclid(1000);
+    let now_ms = quiver_sdk::Timestamp::now().0.div_euclid(1000);
     // (Boxed and collected first, so the stream's type holds no closure: see
     // `RedisStore::write`.)
     let calls: Vec<Call<'a>> = encode

@@ -231,7 +231,7 @@ impl Repo {
                 let schema = quiver_offline::schema::table_schema(&defs, view);
                 let created = runtime
                     .block_on(quiver_offline::delta::ensure_table(&location, &schema, &view.name))
-                    .map_err(|e| quiver_sdk::Error::Store(e.to_string()))?;
+                    .map_err(|e| quiver_sdk::Error::Store(e.kind(), e.to_string()))?;
                 if created {
                     created_tables.push(location.to_string());
                 }

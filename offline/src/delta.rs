@@ -69,8 +69,9 @@ impl deltalake::logstore::ObjectStoreFactory for CloudStores {
         // Options deltalake took for itself (retries, limits, its IO runtime) are not the
         // client's; every other one must be, or it is a typo worth an error.
         let ours = |key: &str| !config.unknown_properties.contains_key(key);
+        // Settings, not a store that failed: the kind the offline error reports (Invalid).
         let unknown = |key: &str| {
-            DeltaTableError::Generic(format!(
+            DeltaTableError::InvalidTableLocation(format!(
                 "offline_store.storage_options: `{key}` is not a setting of the {} object store",
                 url.scheme()
             ))
@@ -191,7 +192,7 @@ impl DataProbe for DeltaProbe<'_> {
         let location = self.config.view_table(view);
         self.runtime
             .block_on(holds_data(&location))
-            .map_err(|e| quiver_sdk::Error::Store(format!("cannot tell whether feature view `{}` holds data: {e}", view.name)))
+            .map_err(|e| quiver_sdk::Error::Store(e.kind(), format!("cannot tell whether feature view `{}` holds data: {e}", view.name)))
     }
 }
 

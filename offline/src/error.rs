@@ -25,7 +25,7 @@ pub enum Error {
     Request(String),
     /// An unknown feature view, feature or service.
     #[error("{0}")]
-    Unknown(String),
+    NotFound(String),
     #[error("query of {table}: {error}")]
     Query { table: String, error: Box<datafusion::error::DataFusionError> },
     #[error("{0}")]
@@ -50,10 +50,14 @@ impl Error {
         use quiver_sdk::ErrorKind as K;
         match self {
             Error::Input { .. } | Error::Request(_) => K::Invalid,
-            Error::Unknown(_) => K::NotFound,
+            Error::NotFound(_) => K::NotFound,
+            Error::Delta { error, .. } if matches!(**error, deltalake::DeltaTableError::InvalidTableLocation(_)) => K::Invalid,
             Error::Delta { .. } | Error::Location { .. } | Error::Cluster { .. } => K::Unavailable,
             Error::Fenced { .. } => K::Conflict,
-            Error::Query { .. } | Error::Arrow(_) | Error::Output { .. } | Error::Kernel(_) => K::Internal,
+            Error::Kernel(quiver_gpu_join::KernelError::BadInput(_)) => K::Invalid,
+            // A device that ran out of memory or a driver that failed: try the CPU or later.
+            Error::Kernel(quiver_gpu_join::KernelError::Engine { .. }) => K::Unavailable,
+            Error::Query { .. } | Error::Arrow(_) | Error::Output { .. } => K::Internal,
         }
     }
 

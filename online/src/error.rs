@@ -11,7 +11,7 @@ pub enum Error {
     Request(String),
     /// An unknown feature view or feature.
     #[error("{0}")]
-    Unknown(String),
+    NotFound(String),
     /// A request over one of the bounds every lookup is held to (`bound`: the setting
     /// or constant, as the server's refusal metric names it).
     #[error("{message}")]
@@ -32,7 +32,7 @@ impl Error {
         match self {
             Error::Unavailable { .. } => K::Unavailable,
             Error::Request(_) | Error::TooLarge { .. } | Error::Misconfigured { .. } => K::Invalid,
-            Error::Unknown(_) => K::NotFound,
+            Error::NotFound(_) => K::NotFound,
             Error::Corrupt { .. } => K::Internal,
         }
     }

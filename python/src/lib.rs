@@ -33,15 +33,7 @@ fn py_err(e: impl Into<anyhow::Error>) -> PyErr {
     use quiver::sdk::ErrorKind;
     let e: anyhow::Error = e.into();
     let text = format!("{e:#}");
-    let kind = e.chain().find_map(|cause| {
-        if let Some(f) = cause.downcast_ref::<quiver::Error>() {
-            Some(f.kind())
-        } else if let Some(s) = cause.downcast_ref::<quiver::sdk::Error>() {
-            Some(s.kind())
-        } else {
-            cause.downcast_ref::<quiver::online::Error>().map(quiver::online::Error::kind)
-        }
-    });
+    let kind = e.chain().find_map(quiver::Error::kind_of);
     match kind {
         Some(ErrorKind::Invalid) => ValidationError::new_err(text),
         Some(ErrorKind::NotFound) => NotFoundError::new_err(text),
@@ -126,18 +118,24 @@ fn ingest(py: Python<'_>, repo: String, view: String, table: &Bound<'_, PyAny>, 
     })
 }
 
+/// What a join or lookup asks for: references, or a registered service's name.
+#[derive(Debug, FromPyObject)]
+enum Asked {
+    Service(String),
+    Features(Vec<String>),
+}
+
 /// The point-in-time join of `entity_df` (a table with the join keys and
-/// `event_timestamp`) with the features; returns a table. `engine`: auto, cpu or gpu;
-/// `cluster`: `df://HOST:PORT` of a Ballista scheduler to join on.
+/// `event_timestamp`) with `asked` (references, or a service's name); returns a table.
+/// `engine`: auto, cpu or gpu; `cluster`: `df://HOST:PORT` of a Ballista scheduler to
+/// join on.
 #[pyfunction]
-#[pyo3(signature = (repo, entity_df, features = None, feature_service = None, created_cutoff = false, engine = "auto", cluster = None))]
-#[allow(clippy::too_many_arguments)] // Python's keyword arguments
+#[pyo3(signature = (repo, entity_df, asked, created_cutoff = false, engine = "auto", cluster = None))]
 fn get_historical_features(
     py: Python<'_>,
     repo: String,
     entity_df: &Bound<'_, PyAny>,
-    features: Option<Vec<String>>,
-    feature_service: Option<String>,
+    asked: Asked,
     created_cutoff: bool,
     engine: &str,
     cluster: Option<String>,
@@ -147,38 +145,103 @@ fn get_historical_features(
     let joined = run(py, async move {
         let repo = open(&repo)?;
         let spine = concat_batches(&schema, &spine_batches)?;
-        let mut op = repo
+        let op = repo
             .historical(Spine::Batch(spine, "entity_df".into()))
             .with_engine(engine)
             .with_created_cutoff(created_cutoff)
             .with_cluster(cluster);
-        op = match (feature_service, features) {
-            (Some(service), _) => op.with_service(service),
-            (None, Some(features)) => op.with_features(features),
-            (None, None) => anyhow::bail!(quiver::Error::Invalid("give `features` or `feature_service`".into())),
+        let op = match asked {
+            Asked::Service(service) => op.with_service(service),
+            Asked::Features(features) => op.with_features(features),
         };
         Ok(op.await?.batch)
     })?;
     Ok(ArrowStream::new(joined))
 }
 
-fn micros(t: chrono::DateTime<chrono::Utc>) -> i64 {
-    t.timestamp_micros()
-}
-
 /// Loads the latest values with event time in [start, end] into the online store;
 /// returns (view, entities, written, skipped as already expired) per view.
 #[pyfunction]
+#[pyo3(signature = (repo, start, end, views = Vec::new()))]
 fn materialize(
     py: Python<'_>,
     repo: String,
     start: chrono::DateTime<chrono::Utc>,
     end: chrono::DateTime<chrono::Utc>,
+    views: Vec<String>,
 ) -> PyResult<Vec<(String, usize, usize, usize)>> {
     run(py, async move {
         let repo = open(&repo)?;
-        let reports = repo.materialize(micros(start), micros(end)).await?;
+        let reports = repo.materialize(start.into(), end.into()).with_views(views).await?;
         Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written, r.expired)).collect())
+    })
+}
+
+/// One applied definition as JSON: `kind` is `entity`, `feature_view` or
+/// `feature_service`; an unknown name is the registry's NotFound, naming the known ones.
+#[pyfunction]
+fn definition(py: Python<'_>, repo: String, kind: String, name: String) -> PyResult<String> {
+    run(py, async move {
+        let defs = open(&repo)?.applied()?.definitions;
+        Ok(match kind.as_str() {
+            "feature_view" => serde_json::to_string(defs.find_view(&name).map_err(|e| quiver::Error::NotFound(e.0))?)?,
+            "feature_service" => serde_json::to_string(defs.find_service(&name).map_err(|e| quiver::Error::NotFound(e.0))?)?,
+            "entity" => serde_json::to_string(defs.find_entity(&name).map_err(|e| quiver::Error::NotFound(e.0))?)?,
+            other => anyhow::bail!(quiver::Error::Invalid(format!("no definitions of kind `{other}`"))),
+        })
+    })
+}
+
+/// What applying `definitions_json` (defined from `python`, removing `remove`) would
+/// change, without writing: the plan as `quiver plan` prints it, and (added, changed,
+/// removed) counts.
+#[pyfunction]
+#[pyo3(signature = (repo, definitions_json, remove = Vec::new()))]
+fn plan(py: Python<'_>, repo: String, definitions_json: String, remove: Vec<String>) -> PyResult<(String, (usize, usize, usize))> {
+    let defs = Definitions::from_json(&definitions_json).map_err(|e| ValidationError::new_err(e.to_string()))?;
+    run(py, async move {
+        let repo = open(&repo)?;
+        defs.validate().map_err(quiver::sdk::Error::from)?;
+        let origin = quiver::sdk::registry::Origin::new("python").removing(remove);
+        let (_, plan) = repo.applied()?.plan_from(&defs, &origin).map_err(quiver::Error::from)?;
+        Ok((plan.to_string(), plan.counts()))
+    })
+}
+
+/// Exports `service`'s training set for the spine file into `out` (sharded, with its
+/// manifest); returns the manifest as JSON.
+#[pyfunction]
+#[pyo3(signature = (repo, service, spine, out, shard_rows = None, created_cutoff = false))]
+fn export(
+    py: Python<'_>,
+    repo: String,
+    service: String,
+    spine: String,
+    out: String,
+    shard_rows: Option<u64>,
+    created_cutoff: bool,
+) -> PyResult<String> {
+    run(py, async move {
+        let repo = open(&repo)?;
+        let mut export = repo.export(&service, spine, out).with_created_cutoff(created_cutoff);
+        if let Some(rows) = shard_rows {
+            export = export.with_shard_rows(rows);
+        }
+        Ok(serde_json::to_string(&export.await?.manifest)?)
+    })
+}
+
+/// One feature's sample check: (feature, compared, matches, mismatches, missing online,
+/// examples).
+type SampleReport = (String, u64, u64, u64, u64, Vec<String>);
+
+/// `verify --sample n`: a [`SampleReport`] per feature.
+#[pyfunction]
+fn verify_sample(py: Python<'_>, repo: String, n: usize) -> PyResult<Vec<SampleReport>> {
+    run(py, async move {
+        let repo = open(&repo)?;
+        let reports = repo.verify_sample(n).await?;
+        Ok(reports.into_iter().map(|r| (r.feature, r.compared, r.matches, r.mismatches, r.missing_online, r.examples)).collect())
     })
 }
 
@@ -191,7 +254,7 @@ fn materialize_incremental(
 ) -> PyResult<Vec<(String, usize, usize, usize)>> {
     run(py, async move {
         let repo = open(&repo)?;
-        let reports = repo.materialize_incremental(micros(end)).await?;
+        let reports = repo.materialize_incremental(end.into()).await?;
         Ok(reports.into_iter().map(|r| (r.view, r.entities, r.written, r.expired)).collect())
     })
 }
@@ -342,6 +405,10 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(materialize_incremental, m)?)?;
     m.add_function(wrap_pyfunction!(get_online_features, m)?)?;
     m.add_function(wrap_pyfunction!(push, m)?)?;
+    m.add_function(wrap_pyfunction!(definition, m)?)?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(export, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_sample, m)?)?;
     m.add_function(wrap_pyfunction!(_sleep, m)?)?;
     Ok(())
 }

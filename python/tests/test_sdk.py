@@ -125,7 +125,7 @@ def test_python_and_yaml_definitions_give_the_same_registry(tmp_path):
     # Applying the same again changes nothing; Feast's entity style is accepted too.
     feast_style = qv.Entity(name="rider", join_keys=["rider_id"], value_type=qv.Int64)
     assert qv.FeatureStore(str(b)).apply([feast_style]) == 1
-    assert qv.FeatureStore(str(b)).list_feature_views() == ["trips"]
+    assert [v.name for v in qv.FeatureStore(str(b)).list_feature_views()] == ["trips"]
 
 
 def test_the_spec_snippet_runs_as_written(tmp_path):
@@ -192,8 +192,14 @@ def test_online_after_materialize(store):
     assert got["city"][:2] == [latest.loc[1, "city"], latest.loc[2, "city"]]
     assert got["fare"][2] is None and resp.statuses["fare"] == ["PRESENT", "PRESENT", "NOT_FOUND"]
     assert resp.to_arrow().column_names == ["rider_id", "fare", "city"]
-    full = store.get_online_features(qv.FeatureService(name="ranker", features=[]), [{"rider_id": 2}], full_feature_names=True)
+    full = store.get_online_features(store.get_feature_service("ranker"), [{"rider_id": 2}], full_feature_names=True)
     assert list(full.to_dict()) == ["rider_id", "trips__fare", "trips__city"]
+    # A FeatureService object is used as given, not looked up by its name.
+    one = store.get_online_features(qv.FeatureService(name="ranker", features=["trips:city"]), [{"rider_id": 2}])
+    assert list(one.to_dict()) == ["rider_id", "city"]
+    # numpy scalars are keys as Python ints are.
+    np_keys = store.get_online_features(["trips:fare"], [{"rider_id": np.int64(1)}, {"rider_id": np.int32(2)}])
+    assert np_keys.to_dict()["fare"] == got["fare"][:2]
 
 
 def test_push_reaches_both_stores(store):
@@ -488,7 +494,7 @@ def test_the_cli_keeps_what_python_defined(tmp_path):
     assert "0 to add, 0 to change, 0 to remove, 2 kept (defined elsewhere)" in plan, plan
     assert "= feature_view rides (kept: defined from python; `--remove feature_view/rides` removes it)" in plan, plan
     assert "no changes" in cli(repo, "apply")
-    assert store.list_feature_views() == ["rides"]
+    assert [v.name for v in store.list_feature_views()] == ["rides"]
     out = cli(repo, "apply", "--remove", "feature_view/rides")
     assert "- feature_view rides" in out and "0 to add, 0 to change, 1 to remove, 1 kept" in out, out
     assert store.list_feature_views() == []
@@ -520,12 +526,72 @@ def test_one_table_of_lookups_is_answered_as_the_cli_and_server_answer_it(tmp_pa
     exceptions = {"invalid": qv.ValidationError, "not_found": qv.NotFoundError}
     for case in table["cases"]:
         rows = [dict(zip(case["entities"], values)) for values in zip(*case["entities"].values())]
-        features = case.get("features") or qv.FeatureService(name=case["service"], features=[])
+        features = (lambda c=case: c["features"]) if "features" in case else (lambda c=case: store.get_feature_service(c["service"]))
         refused = case.get("refused")
         if refused is None:
-            resp = store.get_online_features(features, rows, full_feature_names=True)
+            resp = store.get_online_features(features(), rows, full_feature_names=True)
             assert len(resp.statuses) == len(case["entities"]) + (len(case["features"]) if "features" in case else 8), case["name"]
             continue
         with pytest.raises(exceptions[refused["kind"]]) as err:
-            store.get_online_features(features, rows, full_feature_names=True)
+            store.get_online_features(features(), rows, full_feature_names=True)
         assert refused["message"] in str(err.value), (case["name"], str(err.value))
+
+
+def test_python_reads_like_python(store, tmp_path):
+    """Definitions compare and print by value, come back from the registry as objects,
+    wrong types are TypeErrors, bad values ValidationErrors (also ValueErrors)."""
+    rider, trips, ranker = definitions()
+    again = list(definitions())
+    assert again[1] == trips and again[2] == ranker and again[0] == rider
+    assert "FeatureView(name='trips'" in repr(trips) and "ttl=datetime.timedelta" in repr(trips), repr(trips)
+    assert repr(qv.Field("fare", qv.Float64)) == "Field(name='fare', dtype=qv.Float64)"
+    assert store.get_feature_view("trips") == trips
+    assert store.get_feature_service("ranker") == ranker
+    assert store.list_entities() == [rider] and store.get_entity("rider") == rider
+    assert store.list_feature_services() == [ranker]
+    with pytest.raises(qv.NotFoundError, match=r"unknown feature view `nope` \(known: trips\)"):
+        store.get_feature_view("nope")
+    with pytest.raises(qv.NotFoundError, match=r"unknown feature service `nope` \(known: ranker\)"):
+        store.get_feature_service("nope")
+    assert issubclass(qv.ValidationError, ValueError)
+    with pytest.raises(ValueError, match="unknown entity"):
+        store.apply([qv.FeatureView(name="v", entities=["ghost"], schema=[qv.Field("x", qv.Int64)])])
+    for bad in (lambda: qv.Field("x", "float64"),
+                lambda: qv.FeatureView(name="v", entities=["rider"], schema=[qv.Field("x", qv.Int64)], ttl=3600),
+                lambda: qv.FeatureService(name="s", features="trips:fare"),
+                lambda: store.apply(["trips"]),
+                lambda: store.ingest("trips", {"rider_id": [1]}),
+                lambda: store.get_online_features("trips:fare", [{"rider_id": 1}]),
+                lambda: store.get_online_features(["trips:fare"], {"rider_id": [1]}),
+                lambda: store.get_online_features(["trips:fare"], [{"rider_id": 1.5}]),
+                lambda: store.materialize("2024-01-01", NOW)):
+        with pytest.raises(TypeError):
+            bad()
+    # plan says what apply would do, and writes nothing.
+    before = (tmp_path / "repo" / "registry.json").read_text()
+    extra = qv.FeatureService(name="fares", features=["trips:fare"])
+    plan = store.plan([extra])
+    assert "+ feature_service fares" in plan and "1 to add" in plan, plan
+    assert store.plan([ranker]) == ""
+    assert (tmp_path / "repo" / "registry.json").read_text() == before
+    # to_df is Feast's to_pandas.
+    job = store.get_historical_features(spine(), ["trips:fare"])
+    assert job.to_df().equals(job.to_pandas())
+
+
+def test_materialize_views_export_and_verify_from_python(store, tmp_path):
+    reports = store.materialize(NOW - timedelta(days=1), NOW, feature_views=["trips"])
+    assert [r[0] for r in reports] == ["trips"] and reports[0][2] > 0, reports
+    with pytest.raises(qv.NotFoundError, match="unknown feature view `nope`"):
+        store.materialize(NOW - timedelta(days=1), NOW, feature_views=["nope"])
+    spine_path = tmp_path / "spine.parquet"
+    pq.write_table(spine(), spine_path)
+    manifest = store.export("ranker", str(spine_path), str(tmp_path / "train"), shard_rows=10)
+    assert manifest["rows"] == spine().num_rows and len(manifest["shards"]) == 2, manifest
+    again = store.get_historical_features(spine(), feature_service="ranker").to_arrow()
+    exported = qv.TrainingSet(str(tmp_path / "train")).to_arrow()
+    assert exported.column("trips__fare").to_pylist() == again.column("trips__fare").to_pylist()
+    reports = store.verify(sample=50)
+    by_feature = {r["feature"]: r for r in reports}
+    assert set(by_feature) == {"trips:fare", "trips:city", "trips:embedding"}, by_feature
+    assert all(r["mismatches"] == 0 and r["compared"] > 0 for r in reports), reports

@@ -371,38 +371,47 @@ impl Definitions {
     /// The view called `name`, or the one "unknown feature view" message.
     ///
     /// # Errors
-    /// [`Unknown`] naming the views there are.
-    pub fn find_view(&self, name: &str) -> Result<&FeatureView, Unknown> {
+    /// [`NotFound`] naming the views there are.
+    pub fn find_view(&self, name: &str) -> Result<&FeatureView, NotFound> {
         self.feature_view(name).ok_or_else(|| {
-            Unknown(format!("unknown feature view `{name}` (known: {})", known(self.feature_views.iter().map(|v| v.name.as_str()))))
+            NotFound(format!("unknown feature view `{name}` (known: {})", known(self.feature_views.iter().map(|v| v.name.as_str()))))
         })
+    }
+
+    /// The entity called `name`, or the one "unknown entity" message.
+    ///
+    /// # Errors
+    /// [`NotFound`] naming the entities there are.
+    pub fn find_entity(&self, name: &str) -> Result<&Entity, NotFound> {
+        self.entity(name)
+            .ok_or_else(|| NotFound(format!("unknown entity `{name}` (known: {})", known(self.entities.iter().map(|e| e.name.as_str())))))
     }
 
     /// The service called `name`, or the one "unknown feature service" message.
     ///
     /// # Errors
-    /// [`Unknown`] naming the services there are.
-    pub fn find_service(&self, name: &str) -> Result<&FeatureService, Unknown> {
+    /// [`NotFound`] naming the services there are.
+    pub fn find_service(&self, name: &str) -> Result<&FeatureService, NotFound> {
         self.feature_service(name).ok_or_else(|| {
-            Unknown(format!("unknown feature service `{name}` (known: {})", known(self.feature_services.iter().map(|s| s.name.as_str()))))
+            NotFound(format!("unknown feature service `{name}` (known: {})", known(self.feature_services.iter().map(|s| s.name.as_str()))))
         })
     }
 
     /// The view and feature a reference names.
     ///
     /// # Errors
-    /// [`Unknown`]: an unknown view (naming the views there are) or an unknown feature
+    /// [`NotFound`]: an unknown view (naming the views there are) or an unknown feature
     /// (naming the view's features).
-    pub fn find_feature(&self, r: &FeatureRef) -> Result<(&FeatureView, Feature), Unknown> {
+    pub fn find_feature(&self, r: &FeatureRef) -> Result<(&FeatureView, Feature), NotFound> {
         let Some(view) = self.feature_view(&r.view) else {
-            return Err(Unknown(format!(
+            return Err(NotFound(format!(
                 "unknown feature view `{}` in `{r}` (known: {})",
                 r.view,
                 known(self.feature_views.iter().map(|v| v.name.as_str()))
             )));
         };
         let feature = view.served_feature(&r.feature).ok_or_else(|| {
-            Unknown(format!(
+            NotFound(format!(
                 "unknown feature `{r}` (feature view `{}` has: {})",
                 view.name,
                 known(view.served_features().iter().map(|f| f.name.as_str()))
@@ -634,4 +643,4 @@ pub fn known<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
 /// A name the definitions lack; the message names those they have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct Unknown(pub String);
+pub struct NotFound(pub String);

@@ -238,19 +238,18 @@ impl OnlineRow {
     /// [`DecodeError`] for truncated bytes, an unknown format or value tag, or bad UTF-8.
     pub fn decode(bytes: &[u8]) -> Result<OnlineRow, DecodeError> {
         let mut values = Vec::new();
-        let (event_ts, created_ts, fingerprint) = OnlineRow::decode_into(bytes, None, &mut values)?;
+        let RowHeader { event_ts, created_ts, fingerprint } = OnlineRow::decode_into(bytes, None, &mut values)?;
         Ok(OnlineRow { event_ts, created_ts, fingerprint, values })
     }
 
-    /// Unpacks a row's header — (event time, created time, fingerprint) — and its values
-    /// into `values` (cleared first; reused from row to row, it allocates once). With
+    /// Unpacks a row's header and its values into `values` (cleared first; reused from row to row, it allocates once). With
     /// `keep` = (fingerprint, which values), a row of that fingerprint and that many
     /// values has only the kept ones decoded; the others read as null and cost no
     /// allocation. Any other row is decoded whole.
     ///
     /// # Errors
     /// As [`OnlineRow::decode`]; `values` is then unspecified.
-    pub fn decode_into(bytes: &[u8], keep: Option<(u64, &[bool])>, values: &mut Vec<Value>) -> Result<(i64, i64, u64), DecodeError> {
+    pub fn decode_into(bytes: &[u8], keep: Option<(u64, &[bool])>, values: &mut Vec<Value>) -> Result<RowHeader, DecodeError> {
         let mut r = Reader { bytes, at: 0 };
         let event_ts = from_order_bytes(r.array()?);
         let created_ts = from_order_bytes(r.array()?);
@@ -274,8 +273,19 @@ impl OnlineRow {
         if r.at != bytes.len() {
             return Err(DecodeError(format!("{} trailing bytes", bytes.len() - r.at)));
         }
-        Ok((event_ts, created_ts, fingerprint))
+        Ok(RowHeader { event_ts, created_ts, fingerprint })
     }
+}
+
+/// A packed row's header ([`OnlineRow::decode_into`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowHeader {
+    /// Event time, UTC microseconds.
+    pub event_ts: i64,
+    /// Created time, UTC microseconds.
+    pub created_ts: i64,
+    /// The schema fingerprint the values were written under.
+    pub fingerprint: u64,
 }
 
 /// Appends one value in the packed encoding (a tag byte, then the value).

@@ -110,9 +110,10 @@ pub enum Error {
     #[error("refusing to apply: {0}; pass --force to apply it anyway")]
     Breaking(String),
     /// A store that an sdk operation consulted (through a trait such as
-    /// [`crate::DataProbe`]) failed.
-    #[error("{0}")]
-    Store(String),
+    /// [`crate::DataProbe`]) failed, with the kind of its failure (a store that cannot
+    /// be reached, or settings it refuses).
+    #[error("{1}")]
+    Store(ErrorKind, String),
     /// A file that could not be read or written.
     #[error("{path}: {error}", path = path.display())]
     Io {
@@ -143,7 +144,7 @@ impl Error {
             Error::Definition { .. } | Error::Config { .. } | Error::Breaking(_) => ErrorKind::Invalid,
             Error::Registry { .. } => ErrorKind::Internal,
             Error::Locked { .. } => ErrorKind::Conflict,
-            Error::Store(_) => ErrorKind::Unavailable,
+            Error::Store(kind, _) => *kind,
             Error::Io { error, .. } => match error.kind() {
                 std::io::ErrorKind::NotFound => ErrorKind::NotFound,
                 std::io::ErrorKind::WouldBlock => ErrorKind::Conflict,

@@ -44,8 +44,8 @@ pub mod yaml;
 pub use aggregation::{AggFunction, Aggregation};
 pub use config::{Config, OnlineStoreConfig, StorageOptions, StoreLocation};
 pub use definitions::{
-    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source, StreamFormat, StreamSource, Unknown, known,
+    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, NotFound, Source, StreamFormat, StreamSource, known,
 };
 pub use error::{DefinitionError, Error, ErrorKind, Result};
 pub use registry::{DataProbe, FileRegistry, Plan, RegistryDoc};
-pub use types::{DType, KeyType, ListElement, Ttl};
+pub use types::{DType, KeyType, ListElement, Timestamp, Ttl};

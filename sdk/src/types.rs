@@ -297,6 +297,42 @@ impl<'de> Deserialize<'de> for Ttl {
     }
 }
 
+/// A point in time: UTC microseconds since the Unix epoch, the one unit of time in
+/// Quiver (Delta timestamps, the packed row's header, every clock). Operations and the
+/// records crossing crates take it, so a time is never confused with another number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// Before every time.
+    pub const MIN: Timestamp = Timestamp(i64::MIN);
+
+    /// The wall clock.
+    pub fn now() -> Timestamp {
+        Timestamp(chrono::Utc::now().timestamp_micros())
+    }
+
+    /// UTC microseconds since the epoch.
+    pub fn micros(self) -> i64 {
+        self.0
+    }
+}
+
+impl From<chrono::DateTime<chrono::Utc>> for Timestamp {
+    fn from(t: chrono::DateTime<chrono::Utc>) -> Timestamp {
+        Timestamp(t.timestamp_micros())
+    }
+}
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match chrono::DateTime::from_timestamp_micros(self.0) {
+            Some(t) => write!(f, "{}", t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
+            None => write!(f, "{} us", self.0),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

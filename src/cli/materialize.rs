@@ -1,7 +1,8 @@
 //! `quiver materialize START END [VIEW...]` and `quiver materialize-incremental END`.
 
 use quiver::materialize::ViewReport;
-use quiver::ops::{now_us, parse_time};
+use quiver::ops::parse_time;
+use quiver::sdk::Timestamp;
 
 use super::{Ctx, progress_bar, progress_on, runtime};
 
@@ -22,7 +23,7 @@ pub struct MaterializeIncremental {
 impl Materialize {
     pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
         let began = std::time::Instant::now();
-        let now = now_us();
+        let now = Timestamp::now();
         let (start, end) = (parse_time("START", &self.start, now)?, parse_time("END", &self.end, now)?);
         let repo = ctx.open()?;
         let rt = runtime()?;
@@ -37,7 +38,7 @@ impl Materialize {
 impl MaterializeIncremental {
     pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
         let began = std::time::Instant::now();
-        let end = parse_time("END", &self.end, now_us())?;
+        let end = parse_time("END", &self.end, Timestamp::now())?;
         let repo = ctx.open()?;
         let rt = runtime()?;
         let bar = progress_bar();

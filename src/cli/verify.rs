@@ -1,6 +1,7 @@
 //! `quiver verify`: do the online and offline stores agree?
 
-use quiver::ops::{now_us, parse_time};
+use quiver::ops::parse_time;
+use quiver::sdk::Timestamp;
 use quiver::sdk::rows::format_instant;
 use quiver::verify::FeatureReport;
 
@@ -45,7 +46,7 @@ impl Verify {
 
     /// `verify --since T [--until T]`: replays the serving log.
     fn log(&self, ctx: &Ctx, since: &str) -> anyhow::Result<()> {
-        let now = now_us();
+        let now = Timestamp::now();
         let since_us = parse_time("--since", since, now)?;
         let until_us = self.until.as_deref().map(|u| parse_time("--until", u, now)).transpose()?.unwrap_or(now);
         if since_us >= until_us {
@@ -59,8 +60,8 @@ impl Verify {
             repo.config.serving_log.location,
             report.requests,
             report.rows,
-            format_instant(since_us),
-            format_instant(until_us)
+            format_instant(since_us.0),
+            format_instant(until_us.0)
         );
         for s in &report.skipped {
             println!("skipped: {s}");
@@ -68,8 +69,8 @@ impl Verify {
         if report.rows == 0 {
             anyhow::bail!(
                 "verify: nothing logged between {} and {} (is `serving_log: {{enabled: true}}` set in quiver.yaml, and has the server answered since?)",
-                format_instant(since_us),
-                format_instant(until_us)
+                format_instant(since_us.0),
+                format_instant(until_us.0)
             );
         }
         if report.features.iter().all(|f| f.compared == 0) {

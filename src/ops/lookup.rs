@@ -2,7 +2,9 @@
 
 use quiver_online::lookup::{Column, EntityColumns};
 
-use super::{Features, now_us};
+use quiver_sdk::Timestamp;
+
+use super::Features;
 use crate::error::{Error, Result};
 use crate::repo::Repo;
 
@@ -33,9 +35,9 @@ impl<'a> Lookup<'a> {
         self
     }
 
-    /// Answers at `now` (UTC microseconds) instead of the wall clock.
-    pub fn at(mut self, now: i64) -> Self {
-        self.now = Some(now);
+    /// Answers at `now` instead of the wall clock.
+    pub fn at(mut self, now: Timestamp) -> Self {
+        self.now = Some(now.0);
         self
     }
 
@@ -45,8 +47,11 @@ impl<'a> Lookup<'a> {
         // The bounds every front end holds a lookup to, before any work.
         let rows = self.entities.first().map_or(0, |(_, values)| values.len());
         quiver_online::lookup::check_size(rows, refs.len(), self.repo.config.server.max_cells)?;
+        // The request's own checks before the store is opened: a lookup that cannot be
+        // answered is refused as such, not as a store that cannot be reached.
+        quiver_online::lookup::Plan::new(&defs, refs.clone(), self.full_names).map_err(request)?;
         let store = self.repo.open_store().await?;
-        let now = self.now.unwrap_or_else(now_us);
+        let now = self.now.unwrap_or_else(|| Timestamp::now().0);
         quiver_online::lookup::get_online_features(
             store.as_ref(),
             &self.repo.config.project,
@@ -57,10 +62,14 @@ impl<'a> Lookup<'a> {
             self.full_names,
         )
         .await
-        .map_err(|e| match e {
-            quiver_online::Error::Request(m) => Error::Invalid(m),
-            other => other.into(),
-        })
+        .map_err(request)
+    }
+}
+
+fn request(e: quiver_online::Error) -> Error {
+    match e {
+        quiver_online::Error::Request(m) => Error::Invalid(m),
+        other => other.into(),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use quiver_online::OnlineStore;
-use quiver_sdk::FeatureView;
+use quiver_sdk::{FeatureView, Timestamp};
 
 use super::{Progress, no_progress, view};
 use crate::error::{Error, Result};
@@ -35,15 +35,15 @@ pub struct MaterializeIncremental<'a> {
 
 impl Repo {
     /// Materializes every online view (or those of [`Materialize::with_views`]) for
-    /// event times in `[start, end]`, UTC microseconds.
-    pub fn materialize(&self, start: i64, end: i64) -> Materialize<'_> {
-        Materialize { repo: self, start, end, views: Vec::new(), store: None, progress: no_progress() }
+    /// event times in `[start, end]`.
+    pub fn materialize(&self, start: Timestamp, end: Timestamp) -> Materialize<'_> {
+        Materialize { repo: self, start: start.0, end: end.0, views: Vec::new(), store: None, progress: no_progress() }
     }
 
     /// Materializes, into this store, what arrived since its last incremental run, up
-    /// to `end` (UTC microseconds).
-    pub fn materialize_incremental(&self, end: i64) -> MaterializeIncremental<'_> {
-        MaterializeIncremental { repo: self, end, store: None, progress: no_progress() }
+    /// to `end`.
+    pub fn materialize_incremental(&self, end: Timestamp) -> MaterializeIncremental<'_> {
+        MaterializeIncremental { repo: self, end: end.0, store: None, progress: no_progress() }
     }
 }
 

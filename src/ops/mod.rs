@@ -167,12 +167,6 @@ pub fn pick_engine(engine: Engine, spine_rows: usize) -> Result<(Box<dyn AsOfKer
     }
 }
 
-/// The wall clock, UTC microseconds: what operations stamp "now" with unless given a
-/// time.
-pub fn now_us() -> i64 {
-    chrono::Utc::now().timestamp_micros()
-}
-
 /// The one grammar of time arguments (`materialize START END`, `verify --since`):
 /// RFC 3339 with a zone, a date (midnight UTC), `now`, or a duration before `now`
 /// (`90m`, `2h`, `7d`). Text without a zone, and bare numbers (seconds? a year?), are
@@ -183,11 +177,16 @@ pub fn now_us() -> i64 {
 ///
 /// ```
 /// use quiver::ops::parse_time;
-/// assert_eq!(parse_time("--since", "2024-01-01", 0).unwrap(), 1_704_067_200_000_000);
-/// assert_eq!(parse_time("--since", "2h", 7_200_000_000).unwrap(), 0);
-/// assert!(parse_time("START", "1704067200", 0).is_err());
+/// use quiver::sdk::Timestamp;
+/// assert_eq!(parse_time("--since", "2024-01-01", Timestamp(0)).unwrap(), Timestamp(1_704_067_200_000_000));
+/// assert_eq!(parse_time("--since", "2h", Timestamp(7_200_000_000)).unwrap(), Timestamp(0));
+/// assert!(parse_time("START", "1704067200", Timestamp(0)).is_err());
 /// ```
-pub fn parse_time(what: &str, text: &str, now: i64) -> Result<i64> {
+pub fn parse_time(what: &str, text: &str, now: quiver_sdk::Timestamp) -> Result<quiver_sdk::Timestamp> {
+    parse_micros(what, text, now.0).map(quiver_sdk::Timestamp)
+}
+
+fn parse_micros(what: &str, text: &str, now: i64) -> Result<i64> {
     let bad = |m: String| Error::Invalid(format!("{what} `{text}`: {m}"));
     let expected = "expected an RFC 3339 time (2026-11-30T12:00:00Z), a date (2026-11-30), `now` or a duration before now (90m, 2h, 7d)";
     if text == "now" {
@@ -272,7 +271,7 @@ impl Repo {
 
     /// The latest event time accepted now: the wall clock plus `max_future_skew`.
     pub fn event_horizon(&self) -> i64 {
-        self.config.event_horizon(now_us())
+        self.config.event_horizon(quiver_sdk::Timestamp::now().0)
     }
 }
 

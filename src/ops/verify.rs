@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use quiver_online::OnlineStore;
 
-use super::{Engine, now_us, pick_engine};
+use quiver_sdk::Timestamp;
+
+use super::{Engine, pick_engine};
 use crate::error::Result;
 use crate::repo::Repo;
 use crate::verify::{FeatureReport, LogReport};
@@ -32,10 +34,10 @@ pub struct VerifySample<'a> {
 }
 
 impl Repo {
-    /// Replays the answers logged with `since <= request time < until` (UTC
-    /// microseconds) through the offline join and compares.
-    pub fn verify_log(&self, since: i64, until: i64) -> VerifyLog<'_> {
-        VerifyLog { repo: self, since, until, created_cutoff: false, engine: Engine::Cpu }
+    /// Replays the answers logged with `since <= request time < until` through the
+    /// offline join and compares.
+    pub fn verify_log(&self, since: Timestamp, until: Timestamp) -> VerifyLog<'_> {
+        VerifyLog { repo: self, since: since.0, until: until.0, created_cutoff: false, engine: Engine::Cpu }
     }
 
     /// Draws up to `n` entities per online view and compares online with offline.
@@ -60,7 +62,7 @@ impl<'a> VerifyLog<'a> {
         let report =
             crate::verify::verify_log(&self.repo.config, &defs, self.since, self.until, self.created_cutoff, kernel.as_ref()).await?;
         let window = Some((self.since, self.until));
-        crate::verify::store_report(&self.repo.config.repo, "since", now_us(), window, &report.features)?;
+        crate::verify::store_report(&self.repo.config.repo, "since", Timestamp::now().0, window, &report.features)?;
         Ok(report)
     }
 }
@@ -68,16 +70,16 @@ impl<'a> VerifyLog<'a> {
 awaitable!(VerifyLog => LogReport);
 
 impl<'a> VerifySample<'a> {
-    /// Compares at `now` (UTC microseconds) instead of the wall clock.
-    pub fn at(mut self, now: i64) -> Self {
-        self.now = Some(now);
+    /// Compares at `now` instead of the wall clock.
+    pub fn at(mut self, now: Timestamp) -> Self {
+        self.now = Some(now.0);
         self
     }
 
     async fn run(self) -> Result<Vec<FeatureReport>> {
         let defs = self.repo.defs()?;
         let store = self.repo.store_or_open(self.store).await?;
-        let now = self.now.unwrap_or_else(now_us);
+        let now = self.now.unwrap_or_else(|| Timestamp::now().0);
         let features = crate::verify::verify_sample(&self.repo.config, &defs, store.as_ref(), self.n, now, now as u64).await?;
         crate::verify::store_report(&self.repo.config.repo, "sample", now, None, &features)?;
         Ok(features)

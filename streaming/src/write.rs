@@ -165,7 +165,7 @@ pub fn event_log_rows(project: &str, view: &FeatureView, events: &EntityEvents, 
         .entities
         .iter()
         .map(|(keys, events)| {
-            let record = AggRecord::build(&layout, events, now, version);
+            let record = AggRecord::build(&layout, events, quiver_sdk::Timestamp(now), version);
             WriteRow { key: store_key(project, &view.name, keys), row: record.encode(&layout), expire_at_ms: record.expire_at_ms(&layout) }
         })
         .collect()

@@ -973,3 +973,21 @@ fn one_table_of_lookups_is_answered_alike_by_the_cli_and_the_server() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The exit code comes from the error's kind: 1 for a refused request, 2 for usage, 3
+/// for a store that cannot be reached (a scheduler may retry that one).
+#[test]
+fn the_exit_code_says_whether_a_retry_can_help() {
+    let (_tmp, repo) = demo_repo();
+    ok(&repo, &["apply"]);
+    let lookup = ["online", "--features", "driver_hourly:conv_rate", "--entity", "driver_id=1001"];
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("redis://127.0.0.1:{closed}/0");
+    let down = [("QUIVER_ONLINE_STORE_TYPE", "redis"), ("QUIVER_ONLINE_STORE_URL", url.as_str())];
+    let run = quiver_in(&repo, &lookup, &down);
+    assert_eq!(run.code, 3, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.starts_with("error: ") && run.stderr.contains(&format!("127.0.0.1:{closed}")), "{}", run.stderr);
+    let run = quiver_in(&repo, &["online", "--features", "driver_hourly:speed", "--entity", "driver_id=1001"], &down);
+    assert_eq!(run.code, 1, "an unknown feature is refused before the store is asked: {}", run.stderr);
+    assert_eq!(quiver_in(&repo, &["online", "--bogus"], &[]).code, 2);
+}

@@ -62,9 +62,14 @@ pub fn ok(dir: &Path, args: &[&str]) -> String {
 /// Runs `quiver` in `dir`; it must exit 1 with a one-line `error: ...` containing every
 /// one of `parts`. The error line.
 pub fn fails(dir: &Path, args: &[&str], parts: &[&str]) -> String {
+    fails_with(dir, args, 1, parts)
+}
+
+/// As [`fails`], with exit code `code`.
+pub fn fails_with(dir: &Path, args: &[&str], code: i32, parts: &[&str]) -> String {
     let out = quiver(dir, args, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "quiver {args:?}: {}{err}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(out.status.code(), Some(code), "quiver {args:?}: {}{err}", String::from_utf8_lossy(&out.stdout));
     let line = err.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("no error line: {err}"));
     assert_eq!(err.lines().filter(|l| l.starts_with("error: ")).count(), 1, "{err}");
     for p in parts {

@@ -54,7 +54,7 @@ pub struct ViewRequest<'a> {
 /// Checks feature references against the registry and groups them by view.
 ///
 /// # Errors
-/// [`Error::Unknown`] naming an unknown view or feature, [`Error::Request`] for a
+/// [`Error::NotFound`] naming an unknown view or feature, [`Error::Request`] for a
 /// duplicate.
 pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<ViewRequest<'a>>> {
     let mut out: Vec<ViewRequest<'a>> = Vec::new();
@@ -62,7 +62,7 @@ pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<Vie
         return Err(Error::Request("no features requested".to_string()));
     }
     for (position, r) in refs.iter().enumerate() {
-        let (view, feature) = defs.find_feature(r).map_err(|e| Error::Unknown(e.0))?;
+        let (view, feature) = defs.find_feature(r).map_err(|e| Error::NotFound(e.0))?;
         let entry = match out.iter_mut().position(|v| v.view.name == view.name) {
             Some(i) => &mut out[i],
             None => {

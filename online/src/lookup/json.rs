@@ -352,7 +352,7 @@ feature_views:
                         }
                     })
                     .collect();
-                let row = AggRecord::build(&layout, &events, NOW, 1).encode(&layout);
+                let row = AggRecord::build(&layout, &events, quiver_sdk::Timestamp(NOW), 1).encode(&layout);
                 rows.push(WriteRow { key: store_key("p", "rides", &[KeyValue::Int(d)]), row, expire_at_ms: None });
             }
         }
@@ -429,7 +429,7 @@ feature_views:
                     values: vec![Value::Float64(rng.random_range(0.0..90.0)), Value::String(text(&mut rng))],
                 })
                 .collect();
-            let record = AggRecord::build(&old_layout, &events, NOW, 1);
+            let record = AggRecord::build(&old_layout, &events, quiver_sdk::Timestamp(NOW), 1);
             // The old record's own answers, by name: n_1h, fare_sum_1h, cities.
             expected.push(record.answer(&old_layout, NOW));
             let row = record.encode(&old_layout);

@@ -138,7 +138,7 @@ pub type EntityColumns = Vec<(String, Vec<KeyValue>)>;
 /// named `view__feature` with `full_names`, else `feature`.
 ///
 /// # Errors
-/// [`Error::Unknown`] for an unknown view or feature; [`Error::Request`] for a missing
+/// [`Error::NotFound`] for an unknown view or feature; [`Error::Request`] for a missing
 /// or mistyped join key, or key columns of different lengths; [`Error::Unavailable`] from the store.
 pub async fn get_online_features(
     store: &dyn OnlineStore,
@@ -149,7 +149,9 @@ pub async fn get_online_features(
     now: i64,
     full_names: bool,
 ) -> Result<Vec<Column>> {
-    get_online_features_timed(store, project, defs, refs, entities, now, full_names, &mut LookupPhases::default()).await
+    check_lengths(entities)?;
+    let plan = Plan::new(defs, refs.to_vec(), full_names)?;
+    plan.lookup(store, project, defs, entities, now, &mut LookupPhases::default()).await
 }
 
 /// Where one lookup's time went (the server's `/metrics` phase histogram).
@@ -164,30 +166,6 @@ pub struct LookupPhases {
     pub decode: std::time::Duration,
     /// Writing the JSON answer.
     pub encode: std::time::Duration,
-}
-
-/// [`get_online_features`], recording the time of its phases in `phases`.
-///
-/// # Errors
-/// As [`get_online_features`].
-#[allow(clippy::too_many_arguments)]
-pub async fn get_online_features_timed(
-    store: &dyn OnlineStore,
-    project: &str,
-    defs: &Definitions,
-    refs: &[FeatureRef],
-    entities: &EntityColumns,
-    now: i64,
-    full_names: bool,
-    phases: &mut LookupPhases,
-) -> Result<Vec<Column>> {
-    let began = std::time::Instant::now();
-    check_lengths(entities)?;
-    let plan = Plan::new(defs, refs.to_vec(), full_names)?;
-    let planned = began.elapsed();
-    let columns = plan.lookup(store, project, defs, entities, now, phases).await?;
-    phases.keys += planned;
-    Ok(columns)
 }
 
 /// The most entity rows one lookup may ask for.
@@ -268,13 +246,13 @@ impl Plan {
     /// Python).
     ///
     /// # Errors
-    /// [`Error::Unknown`] for an unknown view or feature; [`Error::Request`] for a
+    /// [`Error::NotFound`] for an unknown view or feature; [`Error::Request`] for a
     /// feature asked for twice, or one of a view that is not online (`online: false`).
     pub fn new(defs: &Definitions, refs: Vec<FeatureRef>, full_names: bool) -> Result<Plan> {
         let mut views: Vec<ViewPlan> = Vec::new();
         let mut names = Vec::with_capacity(refs.len());
         for (j, r) in refs.iter().enumerate() {
-            let (view, _) = defs.find_feature(r).map_err(|e| Error::Unknown(e.0))?;
+            let (view, _) = defs.find_feature(r).map_err(|e| Error::NotFound(e.0))?;
             if refs[..j].contains(r) {
                 return Err(Error::Request(format!("feature `{r}` is asked for twice")));
             }
@@ -570,7 +548,8 @@ impl<'a> RowReader<'a> {
     fn read(&mut self, bytes: Option<&[u8]>, values: &mut Vec<Value>) -> Row {
         let (print, keep) = (self.planned.fingerprint, &self.planned.keep);
         let event_ts = bytes.and_then(|bytes| {
-            let (event_ts, created_ts, written) = OnlineRow::decode_into(bytes, Some((print, keep)), values).ok()?;
+            let quiver_sdk::encoding::RowHeader { event_ts, created_ts, fingerprint: written } =
+                OnlineRow::decode_into(bytes, Some((print, keep)), values).ok()?;
             if written == print && values.len() == self.view.features.len() {
                 return Some(event_ts);
             }

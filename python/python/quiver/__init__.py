@@ -14,16 +14,23 @@ without a copy on the Rust side. Long calls release the GIL, and Ctrl-C cancels 
 from __future__ import annotations
 
 import json
+import re
 import warnings
-from dataclasses import dataclass, field as _field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import pyarrow as pa
 
 from . import _quiver
 from ._quiver import NotFoundError, QuiverError, StoreUnavailableError, ValidationError
 from .training import TrainingSet, shard_plan, to_tensors
+
+# Definitions or data that do not fit are also a ValueError, as Python code catches them.
+# (The extension declares the class; a heap type's bases can be widened like this.)
+if not issubclass(ValidationError, ValueError):
+    ValidationError.__bases__ = (QuiverError, ValueError)
 
 __all__ = [
     "Aggregation", "Array", "Bool", "Bytes", "DeltaSource", "DuplicateIngestWarning", "Entity", "FeatureService", "FeatureStore", "FeatureView",
@@ -38,6 +45,13 @@ class DuplicateIngestWarning(UserWarning):
     appended nothing (pass ``allow_duplicate=True`` to append it again)."""
 
 
+def _expect(value: Any, kind: type | tuple[type, ...], what: str) -> None:
+    """TypeError unless ``value`` is a ``kind``, naming the argument and what it got."""
+    if not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise TypeError(f"{what} must be {names}, got {type(value).__name__} {value!r}")
+
+
 # ---------------------------------------------------------------------------------------
 # Types
 
@@ -47,7 +61,9 @@ class _Type:
     dtype: str
 
     def __repr__(self) -> str:
-        return f"qv.{self.dtype}"
+        if self.dtype.startswith("list<"):
+            return f"qv.Array({_Type(self.dtype[5:-1])!r})"
+        return f"qv.{_TYPE_NAMES.get(self.dtype, self.dtype)}"
 
 
 Int32 = _Type("int32")
@@ -58,63 +74,109 @@ Bool = _Type("bool")
 String = _Type("string")
 Bytes = _Type("bytes")
 UnixTimestamp = _Type("timestamp")
+_TYPE_NAMES = {"int32": "Int32", "int64": "Int64", "float32": "Float32", "float64": "Float64", "bool": "Bool",
+               "string": "String", "bytes": "Bytes", "timestamp": "UnixTimestamp"}
 
 
 def Array(element: _Type) -> _Type:  # noqa: N802 (Feast's spelling)
-    """A list type: ``Array(Float32)`` is an embedding (``list<float32>``)."""
-    if element.dtype not in ("int64", "float32", "float64", "string"):
-        raise ValidationError(f"Array({element!r}): lists hold int64, float32, float64 or string")
+    """A list type: ``Array(Float32)`` is an embedding (``list<float32>``).
+
+    Raises
+    ------
+    TypeError
+        ``element`` is not a quiver type.
+    """
+    _expect(element, _Type, "Array's element")
     return _Type(f"list<{element.dtype}>")
+
+
+def _type_of(dtype: str) -> _Type:
+    return _Type(dtype)
 
 
 # ---------------------------------------------------------------------------------------
 # Definitions
 
 
+class _Definition:
+    """Equality and ``repr`` by the definition's attributes, as the registry records them."""
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if v not in (None, "", {}, []))
+        return f"{type(self).__name__}({fields})"
+
+
 @dataclass
 class Field:
-    """A named, typed column: a feature or a join key."""
+    """A named, typed column: a feature or a join key.
+
+    Parameters
+    ----------
+    name
+        The column's name.
+    dtype
+        A quiver type: ``qv.Int64``, ``qv.Float32``, ``qv.Array(qv.Float32)``, ...
+    """
 
     name: str
     dtype: _Type
 
-    def _json(self) -> dict:
+    def __post_init__(self) -> None:
+        _expect(self.name, str, "Field's name")
         if not isinstance(self.dtype, _Type):
-            raise ValidationError(f"field `{self.name}`: dtype must be a quiver type such as qv.Float64, got {self.dtype!r}")
+            raise TypeError(f"field `{self.name}`: dtype must be a quiver type such as qv.Float64, got {self.dtype!r}")
+
+    def _json(self) -> dict:
         return {"name": self.name, "dtype": self.dtype.dtype}
 
 
-class Entity:
+class Entity(_Definition):
     """An entity with one or more join keys, typed ``int64`` or ``string``.
 
     ``Entity(name="rider", join_keys=[Field("rider_id", Int64)])``, or Feast's style
     ``Entity(name="rider", join_keys=["rider_id"], value_type=Int64)``.
+
+    Raises
+    ------
+    TypeError
+        A join key that is neither a ``Field`` nor a name, or a name without ``value_type``.
     """
 
-    def __init__(self, name: str, join_keys: Sequence[Union[Field, str]], value_type: Optional[_Type] = None,
-                 description: str = "", tags: Optional[Mapping[str, str]] = None):
-        keys: List[Field] = []
+    def __init__(self, *, name: str, join_keys: Sequence[Field | str], value_type: _Type | None = None,
+                 description: str = "", tags: Mapping[str, str] | None = None):
+        _expect(name, str, "Entity's name")
+        keys: list[Field] = []
         for k in join_keys:
             if isinstance(k, Field):
                 keys.append(k)
             elif isinstance(k, str):
                 if value_type is None:
-                    raise ValidationError(f"entity `{name}`: join key `{k}` given by name needs value_type=qv.Int64 or qv.String")
+                    raise TypeError(f"entity `{name}`: join key `{k}` given by name needs value_type=qv.Int64 or qv.String")
                 keys.append(Field(k, value_type))
             else:
-                raise ValidationError(f"entity `{name}`: join keys are qv.Field or names, got {k!r}")
+                raise TypeError(f"entity `{name}`: join keys are qv.Field or names, got {k!r}")
         self.name = name
         self.join_keys = keys
         self.description = description
         self.tags = dict(tags or {})
 
     def _json(self) -> dict:
-        out: Dict[str, Any] = {"name": self.name, "join_keys": [k._json() for k in self.join_keys]}
+        out: dict[str, Any] = {"name": self.name, "join_keys": [k._json() for k in self.join_keys]}
         if self.description:
             out["description"] = self.description
         if self.tags:
             out["tags"] = self.tags
         return out
+
+    @classmethod
+    def _from_json(cls, d: dict) -> Entity:
+        return cls(name=d["name"], join_keys=[Field(k["name"], _type_of(k["dtype"])) for k in d["join_keys"]],
+                   description=d.get("description", ""), tags=d.get("tags"))
 
 
 @dataclass
@@ -130,12 +192,12 @@ class DeltaSource:
     """A view's Delta table (default ``<offline root>/<view>``) and its time columns."""
 
     timestamp_field: str = "event_timestamp"
-    created_timestamp_field: Optional[str] = None
-    path: Optional[str] = None
-    stream: Optional[KafkaSource] = None
+    created_timestamp_field: str | None = None
+    path: str | None = None
+    stream: KafkaSource | None = None
 
     def _json(self) -> dict:
-        out: Dict[str, Any] = {"timestamp_field": self.timestamp_field}
+        out: dict[str, Any] = {"timestamp_field": self.timestamp_field}
         if self.created_timestamp_field:
             out["created_timestamp_field"] = self.created_timestamp_field
         if self.path:
@@ -144,36 +206,76 @@ class DeltaSource:
             out["stream"] = {"topic": self.stream.topic, "format": self.stream.format}
         return out
 
+    @classmethod
+    def _from_json(cls, d: dict) -> DeltaSource:
+        stream = d.get("stream")
+        return cls(timestamp_field=d.get("timestamp_field", "event_timestamp"),
+                   created_timestamp_field=d.get("created_timestamp_field"), path=d.get("path"),
+                   stream=KafkaSource(stream["topic"], stream.get("format", "json")) if stream else None)
 
-def _ttl(ttl: Optional[timedelta], what: str = "ttl") -> str:
+
+def _duration(ttl: timedelta | None, what: str = "ttl") -> str:
+    """A timedelta as the duration text definitions use (``90m``, ``7d``); ``None`` is 0.
+    Whole seconds only; the rules of durations (negative, too long) are the validation's."""
     if ttl is None:
         return "0"
-    if not isinstance(ttl, timedelta):
-        raise ValidationError(f"{what} must be a datetime.timedelta, got {ttl!r}")
+    _expect(ttl, timedelta, what)
     if ttl.microseconds:
         raise ValidationError(f"{what} {ttl} has a fraction of a second; quiver durations are whole seconds")
     seconds = int(ttl.total_seconds())
     if seconds < 0:
-        raise ValidationError(f"{what} {ttl} is negative")
+        return f"-{-seconds}s"
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds and seconds % size == 0:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
 
 
-class Aggregation:
-    """A windowed aggregation of one event column (docs/aggregations.md): ``function`` is count, sum,
-    avg, stddev, min, max, last or last_k (with ``k``); ``window`` (Feast: ``time_window``)
-    and ``hop`` are timedeltas. A view with aggregations is an event log, and serves them."""
+def _timedelta(text: str | None) -> timedelta | None:
+    """The duration text of a definition as a timedelta; ``0`` (no ttl) is ``None``."""
+    if text is None or text in ("0", ""):
+        return None
+    if text.isdigit():
+        return timedelta(seconds=int(text))
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    return timedelta(seconds=sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smhdw])", text)))
 
-    def __init__(self, name: str, function: str, column: str, window: Optional[timedelta] = None,
-                 hop: Optional[timedelta] = None, k: Optional[int] = None, time_window: Optional[timedelta] = None,
+
+class Aggregation(_Definition):
+    """A windowed aggregation of one event column (docs/aggregations.md).
+
+    Parameters
+    ----------
+    name
+        The served feature's name.
+    function
+        count, sum, avg, stddev, min, max, last or last_k (with ``k``).
+    column
+        The event column aggregated.
+    window, time_window
+        The window, a timedelta (``time_window`` is Feast's name; give one).
+    hop
+        The hop the window moves by (default: from the window).
+    k
+        How many values ``last_k`` keeps.
+
+    A view with aggregations is an event log, and serves them.
+    """
+
+    def __init__(self, *, name: str, function: str, column: str, window: timedelta | None = None,
+                 hop: timedelta | None = None, k: int | None = None, time_window: timedelta | None = None,
                  description: str = ""):
+        _expect(name, str, "Aggregation's name")
         if window is not None and time_window is not None:
             raise ValidationError(f"aggregation `{name}`: give window or time_window, not both")
         window = window if window is not None else time_window
         if window is None:
             raise ValidationError(f"aggregation `{name}`: no window (window=timedelta(hours=1), say)")
+        _expect(window, timedelta, f"aggregation `{name}`: window")
+        if hop is not None:
+            _expect(hop, timedelta, f"aggregation `{name}`: hop")
+        if k is not None:
+            _expect(k, int, f"aggregation `{name}`: k")
         self.name = name
         self.function = function
         self.column = column
@@ -183,41 +285,76 @@ class Aggregation:
         self.description = description
 
     def _json(self) -> dict:
-        out: Dict[str, Any] = {"name": self.name, "function": self.function, "column": self.column,
-                               "window": _ttl(self.window, f"aggregation `{self.name}`: window")}
+        out: dict[str, Any] = {"name": self.name, "function": self.function, "column": self.column,
+                               "window": _duration(self.window, f"aggregation `{self.name}`: window")}
         if self.hop is not None:
-            out["hop"] = _ttl(self.hop, f"aggregation `{self.name}`: hop")
+            out["hop"] = _duration(self.hop, f"aggregation `{self.name}`: hop")
         if self.k is not None:
             out["k"] = self.k
         if self.description:
             out["description"] = self.description
         return out
 
+    @classmethod
+    def _from_json(cls, d: dict) -> Aggregation:
+        return cls(name=d["name"], function=d["function"], column=d["column"], window=_timedelta(d["window"]),
+                   hop=_timedelta(d.get("hop")), k=d.get("k"), description=d.get("description", ""))
 
-class FeatureView:
-    """Features of some entities, with a ttl, a Delta source and an optional stream; with
-    ``aggregations``, an event log whose served features are those aggregations."""
 
-    def __init__(self, name: str, entities: Sequence[Union[Entity, str]], schema: Sequence[Field],
-                 ttl: Optional[timedelta] = None, online: bool = True, source: Optional[DeltaSource] = None,
-                 tags: Optional[Mapping[str, str]] = None, description: str = "",
+class FeatureView(_Definition):
+    """Features of some entities, with a ttl, a Delta source and an optional stream.
+
+    Parameters
+    ----------
+    name
+        The view's name (``view:feature`` references start with it).
+    entities
+        Its entities, as ``Entity`` objects or names.
+    schema
+        Its features (``Field``s); for an event log, its event columns.
+    ttl
+        How long a row stays a candidate; ``None`` for no limit.
+    online
+        Whether it is served online (``False``: offline only, no online writes).
+    source
+        Its Delta table and time columns.
+    aggregations
+        Windowed aggregations: the view is then an event log serving them.
+    """
+
+    def __init__(self, *, name: str, entities: Sequence[Entity | str], schema: Sequence[Field],
+                 ttl: timedelta | None = None, online: bool = True, source: DeltaSource | None = None,
+                 tags: Mapping[str, str] | None = None, description: str = "",
                  aggregations: Sequence[Aggregation] = ()):
-        self.aggregations = list(aggregations)
+        _expect(name, str, "FeatureView's name")
+        entities, schema, aggregations = list(entities), list(schema), list(aggregations)
+        for e in entities:
+            _expect(e, (Entity, str), f"feature view `{name}`: an entity")
+        for f in schema:
+            _expect(f, Field, f"feature view `{name}`: a schema entry")
+        for a in aggregations:
+            _expect(a, Aggregation, f"feature view `{name}`: an aggregation")
+        if ttl is not None:
+            _expect(ttl, timedelta, f"feature view `{name}`: ttl")
+        _expect(online, bool, f"feature view `{name}`: online")
+        if source is not None:
+            _expect(source, DeltaSource, f"feature view `{name}`: source")
         self.name = name
-        self.entities = list(entities)
+        self.entities = [e.name if isinstance(e, Entity) else e for e in entities]
         self.schema = list(schema)
         self.ttl = ttl
         self.online = online
         self.source = source or DeltaSource()
         self.tags = dict(tags or {})
         self.description = description
+        self.aggregations = list(aggregations)
 
     def _json(self) -> dict:
-        out: Dict[str, Any] = {
+        out: dict[str, Any] = {
             "name": self.name,
-            "entities": [e.name if isinstance(e, Entity) else e for e in self.entities],
+            "entities": list(self.entities),
             "features": [f._json() for f in self.schema],
-            "ttl": _ttl(self.ttl),
+            "ttl": _duration(self.ttl),
             "source": self.source._json(),
         }
         if not self.online:
@@ -230,42 +367,64 @@ class FeatureView:
             out["aggregations"] = [a._json() for a in self.aggregations]
         return out
 
+    @classmethod
+    def _from_json(cls, d: dict) -> FeatureView:
+        return cls(name=d["name"], entities=d["entities"], schema=[Field(f["name"], _type_of(f["dtype"])) for f in d["features"]],
+                   ttl=_timedelta(d.get("ttl")), online=d.get("online", True), source=DeltaSource._from_json(d.get("source", {})),
+                   tags=d.get("tags"), description=d.get("description", ""),
+                   aggregations=[Aggregation._from_json(a) for a in d.get("aggregations", [])])
 
-class FeatureService:
-    """A named list of feature references (``view:feature``) for one model."""
 
-    def __init__(self, name: str, features: Sequence[str], description: str = "",
-                 tags: Optional[Mapping[str, str]] = None):
+class FeatureService(_Definition):
+    """A named list of feature references (``view:feature``) for one model.
+
+    Passed to ``get_online_features`` or ``get_historical_features``, it is used as
+    given: its own ``features``, not those of a registered service of the same name
+    (``FeatureStore.get_feature_service(name)`` gives the registered one).
+    """
+
+    def __init__(self, *, name: str, features: Sequence[str], description: str = "",
+                 tags: Mapping[str, str] | None = None):
+        _expect(name, str, "FeatureService's name")
+        _expect(features, (list, tuple), f"feature service `{name}`: features")
+        for f in features:
+            _expect(f, str, f"feature service `{name}`: a feature reference")
         self.name = name
         self.features = list(features)
         self.description = description
         self.tags = dict(tags or {})
 
     def _json(self) -> dict:
-        out: Dict[str, Any] = {"name": self.name, "features": self.features}
+        out: dict[str, Any] = {"name": self.name, "features": self.features}
         if self.description:
             out["description"] = self.description
         if self.tags:
             out["tags"] = self.tags
         return out
 
+    @classmethod
+    def _from_json(cls, d: dict) -> FeatureService:
+        return cls(name=d["name"], features=d["features"], description=d.get("description", ""), tags=d.get("tags"))
+
 
 # ---------------------------------------------------------------------------------------
 # Tables in and out
 
 
-def _to_arrow(table: Any, what: str) -> pa.Table:
-    """A pyarrow Table from a pyarrow Table/RecordBatch, a pandas or a polars DataFrame."""
-    if isinstance(table, pa.Table):
-        return table
+def _table(table: Any, what: str) -> Any:
+    """A table for the extension: anything with the Arrow PyCapsule stream interface
+    (``__arrow_c_stream__``: pyarrow, pandas 2.2+, polars, DuckDB results, ...)."""
     if isinstance(table, pa.RecordBatch):
         return pa.Table.from_batches([table])
-    module = type(table).__module__.split(".")[0]
-    if module == "pandas":
-        return pa.Table.from_pandas(table, preserve_index=False)
-    if module == "polars":
-        return table.to_arrow()
-    raise ValidationError(f"{what} must be a pyarrow Table, a pandas DataFrame or a polars DataFrame, got {type(table).__name__}")
+    if not hasattr(table, "__arrow_c_stream__"):
+        raise TypeError(f"{what} must be a table with the Arrow PyCapsule interface (pyarrow, pandas, polars), "
+                        f"got {type(table).__name__}")
+    if isinstance(table, pa.Table):
+        return table
+    out = pa.table(table)
+    # pandas hands over a non-default index as `__index_level_N__` columns: not the data.
+    index = [c for c in out.column_names if c.startswith("__index_level_")]
+    return out.drop_columns(index) if index else out
 
 
 class RetrievalJob:
@@ -274,23 +433,39 @@ class RetrievalJob:
     def __init__(self, table: pa.Table):
         self._table = table
 
+    def __repr__(self) -> str:
+        return f"RetrievalJob({self._table.num_rows} rows: {', '.join(self._table.column_names)})"
+
     def to_arrow(self) -> pa.Table:
+        """The table, as pyarrow."""
         return self._table
 
-    def to_pandas(self):
+    def to_df(self) -> Any:
+        """The table as a pandas DataFrame (Feast's name; ``to_pandas`` is the same)."""
         return self._table.to_pandas()
 
-    def to_polars(self):
+    def to_pandas(self) -> Any:
+        """The table as a pandas DataFrame."""
+        return self._table.to_pandas()
+
+    def to_polars(self) -> Any:
+        """The table as a polars DataFrame."""
         import polars as pl
 
         return pl.from_arrow(self._table)
 
-    def to_torch(self, device: str = "cpu") -> Dict[str, Any]:
-        """The columns a model can take as PyTorch tensors on `device` (see
-        ``quiver.training.to_tensors``: numbers, booleans, fixed-length numeric lists). The
-        join runs on the host (or returns to it), so `cuda` copies once to the device; a
-        zero-copy DLPack hand-over from the GPU join is not there yet. Raises
-        ValidationError without PyTorch, or for `cuda` without a usable GPU."""
+    def to_torch(self, device: str = "cpu") -> dict[str, Any]:
+        """The columns a model can take as PyTorch tensors on ``device``.
+
+        See ``quiver.training.to_tensors``: numbers, booleans, fixed-length numeric lists.
+        The join runs on the host (or returns to it), so ``cuda`` copies once to the
+        device; a zero-copy DLPack hand-over from the GPU join is not there yet.
+
+        Raises
+        ------
+        ValidationError
+            Without PyTorch, or for ``cuda`` without a usable GPU.
+        """
         try:
             import torch
         except ImportError as e:
@@ -304,14 +479,22 @@ class OnlineResponse:
     """Online features in Feast's shape: ``to_dict()`` maps each column (join keys
     first) to one value per entity row; ``statuses`` holds Feast's status names."""
 
-    def __init__(self, columns: List[tuple], table: Any):
+    def __init__(self, columns: list[tuple], table: Any):
         self._names = [c[0] for c in columns]
         self._values = {c[0]: json.loads(c[1]) for c in columns}
         self.statuses = {c[0]: list(c[2]) for c in columns}
         self._table = pa.table(table)
 
-    def to_dict(self) -> Dict[str, List[Any]]:
+    def __repr__(self) -> str:
+        return f"OnlineResponse({self.to_dict()!r})"
+
+    def to_dict(self) -> dict[str, list[Any]]:
+        """Each column's values, one per entity row."""
         return {n: list(self._values[n]) for n in self._names}
+
+    def to_df(self) -> Any:
+        """The answer as a pandas DataFrame (Feast's name)."""
+        return self._table.to_pandas()
 
     def to_arrow(self) -> pa.Table:
         """The answer as a table, each column typed by its definition (a feature whose
@@ -320,11 +503,37 @@ class OnlineResponse:
 
 
 def _utc(t: datetime, what: str) -> datetime:
-    if not isinstance(t, datetime):
-        raise ValidationError(f"{what} must be a datetime, got {t!r}")
+    _expect(t, datetime, what)
     if t.tzinfo is None:
         raise ValidationError(f"{what} {t} has no time zone; quiver never guesses one (use datetime(..., tzinfo=timezone.utc))")
     return t.astimezone(timezone.utc)
+
+
+def _key(value: Any, where: str) -> int | str:
+    """An entity key as JSON takes it: ints (numpy's too) and strings."""
+    if isinstance(value, (bool,)):
+        raise TypeError(f"{where}: a join key is an integer or a string, got {value!r}")
+    if isinstance(value, (int, str)):
+        return value
+    item = getattr(value, "item", None)  # numpy scalars
+    if item is not None:
+        plain = item()
+        if isinstance(plain, (int, str)) and not isinstance(plain, bool):
+            return plain
+    raise TypeError(f"{where}: a join key is an integer or a string, got {type(value).__name__} {value!r}")
+
+
+def _refs(features: Any, what: str = "features") -> list[str]:
+    if isinstance(features, str):
+        raise TypeError(f"{what} must be a list of \"view:feature\" references, got the string {features!r}")
+    refs = list(features)
+    for f in refs:
+        _expect(f, str, f"{what}: a reference")
+    return refs
+
+
+_KINDS = {Entity: "entities", FeatureView: "feature_views", FeatureService: "feature_services"}
+_SINGULAR = {"entities": "entity", "feature_views": "feature_view", "feature_services": "feature_service"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -332,98 +541,336 @@ def _utc(t: datetime, what: str) -> datetime:
 
 
 class FeatureStore:
-    """A Quiver repository (a folder with ``quiver.yaml``), as Feast's FeatureStore."""
+    """A Quiver repository (a folder with ``quiver.yaml``), as Feast's FeatureStore.
+
+    Raises
+    ------
+    NotFoundError
+        ``repo_path`` is not a repository.
+    """
 
     def __init__(self, repo_path: str = "."):
         self.repo_path = str(repo_path)
         _quiver.registry_json(self.repo_path)  # fails early outside a repository
 
-    def apply(self, objects: Iterable[Union[Entity, FeatureView, FeatureService]], force: bool = False,
-              objects_to_delete: Optional[Iterable[Union[Entity, FeatureView, FeatureService]]] = None) -> int:
-        """Records the definitions as the registry's next version (the same validation
-        and breaking-change checks as ``quiver apply``), as defined from Python; returns
-        that version. Objects already registered and not given are kept; those in
-        ``objects_to_delete`` are removed, whoever defined them."""
-        kinds = {Entity: "entities", FeatureView: "feature_views", FeatureService: "feature_services"}
-        singular = {"entities": "entity", "feature_views": "feature_view", "feature_services": "feature_service"}
+    def __repr__(self) -> str:
+        return f"FeatureStore({self.repo_path!r})"
+
+    # --- definitions ---
+
+    def _definitions(self, objects: Iterable[Entity | FeatureView | FeatureService],
+                     objects_to_delete: Iterable[Entity | FeatureView | FeatureService] | None) -> tuple[str, list[str]]:
+        """The registry's definitions with ``objects`` added or replaced and those to
+        delete removed, as JSON, and the names removed."""
         current = json.loads(_quiver.registry_json(self.repo_path))["definitions"]
-        merged = {k: {d["name"]: d for d in current.get(k, [])} for k in kinds.values()}
+        merged = {k: {d["name"]: d for d in current.get(k, [])} for k in _KINDS.values()}
         for obj in objects:
-            kind = kinds.get(type(obj))
+            kind = _KINDS.get(type(obj))
             if kind is None:
-                raise ValidationError(f"apply takes Entity, FeatureView and FeatureService objects, got {type(obj).__name__}")
+                raise TypeError(f"apply takes Entity, FeatureView and FeatureService objects, got {type(obj).__name__}")
             merged[kind][obj.name] = obj._json()
         remove = []
         for obj in objects_to_delete or []:
-            kind = kinds.get(type(obj))
+            kind = _KINDS.get(type(obj))
             if kind is None:
-                raise ValidationError(f"objects_to_delete takes Entity, FeatureView and FeatureService objects, got {type(obj).__name__}")
+                raise TypeError(f"objects_to_delete takes Entity, FeatureView and FeatureService objects, got {type(obj).__name__}")
             merged[kind].pop(obj.name, None)
-            remove.append(f"{singular[kind]}/{obj.name}")
-        defs = {k: list(v.values()) for k, v in merged.items()}
-        return _quiver.apply(self.repo_path, json.dumps(defs), force, remove)
+            remove.append(f"{_SINGULAR[kind]}/{obj.name}")
+        return json.dumps({k: list(v.values()) for k, v in merged.items()}), remove
 
-    def list_feature_views(self) -> List[str]:
-        return [v["name"] for v in json.loads(_quiver.registry_json(self.repo_path))["definitions"].get("feature_views", [])]
+    def apply(self, objects: Iterable[Entity | FeatureView | FeatureService], *,
+              objects_to_delete: Iterable[Entity | FeatureView | FeatureService] | None = None, force: bool = False) -> int:
+        """Records the definitions as the registry's next version, as defined from Python.
 
-    def ingest(self, view: str, table: Any, allow_duplicate: bool = False) -> int:
-        """Appends rows (pyarrow/pandas/polars) to the view's Delta table in one commit,
-        checked as ``quiver ingest`` checks a file. Returns the table version.
+        The same validation and breaking-change checks as ``quiver apply``. Objects
+        already registered and not given are kept; those in ``objects_to_delete`` are
+        removed, whoever defined them.
 
-        Idempotent by content: a table whose content the view's table already holds
-        (a retried call) is not appended again; a ``DuplicateIngestWarning`` says so and
-        the version holding it is returned. ``allow_duplicate=True`` appends it anyway."""
-        _, version, duplicate = _quiver.ingest(self.repo_path, view, _to_arrow(table, "table"), allow_duplicate)
+        Parameters
+        ----------
+        objects
+            Entities, feature views and feature services to add or replace.
+        objects_to_delete
+            Registered objects to remove.
+        force
+            Apply a breaking change to a view whose table holds data.
+
+        Returns
+        -------
+        int
+            The registry's version after the apply.
+
+        Raises
+        ------
+        TypeError
+            An object that is not a definition.
+        ValidationError
+            Definitions that do not validate, or a refused breaking change.
+        """
+        defs, remove = self._definitions(objects, objects_to_delete)
+        return _quiver.apply(self.repo_path, defs, force, remove)
+
+    def plan(self, objects: Iterable[Entity | FeatureView | FeatureService], *,
+             objects_to_delete: Iterable[Entity | FeatureView | FeatureService] | None = None) -> str:
+        """What ``apply`` with these arguments would change, without writing: the plan
+        as ``quiver plan`` prints it (empty when nothing would change).
+
+        Raises
+        ------
+        ValidationError
+            Definitions that do not validate.
+        """
+        defs, remove = self._definitions(objects, objects_to_delete)
+        text, counts = _quiver.plan(self.repo_path, defs, remove)
+        return text if any(counts) else ""
+
+    def _registered(self, kind: str) -> list[dict]:
+        return json.loads(_quiver.registry_json(self.repo_path))["definitions"].get(kind, [])
+
+    def list_entities(self) -> list[Entity]:
+        """The registered entities."""
+        return [Entity._from_json(d) for d in self._registered("entities")]
+
+    def list_feature_views(self) -> list[FeatureView]:
+        """The registered feature views (``[v.name for v in ...]`` for their names)."""
+        return [FeatureView._from_json(d) for d in self._registered("feature_views")]
+
+    def list_feature_services(self) -> list[FeatureService]:
+        """The registered feature services."""
+        return [FeatureService._from_json(d) for d in self._registered("feature_services")]
+
+    def get_entity(self, name: str) -> Entity:
+        """The registered entity ``name``.
+
+        Raises
+        ------
+        NotFoundError
+            No such entity (the message names the known ones).
+        """
+        return Entity._from_json(json.loads(_quiver.definition(self.repo_path, "entity", name)))
+
+    def get_feature_view(self, name: str) -> FeatureView:
+        """The registered feature view ``name``.
+
+        Raises
+        ------
+        NotFoundError
+            No such view (the message names the known ones).
+        """
+        return FeatureView._from_json(json.loads(_quiver.definition(self.repo_path, "feature_view", name)))
+
+    def get_feature_service(self, name: str) -> FeatureService:
+        """The registered feature service ``name``.
+
+        Raises
+        ------
+        NotFoundError
+            No such service (the message names the known ones).
+        """
+        return FeatureService._from_json(json.loads(_quiver.definition(self.repo_path, "feature_service", name)))
+
+    # --- offline ---
+
+    def ingest(self, view: str, table: Any, *, allow_duplicate: bool = False) -> int:
+        """Appends rows to the view's Delta table in one commit, checked as ``quiver
+        ingest`` checks a file.
+
+        Idempotent by content: a table whose content the view's table already holds (a
+        retried call) is not appended again; a ``DuplicateIngestWarning`` says so and the
+        version holding it is returned.
+
+        Parameters
+        ----------
+        view
+            The feature view.
+        table
+            pyarrow, pandas, polars: anything with ``__arrow_c_stream__``.
+        allow_duplicate
+            Append content the table already holds.
+
+        Returns
+        -------
+        int
+            The table version holding the rows.
+
+        Raises
+        ------
+        TypeError
+            ``table`` is not a table.
+        NotFoundError
+            No such view.
+        ValidationError
+            Rows that do not fit the view (the message names the row and column).
+        """
+        _expect(view, str, "view")
+        _, version, duplicate = _quiver.ingest(self.repo_path, view, _table(table, "table"), allow_duplicate)
         if duplicate:
             warnings.warn(f"already ingested into {view} (table version {version} holds the same content): nothing appended; "
                           "allow_duplicate=True appends it again", DuplicateIngestWarning, stacklevel=2)
         return version
 
-    def get_historical_features(self, entity_df: Any, features: Optional[Sequence[str]] = None,
-                                feature_service: Optional[Union[str, FeatureService]] = None,
-                                created_cutoff: bool = False, engine: str = "auto",
-                                cluster: Optional[str] = None) -> RetrievalJob:
-        """The point-in-time join (docs/offline.md) of ``entity_df`` (join keys and
-        ``event_timestamp``, plus anything else) with ``features`` or a service.
-        ``engine``: "auto" (the GPU for large spines when one is usable), "cpu" or
-        "gpu" (an error without a usable GPU). ``cluster``: ``"df://HOST:PORT"`` of a
-        ``quiver cluster scheduler`` to join on (docs/settings.md); the answer is the same."""
+    def get_historical_features(self, entity_df: Any, features: Sequence[str] | FeatureService | None = None, *,
+                                feature_service: str | FeatureService | None = None,
+                                created_cutoff: bool = False, engine: str = "auto", cluster: str | None = None) -> RetrievalJob:
+        """The point-in-time join (docs/offline.md) of ``entity_df`` with the features.
+
+        Parameters
+        ----------
+        entity_df
+            The spine: join keys and ``event_timestamp``, plus anything else (kept).
+        features
+            ``view:feature`` references, or a ``FeatureService`` (used as given).
+        feature_service
+            A registered service's name (or a ``FeatureService``), instead of ``features``.
+        created_cutoff
+            Only rows created by each spine time are candidates.
+        engine
+            "auto" (the GPU for large spines when one is usable), "cpu" or "gpu".
+        cluster
+            ``"df://HOST:PORT"`` of a ``quiver cluster scheduler`` to join on; same answer.
+
+        Returns
+        -------
+        RetrievalJob
+            The spine's rows in order, a column ``view__feature`` per feature.
+
+        Raises
+        ------
+        ValidationError
+            Neither or both of ``features`` and ``feature_service``, a spine without a
+            needed key, an engine that cannot run.
+        NotFoundError
+            An unknown view, feature or service.
+        """
+        if isinstance(feature_service, FeatureService):
+            if features is not None:
+                raise ValidationError("give exactly one of features=[...] and feature_service=...")
+            features, feature_service = feature_service, None
         if isinstance(features, FeatureService):
-            feature_service, features = features, None
-        service = feature_service.name if isinstance(feature_service, FeatureService) else feature_service
-        if (features is None) == (service is None):
+            features = features.features
+        if feature_service is not None:
+            _expect(feature_service, str, "feature_service")
+        refs = _refs(features) if features is not None else None
+        if (refs is None) == (feature_service is None):
             raise ValidationError("give exactly one of features=[...] and feature_service=...")
-        stream = _quiver.get_historical_features(self.repo_path, _to_arrow(entity_df, "entity_df"),
-                                                 list(features) if features is not None else None, service, created_cutoff,
-                                                 engine, cluster)
+        stream = _quiver.get_historical_features(self.repo_path, _table(entity_df, "entity_df"),
+                                                 refs if refs is not None else feature_service, created_cutoff, engine, cluster)
         return RetrievalJob(pa.RecordBatchReader.from_stream(stream).read_all())
 
-    def materialize(self, start_date: datetime, end_date: datetime) -> List[tuple]:
-        return _quiver.materialize(self.repo_path, _utc(start_date, "start_date"), _utc(end_date, "end_date"))
+    def export(self, feature_service: str, spine: str, out: str, *, shard_rows: int | None = None,
+               created_cutoff: bool = False) -> dict[str, Any]:
+        """Writes ``feature_service``'s training set for the spine file into ``out`` as
+        ``quiver export`` does (shards at pinned Delta versions and ``manifest.json``;
+        a rerun resumes). Read it with ``quiver.TrainingSet(out)``.
 
-    def materialize_incremental(self, end_date: datetime) -> List[tuple]:
+        Returns
+        -------
+        dict
+            The manifest (``training_set_id``, ``rows``, ``shards``, ...).
+        """
+        _expect(feature_service, str, "feature_service")
+        return json.loads(_quiver.export(self.repo_path, feature_service, str(spine), str(out), shard_rows, created_cutoff))
+
+    # --- online ---
+
+    def materialize(self, start_date: datetime, end_date: datetime, feature_views: Sequence[str] | None = None) -> list[tuple]:
+        """Loads each online view's latest row per entity in [start_date, end_date] into
+        the online store.
+
+        Parameters
+        ----------
+        start_date, end_date
+            Zoned datetimes.
+        feature_views
+            Only these views (names); default every online view.
+
+        Returns
+        -------
+        list of tuple
+            ``(view, entities, written, expired)`` per view.
+        """
+        views = _refs(feature_views, "feature_views") if feature_views is not None else []
+        return _quiver.materialize(self.repo_path, _utc(start_date, "start_date"), _utc(end_date, "end_date"), views)
+
+    def materialize_incremental(self, end_date: datetime) -> list[tuple]:
+        """Loads what arrived since the last incremental run, up to ``end_date``;
+        ``(view, entities, written, expired)`` per view."""
         return _quiver.materialize_incremental(self.repo_path, _utc(end_date, "end_date"))
 
-    def get_online_features(self, features: Union[Sequence[str], FeatureService],
-                            entity_rows: Sequence[Mapping[str, Any]], full_feature_names: bool = False) -> OnlineResponse:
-        """The latest values for each entity row (``[{"rider_id": 1}, ...]``)."""
-        if not entity_rows:
+    def get_online_features(self, features: Sequence[str] | FeatureService, entity_rows: Sequence[Mapping[str, Any]], *,
+                            full_feature_names: bool = False) -> OnlineResponse:
+        """The latest values for each entity row.
+
+        Parameters
+        ----------
+        features
+            ``view:feature`` references, or a ``FeatureService`` (used as given; see
+            ``get_feature_service`` for a registered one).
+        entity_rows
+            ``[{"rider_id": 1}, ...]``: each row the same join keys (ints, numpy ints or strings).
+        full_feature_names
+            Name features ``view__feature`` instead of ``feature``.
+
+        Raises
+        ------
+        TypeError
+            ``features`` or ``entity_rows`` of the wrong type.
+        ValidationError, NotFoundError
+            The refusals every front end shares (docs/online.md, "What a lookup refuses").
+        """
+        if isinstance(features, FeatureService):
+            features = features.features
+        refs = _refs(features)
+        if isinstance(entity_rows, Mapping) or isinstance(entity_rows, str):
+            raise TypeError(f"entity_rows must be a list of mappings ([{{\"key\": value}}, ...]), got {type(entity_rows).__name__}")
+        rows = list(entity_rows)
+        if not rows:
             raise ValidationError("entity_rows is empty")
-        names = list(entity_rows[0].keys())
-        for row in entity_rows:
+        for i, row in enumerate(rows):
+            _expect(row, Mapping, f"entity_rows[{i}]")
+        names = list(rows[0].keys())
+        for row in rows:
             if list(row.keys()) != names:
                 raise ValidationError(f"every entity row needs the same keys {names}, got {list(row.keys())}")
-        columns = [[name, [row[name] for row in entity_rows]] for name in names]
-        if isinstance(features, FeatureService):
-            out = _quiver.get_online_features(self.repo_path, json.dumps(columns), None, features.name, full_feature_names)
-        else:
-            out = _quiver.get_online_features(self.repo_path, json.dumps(columns), list(features), None, full_feature_names)
+        columns = [[name, [_key(row[name], f"entity_rows[{i}][{name!r}]") for i, row in enumerate(rows)]] for name in names]
+        out = _quiver.get_online_features(self.repo_path, json.dumps(columns), refs, None, full_feature_names)
         return OnlineResponse(*out)
 
-    def push(self, view: str, table: Any, to: Optional[str] = None) -> Dict[str, Any]:
-        """Writes rows through the streaming write path (offline first, then the
-        guarded online write). `to`: "online", "offline" or "online_and_offline";
-        default both for an online view, offline for a view with `online=False`
-        (which takes no online writes)."""
-        rows, written, version = _quiver.push(self.repo_path, view, _to_arrow(table, "table"), to)
+    def push(self, view: str, table: Any, *, to: str | None = None) -> dict[str, Any]:
+        """Writes rows through the streaming write path: offline first, then the guarded
+        online write.
+
+        Parameters
+        ----------
+        view
+            The feature view.
+        table
+            The rows (anything with ``__arrow_c_stream__``).
+        to
+            "online", "offline" or "online_and_offline"; default both for an online
+            view, offline for a view with ``online=False`` (which takes no online writes).
+
+        Returns
+        -------
+        dict
+            ``rows``, ``online_written`` and ``offline_version`` (``None`` for a store not written).
+        """
+        _expect(view, str, "view")
+        rows, written, version = _quiver.push(self.repo_path, view, _table(table, "table"), to)
         return {"rows": rows, "online_written": written, "offline_version": version}
+
+    # --- consistency ---
+
+    def verify(self, sample: int = 1000) -> list[dict[str, Any]]:
+        """``quiver verify --sample``: the online answer of ``sample`` entities per online
+        view against the offline answer at the same time, per feature.
+
+        Returns
+        -------
+        list of dict
+            ``feature``, ``compared``, ``matches``, ``mismatches``, ``missing_online``
+            and ``examples`` (a few disagreements, described) per feature.
+        """
+        _expect(sample, int, "sample")
+        keys = ("feature", "compared", "matches", "mismatches", "missing_online", "examples")
+        return [dict(zip(keys, r)) for r in _quiver.verify_sample(self.repo_path, sample)]

@@ -12,17 +12,21 @@ __all__ = [
     "ValidationError",
     "_sleep",
     "apply",
+    "definition",
+    "export",
     "get_historical_features",
     "get_online_features",
     "ingest",
     "materialize",
     "materialize_incremental",
+    "plan",
     "push",
     "registry_json",
+    "verify_sample",
 ]
 
 class QuiverError(Exception): ...
-class ValidationError(QuiverError): ...
+class ValidationError(QuiverError, ValueError): ...
 class NotFoundError(QuiverError): ...
 class StoreUnavailableError(QuiverError): ...
 
@@ -37,13 +41,12 @@ def ingest(repo: str, view: str, table: pa.Table, allow_duplicate: bool = False)
 def get_historical_features(
     repo: str,
     entity_df: pa.Table,
-    features: Optional[List[str]] = None,
-    feature_service: Optional[str] = None,
+    asked: List[str] | str,
     created_cutoff: bool = False,
     engine: str = "auto",
     cluster: Optional[str] = None,
 ) -> ArrowStream: ...
-def materialize(repo: str, start: datetime, end: datetime) -> List[Tuple[str, int, int, int]]: ...
+def materialize(repo: str, start: datetime, end: datetime, views: List[str] = ...) -> List[Tuple[str, int, int, int]]: ...
 def materialize_incremental(repo: str, end: datetime) -> List[Tuple[str, int, int, int]]: ...
 def get_online_features(
     repo: str,
@@ -53,4 +56,15 @@ def get_online_features(
     full_feature_names: bool = False,
 ) -> Tuple[List[Tuple[str, str, List[str]]], ArrowStream]: ...
 def push(repo: str, view: str, table: pa.Table, to: Optional[str] = None) -> Tuple[int, Optional[int], Optional[int]]: ...
+def definition(repo: str, kind: str, name: str) -> str: ...
+def plan(repo: str, definitions_json: str, remove: List[str] = ...) -> Tuple[str, Tuple[int, int, int]]: ...
+def export(
+    repo: str,
+    service: str,
+    spine: str,
+    out: str,
+    shard_rows: Optional[int] = None,
+    created_cutoff: bool = False,
+) -> str: ...
+def verify_sample(repo: str, n: int) -> List[Tuple[str, int, int, int, int, List[str]]]: ...
 def _sleep(seconds: float) -> None: ...

@@ -118,7 +118,8 @@ impl AggRecord {
     /// The record of an entity's `events` (any order) for lookups at `now` or later:
     /// events within the longest window of their hop go into tiles, those after `now`
     /// stay pending, older ones are left out.
-    pub fn build(layout: &Layout<'_>, events: &[Event], now: i64, version: i64) -> AggRecord {
+    pub fn build(layout: &Layout<'_>, events: &[Event], at: crate::Timestamp, version: i64) -> AggRecord {
+        let now = at.0;
         let mut series = Vec::with_capacity(layout.series.len());
         for (s, (hop, cells)) in layout.series.iter().enumerate() {
             let oldest = layout.series_tail(s, now);

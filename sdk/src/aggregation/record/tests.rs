@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::aggregation::AggFunction;
-use crate::{DType, FeatureView, Ttl};
+use crate::{DType, FeatureView, Timestamp, Ttl};
 
 fn view() -> FeatureView {
     let mut v = FeatureView::new("rides").with_entity("rider").with_feature("fare", DType::Float64).with_feature("city", DType::String);
@@ -68,7 +68,7 @@ fn records_round_trip_and_answer_like_a_scan() {
         })
         .collect();
     let now = 200 * m;
-    let record = AggRecord::build(&layout, &events, now, 3);
+    let record = AggRecord::build(&layout, &events, Timestamp(now), 3);
     assert!(!record.pending.is_empty(), "events after now stay pending");
     let bytes = record.encode(&layout);
     for at in [now, now + 3 * m, now + 61 * m, now + 3 * 86_400 * m / 1440, now + 8 * 86_400 * 1_000_000] {
@@ -117,7 +117,7 @@ fn overflowing_sums_and_negative_integers_survive_the_compact_cells() {
                 values: vec![Value::Float64(big * (j % 3) as f64), Value::Int64(-(1 << 60) + j * 977)],
             })
             .collect();
-        let record = AggRecord::build(&layout, &events, 61 * m, 1);
+        let record = AggRecord::build(&layout, &events, Timestamp(61 * m), 1);
         let bytes = record.encode(&layout);
         for at in [61 * m, 70 * m, 100 * m] {
             let want = record.answer(&layout, at);
@@ -187,7 +187,7 @@ fn stored_answers_equal_the_records_on_awkward_numbers() {
             })
             .collect();
         let clock = (next() % 480) as i64 * m;
-        let record = AggRecord::build(&layout, &events, clock, 1);
+        let record = AggRecord::build(&layout, &events, Timestamp(clock), 1);
         let bytes = record.encode(&layout);
         // Either side of the time the stored answer holds until, too.
         let until = record.answer_holds_until(&layout);
@@ -231,7 +231,7 @@ fn the_stored_answer_holds_until_an_event_enters_or_leaves_a_window() {
             })
             .collect();
         let clock = (next() % 600) as i64 * m;
-        let record = AggRecord::build(&layout, &events, clock, 1);
+        let record = AggRecord::build(&layout, &events, Timestamp(clock), 1);
         let held = |t: i64| -> Vec<Vec<i64>> {
             let windows = v.aggregations.iter().map(|a| ((t - a.window_us()).div_euclid(a.hop_us()) * a.hop_us(), t));
             windows.map(|(tail, head)| events.iter().map(|e| e.order.0).filter(|&ts| tail <= ts && ts <= head).collect()).collect()
@@ -253,7 +253,7 @@ fn the_stored_answer_holds_until_an_event_enters_or_leaves_a_window() {
 #[test]
 fn a_record_of_another_layout_is_refused() {
     let v = view();
-    let record = AggRecord::build(&Layout::of(&v), &[], 0, 1).encode(&Layout::of(&v));
+    let record = AggRecord::build(&Layout::of(&v), &[], Timestamp(0), 1).encode(&Layout::of(&v));
     let mut changed = v.clone();
     changed.aggregations[0].window = Ttl::from_secs(7200);
     assert!(AggRecord::answer_stored(&Layout::of(&changed), &record, 0).is_err());
