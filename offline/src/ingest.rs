@@ -217,10 +217,19 @@ pub async fn append(
     // commit must land as exactly the version its seq numbers were made for, so it
     // never retries past a concurrent writer inside deltalake; it starts over here
     // instead (the table read again, the fence checked again, new seq numbers).
+    let commit = Commit {
+        location,
+        schema: &schema,
+        sorted: &sorted,
+        order: &order,
+        txns: &txns,
+        expected_txns: &expected_txns,
+        content: content.as_ref(),
+    };
     let mut attempt = 0u32;
     let version = loop {
         attempt += 1;
-        match commit_once(location, kept.take(), &schema, &sorted, &order, &txns, &expected_txns, content.as_ref()).await {
+        match commit_once(commit, kept.take()).await {
             Err(CommitError::Lost(e)) if attempt < COMMIT_TRIES => {
                 tracing::debug!(table = %location, attempt, error = %e, "another writer committed first; appending again");
                 tokio::time::sleep(std::time::Duration::from_millis(5 * u64::from(attempt) + u64::from(attempt * 7 % 11))).await;
@@ -267,23 +276,30 @@ impl From<arrow::error::ArrowError> for CommitError {
     }
 }
 
+/// What every try of an [`append`] commits, and what it checks first.
+#[derive(Clone, Copy)]
+struct Commit<'a> {
+    location: &'a StoreLocation,
+    schema: &'a arrow::datatypes::SchemaRef,
+    /// The checked rows' columns, per batch, and the order to write them in.
+    sorted: &'a [Vec<ArrayRef>],
+    order: &'a [u32],
+    txns: &'a [AppTxn],
+    expected_txns: &'a [(String, Option<i64>)],
+    content: Option<&'a Content>,
+}
+
 /// One try at committing the sorted rows as the table's next version, after checking
 /// the `txn` fence and the content's record on the snapshot it lands on; `kept`, when
 /// given, is brought up to date instead of opening the table. Returns the version
 /// committed and the table as it is after the commit.
-#[allow(clippy::too_many_arguments)]
 async fn commit_once(
-    location: &StoreLocation,
+    commit: Commit<'_>,
     kept: Option<deltalake::DeltaTable>,
-    schema: &arrow::datatypes::SchemaRef,
-    sorted: &[Vec<ArrayRef>],
-    order: &[u32],
-    txns: &[AppTxn],
-    expected_txns: &[(String, Option<i64>)],
-    content: Option<&Content>,
 ) -> std::result::Result<(u64, deltalake::DeltaTable), CommitError> {
     use deltalake::DeltaTableError;
     use deltalake::kernel::transaction::TransactionError;
+    let Commit { location, schema, sorted, order, txns, expected_txns, content } = commit;
     let table = match kept {
         Some(table) => match still_current(table).await {
             Some(table) => table,

@@ -444,9 +444,9 @@ feature_views:
         for (d, want) in expected.iter().enumerate() {
             let cell = |c: usize| (columns[c].values[d].clone(), columns[c].statuses[d]);
             let status = |v: &Value| if matches!(v, Value::Null) { Status::NullValue } else { Status::Present };
-            assert_eq!(cell(1), (want[2].0.clone(), status(&want[2].0)), "driver {d}: cities");
-            assert_eq!(cell(3), (want[0].0.clone(), status(&want[0].0)), "driver {d}: n_1h");
-            assert_eq!(columns[3].event_ts[d], Some(want[0].1.unwrap_or(0)), "driver {d}: n_1h's latest event");
+            assert_eq!(cell(1), (want[2].value.clone(), status(&want[2].value)), "driver {d}: cities");
+            assert_eq!(cell(3), (want[0].value.clone(), status(&want[0].value)), "driver {d}: n_1h");
+            assert_eq!(columns[3].event_ts[d], Some(want[0].latest_event.unwrap_or(0)), "driver {d}: n_1h's latest event");
             assert_eq!(cell(2), (Value::Null, Status::NotFound), "driver {d}: the new aggregation");
             assert_eq!(cell(4), (Value::Null, Status::NotFound), "driver {d}: a changed window is another aggregation");
         }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use quiver_sdk::aggregation::record::{AggRecord, Layout};
+use quiver_sdk::aggregation::record::{AggRecord, Layout, WindowAnswer};
 use quiver_sdk::encoding::{KeyValue, OnlineRow, Value, fingerprint, store_key};
 use quiver_sdk::{Definitions, FeatureRef, FeatureView, KeyType};
 
@@ -406,7 +406,7 @@ impl Plan {
 }
 
 /// Every aggregation's value at `now` and the time of the latest event in its window.
-type Answer = Vec<(Value, Option<i64>)>;
+type Answer = Vec<WindowAnswer>;
 
 /// The answers of an event log's records at `now` for one lookup, one per stored row.
 struct Answers {
@@ -438,7 +438,10 @@ impl Answers {
         };
         match found {
             None => (&Value::Null, Row::Missing.status(true), 0),
-            Some((v, ts)) => (v, Row::Live(ts.unwrap_or(0)).status(matches!(v, Value::Null)), ts.unwrap_or(0)),
+            Some(WindowAnswer { value, latest_event }) => {
+                let ts = latest_event.unwrap_or(0);
+                (value, Row::Live(ts).status(matches!(value, Value::Null)), ts)
+            }
         }
     }
 }

@@ -41,6 +41,7 @@ use arrow::array::{Array, ArrayRef, AsArray, new_null_array};
 use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
 use quiver_gpu_join::{EntityRuns, NO_ENTITY};
 use quiver_sdk::aggregation::state::{Num, Partial, Sums};
+use quiver_sdk::encoding::Value;
 use quiver_sdk::{AggFunction, Aggregation, DType, FeatureView};
 use table::{Table, TableSlice};
 use window_index::WindowIndex;
@@ -300,6 +301,30 @@ struct Scratch {
     front: Vec<Sums>,
 }
 
+/// One entity's spine rows, by time, and where their answers go: aggregation `i`'s
+/// answer for `rows[j]` is row `at + j` of `out`.
+struct Asks<'a, 'o, 't> {
+    rows: &'a [u32],
+    /// Each spine row's time, by spine row.
+    times: &'a [i64],
+    out: &'o mut TableSlice<'t>,
+    at: usize,
+}
+
+impl Asks<'_, '_, '_> {
+    fn time(&self, j: usize) -> i64 {
+        self.times[self.rows[j] as usize]
+    }
+
+    fn put(&mut self, j: usize, i: usize, value: &Value) {
+        self.out.put(self.at + j, i, value);
+    }
+
+    fn put_rows(&mut self, j: usize, i: usize, rows: impl Iterator<Item = u32>) {
+        self.out.put_rows(self.at + j, i, rows);
+    }
+}
+
 /// The events, grouped and sorted, with what their visibility needs.
 struct Events<'a> {
     runs: &'a EntityRuns,
@@ -349,7 +374,8 @@ impl Events<'_> {
                         let base = spine.offsets[range.start] as usize;
                         for e in range {
                             let (a, b) = (spine.offsets[e] as usize, spine.offsets[e + 1] as usize);
-                            self.entity(plan, e, &spine.rows[a..b], times, &mut out, a - base, &mut scratch);
+                            let mut asks = Asks { rows: &spine.rows[a..b], times, out: &mut out, at: a - base };
+                            self.entity(plan, e, &mut asks, &mut scratch);
                         }
                     }
                 });
@@ -358,17 +384,15 @@ impl Events<'_> {
         table
     }
 
-    /// The sweep of one entity's spine rows (`asks`, by time) for every aggregation;
-    /// aggregation `i`'s answer for `asks[j]` goes to `out` at row `at + j`.
-    #[allow(clippy::too_many_arguments)]
-    fn entity(&self, plan: &Plan<'_>, e: usize, asks: &[u32], times: &[i64], out: &mut TableSlice<'_>, at: usize, scratch: &mut Scratch) {
+    /// The sweep of one entity's spine rows for every aggregation.
+    fn entity(&self, plan: &Plan<'_>, e: usize, asks: &mut Asks<'_, '_, '_>, scratch: &mut Scratch) {
         let (r0, r1) = (self.runs.offsets[e] as usize, self.runs.offsets[e + 1] as usize);
-        if asks.is_empty() || r0 == r1 {
+        if asks.rows.is_empty() || r0 == r1 {
             return;
         }
         if self.cutoff {
             for i in 0..plan.aggs.len() {
-                self.visible_sweep(plan, i, r0..r1, asks, times, out, at);
+                self.visible_sweep(plan, i, r0..r1, asks);
             }
             return;
         }
@@ -409,7 +433,7 @@ impl Events<'_> {
         for (i, planned) in plan.aggs.iter().enumerate() {
             let f = planned.agg.function;
             if f == AggFunction::Stddev || (is_prefix(f) && !scratch.finite[planned.column]) {
-                self.sliding_sweep(plan, i, r0..r1, asks, times, out, at, &mut scratch.front);
+                self.sliding_sweep(plan, i, r0..r1, asks, &mut scratch.front);
             }
         }
         for d in &mut scratch.deques {
@@ -418,8 +442,8 @@ impl Events<'_> {
         scratch.lo.clear();
         scratch.lo.resize(plan.tails.len(), 0);
         let mut hi = 0;
-        for (j, &s) in asks.iter().enumerate() {
-            let t = times[s as usize];
+        for j in 0..asks.rows.len() {
+            let t = asks.time(j);
             let before = hi;
             while hi < n && ts[hi] <= t {
                 hi += 1;
@@ -474,11 +498,11 @@ impl Events<'_> {
                     _ => {
                         let present = &scratch.present[planned.column][..scratch.present_hi[planned.column]];
                         let chosen = present.iter().rev().take_while(|&&p| p as usize >= lo).map(|&p| self.runs.rows[r0 + p as usize]);
-                        out.put_rows(at + j, i, chosen);
+                        asks.put_rows(j, i, chosen);
                         continue;
                     }
                 }
-                out.put(at + j, i, &partial.finish(planned.agg, planned.dtype));
+                asks.put(j, i, &partial.finish(planned.agg, planned.dtype));
             }
         }
     }
@@ -489,18 +513,7 @@ impl Events<'_> {
     /// start passes the front's end, the back becomes the front, as suffix sums. Each
     /// event is added at most twice and nothing is ever subtracted, so the sums keep
     /// their precision (as the Fenwick tree's would), in O(1) per event and spine row.
-    #[allow(clippy::too_many_arguments)]
-    fn sliding_sweep(
-        &self,
-        plan: &Plan<'_>,
-        i: usize,
-        run: Range<usize>,
-        asks: &[u32],
-        times: &[i64],
-        out: &mut TableSlice<'_>,
-        at: usize,
-        front: &mut Vec<Sums>,
-    ) {
+    fn sliding_sweep(&self, plan: &Plan<'_>, i: usize, run: Range<usize>, asks: &mut Asks<'_, '_, '_>, front: &mut Vec<Sums>) {
         let planned = &plan.aggs[i];
         let (agg, dtype) = (planned.agg, planned.dtype);
         let column = &plan.columns[planned.column];
@@ -522,8 +535,8 @@ impl Events<'_> {
         // The front holds the suffix sums of `start..mid`, the back the sums of `mid..hi`.
         let (mut start, mut mid, mut lo, mut hi) = (0, 0, 0, 0);
         let mut back = Sums::default();
-        for (j, &s) in asks.iter().enumerate() {
-            let t = times[s as usize];
+        for j in 0..asks.rows.len() {
+            let t = asks.time(j);
             while hi < ts.len() && ts[hi] <= t {
                 back.merge(&one(hi));
                 hi += 1;
@@ -547,7 +560,7 @@ impl Events<'_> {
                 partial.sums = front[lo - start];
             }
             partial.sums.merge(&back);
-            out.put(at + j, i, &partial.finish(agg, dtype));
+            asks.put(j, i, &partial.finish(agg, dtype));
         }
     }
 
@@ -555,17 +568,7 @@ impl Events<'_> {
     /// inserted once it may be seen (at its event time, or under the cutoff at the
     /// later of its event and created times) and each spine row reads the window's
     /// suffix of what was inserted.
-    #[allow(clippy::too_many_arguments)]
-    fn visible_sweep(
-        &self,
-        plan: &Plan<'_>,
-        i: usize,
-        run: Range<usize>,
-        asks: &[u32],
-        times: &[i64],
-        out: &mut TableSlice<'_>,
-        at: usize,
-    ) {
+    fn visible_sweep(&self, plan: &Plan<'_>, i: usize, run: Range<usize>, asks: &mut Asks<'_, '_, '_>) {
         let planned = &plan.aggs[i];
         let (agg, dtype) = (planned.agg, planned.dtype);
         let column = &plan.columns[planned.column];
@@ -580,8 +583,8 @@ impl Events<'_> {
         }
         let mut index = WindowIndex::new(agg, rows.len());
         let mut inserted = 0;
-        for (j, &s) in asks.iter().enumerate() {
-            let t = times[s as usize];
+        for j in 0..asks.rows.len() {
+            let t = asks.time(j);
             while inserted < arrival.len() && visible(arrival[inserted] as usize) <= t {
                 let p = arrival[inserted] as usize;
                 if column.valid[r0 + p] {
@@ -592,9 +595,9 @@ impl Events<'_> {
             let tail = ts.partition_point(|&x| x < agg.tail(t));
             match &index {
                 WindowIndex::Latest(set) => {
-                    out.put_rows(at + j, i, set.range(tail as u32..).rev().map(|&p| rows[p as usize]));
+                    asks.put_rows(j, i, set.range(tail as u32..).rev().map(|&p| rows[p as usize]));
                 }
-                _ => out.put(at + j, i, &index.query(agg, tail).finish(agg, dtype)),
+                _ => asks.put(j, i, &index.query(agg, tail).finish(agg, dtype)),
             }
         }
     }

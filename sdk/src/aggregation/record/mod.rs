@@ -45,6 +45,14 @@ use codec::{
 };
 pub use layout::{CellKind, Layout, Tails};
 
+/// One aggregation's answer at a time: its value, and the time of the latest event in
+/// its window (UTC microseconds; `None`: no event).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WindowAnswer {
+    pub value: Value,
+    pub latest_event: Option<i64>,
+}
+
 use super::state::{EventOrder, Num, Partial, Sums};
 use super::{AggFunction, Aggregation};
 use crate::encoding::{DecodeError, Reader, Value, order_bytes, write_value};
@@ -144,7 +152,7 @@ impl AggRecord {
 
     /// Every aggregation's value at `now`, in the view's order, with the time of the
     /// latest event in its window (`None`: no event): by merging the window's tiles.
-    pub fn answer(&self, layout: &Layout<'_>, now: i64) -> Vec<(Value, Option<i64>)> {
+    pub fn answer(&self, layout: &Layout<'_>, now: i64) -> Vec<WindowAnswer> {
         let now = now.max(self.clock);
         (0..layout.view.aggregations.len())
             .map(|i| {
@@ -164,7 +172,7 @@ impl AggRecord {
                     kind.push(&mut partial, e.order, &e.values[layout.columns[i].0]);
                     last = last.max(Some(e.order.0));
                 }
-                (finish(agg, layout.columns[i].1, partial), last)
+                WindowAnswer { value: finish(agg, layout.columns[i].1, partial), latest_event: last }
             })
             .collect()
     }
@@ -222,7 +230,7 @@ impl AggRecord {
     fn answer_at_clock(&self, layout: &Layout<'_>) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + 12 * layout.cells.len());
         put_i64(&mut out, self.answer_holds_until(layout));
-        for (value, last) in self.answer(layout, self.clock) {
+        for WindowAnswer { value, latest_event: last } in self.answer(layout, self.clock) {
             put_var(&mut out, last.map_or(0, |t| (self.clock.wrapping_sub(t) as u64).wrapping_add(1)));
             write_value(&mut out, &value);
         }
@@ -326,7 +334,7 @@ impl AggRecord {
     /// # Errors
     /// [`DecodeError`] for bytes that are not such a record, or a record of another
     /// layout (written before the view's aggregations changed, or by an older version).
-    pub fn answer_stored(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
+    pub fn answer_stored(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<WindowAnswer>, DecodeError> {
         Self::answer_stored_at(layout, &layout.tails(now), bytes)
     }
 
@@ -335,7 +343,7 @@ impl AggRecord {
     ///
     /// # Errors
     /// As [`AggRecord::answer_stored`].
-    pub fn answer_stored_at(layout: &Layout<'_>, tails: &Tails, bytes: &[u8]) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
+    pub fn answer_stored_at(layout: &Layout<'_>, tails: &Tails, bytes: &[u8]) -> Result<Vec<WindowAnswer>, DecodeError> {
         let (clock, cached, rest) = Self::open(layout, bytes)?;
         let now = tails.now.max(clock);
         let mut answer = Reader::new(cached);
@@ -344,7 +352,7 @@ impl AggRecord {
             for _ in 0..layout.cells.len() {
                 let back = get_var(&mut answer)?;
                 let last = back.checked_sub(1).map(|b| clock.wrapping_sub(b as i64));
-                out.push((answer.value()?, last));
+                out.push(WindowAnswer { value: answer.value()?, latest_event: last });
             }
             if !answer.is_done() {
                 return Err(DecodeError("trailing bytes after a record's answer".into()));
@@ -396,14 +404,14 @@ impl AggRecord {
     ///
     /// # Errors
     /// As [`AggRecord::answer_stored`].
-    pub fn answer_from_tiles(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
+    pub fn answer_from_tiles(layout: &Layout<'_>, bytes: &[u8], now: i64) -> Result<Vec<WindowAnswer>, DecodeError> {
         let (clock, _, rest) = Self::open(layout, bytes)?;
         Self::answer_indexed(layout, rest, &layout.tails(now.max(clock)))
     }
 
     /// [`AggRecord::answer_from_tiles`] from the bytes after the stored answer, at
     /// `tails.now` or, for a record written later, at its clock.
-    fn answer_indexed(layout: &Layout<'_>, bytes: &[u8], tails: &Tails) -> Result<Vec<(Value, Option<i64>)>, DecodeError> {
+    fn answer_indexed(layout: &Layout<'_>, bytes: &[u8], tails: &Tails) -> Result<Vec<WindowAnswer>, DecodeError> {
         let mut r = Reader::new(bytes);
         if get_size(&mut r)? != layout.series.len() {
             return Err(DecodeError("an aggregation record of another layout".into()));
@@ -548,7 +556,11 @@ impl AggRecord {
         if !r.is_done() {
             return Err(DecodeError("trailing bytes after an aggregation record".into()));
         }
-        Ok(partials.into_iter().enumerate().map(|(i, (p, last))| (finish(layout.agg(i), layout.columns[i].1, p), last)).collect())
+        Ok(partials
+            .into_iter()
+            .enumerate()
+            .map(|(i, (p, last))| WindowAnswer { value: finish(layout.agg(i), layout.columns[i].1, p), latest_event: last })
+            .collect())
     }
 }
 

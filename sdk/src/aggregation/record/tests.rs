@@ -41,18 +41,18 @@ fn aggregations_reading_a_column_alike_share_a_cell() {
 }
 
 /// Equal answers, floats to 1e-12 relative (a stored sum is rounded once).
-fn assert_close(got: &[(Value, Option<i64>)], want: &[(Value, Option<i64>)], what: &str) {
+fn assert_close(got: &[WindowAnswer], want: &[WindowAnswer], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (k, (g, w)) in got.iter().zip(want).enumerate() {
         let what = &format!("{what}, aggregation {k}");
-        match (&g.0, &w.0) {
+        match (&g.value, &w.value) {
             (Value::Float64(a), Value::Float64(b)) => {
                 assert!(a == b || (a - b).abs() <= 1e-12 * b.abs().max(1e-300) || (a.is_nan() && b.is_nan()), "{what}: {a} vs {b}")
             }
             // Lists and the rest exactly (NaN equal to NaN: compared as written).
-            _ => assert_eq!(format!("{:?}", g.0), format!("{:?}", w.0), "{what}"),
+            _ => assert_eq!(format!("{:?}", g.value), format!("{:?}", w.value), "{what}"),
         }
-        assert_eq!(g.1, w.1, "{what}: the latest event's time");
+        assert_eq!(g.latest_event, w.latest_event, "{what}: the latest event's time");
     }
 }
 
@@ -82,8 +82,8 @@ fn records_round_trip_and_answer_like_a_scan() {
                 p.push(agg, e.order, &e.values[layout.columns[i].0]);
                 last = last.max(Some(e.order.0));
             }
-            assert_eq!(answer[i].0, p.finish(agg, layout.columns[i].1), "{} at {at}", agg.name);
-            assert_eq!(answer[i].1, last, "{} at {at}: the latest event's time", agg.name);
+            assert_eq!(answer[i].value, p.finish(agg, layout.columns[i].1), "{} at {at}", agg.name);
+            assert_eq!(answer[i].latest_event, last, "{} at {at}: the latest event's time", agg.name);
         }
     }
     // Before the writer's clock: answered as of the clock, by both.
@@ -122,9 +122,9 @@ fn overflowing_sums_and_negative_integers_survive_the_compact_cells() {
         for at in [61 * m, 70 * m, 100 * m] {
             let want = record.answer(&layout, at);
             if big > 1e300 {
-                assert_eq!(want[0].0, Value::Float64(f64::INFINITY), "the fare sum overflows");
+                assert_eq!(want[0].value, Value::Float64(f64::INFINITY), "the fare sum overflows");
             }
-            assert!(matches!(want[4].0, Value::Int64(x) if x < -(1 << 59)), "{:?}", want[4]);
+            assert!(matches!(want[4].value, Value::Int64(x) if x < -(1 << 59)), "{:?}", want[4]);
             assert_close(&AggRecord::answer_stored(&layout, &bytes, at).unwrap(), &want, &format!("{big} at {at}"));
             assert_close(&AggRecord::answer_from_tiles(&layout, &bytes, at).unwrap(), &want, &format!("{big} at {at}, tiles"));
         }
