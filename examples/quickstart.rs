@@ -74,7 +74,7 @@ async fn create(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> anyhow::Resul
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }
-    let files = quiver::init::init(dir, true, now)?;
+    let files = quiver::init(dir, true, now)?;
     step("init --demo", t, format!("{} files: quiver.yaml, features.yaml, sample data", files.len()));
 
     let t = Instant::now();

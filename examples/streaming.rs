@@ -73,7 +73,7 @@ async fn setup(dir: &Path) -> anyhow::Result<Setup> {
         std::fs::remove_dir_all(dir)?;
     }
     let now = chrono::Utc::now();
-    quiver::init::init(dir, true, now)?;
+    quiver::init(dir, true, now)?;
     let topic = format!("driver_events_{}", now.timestamp_micros());
     // driver_hourly gains a stream source: the topic's JSON events.
     let features = std::fs::read_to_string(dir.join("features.yaml"))?;

@@ -9,21 +9,25 @@
 //! Nothing depends on this crate; it depends on all of them.
 
 pub mod demo;
-pub mod error;
-pub mod export;
-pub mod init;
-pub mod insights;
-pub mod materialize;
+mod error;
+mod export;
+mod init;
+mod insights;
+mod materialize;
 pub mod ops;
-pub mod repo;
-pub mod server;
-pub mod serving_log;
-pub mod verify;
+mod repo;
+mod server;
+mod serving_log;
+mod verify;
 
 pub use error::{Error, Result};
+pub use export::{Exported, Manifest, ManifestFeature, Shard, ShardFormat, SpineInfo};
+pub use init::{init, project_name};
+pub use materialize::ViewReport;
 pub use quiver_gpu_join as gpu_join;
 pub use quiver_offline as offline;
 pub use quiver_online as online;
 pub use quiver_sdk as sdk;
 pub use quiver_streaming as streaming;
-pub use repo::Repo;
+pub use repo::{Applied, DEFINITIONS_FILE, Repo};
+pub use verify::{FeatureReport, LogReport};

@@ -299,7 +299,7 @@ fn get_online_features(
             (None, None) => anyhow::bail!(quiver::Error::Invalid("give `features` or `feature_service`".into())),
         };
         let result = op.await?;
-        let defs = repo.defs()?;
+        let defs = repo.applied()?.definitions;
         let refs: Vec<quiver::sdk::FeatureRef> = match (feature_service, features) {
             (Some(service), _) => defs.find_service(&service).map_err(|e| quiver::Error::NotFound(e.0))?.features.clone(),
             (None, features) => features.unwrap_or_default().iter().filter_map(|f| f.parse().ok()).collect(),

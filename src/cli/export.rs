@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use quiver::export::ShardFormat;
+use quiver::ShardFormat;
 
 use super::{Ctx, EngineArg, progress_bar, runtime};
 

@@ -16,11 +16,11 @@ pub struct Init {
 impl Init {
     pub fn run(self, _ctx: &Ctx) -> anyhow::Result<()> {
         let Init { dir, demo } = self;
-        let files = quiver::init::init(&dir, demo, chrono::Utc::now())?;
+        let files = quiver::init(&dir, demo, chrono::Utc::now())?;
         println!(
             "created {}repository `{}` in {} ({} files)",
             if demo { "demo " } else { "" },
-            quiver::init::project_name(&dir),
+            quiver::project_name(&dir),
             dir.display(),
             files.len()
         );

@@ -1,6 +1,6 @@
 //! `quiver materialize START END [VIEW...]` and `quiver materialize-incremental END`.
 
-use quiver::materialize::ViewReport;
+use quiver::ViewReport;
 use quiver::ops::parse_time;
 use quiver::sdk::Timestamp;
 

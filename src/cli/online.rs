@@ -22,7 +22,7 @@ pub struct Online {
 impl Online {
     pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
         let repo = ctx.open()?;
-        let defs = repo.defs()?;
+        let defs = repo.applied()?.definitions;
         let mut columns = Vec::new();
         for e in &self.entities {
             let Some((name, text)) = e.split_once('=') else {

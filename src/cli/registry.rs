@@ -82,7 +82,7 @@ fn cmd_plan(dir: &Path, remove: Vec<String>) -> anyhow::Result<()> {
 fn cmd_apply(dir: &Path, force: bool, remove: Vec<String>) -> anyhow::Result<()> {
     let repo = Repo::open(dir)?;
     let rt = runtime()?;
-    let origin = Origin::new(quiver::repo::DEFINITIONS_FILE).removing(remove);
+    let origin = Origin::new(quiver::DEFINITIONS_FILE).removing(remove);
     let applied = repo.apply_from(repo.definitions()?, &origin, force, chrono::Utc::now(), rt.handle().clone())?;
     for table in &applied.created_tables {
         println!("created delta table {table}");

@@ -1,9 +1,9 @@
 //! `quiver verify`: do the online and offline stores agree?
 
+use quiver::FeatureReport;
 use quiver::ops::parse_time;
 use quiver::sdk::Timestamp;
 use quiver::sdk::rows::format_instant;
-use quiver::verify::FeatureReport;
 
 use super::{Ctx, runtime};
 

@@ -131,14 +131,14 @@ impl std::str::FromStr for Engine {
 
 /// Spine rows from which `Engine::Auto` prefers a GPU: below, transfers and kernel
 /// compilation cost more than the CPU join takes.
-pub const GPU_MIN_SPINE_ROWS: usize = 1_000_000;
+pub(crate) const GPU_MIN_SPINE_ROWS: usize = 1_000_000;
 
 /// The join engine for `engine` and a spine of `spine_rows` rows, and one line saying
 /// which one runs and why.
 ///
 /// # Errors
 /// [`Error::Engine`] for `Engine::Gpu` without a usable GPU.
-pub fn pick_engine(engine: Engine, spine_rows: usize) -> Result<(Box<dyn AsOfKernel>, String)> {
+pub(crate) fn pick_engine(engine: Engine, spine_rows: usize) -> Result<(Box<dyn AsOfKernel>, String)> {
     let cpu = |why: String| -> Result<(Box<dyn AsOfKernel>, String)> { Ok((Box::new(CpuKernel::new()), format!("engine: cpu ({why})"))) };
     match engine {
         Engine::Cpu => cpu("asked for".into()),
@@ -216,7 +216,7 @@ fn parse_micros(what: &str, text: &str, now: i64) -> Result<i64> {
 
 /// What a join or a lookup asks for: references, or a feature service.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Features {
+pub(crate) enum Features {
     #[default]
     None,
     /// `view:feature` texts, parsed when the operation runs.
@@ -230,7 +230,7 @@ impl Features {
     /// # Errors
     /// [`Error::NotFound`] for an unknown service; [`Error::Invalid`] for a reference
     /// that does not parse, or for no features at all.
-    pub fn resolve(&self, defs: &Definitions) -> Result<Vec<FeatureRef>> {
+    pub(crate) fn resolve(&self, defs: &Definitions) -> Result<Vec<FeatureRef>> {
         match self {
             Features::Service(name) => Ok(defs.find_service(name).map_err(|e| Error::NotFound(e.0))?.features.clone()),
             Features::Refs(list) if !list.is_empty() => {
@@ -246,7 +246,7 @@ impl Repo {
     ///
     /// # Errors
     /// When the registry cannot be read.
-    pub fn defs(&self) -> Result<Definitions> {
+    pub(crate) fn defs(&self) -> Result<Definitions> {
         Ok(self.applied()?.definitions)
     }
 
@@ -262,7 +262,7 @@ impl Repo {
     ///
     /// # Errors
     /// As [`Repo::open_store`].
-    pub async fn store_or_open(&self, store: Option<Arc<dyn OnlineStore>>) -> Result<Arc<dyn OnlineStore>> {
+    pub(crate) async fn store_or_open(&self, store: Option<Arc<dyn OnlineStore>>) -> Result<Arc<dyn OnlineStore>> {
         match store {
             Some(store) => Ok(store),
             None => self.open_store().await,
@@ -270,7 +270,7 @@ impl Repo {
     }
 
     /// The latest event time accepted now: the wall clock plus `max_future_skew`.
-    pub fn event_horizon(&self) -> i64 {
+    pub(crate) fn event_horizon(&self) -> i64 {
         self.config.event_horizon(quiver_sdk::Timestamp::now().0)
     }
 }
@@ -279,7 +279,7 @@ impl Repo {
 ///
 /// # Errors
 /// [`Error::NotFound`] naming the views the registry has.
-pub fn view<'a>(defs: &'a Definitions, name: &str) -> Result<&'a FeatureView> {
+pub(crate) fn view<'a>(defs: &'a Definitions, name: &str) -> Result<&'a FeatureView> {
     defs.find_view(name).map_err(|e| Error::NotFound(format!("{e}; is it applied?")))
 }
 

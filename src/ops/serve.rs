@@ -40,6 +40,18 @@ impl Serve<'_> {
         self
     }
 
+    /// What the server serves from, without listening: to mount Quiver's routes
+    /// (`quiver::online::server::router(Arc::new(state))`) in a service of your own, or
+    /// to answer requests in-process. Its answers are not logged: a serving log's last
+    /// batch is written by [`Server::stop`].
+    ///
+    /// # Errors
+    /// When the store cannot be opened or the registry read.
+    pub async fn state(self) -> Result<ServerState> {
+        let store = self.repo.store_or_open(self.store).await?;
+        crate::server::server_state(&self.repo.config, store, None)
+    }
+
     /// Binds the address and serves from a task of the current runtime.
     ///
     /// # Errors

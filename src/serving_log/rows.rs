@@ -6,7 +6,9 @@ use quiver_online::lookup::Column;
 use quiver_online::server::json;
 use quiver_online::serving_log::Served;
 
-/// One row of the log: one entity row of one feature view in one request.
+/// One row of the log: one entity row of one feature view in one request (the unit
+/// tests read rows back as these).
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogRow {
     pub request_id: String,
@@ -54,6 +56,7 @@ impl TextColumn {
     }
 
     /// Value `i` as text.
+    #[cfg(test)]
     pub fn value(&self, i: usize) -> &str {
         std::str::from_utf8(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize]).expect("JSON is UTF-8")
     }
@@ -89,6 +92,7 @@ impl LogColumns {
     }
 
     /// Row `i`, for reading back.
+    #[cfg(test)]
     pub fn row(&self, i: usize) -> LogRow {
         LogRow {
             request_id: self.request_id.value(i).to_string(),

@@ -6,11 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use quiver::Repo;
-use quiver::materialize::{STATE_FILE, materialize_incremental};
 use quiver::online::lookup::{Status, get_online_features};
 use quiver::online::{EmbeddedStore, OnlineStore, RedisStore, WriteRow};
-use quiver::sdk::FeatureRef;
 use quiver::sdk::encoding::{KeyValue, Value};
+use quiver::sdk::{FeatureRef, Timestamp};
 
 const FEATURES: &str = "entities: [{name: user, join_keys: [{name: user_id, dtype: int64}]}]
 feature_views:
@@ -56,10 +55,9 @@ async fn scores(repo: &Repo, store: &dyn OnlineStore, users: &[i64]) -> Vec<Opti
         .collect()
 }
 
-async fn run(repo: &Repo, store: &dyn OnlineStore, end: &str) -> Vec<(String, usize)> {
-    let defs = repo.applied().unwrap().definitions;
-    let views: Vec<_> = defs.feature_views.iter().collect();
-    materialize_incremental(&repo.config, &defs, &views, t(end), store, &|_, _| {})
+async fn run(repo: &Repo, store: &Arc<dyn OnlineStore>, end: &str) -> Vec<(String, usize)> {
+    repo.materialize_incremental(Timestamp(t(end)))
+        .with_store(store.clone())
         .await
         .unwrap()
         .into_iter()
@@ -68,7 +66,7 @@ async fn run(repo: &Repo, store: &dyn OnlineStore, end: &str) -> Vec<(String, us
 }
 
 fn setup(dir: &Path) -> Repo {
-    quiver::init::init(dir, false, chrono::Utc::now()).unwrap();
+    quiver::init(dir, false, chrono::Utc::now()).unwrap();
     std::fs::write(dir.join("features.yaml"), FEATURES).unwrap();
     let repo = Repo::open(dir).unwrap();
     let r = repo.clone();
@@ -93,7 +91,7 @@ async fn late_rows_are_picked_up(store: Arc<dyn OnlineStore>) {
         &format!("{HEADER}1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1.0\n2,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,2.0\n"),
     )
     .await;
-    assert_eq!(run(&repo, store.as_ref(), "12:00").await, [("score".into(), 2), ("other".into(), 0)]);
+    assert_eq!(run(&repo, &store, "12:00").await, [("score".into(), 2), ("other".into(), 0)]);
     assert_eq!(scores(&repo, store.as_ref(), &[1, 2, 3, 4]).await, [Some(1.0), Some(2.0), None, None]);
 
     // Late data: an older row for 1 (must not win), a newer one for 2, a new user 3
@@ -107,12 +105,12 @@ async fn late_rows_are_picked_up(store: Arc<dyn OnlineStore>) {
         ),
     )
     .await;
-    assert_eq!(run(&repo, store.as_ref(), "12:00").await, [("score".into(), 3), ("other".into(), 0)]);
+    assert_eq!(run(&repo, &store, "12:00").await, [("score".into(), 3), ("other".into(), 0)]);
     assert_eq!(scores(&repo, store.as_ref(), &[1, 2, 3, 4]).await, [Some(1.0), Some(22.0), Some(3.0), None]);
     // Nothing new: nothing loaded.
-    assert_eq!(run(&repo, store.as_ref(), "12:00").await, [("score".into(), 0), ("other".into(), 0)]);
+    assert_eq!(run(&repo, &store, "12:00").await, [("score".into(), 0), ("other".into(), 0)]);
     // A later END takes user 4's row, ingested earlier but beyond the old END.
-    assert_eq!(run(&repo, store.as_ref(), "14:00").await, [("score".into(), 1), ("other".into(), 0)]);
+    assert_eq!(run(&repo, &store, "14:00").await, [("score".into(), 1), ("other".into(), 0)]);
     assert_eq!(scores(&repo, store.as_ref(), &[4]).await, [Some(4.0)]);
 }
 
@@ -159,14 +157,14 @@ async fn a_failed_run_leaves_the_progress_unchanged_and_a_rerun_completes_it() {
     let inner = EmbeddedStore::open(&tmp.path().join("o.db")).unwrap();
     ingest(&repo, "score", "a.csv", &format!("{HEADER}1,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,1.0\n")).await;
     ingest(&repo, "other", "o.csv", "user_id,event_timestamp,x\n1,2024-01-01T10:00:00Z,5\n").await;
-    let state = repo.config.repo.join(STATE_FILE);
-    let defs = repo.applied().unwrap().definitions;
-    let views: Vec<_> = defs.feature_views.iter().collect();
-    let failing = FailsOnOther(inner.clone());
-    let err = materialize_incremental(&repo.config, &defs, &views, t("12:00"), &failing, &|_, _| {}).await.unwrap_err();
+    // Where docs/online.md says the progress is recorded.
+    let state = repo.config.repo.join(".quiver/materialized.json");
+    let failing: Arc<dyn OnlineStore> = Arc::new(FailsOnOther(inner.clone()));
+    let err = repo.materialize_incremental(Timestamp(t("12:00"))).with_store(failing).await.unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
     assert!(!state.exists(), "progress recorded by a failed run");
     // The rerun loads both views (the first one again, harmlessly) and records both.
+    let inner: Arc<dyn OnlineStore> = Arc::new(inner);
     assert_eq!(run(&repo, &inner, "12:00").await, [("score".into(), 1), ("other".into(), 1)]);
     let recorded: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
     let views = &recorded[inner.name()];

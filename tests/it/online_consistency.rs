@@ -13,8 +13,8 @@ use quiver::offline::historical::{HistoricalOptions, SpineRows, historical, reso
 use quiver::offline::schema::value_at;
 use quiver::online::lookup::{Status, get_online_features};
 use quiver::online::{EmbeddedStore, OnlineStore, RedisStore};
-use quiver::sdk::FeatureRef;
 use quiver::sdk::encoding::{KeyValue, Value};
+use quiver::sdk::{FeatureRef, Timestamp};
 
 const HOUR_US: i64 = 3_600_000_000;
 
@@ -22,7 +22,7 @@ async fn check(store: Arc<dyn OnlineStore>) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("consistency");
     let now = chrono::Utc::now();
-    quiver::init::init(&dir, true, now).unwrap();
+    quiver::init(&dir, true, now).unwrap();
     let repo = Repo::open(&dir).unwrap();
     let handle = tokio::runtime::Handle::current();
     let repo2 = repo.clone();
@@ -41,13 +41,12 @@ async fn check(store: Arc<dyn OnlineStore>) {
         .await
         .unwrap();
     }
-    let views: Vec<_> = defs.feature_views.iter().collect();
     let now_us = now.timestamp_micros();
-    let reports =
-        quiver::materialize::materialize(&repo.config, &defs, &views, i64::MIN, now_us, store.as_ref(), &|_, _| {}).await.unwrap();
+    let reports = repo.materialize(Timestamp::MIN, now.into()).with_store(store.clone()).await.unwrap();
+    assert_eq!(reports.len(), defs.feature_views.len());
     assert!(reports.iter().all(|r| r.entities > 0 && r.written == r.entities), "{reports:?}");
     // Materializing again writes the same rows again (equal replaces): idempotent.
-    let again = quiver::materialize::materialize(&repo.config, &defs, &views, i64::MIN, now_us, store.as_ref(), &|_, _| {}).await.unwrap();
+    let again = repo.materialize(Timestamp::MIN, now.into()).with_store(store.clone()).await.unwrap();
     assert_eq!(again, reports);
 
     // Every driver x customer pair, plus unknown ones.
@@ -162,13 +161,17 @@ async fn check_appends(store: Arc<dyn OnlineStore>) {
     const T0: i64 = 1_700_000_000_000_000;
     let tmp = tempfile::tempdir().unwrap();
     let project = format!("appends{}", std::process::id());
-    let config =
-        quiver::sdk::Config::parse(tmp.path(), &tmp.path().join("quiver.yaml"), &format!("project: {project}\n"), Vec::new()).unwrap();
-    let defs = quiver::sdk::yaml::parse_definitions(
+    std::fs::write(tmp.path().join("quiver.yaml"), format!("project: {project}\n")).unwrap();
+    std::fs::write(
+        tmp.path().join("features.yaml"),
         "entities:\n  - {name: driver, join_keys: [{name: driver_id, dtype: int64}]}\nfeature_views:\n  - name: v\n    entities: [driver]\n    \
          source: {created_timestamp_field: created}\n    features:\n      - {name: x, dtype: int64}\n",
     )
     .unwrap();
+    let repo = Repo::open(tmp.path()).unwrap();
+    let (applying, handle) = (repo.clone(), tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || applying.apply(false, chrono::Utc::now(), handle).unwrap()).await.unwrap();
+    let (config, defs) = (repo.config.clone(), repo.applied().unwrap().definitions);
     let view = defs.feature_view("v").unwrap();
     let batch = |drivers: Vec<i64>, ts: &dyn Fn(i64) -> i64, x: &dyn Fn(i64) -> i64| {
         let time = |f: &dyn Fn(i64) -> i64| {
@@ -205,8 +208,7 @@ async fn check_appends(store: Arc<dyn OnlineStore>) {
     };
 
     for run in 0..2 {
-        let reports =
-            quiver::materialize::materialize(&config, &defs, &[view], i64::MIN, i64::MAX, store.as_ref(), &|_, _| {}).await.unwrap();
+        let reports = repo.materialize(Timestamp::MIN, Timestamp(i64::MAX)).with_store(store.clone()).await.unwrap();
         let report = &reports[0];
         assert_eq!((report.entities, report.written), (n as usize, n as usize), "run {run}: {report:?}");
         let refs = [FeatureRef::new("v", "x")];

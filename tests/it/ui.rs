@@ -37,6 +37,9 @@ feature_services:
 /// 2026-01-01T03:00:00Z, the server's clock in these tests.
 const NOW: i64 = 1_767_236_400_000_000;
 
+/// The servers here answer in-process; the address is never bound.
+const ANY_PORT: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0));
+
 /// Six trips between 00:30 and 02:30 on 2026-01-01; fares 0, 10, 20, 20, 100 and one
 /// missing; n 1..=6; no city missing.
 fn repository(dir: &Path) {
@@ -88,7 +91,7 @@ async fn the_endpoints_answer_what_the_repository_holds() {
     let mut repo = quiver::Repo::open(&dir).unwrap();
     repo.config.server.stream_metrics = urls;
     let store = quiver::online::open_store(&repo.config).await.unwrap();
-    let mut state = quiver::server::server_state(&repo.config, store.clone(), None).unwrap();
+    let mut state = repo.serve(ANY_PORT).with_store(store.clone()).state().await.unwrap();
     state.clock = Box::new(|| NOW);
     let router = quiver::online::server::router(Arc::new(state));
 
@@ -174,8 +177,7 @@ async fn with_a_token_the_page_is_public_and_the_endpoints_are_not() {
     let dir = tmp.path().join("repo");
     repository(&dir);
     let repo = quiver::Repo::open(&dir).unwrap();
-    let store = quiver::online::open_store(&repo.config).await.unwrap();
-    let mut state = quiver::server::server_state(&repo.config, store, None).unwrap();
+    let mut state = repo.serve(ANY_PORT).state().await.unwrap();
     state.auth_token = Some("s3cret".into());
     let router = quiver::online::server::router(Arc::new(state));
     assert_eq!(get(&router, "/ui", None).await.0, StatusCode::OK);

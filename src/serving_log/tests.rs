@@ -1,0 +1,149 @@
+//! The serving log under a server: what it records and how it survives a table that
+//! cannot be written.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use quiver_online::server::router;
+use quiver_online::serving_log::ServingLog;
+use quiver_online::{EmbeddedStore, OnlineStore};
+use tower::ServiceExt;
+
+use super::{DeltaServingLog, read};
+use crate::ops::Rows;
+use crate::repo::Repo;
+
+#[test]
+fn sampling_keeps_about_the_rate_and_everything_at_one() {
+    let kept = (0..100_000u64).filter(|&s| super::sampled(s, 0.25)).count();
+    assert!((24_000..26_000).contains(&kept), "{kept}");
+    assert!((0..1000u64).all(|s| super::sampled(s, 1.0)));
+}
+
+/// The demo repository created in `dir` and applied; with `data`, its hourly driver
+/// stats ingested and materialized up to now.
+async fn demo(dir: &Path, data: bool) -> Repo {
+    let now = chrono::Utc::now();
+    crate::init::init(dir, true, now).unwrap();
+    let repo = Repo::open(dir).unwrap();
+    let (applying, handle) = (repo.clone(), tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || applying.apply(false, now, handle)).await.unwrap().unwrap();
+    if data {
+        repo.ingest("driver_hourly", Rows::file(dir.join("sample_data/driver_hourly.parquet"))).await.unwrap();
+        repo.materialize_incremental(now.into()).await.unwrap();
+    }
+    repo
+}
+
+/// The replay decides statuses as the online lookup does, at each request's own time:
+/// answers at now, three hours later (past the 2h TTL: OUTSIDE_MAX_AGE on both sides)
+/// agree; answers five hours in the past, served from rows that did not exist yet at
+/// that time, are mismatches. The server's routes run in-process with a settable clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_log_judges_each_answer_at_its_request_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let repo = demo(&dir, true).await;
+    let defs = repo.applied().unwrap().definitions;
+    let now = chrono::Utc::now().timestamp_micros();
+    let hour = 3_600_000_000;
+    let clock = Arc::new(AtomicI64::new(now));
+    let log = DeltaServingLog::start(&repo.config.serving_log);
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    let mut state = crate::server::server_state(&repo.config, store, Some(log.clone())).unwrap();
+    state.clock = {
+        let c = clock.clone();
+        Box::new(move || c.load(Ordering::SeqCst))
+    };
+    let state = Arc::new(state);
+    let body = r#"{"entities": {"driver_id": [1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010]}, "features": ["driver_hourly:conv_rate", "driver_hourly:avg_daily_trips"]}"#;
+    let ask = |at: i64| {
+        clock.store(at, Ordering::SeqCst);
+        let state = state.clone();
+        async move {
+            let req = axum::http::Request::builder().method("POST").uri("/get-online-features").header("content-type", "application/json");
+            let resp = router(state).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+        }
+    };
+    // Every demo driver's latest row is at the same hour (the demo's last).
+    let first = ask(now).await;
+    let latest = first["results"][1]["event_timestamps"][0].as_str().unwrap();
+    let latest = chrono::DateTime::parse_from_rfc3339(latest).unwrap().timestamp_micros();
+    for at in [now + 3 * hour, now - 5 * hour, latest + 2 * hour, latest + 2 * hour + 1] {
+        ask(at).await;
+    }
+    log.flush().await.unwrap();
+    let req = axum::http::Request::builder().uri("/metrics").body(axum::body::Body::empty()).unwrap();
+    let metrics = router(state.clone()).oneshot(req).await.unwrap().into_body();
+    let metrics = String::from_utf8(http_body_util::BodyExt::collect(metrics).await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(
+        metrics.contains("quiver_serving_log_requests_total 5\n") && metrics.contains("quiver_serving_log_rows_written_total 50\n"),
+        "{metrics}"
+    );
+    // The stale answers are in the log as such.
+    let logged = read(&repo.config.serving_log.location, now - 6 * hour, now + 4 * hour).await.unwrap();
+    let statuses: Vec<String> = logged.iter().flat_map(|b| (0..b.num_rows()).map(move |r| b.statuses(r).to_string())).collect();
+    assert_eq!(statuses.len(), 50);
+    // Stale at now + 3h and one microsecond past the 2h TTL; not at exactly 2h.
+    assert_eq!(statuses.iter().filter(|s| s.contains("OUTSIDE_MAX_AGE")).count(), 20, "{statuses:?}");
+
+    let report = crate::verify::verify_log(&repo.config, &defs, now - 6 * hour, now + 4 * hour, false, &quiver_gpu_join::CpuKernel::new())
+        .await
+        .unwrap();
+    assert_eq!(report.requests, 5);
+    let trips = report.features.iter().find(|f| f.feature == "driver_hourly:avg_daily_trips").unwrap();
+    assert_eq!(
+        (trips.compared, trips.matches, trips.mismatches, trips.missing_online, trips.missing_offline),
+        (50, 40, 10, 0, 0),
+        "{trips:?}"
+    );
+    // Five hours back the store served rows from after the request.
+    assert!(trips.examples.iter().all(|e| e.starts_with("mismatch (served a row from after the request): ")), "{:?}", trips.examples);
+    // Only the past window disagrees.
+    let agree =
+        crate::verify::verify_log(&repo.config, &defs, now, now + 4 * hour, false, &quiver_gpu_join::CpuKernel::new()).await.unwrap();
+    assert!(agree.features.iter().all(|f| f.compared == 40 && f.matches == 40), "{:?}", agree.features);
+}
+
+/// A log that cannot be written never fails a request: answers stay 200 while appends
+/// fail (counted), the rows wait, and they are written once the table can be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_serving_log_never_fails_a_request_and_keeps_its_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let repo = demo(&dir, false).await;
+    // The log's folder is under a plain file: nothing can be created there.
+    std::fs::write(dir.join("blocker"), "not a folder").unwrap();
+    let mut config = repo.config.serving_log.clone();
+    config.location = quiver_sdk::StoreLocation::Local(dir.join("blocker/log"));
+    let log = DeltaServingLog::start(&config);
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    let state = Arc::new(crate::server::server_state(&repo.config, store, Some(log.clone())).unwrap());
+    let body = r#"{"entities": {"driver_id": [1001, 1002, 1003]}, "features": ["driver_hourly:conv_rate"]}"#;
+    for _ in 0..4 {
+        let req = axum::http::Request::builder().method("POST").uri("/get-online-features").header("content-type", "application/json");
+        let resp = router(state.clone()).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let err = log.flush().await.unwrap_err();
+    assert!(err.contains("blocker/log"), "{err}");
+    let metrics = log.metrics_text();
+    assert!(
+        metrics.contains("quiver_serving_log_write_errors_total 1\n") && metrics.contains("quiver_serving_log_rows_written_total 0\n"),
+        "{metrics}"
+    );
+    // The way is clear again: the 12 waiting rows are written, none lost.
+    std::fs::remove_file(dir.join("blocker")).unwrap();
+    log.flush().await.unwrap();
+    let metrics = log.metrics_text();
+    assert!(
+        metrics.contains("quiver_serving_log_rows_written_total 12\n") && metrics.contains("quiver_serving_log_rows_dropped_total 0\n"),
+        "{metrics}"
+    );
+    let rows: usize = read(&config.location, i64::MIN, i64::MAX).await.unwrap().iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 12);
+}
