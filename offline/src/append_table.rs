@@ -59,7 +59,7 @@ impl AppendTable {
     }
 }
 
-/// The rows with `since <= time_column < until` (UTC microseconds), in `schema`'s
+/// The rows with `time_column` in `times` (`since..until`), in `schema`'s
 /// columns and types, in no particular order; empty when there is no table. A nullable
 /// column the table does not have yet (written before it was added) reads as nulls.
 ///
@@ -69,9 +69,9 @@ pub async fn read_range(
     location: &StoreLocation,
     schema: &SchemaRef,
     time_column: &str,
-    since: i64,
-    until: i64,
+    times: std::ops::Range<quiver_sdk::Timestamp>,
 ) -> Result<Vec<RecordBatch>> {
+    let (since, until) = (times.start.0, times.end.0);
     let Some(table) = open_table(location).await? else {
         return Ok(Vec::new());
     };

@@ -167,12 +167,12 @@ impl LogTable {
     }
 }
 
-/// The rows logged with `since <= request_time < until` (UTC microseconds), in no
+/// The rows logged with `request_time` in `times` (`since..until`), in no
 /// particular order; empty when there is no log.
 ///
 /// # Errors
 /// [`quiver_offline::Error::Delta`]/[`quiver_offline::Error::Query`] when the table cannot be read.
-pub async fn read(location: &StoreLocation, since: i64, until: i64) -> Result<Vec<LogBatch>> {
+pub async fn read(location: &StoreLocation, times: std::ops::Range<quiver_sdk::Timestamp>) -> Result<Vec<LogBatch>> {
     let name = Col::RequestTime.field().name().clone();
-    Ok(read_range(location, &schema(), &name, since, until).await?.into_iter().map(LogBatch).collect())
+    Ok(read_range(location, &schema(), &name, times).await?.into_iter().map(LogBatch).collect())
 }

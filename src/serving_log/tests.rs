@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use quiver_online::server::router;
 use quiver_online::serving_log::ServingLog;
 use quiver_online::{EmbeddedStore, OnlineStore};
+use quiver_sdk::Timestamp;
 use tower::ServiceExt;
 
 use super::{DeltaServingLog, read};
@@ -85,7 +86,7 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
         "{metrics}"
     );
     // The stale answers are in the log as such.
-    let logged = read(&repo.config.serving_log.location, now - 6 * hour, now + 4 * hour).await.unwrap();
+    let logged = read(&repo.config.serving_log.location, Timestamp(now - 6 * hour)..Timestamp(now + 4 * hour)).await.unwrap();
     let statuses: Vec<String> = logged.iter().flat_map(|b| (0..b.num_rows()).map(move |r| b.statuses(r).to_string())).collect();
     assert_eq!(statuses.len(), 50);
     // Stale at now + 3h and one microsecond past the 2h TTL; not at exactly 2h.
@@ -144,6 +145,6 @@ async fn a_failing_serving_log_never_fails_a_request_and_keeps_its_rows() {
         metrics.contains("quiver_serving_log_rows_written_total 12\n") && metrics.contains("quiver_serving_log_rows_dropped_total 0\n"),
         "{metrics}"
     );
-    let rows: usize = read(&config.location, i64::MIN, i64::MAX).await.unwrap().iter().map(|b| b.num_rows()).sum();
+    let rows: usize = read(&config.location, Timestamp::MIN..Timestamp(i64::MAX)).await.unwrap().iter().map(|b| b.num_rows()).sum();
     assert_eq!(rows, 12);
 }

@@ -9,7 +9,7 @@ use quiver_online::lookup::{Row, Status};
 use quiver_online::server::json::value_json;
 use quiver_sdk::encoding::{KeyValue, Value};
 use quiver_sdk::rows::format_instant;
-use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView};
+use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, Timestamp};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use super::{EXAMPLES, FeatureReport, LogReport};
@@ -37,7 +37,7 @@ pub async fn verify_log(
     created_cutoff: bool,
     kernel: &dyn AsOfKernel,
 ) -> Result<LogReport> {
-    let batches = crate::serving_log::read(&config.serving_log.location, since, until).await?;
+    let batches = crate::serving_log::read(&config.serving_log.location, Timestamp(since)..Timestamp(until)).await?;
     let mut report = LogReport::default();
     // Log rows per view as (batch, row), borrowing the batches' text: millions of rows
     // must not become millions of small allocations.
