@@ -1,4 +1,4 @@
-// Quiver's point-in-time kernels (SPEC §3, §8), compiled at run time with NVRTC.
+// Quiver's point-in-time kernels (docs/offline.md: the point-in-time rule; the GPU join), compiled at run time with NVRTC.
 //
 // The feature rows of a chunk of entities arrive grouped by entity and sorted by
 // (ts, created, seq) — the CPU engine's layout: run_offsets[e]..run_offsets[e + 1] are

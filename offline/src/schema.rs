@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use quiver_sdk::{DType, Definitions, FeatureView, KeyType, ListElement};
 
 /// The hidden ingestion-order column: `(table version of the ingest << 32) | row`.
@@ -14,30 +14,12 @@ pub const SEQ_COLUMN: &str = "_quiver_seq";
 
 /// UTC microseconds: the one timestamp type in tables and outputs.
 pub fn timestamp_type() -> DataType {
-    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+    quiver_sdk::timestamp_arrow_type()
 }
 
 /// The Arrow type a feature of `dtype` is stored as.
 pub fn arrow_type(dtype: DType) -> DataType {
-    match dtype {
-        DType::Int32 => DataType::Int32,
-        DType::Int64 => DataType::Int64,
-        DType::Float32 => DataType::Float32,
-        DType::Float64 => DataType::Float64,
-        DType::Bool => DataType::Boolean,
-        DType::String => DataType::Utf8,
-        DType::Bytes => DataType::Binary,
-        DType::Timestamp => timestamp_type(),
-        DType::List(e) => DataType::new_list(
-            match e {
-                ListElement::Int64 => DataType::Int64,
-                ListElement::Float32 => DataType::Float32,
-                ListElement::Float64 => DataType::Float64,
-                ListElement::String => DataType::Utf8,
-            },
-            true,
-        ),
-    }
+    dtype.arrow_type()
 }
 
 /// The Arrow type of a join key.

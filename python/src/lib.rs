@@ -187,6 +187,10 @@ fn definition(py: Python<'_>, repo: String, kind: String, name: String) -> PyRes
             "feature_view" => serde_json::to_string(defs.find_view(&name).map_err(|e| quiver::Error::NotFound(e.0))?)?,
             "feature_service" => serde_json::to_string(defs.find_service(&name).map_err(|e| quiver::Error::NotFound(e.0))?)?,
             "entity" => serde_json::to_string(defs.find_entity(&name).map_err(|e| quiver::Error::NotFound(e.0))?)?,
+            "on_demand_view" => serde_json::to_string(defs.on_demand_view(&name).ok_or_else(|| {
+                let known = quiver::sdk::known(defs.on_demand_views.iter().map(|v| v.name.as_str()));
+                quiver::Error::NotFound(format!("unknown on-demand view `{name}` (known: {known})"))
+            })?)?,
             other => anyhow::bail!(quiver::Error::Invalid(format!("no definitions of kind `{other}`"))),
         })
     })

@@ -595,3 +595,50 @@ def test_materialize_views_export_and_verify_from_python(store, tmp_path):
     by_feature = {r["feature"]: r for r in reports}
     assert set(by_feature) == {"trips:fare", "trips:city", "trips:embedding"}, by_feature
     assert all(r["mismatches"] == 0 and r["compared"] > 0 for r in reports), reports
+
+
+def test_on_demand_views_from_python_equal_yaml(tmp_path):
+    """An on-demand view defined in Python gives YAML's registry, reads back equal, and
+    a bad expression is refused naming the view, the feature and the expression."""
+    on_demand = """on_demand_views:
+  - name: scoring
+    inputs: [trips]
+    request: [{name: amount, dtype: float64}]
+    features:
+      - {name: fare_ratio, dtype: float64, expr: "amount / NULLIF(trips.fare, 0)"}
+      - {name: home, dtype: bool, expr: "lower(trips.city) = 'c1'"}
+"""
+    a = new_repo(tmp_path / "a" / "repo")
+    (a / "features.yaml").write_text(YAML + on_demand)
+    cli(a, "apply")
+    b = new_repo(tmp_path / "b" / "repo")
+    rider, trips, svc = definitions()
+    scoring = qv.OnDemandFeatureView(
+        name="scoring", inputs=[trips], request=[qv.Field("amount", qv.Float64)],
+        features=[qv.Field("fare_ratio", qv.Float64, expr="amount / NULLIF(trips.fare, 0)"),
+                  qv.Field("home", qv.Bool, expr="lower(trips.city) = 'c1'")])
+    s = qv.FeatureStore(str(b))
+    assert "+ on_demand_view scoring" in s.plan([rider, trips, svc, scoring])
+    s.apply([rider, trips, svc, scoring])
+    reg = lambda p: json.loads((p / "registry.json").read_text())  # noqa: E731
+    assert reg(a)["definitions"] == reg(b)["definitions"]
+    assert s.get_on_demand_feature_view("scoring") == scoring
+    assert [v.name for v in s.list_on_demand_feature_views()] == ["scoring"]
+    with pytest.raises(qv.NotFoundError, match="unknown on-demand view `nope` \\(known: scoring\\)"):
+        s.get_on_demand_feature_view("nope")
+
+    bad = qv.OnDemandFeatureView(name="scoring", inputs=[trips],
+                                 features=[qv.Field("fare_ratio", qv.Float64, expr="trips.fare * trips.cty")])
+    with pytest.raises(qv.ValidationError, match="on-demand view `scoring`, feature `fare_ratio`: `trips.fare \\* trips.cty`: unknown name"):
+        s.apply([bad])
+    # A changed expression is a breaking change, applied with force=True.
+    changed = qv.OnDemandFeatureView(name="scoring", inputs=[trips], request=[qv.Field("amount", qv.Float64)],
+                                     features=[qv.Field("fare_ratio", qv.Float64, expr="amount / NULLIF(trips.fare, 0.0)"),
+                                               qv.Field("home", qv.Bool, expr="lower(trips.city) = 'c1'")])
+    with pytest.raises(qv.ValidationError, match="would change its expression"):
+        s.apply([changed])
+    assert s.apply([changed], force=True) == 2
+    with pytest.raises(qv.ValidationError, match="feature `x`: no expr"):
+        qv.OnDemandFeatureView(name="o", inputs=["trips"], features=[qv.Field("x", qv.Float64)])
+    with pytest.raises(TypeError, match="an input must be FeatureView or OnDemandFeatureView or str"):
+        qv.OnDemandFeatureView(name="o", inputs=[3], features=[qv.Field("x", qv.Float64, expr="1")])

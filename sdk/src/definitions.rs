@@ -260,6 +260,45 @@ pub struct FeatureService {
     pub tags: BTreeMap<String, String>,
 }
 
+/// Features computed at request time from stored features, aggregations and what the
+/// request carries (docs/transformations.md): every expression reads one row of its
+/// inputs, as of the request, and is computed by the one expression engine online and
+/// offline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnDemandView {
+    pub name: String,
+    /// The feature views (or on-demand views defined before this one) its expressions
+    /// read, as of the request.
+    #[serde(default)]
+    pub inputs: Vec<String>,
+    /// The values each request (or spine row) carries for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request: Vec<Feature>,
+    pub features: Vec<OnDemandFeature>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+}
+
+/// One feature of an on-demand view: a typed SQL scalar expression.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnDemandFeature {
+    pub name: String,
+    pub dtype: DType,
+    pub expr: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+}
+
+impl OnDemandView {
+    pub fn feature(&self, name: &str) -> Option<&OnDemandFeature> {
+        self.features.iter().find(|f| f.name == name)
+    }
+}
+
 /// The first definition in `value` (a [`Definitions`] document as JSON) that does not
 /// read as its type, named: `feature view \`rides\`, aggregation \`n\``.
 fn locate_json_error(value: &serde_json::Value) -> Option<DefinitionError> {
@@ -294,6 +333,16 @@ fn locate_json_error(value: &serde_json::Value) -> Option<DefinitionError> {
             return Some(DefinitionError::Shape { what: format!("feature service `{}`", name(item)), reason });
         }
     }
+    for item in items("on_demand_views") {
+        let Some(reason) = fails::<OnDemandView>(item) else { continue };
+        let view = name(item);
+        for f in item.get("features").and_then(serde_json::Value::as_array).into_iter().flatten() {
+            if let Some(reason) = fails::<OnDemandFeature>(f) {
+                return Some(DefinitionError::Shape { what: format!("on-demand view `{view}`, feature `{}`", name(f)), reason });
+            }
+        }
+        return Some(DefinitionError::Shape { what: format!("on-demand view `{view}`"), reason });
+    }
     None
 }
 
@@ -307,6 +356,9 @@ pub struct Definitions {
     pub feature_views: Vec<FeatureView>,
     #[serde(default)]
     pub feature_services: Vec<FeatureService>,
+    /// Request-time features (docs/transformations.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub on_demand_views: Vec<OnDemandView>,
     /// The features of online rows written under earlier definitions of a view, by the
     /// rows' schema fingerprint (16 hex digits, [`crate::encoding::fingerprint`]): a
     /// lookup reads such a row by feature name and type, so a feature added by `apply`
@@ -368,6 +420,10 @@ impl Definitions {
         self.feature_services.iter().find(|s| s.name == name)
     }
 
+    pub fn on_demand_view(&self, name: &str) -> Option<&OnDemandView> {
+        self.on_demand_views.iter().find(|v| v.name == name)
+    }
+
     /// The view called `name`, or the one "unknown feature view" message.
     ///
     /// # Errors
@@ -403,6 +459,11 @@ impl Definitions {
     /// [`NotFound`]: an unknown view (naming the views there are) or an unknown feature
     /// (naming the view's features).
     pub fn find_feature(&self, r: &FeatureRef) -> Result<(&FeatureView, Feature), NotFound> {
+        if self.on_demand_view(&r.view).is_some() {
+            return Err(NotFound(format!(
+                "`{r}` is an on-demand feature: on-demand views are defined and checked, not yet computed (docs/transformations.md#status)"
+            )));
+        }
         let Some(view) = self.feature_view(&r.view) else {
             return Err(NotFound(format!(
                 "unknown feature view `{}` in `{r}` (known: {})",
@@ -453,6 +514,12 @@ impl Definitions {
     #[must_use]
     pub fn with_feature_service(mut self, service: FeatureService) -> Self {
         self.feature_services.push(service);
+        self
+    }
+
+    #[must_use]
+    pub fn with_on_demand_view(mut self, view: OnDemandView) -> Self {
+        self.on_demand_views.push(view);
         self
     }
 }
@@ -587,6 +654,40 @@ impl FeatureService {
     }
 }
 
+impl OnDemandView {
+    pub fn new(name: impl Into<String>) -> Self {
+        OnDemandView {
+            name: name.into(),
+            inputs: Vec::new(),
+            request: Vec::new(),
+            features: Vec::new(),
+            description: String::new(),
+            tags: BTreeMap::new(),
+        }
+    }
+
+    /// Reads the features of `view` (a feature view or an earlier on-demand view).
+    #[must_use]
+    pub fn with_input(mut self, view: impl Into<String>) -> Self {
+        self.inputs.push(view.into());
+        self
+    }
+
+    /// A value each request carries.
+    #[must_use]
+    pub fn with_request(mut self, name: impl Into<String>, dtype: DType) -> Self {
+        self.request.push(Feature { name: name.into(), dtype, description: String::new() });
+        self
+    }
+
+    /// A feature computed by `expr`.
+    #[must_use]
+    pub fn with_feature(mut self, name: impl Into<String>, dtype: DType, expr: impl Into<String>) -> Self {
+        self.features.push(OnDemandFeature { name: name.into(), dtype, expr: expr.into(), description: String::new() });
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -632,7 +733,7 @@ macro_rules! described {
     )*};
 }
 
-described!(Entity, FeatureView, FeatureService);
+described!(Entity, FeatureView, FeatureService, OnDemandView);
 
 /// `a, b, c`, or `none`: the list of what is known in every "unknown ..." message.
 pub fn known<'a>(names: impl IntoIterator<Item = &'a str>) -> String {

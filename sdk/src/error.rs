@@ -55,6 +55,10 @@ pub enum DefinitionError {
         "feature view `{view}` uses the serving log's table {table} (serving_log.path in quiver.yaml; name the view or its source.path otherwise)"
     )]
     ServingLogTable { view: String, table: String },
+    #[error("on-demand view `{view}`: {reason}")]
+    OnDemand { view: String, reason: String },
+    #[error("on-demand view `{view}`, feature `{feature}`: `{expr}`: {reason}")]
+    BadExpression { view: String, feature: String, expr: String, reason: String },
     #[error("{0}")]
     Yaml(String),
     /// A definition given as JSON (from Python) whose shape is wrong, named by what it

@@ -35,6 +35,7 @@ pub mod encoding;
 pub mod error;
 pub mod files;
 pub mod metrics;
+pub mod on_demand;
 pub mod registry;
 pub mod rows;
 pub mod types;
@@ -44,8 +45,9 @@ pub mod yaml;
 pub use aggregation::{AggFunction, Aggregation};
 pub use config::{Config, OnlineStoreConfig, StorageOptions, StoreLocation};
 pub use definitions::{
-    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, NotFound, Source, StreamFormat, StreamSource, known,
+    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, NotFound, OnDemandFeature, OnDemandView, Source,
+    StreamFormat, StreamSource, known,
 };
 pub use error::{DefinitionError, Error, ErrorKind, Result};
 pub use registry::{DataProbe, FileRegistry, Plan, RegistryDoc};
-pub use types::{DType, KeyType, ListElement, Timestamp, Ttl};
+pub use types::{DType, KeyType, ListElement, Timestamp, Ttl, timestamp_arrow_type};

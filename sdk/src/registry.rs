@@ -95,12 +95,13 @@ pub struct HistoryEntry {
     pub changes: Vec<String>,
 }
 
-/// The three kinds of registry object.
+/// The kinds of registry object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ObjectKind {
     Entity,
     FeatureView,
     FeatureService,
+    OnDemandView,
 }
 
 impl ObjectKind {
@@ -109,6 +110,7 @@ impl ObjectKind {
             ObjectKind::Entity => "entity",
             ObjectKind::FeatureView => "feature_view",
             ObjectKind::FeatureService => "feature_service",
+            ObjectKind::OnDemandView => "on_demand_view",
         }
     }
 }
@@ -236,16 +238,24 @@ pub trait DataProbe {
     fn holds_data(&self, view: &FeatureView) -> Result<bool>;
 }
 
-/// A change that would break a view holding data.
+/// A change that would break a view holding data, or what a model trained on an
+/// on-demand feature is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Breaking {
     pub view: String,
+    /// Of an on-demand view (which holds no data: its features are what its
+    /// expressions compute).
+    pub on_demand: bool,
     pub reason: String,
 }
 
 impl fmt::Display for Breaking {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "feature view `{}` holds data and {}", self.view, self.reason)
+        if self.on_demand {
+            write!(f, "on-demand view `{}`: {}", self.view, self.reason)
+        } else {
+            write!(f, "feature view `{}` holds data and {}", self.view, self.reason)
+        }
     }
 }
 
@@ -262,6 +272,9 @@ fn objects_of(defs: &Definitions) -> Vec<(ObjectKind, String, Value)> {
     }
     for s in &defs.feature_services {
         out.push((ObjectKind::FeatureService, s.name.clone(), json(s)));
+    }
+    for v in &defs.on_demand_views {
+        out.push((ObjectKind::OnDemandView, v.name.clone(), json(v)));
     }
     out
 }
@@ -385,10 +398,12 @@ impl RegistryDoc {
             let is = |k: ObjectKind| kind.is_none_or(|want| want == k.as_str());
             let registered = (is(ObjectKind::Entity) && self.definitions.entity(name).is_some())
                 || (is(ObjectKind::FeatureView) && self.definitions.feature_view(name).is_some())
-                || (is(ObjectKind::FeatureService) && self.definitions.feature_service(name).is_some());
+                || (is(ObjectKind::FeatureService) && self.definitions.feature_service(name).is_some())
+                || (is(ObjectKind::OnDemandView) && self.definitions.on_demand_view(name).is_some());
             let defined = (is(ObjectKind::Entity) && new.entity(name).is_some())
                 || (is(ObjectKind::FeatureView) && new.feature_view(name).is_some())
-                || (is(ObjectKind::FeatureService) && new.feature_service(name).is_some());
+                || (is(ObjectKind::FeatureService) && new.feature_service(name).is_some())
+                || (is(ObjectKind::OnDemandView) && new.on_demand_view(name).is_some());
             let refuse = |reason: String| crate::error::DefinitionError::BadRemoval { name: r.clone(), reason };
             if !registered {
                 return Err(refuse("the registry holds no such object".to_string()).into());
@@ -423,6 +438,11 @@ impl RegistryDoc {
                 merged.feature_services.push(s.clone());
             }
         }
+        for v in &self.definitions.on_demand_views {
+            if new.on_demand_view(&v.name).is_none() && keep(ObjectKind::OnDemandView, &v.name) {
+                merged.on_demand_views.push(v.clone());
+            }
+        }
         let mut plan = diff(&self.definitions, &merged);
         plan.kept = kept;
         Ok((merged, plan))
@@ -445,7 +465,7 @@ impl RegistryDoc {
             if !probe.holds_data(view)? {
                 continue;
             }
-            let mut add = |reason: String| out.push(Breaking { view: view.name.clone(), reason });
+            let mut add = |reason: String| out.push(Breaking { view: view.name.clone(), on_demand: false, reason });
             let Some(next) = next else {
                 add("would be removed".to_string());
                 continue;
@@ -478,6 +498,26 @@ impl RegistryDoc {
             }
             if a.path != b.path {
                 add(format!("its table path would change from {:?} to {:?}", a.path, b.path));
+            }
+        }
+        // An on-demand feature whose expression or type changes is another feature
+        // under the same name: a model trained on it would be served something else.
+        for view in &old.on_demand_views {
+            let Some(next) = new.on_demand_view(&view.name) else { continue };
+            for feature in &view.features {
+                let Some(f) = next.feature(&feature.name) else { continue };
+                let mut add = |reason: String| out.push(Breaking { view: view.name.clone(), on_demand: true, reason });
+                if f.expr != feature.expr {
+                    add(format!(
+                        "feature `{}` would change its expression from `{}` to `{}` (give the new expression a new name, or --force)",
+                        feature.name, feature.expr, f.expr
+                    ));
+                } else if f.dtype != feature.dtype {
+                    add(format!(
+                        "feature `{}` would change type from {} to {} (give it a new name, or --force)",
+                        feature.name, feature.dtype, f.dtype
+                    ));
+                }
             }
         }
         Ok(out)

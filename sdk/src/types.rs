@@ -39,7 +39,34 @@ pub enum DType {
 pub const DTYPE_NAMES: &str = "int32, int64, float32, float64, bool, string, bytes, timestamp, \
      list<int64>, list<float32>, list<float64>, list<string>";
 
+/// The Arrow type of a UTC instant: microseconds, zone `UTC`.
+pub fn timestamp_arrow_type() -> arrow::datatypes::DataType {
+    arrow::datatypes::DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into()))
+}
+
 impl DType {
+    /// The Arrow type a value of this type is stored and computed as, everywhere.
+    pub fn arrow_type(&self) -> arrow::datatypes::DataType {
+        use arrow::datatypes::DataType;
+        let element = |e: &ListElement| match e {
+            ListElement::Int64 => DataType::Int64,
+            ListElement::Float32 => DataType::Float32,
+            ListElement::Float64 => DataType::Float64,
+            ListElement::String => DataType::Utf8,
+        };
+        match self {
+            DType::Int32 => DataType::Int32,
+            DType::Int64 => DataType::Int64,
+            DType::Float32 => DataType::Float32,
+            DType::Float64 => DataType::Float64,
+            DType::Bool => DataType::Boolean,
+            DType::String => DataType::Utf8,
+            DType::Bytes => DataType::Binary,
+            DType::Timestamp => timestamp_arrow_type(),
+            DType::List(e) => DataType::new_list(element(e), true),
+        }
+    }
+
     /// The canonical spelling (`list<float32>`).
     pub fn as_str(&self) -> &'static str {
         match self {

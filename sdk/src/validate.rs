@@ -58,7 +58,76 @@ impl Definitions {
     pub fn validate(&self) -> Result<(), DefinitionError> {
         self.check_entities()?;
         self.check_views()?;
+        self.check_on_demand_views()?;
         self.check_services()
+    }
+
+    /// On-demand views (docs/transformations.md): names, inputs defined before them,
+    /// request fields, and every expression compiled against what it may read.
+    fn check_on_demand_views(&self) -> Result<(), DefinitionError> {
+        no_duplicates("on-demand view", "", self.on_demand_views.iter().map(|v| v.name.as_str()))?;
+        for (at, view) in self.on_demand_views.iter().enumerate() {
+            let bad = |reason: String| DefinitionError::OnDemand { view: view.name.clone(), reason };
+            check_name("on-demand view", &view.name)?;
+            if view.name.contains("__") {
+                return Err(DefinitionError::BadName {
+                    kind: "on-demand view",
+                    name: view.name.clone(),
+                    reason: "`__` separates view and feature in column names",
+                });
+            }
+            if self.feature_view(&view.name).is_some() {
+                return Err(bad("a feature view has the same name (`view:feature` must name one of them)".into()));
+            }
+            if view.features.is_empty() {
+                return Err(bad("no features (expected at least one {name, dtype, expr})".into()));
+            }
+            let scope = format!(" in on-demand view `{}`", view.name);
+            no_duplicates("input", &scope, view.inputs.iter().map(|i| i.as_str()))?;
+            for input in &view.inputs {
+                let earlier = self.on_demand_views[..at].iter().any(|o| &o.name == input);
+                if self.feature_view(input).is_none() && !earlier {
+                    let reason = if self.on_demand_view(input).is_some() {
+                        format!("input `{input}` is an on-demand view defined after it, or itself (define it first)")
+                    } else {
+                        let views = self.feature_views.iter().map(|v| v.name.as_str());
+                        let demand = self.on_demand_views[..at].iter().map(|v| v.name.as_str());
+                        format!("unknown input `{input}` (known: {})", known(views.chain(demand)))
+                    };
+                    return Err(bad(reason));
+                }
+            }
+            no_duplicates("request field", &scope, view.request.iter().map(|f| f.name.as_str()))?;
+            let keys = crate::on_demand::keys(self, view);
+            for field in &view.request {
+                check_name("request field", &field.name)?;
+                if field.name == crate::on_demand::REQUEST_TIME {
+                    return Err(bad("a request field cannot be called `request_time` (the request's own time has that name)".into()));
+                }
+                if keys.iter().any(|k| k.name == field.name) {
+                    return Err(bad(format!("request field `{}` is a join key of its inputs", field.name)));
+                }
+            }
+            for field in crate::on_demand::request_fields(self, view) {
+                if let Some(other) = view.request.iter().find(|f| f.name == field.name && f.dtype != field.dtype) {
+                    return Err(bad(format!(
+                        "request field `{}` is {} here but {} in an on-demand view it reads",
+                        other.name, other.dtype, field.dtype
+                    )));
+                }
+            }
+            no_duplicates("feature", &scope, view.features.iter().map(|f| f.name.as_str()))?;
+            for feature in &view.features {
+                check_name("feature", &feature.name)?;
+            }
+            crate::on_demand::program(self, view).map_err(|e| DefinitionError::BadExpression {
+                view: view.name.clone(),
+                feature: e.feature,
+                expr: e.expr,
+                reason: e.reason,
+            })?;
+        }
+        Ok(())
     }
 
     /// Entities and the one type of each join key.
@@ -149,11 +218,24 @@ impl Definitions {
             let scope = format!(" in feature service `{}`", service.name);
             no_duplicates("feature reference", &scope, refs.iter().map(|r| r.as_str()))?;
             for (reference, text) in service.features.iter().zip(&refs) {
+                if let Some(demand) = self.on_demand_view(&reference.view) {
+                    if demand.feature(&reference.feature).is_none() {
+                        return Err(DefinitionError::UnknownFeature {
+                            service: service.name.clone(),
+                            reference: text.clone(),
+                            view: demand.name.clone(),
+                            known: known(demand.features.iter().map(|f| f.name.as_str())),
+                        });
+                    }
+                    continue;
+                }
                 let Some(view) = self.feature_view(&reference.view) else {
                     return Err(DefinitionError::UnknownView {
                         service: service.name.clone(),
                         view: reference.view.clone(),
-                        known: known(self.feature_views.iter().map(|v| v.name.as_str())),
+                        known: known(
+                            self.feature_views.iter().map(|v| v.name.as_str()).chain(self.on_demand_views.iter().map(|v| v.name.as_str())),
+                        ),
                     });
                 };
                 if view.served_feature(&reference.feature).is_none() {

@@ -7,7 +7,9 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::aggregation::{AggFunction, Aggregation};
-use crate::definitions::{Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, Source};
+use crate::definitions::{
+    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, OnDemandFeature, OnDemandView, Source,
+};
 use crate::error::{DefinitionError, Error, Result};
 use crate::types::{DTYPE_NAMES, DType, KeyType, Ttl};
 
@@ -20,6 +22,34 @@ struct RawDefinitions {
     feature_views: Option<Vec<RawView>>,
     #[serde(default)]
     feature_services: Option<Vec<RawService>>,
+    #[serde(default)]
+    on_demand_views: Option<Vec<RawOnDemandView>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOnDemandView {
+    name: String,
+    #[serde(default)]
+    inputs: Vec<String>,
+    #[serde(default)]
+    request: Vec<RawFeature>,
+    #[serde(default)]
+    features: Vec<RawComputed>,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    tags: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawComputed {
+    name: String,
+    dtype: String,
+    expr: String,
+    #[serde(default)]
+    description: String,
 }
 
 #[derive(Deserialize)]
@@ -190,6 +220,39 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
             features.push(r);
         }
         defs.feature_services.push(FeatureService { name: s.name, features, description: s.description, tags: s.tags });
+    }
+    for v in raw.on_demand_views.unwrap_or_default() {
+        let dtype = |what: &str, name: &str, text: &str| -> Result<DType, DefinitionError> {
+            text.parse().map_err(|_| DefinitionError::OnDemand {
+                view: v.name.clone(),
+                reason: format!("{what} `{name}`: unknown dtype `{text}` (expected one of {DTYPE_NAMES})"),
+            })
+        };
+        let mut request = Vec::new();
+        for f in &v.request {
+            request.push(Feature {
+                name: f.name.clone(),
+                dtype: dtype("request field", &f.name, &f.dtype)?,
+                description: f.description.clone(),
+            });
+        }
+        let mut features = Vec::new();
+        for f in &v.features {
+            features.push(OnDemandFeature {
+                name: f.name.clone(),
+                dtype: dtype("feature", &f.name, &f.dtype)?,
+                expr: f.expr.clone(),
+                description: f.description.clone(),
+            });
+        }
+        defs.on_demand_views.push(OnDemandView {
+            name: v.name,
+            inputs: v.inputs,
+            request,
+            features,
+            description: v.description,
+            tags: v.tags,
+        });
     }
     Ok(defs)
 }

@@ -157,6 +157,19 @@ fn render_list(doc: &RegistryDoc) -> String {
             s.features.len()
         ));
     }
+    if !defs.on_demand_views.is_empty() {
+        out.push_str(&format!("\non-demand views ({})\n", defs.on_demand_views.len()));
+        for v in &defs.on_demand_views {
+            out.push_str(&format!(
+                "  {:<24} v{:<3} inputs {:<20} {:>2} features, {} request fields\n",
+                v.name,
+                meta(doc, "on_demand_view", &v.name).map_or(0, |m| m.version),
+                v.inputs.join(","),
+                v.features.len(),
+                v.request.len()
+            ));
+        }
+    }
     out
 }
 
@@ -191,10 +204,21 @@ fn cmd_describe(dir: &Path, name: &str) -> anyhow::Result<()> {
         value["output_columns"] = s.features.iter().map(|r| r.column_name()).collect::<Vec<_>>().into();
         found.push(("feature_service", value));
     }
+    if let Some(v) = defs.on_demand_view(name).filter(|_| wanted("on_demand_view")) {
+        let mut value = serde_json::to_value(v)?;
+        // What the request must carry (its own fields and those of the views it reads),
+        // and the join keys that find its inputs' rows.
+        let fields = quiver::sdk::on_demand::request_fields(defs, v);
+        value["request_fields"] = fields.iter().map(|f| format!("{}:{}", f.name, f.dtype)).collect::<Vec<_>>().into();
+        value["join_keys"] =
+            quiver::sdk::on_demand::keys(defs, v).iter().map(|k| format!("{}:{}", k.name, k.dtype)).collect::<Vec<_>>().into();
+        found.push(("on_demand_view", value));
+    }
     if found.is_empty() {
         let mut all: Vec<&str> = defs.entities.iter().map(|e| e.name.as_str()).collect();
         all.extend(defs.feature_views.iter().map(|v| v.name.as_str()));
         all.extend(defs.feature_services.iter().map(|s| s.name.as_str()));
+        all.extend(defs.on_demand_views.iter().map(|v| v.name.as_str()));
         anyhow::bail!("`{name}` is not in the registry (version {}; known: {})", doc.version, quiver::sdk::known(all));
     }
     for (i, (kind, mut value)) in found.into_iter().enumerate() {

@@ -255,6 +255,11 @@ fn the_page_renders_the_demo_repository_in_headless_chromium() {
     let tmp = tempfile::tempdir().unwrap();
     assert!(common::quiver(tmp.path(), &["init", "repo", "--demo"], &[]).status.success());
     let dir = tmp.path().join("repo");
+    let on_demand = "\non_demand_views:\n  - name: scoring\n    inputs: [driver_hourly]\n    request: [{name: amount, dtype: float64}]\n    \
+                     features: [{name: conv_x_acc, dtype: float64, expr: \"driver_hourly.conv_rate * driver_hourly.acc_rate\"}]\n";
+    let mut features = std::fs::read_to_string(dir.join("features.yaml")).unwrap();
+    features.push_str(on_demand);
+    std::fs::write(dir.join("features.yaml"), features).unwrap();
     common::ok(&dir, &["apply"]);
     for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
         common::ok(&dir, &["ingest", v, &format!("sample_data/{v}.parquet")]);
@@ -278,6 +283,10 @@ fn the_page_renders_the_demo_repository_in_headless_chromium() {
     // Each aggregation's hop: the default one a window gets, or the one it names.
     assert!(registry.contains("window 1h, hop 5m (default)"), "no default hop shown: {registry}");
     assert!(registry.contains("window 30m, hop 10m<"), "the named hop is not shown: {registry}");
+    // An on-demand view: its inputs, request fields and expressions.
+    assert!(registry.contains(r#"data-name="scoring""#) && registry.contains("on-demand view"), "no on-demand view: {registry}");
+    assert!(registry.contains("driver_hourly.conv_rate * driver_hourly.acc_rate"), "no expression shown: {registry}");
+    assert!(registry.contains("amount: float64"), "no request field shown: {registry}");
     let freshness = browse(&chromium, &format!("{base}#freshness"), &shots.join("freshness.png"));
     assert!(freshness.contains(r#"data-ready="freshness""#), "{freshness}");
     for view in ["driver_hourly", "customer_rides"] {

@@ -34,7 +34,7 @@ if not issubclass(ValidationError, ValueError):
 
 __all__ = [
     "Aggregation", "Array", "Bool", "Bytes", "DeltaSource", "DuplicateIngestWarning", "Entity", "FeatureService", "FeatureStore", "FeatureView",
-    "Field", "Float32", "Float64", "Int32", "Int64", "KafkaSource", "NotFoundError", "OnlineResponse",
+    "Field", "Float32", "Float64", "Int32", "Int64", "KafkaSource", "NotFoundError", "OnDemandFeatureView", "OnlineResponse",
     "QuiverError", "RetrievalJob", "StoreUnavailableError", "String", "TrainingSet", "UnixTimestamp",
     "ValidationError", "shard_plan", "to_tensors",
 ]
@@ -113,7 +113,7 @@ class _Definition:
 
 @dataclass
 class Field:
-    """A named, typed column: a feature or a join key.
+    """A named, typed column: a feature, a join key or a request field.
 
     Parameters
     ----------
@@ -121,18 +121,31 @@ class Field:
         The column's name.
     dtype
         A quiver type: ``qv.Int64``, ``qv.Float32``, ``qv.Array(qv.Float32)``, ...
+    expr
+        Of an on-demand view's feature: the SQL expression that computes it
+        (docs/transformations.md).
     """
 
     name: str
     dtype: _Type
+    expr: str | None = None
 
     def __post_init__(self) -> None:
         _expect(self.name, str, "Field's name")
         if not isinstance(self.dtype, _Type):
             raise TypeError(f"field `{self.name}`: dtype must be a quiver type such as qv.Float64, got {self.dtype!r}")
+        if self.expr is not None:
+            _expect(self.expr, str, f"field `{self.name}`: expr")
+
+    def __repr__(self) -> str:
+        expr = f", expr={self.expr!r}" if self.expr is not None else ""
+        return f"Field(name={self.name!r}, dtype={self.dtype!r}{expr})"
 
     def _json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype.dtype}
+        out = {"name": self.name, "dtype": self.dtype.dtype}
+        if self.expr is not None:
+            out["expr"] = self.expr
+        return out
 
 
 class Entity(_Definition):
@@ -407,6 +420,67 @@ class FeatureService(_Definition):
         return cls(name=d["name"], features=d["features"], description=d.get("description", ""), tags=d.get("tags"))
 
 
+class OnDemandFeatureView(_Definition):
+    """Features computed at request time by SQL expressions over other views' features
+    and values the request carries (docs/transformations.md), by one engine online and
+    offline.
+
+    Parameters
+    ----------
+    name
+        The view's name; its features are referenced as ``name:feature``.
+    inputs
+        The views its expressions read (objects or names): feature views, or on-demand
+        views defined before it.
+    request
+        The values each request carries, as ``Field(name, dtype)``.
+    features
+        ``Field(name, dtype, expr="...")``, each with its expression.
+    """
+
+    def __init__(self, *, name: str, inputs: Sequence[FeatureView | OnDemandFeatureView | str],
+                 features: Sequence[Field], request: Sequence[Field] = (), description: str = "",
+                 tags: Mapping[str, str] | None = None):
+        _expect(name, str, "OnDemandFeatureView's name")
+        _expect(inputs, (list, tuple), f"on-demand view `{name}`: inputs")
+        _expect(features, (list, tuple), f"on-demand view `{name}`: features")
+        _expect(request, (list, tuple), f"on-demand view `{name}`: request")
+        names = []
+        for i in inputs:
+            _expect(i, (FeatureView, OnDemandFeatureView, str), f"on-demand view `{name}`: an input")
+            names.append(i if isinstance(i, str) else i.name)
+        for f in list(features) + list(request):
+            _expect(f, Field, f"on-demand view `{name}`: a field")
+        for f in features:
+            if f.expr is None:
+                raise ValidationError(f"on-demand view `{name}`, feature `{f.name}`: no expr (Field(name, dtype, expr=\"...\"))")
+        for f in request:
+            if f.expr is not None:
+                raise ValidationError(f"on-demand view `{name}`, request field `{f.name}`: a request field has no expr")
+        self.name = name
+        self.inputs = names
+        self.request = list(request)
+        self.features = list(features)
+        self.description = description
+        self.tags = dict(tags or {})
+
+    def _json(self) -> dict:
+        out: dict[str, Any] = {"name": self.name, "inputs": self.inputs, "features": [f._json() for f in self.features]}
+        if self.request:
+            out["request"] = [f._json() for f in self.request]
+        if self.description:
+            out["description"] = self.description
+        if self.tags:
+            out["tags"] = self.tags
+        return out
+
+    @classmethod
+    def _from_json(cls, d: dict) -> OnDemandFeatureView:
+        field = lambda f: Field(f["name"], _type_of(f["dtype"]), f.get("expr"))  # noqa: E731
+        return cls(name=d["name"], inputs=d.get("inputs", []), features=[field(f) for f in d["features"]],
+                   request=[field(f) for f in d.get("request", [])], description=d.get("description", ""), tags=d.get("tags"))
+
+
 # ---------------------------------------------------------------------------------------
 # Tables in and out
 
@@ -532,8 +606,10 @@ def _refs(features: Any, what: str = "features") -> list[str]:
     return refs
 
 
-_KINDS = {Entity: "entities", FeatureView: "feature_views", FeatureService: "feature_services"}
-_SINGULAR = {"entities": "entity", "feature_views": "feature_view", "feature_services": "feature_service"}
+_KINDS = {Entity: "entities", FeatureView: "feature_views", FeatureService: "feature_services",
+          OnDemandFeatureView: "on_demand_views"}
+_SINGULAR = {"entities": "entity", "feature_views": "feature_view", "feature_services": "feature_service",
+             "on_demand_views": "on_demand_view"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -567,13 +643,13 @@ class FeatureStore:
         for obj in objects:
             kind = _KINDS.get(type(obj))
             if kind is None:
-                raise TypeError(f"apply takes Entity, FeatureView and FeatureService objects, got {type(obj).__name__}")
+                raise TypeError(f"apply takes Entity, FeatureView, OnDemandFeatureView and FeatureService objects, got {type(obj).__name__}")
             merged[kind][obj.name] = obj._json()
         remove = []
         for obj in objects_to_delete or []:
             kind = _KINDS.get(type(obj))
             if kind is None:
-                raise TypeError(f"objects_to_delete takes Entity, FeatureView and FeatureService objects, got {type(obj).__name__}")
+                raise TypeError(f"objects_to_delete takes Entity, FeatureView, OnDemandFeatureView and FeatureService objects, got {type(obj).__name__}")
             merged[kind].pop(obj.name, None)
             remove.append(f"{_SINGULAR[kind]}/{obj.name}")
         return json.dumps({k: list(v.values()) for k, v in merged.items()}), remove
@@ -638,6 +714,20 @@ class FeatureStore:
     def list_feature_services(self) -> list[FeatureService]:
         """The registered feature services."""
         return [FeatureService._from_json(d) for d in self._registered("feature_services")]
+
+    def list_on_demand_feature_views(self) -> list[OnDemandFeatureView]:
+        """The registered on-demand views."""
+        return [OnDemandFeatureView._from_json(d) for d in self._registered("on_demand_views")]
+
+    def get_on_demand_feature_view(self, name: str) -> OnDemandFeatureView:
+        """The registered on-demand view ``name``.
+
+        Raises
+        ------
+        NotFoundError
+            No such view (the message names the known ones).
+        """
+        return OnDemandFeatureView._from_json(json.loads(_quiver.definition(self.repo_path, "on_demand_view", name)))
 
     def get_entity(self, name: str) -> Entity:
         """The registered entity ``name``.

@@ -111,6 +111,18 @@ function renderRegistry() {
       s.description ? el("p", { text: s.description }) : null,
       el("div", {}, (s.features || []).map((f) => el("span", { class: "tag", text: f })))));
   }
+  for (const o of defs.on_demand_views || []) {
+    const features = o.features || [], request = o.request || [];
+    if (!hit(o.name, o.description, ...features.map((f) => f.name), ...features.map((f) => f.expr))) continue;
+    out.append(el("div", { class: "card view", "data-name": o.name },
+      el("h2", {}, o.name, el("span", { class: "kind", text: "on-demand view" })),
+      o.description ? el("p", { text: o.description }) : null,
+      el("div", {}, "inputs: ", (o.inputs || []).map((x) => el("span", { class: "tag", text: x }))),
+      request.length ? el("div", {}, "request: ", request.map((f) => el("span", { class: "tag", text: `${f.name}: ${f.dtype}` }))) : null,
+      el("table", {}, el("tr", {}, el("th", { text: "feature" }), el("th", { text: "type" }), el("th", { text: "expression" })),
+        features.map((f) => el("tr", {}, el("td", { class: "mono", text: f.name }), el("td", { text: f.dtype }),
+          el("td", { class: "mono", text: f.expr }))))));
+  }
 }
 
 // ---- lineage: sources -> views -> services -----------------------------------------

@@ -1,0 +1,415 @@
+//! The one expression engine (docs/transformations.md): SQL scalar expressions, parsed
+//! and planned by DataFusion and evaluated as its physical expressions over Arrow
+//! arrays. A [`Program`] is compiled once from the columns an expression may read and
+//! the features it computes; the join, the export, the server, `quiver online` and
+//! Python all evaluate the same program on the same input types, so online and offline
+//! agree bit for bit.
+//!
+//! The language is a closed list ([`check`]): what it names works, anything else is
+//! refused when the program is compiled (at `apply`), naming the construct. A row whose
+//! value cannot be computed (division by zero, overflow, an invalid cast, lists of
+//! unequal length) gives null for that row and is counted; it never fails the batch.
+//!
+//! On nothing of ours, like `gpu-join`: columns and results are Arrow types.
+
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, new_null_array};
+use arrow::compute::{cast, concat};
+use arrow::datatypes::{DataType, Field, SchemaRef};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{DFSchema, DataFusionError, TableReference};
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, ExprSchemable, Operator, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::BinaryExpr;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+mod check;
+
+pub use check::{FUNCTIONS, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_NODES};
+
+/// A column an expression may read: `qualifier.name` (an input view's feature or its
+/// `event_timestamp`) or a bare `name` (a request field, a join key, `request_time`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub qualifier: Option<String>,
+    pub name: String,
+    pub dtype: DataType,
+}
+
+impl Column {
+    pub fn qualified(qualifier: impl Into<String>, name: impl Into<String>, dtype: DataType) -> Column {
+        Column { qualifier: Some(qualifier.into()), name: name.into(), dtype }
+    }
+
+    pub fn bare(name: impl Into<String>, dtype: DataType) -> Column {
+        Column { qualifier: None, name: name.into(), dtype }
+    }
+
+    /// How the column is written in an expression.
+    pub fn reference(&self) -> String {
+        match &self.qualifier {
+            Some(q) => format!("{q}.{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+}
+
+/// One computed feature: its name, its declared type and its expression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    pub name: String,
+    pub dtype: DataType,
+    pub expr: String,
+}
+
+/// Why an expression was refused, naming the feature and the expression.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("feature `{feature}`: `{expr}`: {reason}")]
+pub struct ExprError {
+    pub feature: String,
+    pub expr: String,
+    pub reason: String,
+}
+
+/// A batch given to [`Program::evaluate`] that does not have the program's columns.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expression input: {0}")]
+pub struct InputError(pub String);
+
+/// Compiled expressions over one set of input columns.
+#[derive(Debug, Clone)]
+pub struct Program {
+    schema: SchemaRef,
+    outputs: Vec<Compiled>,
+}
+
+#[derive(Debug, Clone)]
+struct Compiled {
+    name: String,
+    dtype: DataType,
+    expr: Arc<dyn PhysicalExpr>,
+}
+
+/// What [`Program::evaluate`] computed: a column per output, in order, and per output
+/// how many rows are null because their value could not be computed.
+#[derive(Debug, Clone)]
+pub struct Evaluated {
+    pub columns: Vec<ArrayRef>,
+    pub failed: Vec<u64>,
+}
+
+/// The session expressions are planned in: DataFusion's functions plus the float
+/// division that refuses a zero divisor, names case-sensitive as written.
+static SESSION: LazyLock<SessionContext> = LazyLock::new(|| {
+    let mut config = SessionConfig::new();
+    config.options_mut().sql_parser.enable_ident_normalization = false;
+    let session = SessionContext::new_with_config(config);
+    session.register_udf(ScalarUDF::new_from_impl(FloatDivision::new(false)));
+    session.register_udf(ScalarUDF::new_from_impl(FloatDivision::new(true)));
+    session
+});
+
+impl Program {
+    /// Compiles `outputs` against `columns`: parses each expression, refuses what is
+    /// outside the language, resolves its names, type-checks it against its declared
+    /// type, and plans it.
+    ///
+    /// # Errors
+    /// The first refused expression, naming its feature: too long, not an expression,
+    /// an unknown name (listing the known ones), a construct or function outside the
+    /// language, or a type its declared type cannot hold.
+    pub fn compile(columns: &[Column], outputs: &[Output]) -> Result<Program, ExprError> {
+        // Parsing and checking recurse once per level of the text's nesting, bounded
+        // only after parsing: on a thread whose stack any text within
+        // `MAX_EXPR_CHARS` fits in.
+        std::thread::scope(|s| {
+            let compiling = std::thread::Builder::new()
+                .name("quiver-expr".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(s, || Self::compile_here(columns, outputs))
+                .expect("a thread to compile expressions on");
+            compiling.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    fn compile_here(columns: &[Column], outputs: &[Output]) -> Result<Program, ExprError> {
+        let fields: Vec<(Option<TableReference>, Arc<Field>)> = columns
+            .iter()
+            .map(|c| (c.qualifier.as_deref().map(TableReference::bare), Arc::new(Field::new(&c.name, c.dtype.clone(), true))))
+            .collect();
+        let refuse = |o: &Output, reason: String| ExprError { feature: o.name.clone(), expr: o.expr.clone(), reason };
+        let df_schema = DFSchema::new_with_metadata(fields, Default::default()).map_err(|e| ExprError {
+            feature: String::new(),
+            expr: String::new(),
+            reason: format!("input columns: {e}"),
+        })?;
+        let schema: SchemaRef = Arc::new(df_schema.as_arrow().clone());
+        let mut compiled = Vec::with_capacity(outputs.len());
+        for output in outputs {
+            check::size(&output.expr).map_err(|r| refuse(output, r))?;
+            let logical = SESSION.parse_sql_expr(&output.expr, &df_schema).map_err(|e| refuse(output, parse_reason(&e, columns)))?;
+            check::language(&logical).map_err(|r| refuse(output, r))?;
+            let logical = rewrite_functions(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
+            // Typed as they will be computed, so the rewrite below sees each operand's type.
+            let logical =
+                ExprSimplifier::new(simplify_context(&df_schema)).coerce(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
+            let logical = safe_float_division(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
+            let physical = SESSION.create_physical_expr(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
+            let physical = fail_on_overflow(physical).map_err(|e| refuse(output, plain(&e)))?;
+            let got = physical.data_type(&schema).map_err(|e| refuse(output, plain(&e)))?;
+            if !holds(&output.dtype, &got) {
+                return Err(refuse(
+                    output,
+                    format!("computes {}, which a {} feature cannot hold", type_name(&got), type_name(&output.dtype)),
+                ));
+            }
+            compiled.push(Compiled { name: output.name.clone(), dtype: output.dtype.clone(), expr: physical });
+        }
+        Ok(Program { schema, outputs: compiled })
+    }
+
+    /// The columns a batch given to [`Program::evaluate`] must have, in order (their
+    /// names are the columns' names without qualifiers).
+    pub fn input_schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The outputs' names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.outputs.iter().map(|o| o.name.as_str())
+    }
+
+    /// Every output for every row of `batch`, each of its declared type. A row whose
+    /// value cannot be computed is null, and counted in [`Evaluated::failed`].
+    ///
+    /// # Errors
+    /// [`InputError`] when `batch`'s columns are not [`Program::input_schema`]'s types.
+    pub fn evaluate(&self, batch: &RecordBatch) -> Result<Evaluated, InputError> {
+        let (ours, theirs) = (self.schema.fields(), batch.schema_ref().fields());
+        if ours.len() != theirs.len() || ours.iter().zip(theirs.iter()).any(|(a, b)| a.data_type() != b.data_type()) {
+            return Err(InputError(format!(
+                "expected columns of types [{}], got [{}]",
+                ours.iter().map(|f| type_name(f.data_type())).collect::<Vec<_>>().join(", "),
+                theirs.iter().map(|f| type_name(f.data_type())).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let mut columns = Vec::with_capacity(self.outputs.len());
+        let mut failed = Vec::with_capacity(self.outputs.len());
+        for output in &self.outputs {
+            let (column, n) = output.evaluate(batch);
+            columns.push(column);
+            failed.push(n);
+        }
+        Ok(Evaluated { columns, failed })
+    }
+}
+
+impl Compiled {
+    /// The whole batch at once; when that fails, row by row, each row that fails null.
+    /// Every function of the language computes a row from that row alone, so both ways
+    /// give the same values for the rows that compute.
+    fn evaluate(&self, batch: &RecordBatch) -> (ArrayRef, u64) {
+        let n = batch.num_rows();
+        if let Ok(column) = self.evaluate_exactly(batch) {
+            return (column, 0);
+        }
+        let mut failed = 0;
+        let rows: Vec<ArrayRef> = (0..n)
+            .map(|i| {
+                self.evaluate_exactly(&batch.slice(i, 1)).unwrap_or_else(|_| {
+                    failed += 1;
+                    new_null_array(&self.dtype, 1)
+                })
+            })
+            .collect();
+        let refs: Vec<&dyn Array> = rows.iter().map(|a| a.as_ref()).collect();
+        let column = if refs.is_empty() { new_null_array(&self.dtype, 0) } else { concat(&refs).expect("columns of one type") };
+        (column, failed)
+    }
+
+    fn evaluate_exactly(&self, batch: &RecordBatch) -> Result<ArrayRef, DataFusionError> {
+        let value = self.expr.evaluate(batch)?.into_array(batch.num_rows())?;
+        if value.data_type() == &self.dtype { Ok(value) } else { Ok(cast(&value, &self.dtype)?) }
+    }
+}
+
+/// Whether a feature declared `declared` holds what an expression computes: the same
+/// type, a wider integer (a count, unsigned, as int64), an integer or float32 as
+/// float64, or nothing but nulls.
+fn holds(declared: &DataType, got: &DataType) -> bool {
+    use DataType::*;
+    declared == got
+        || matches!(got, Null)
+        || matches!((declared, got), (Int64, Int8 | Int16 | Int32 | UInt8 | UInt16 | UInt32 | UInt64))
+        || matches!((declared, got), (Int32, Int8 | Int16 | UInt8 | UInt16))
+        || matches!((declared, got), (Float64, Float32 | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64))
+        || matches!((declared, got), (Float32, Int8 | Int16 | UInt8 | UInt16))
+        || matches!((declared, got), (Utf8, Utf8View | LargeUtf8))
+        || matches!((declared, got), (Timestamp(u1, z1), Timestamp(u2, z2)) if u1 == u2 && z1.is_some() == z2.is_some())
+        || matches!((declared, got), (List(a), List(b) | LargeList(b)) if a.data_type() == b.data_type())
+}
+
+/// A type as users write it.
+pub fn type_name(t: &DataType) -> String {
+    match t {
+        DataType::Int32 => "int32".into(),
+        DataType::Int64 => "int64".into(),
+        DataType::Float32 => "float32".into(),
+        DataType::Float64 => "float64".into(),
+        DataType::Boolean => "bool".into(),
+        DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 => "string".into(),
+        DataType::Timestamp(..) => "timestamp".into(),
+        DataType::List(f) | DataType::LargeList(f) => format!("list<{}>", type_name(f.data_type())),
+        DataType::Null => "null".into(),
+        other => other.to_string().to_lowercase(),
+    }
+}
+
+/// DataFusion's message without its error-kind prefixes and backtrace.
+fn plain(e: &DataFusionError) -> String {
+    let text = e.strip_backtrace();
+    let mut text = text.as_str();
+    for prefix in ["Error during planning: ", "Schema error: ", "Execution error: ", "SQL error: ", "Arrow error: ", "Internal error: "] {
+        if let Some(rest) = text.strip_prefix(prefix) {
+            text = rest;
+        }
+    }
+    text.lines().next().unwrap_or(text).trim().to_string()
+}
+
+/// A parse or name error, with the names an expression may use when a name is unknown.
+fn parse_reason(e: &DataFusionError, columns: &[Column]) -> String {
+    let reason = plain(e);
+    if reason.contains("No field named") || reason.contains("not found") {
+        let known: Vec<String> = columns.iter().map(Column::reference).collect();
+        let name = reason.split("No field named ").nth(1).and_then(|r| r.split(". ").next()).unwrap_or("").trim_end_matches(['.', ':']);
+        let what = if name.is_empty() { "an unknown name".to_string() } else { format!("unknown name {name}") };
+        return format!("{what} (known: {})", known.join(", "));
+    }
+    reason
+}
+
+/// The stack expressions are compiled on.
+const COMPILE_STACK: usize = 256 << 20;
+
+/// Functions DataFusion computes by rewriting them (`COALESCE` into a `CASE` that
+/// computes only the argument it returns), rewritten as its planner does; nothing else
+/// of its simplifier runs (its constant folding would wrap an overflowing literal
+/// instead of failing the row).
+fn rewrite_functions(expr: Expr, schema: &DFSchema) -> Result<Expr, DataFusionError> {
+    let context = simplify_context(schema);
+    expr.transform_up(|e| {
+        let Expr::ScalarFunction(f) = &e else { return Ok(Transformed::no(e)) };
+        match f.func.simplify(f.args.clone(), &context)? {
+            ExprSimplifyResult::Simplified(rewritten) => Ok(Transformed::yes(rewritten)),
+            ExprSimplifyResult::Original(_) => Ok(Transformed::no(e)),
+        }
+    })
+    .map(|t| t.data)
+}
+
+fn simplify_context(schema: &DFSchema) -> SimplifyContext {
+    SimplifyContext::builder()
+        .with_schema(Arc::new(schema.clone()))
+        .with_config_options(Arc::clone(SESSION.state().config_options()))
+        .build()
+}
+
+/// `/` and `%` with a float operand through [`FloatDivision`], so that a zero divisor
+/// fails the row (and so gives null) as it does for integers, instead of infinity; and
+/// an integer's negation as `0 - x`, which fails on overflow (`-x` wraps).
+fn safe_float_division(expr: Expr, schema: &DFSchema) -> Result<Expr, DataFusionError> {
+    expr.transform_up(|e| {
+        if let Expr::Negative(x) = &e
+            && x.get_type(schema)?.is_integer()
+        {
+            let zero = datafusion::logical_expr::lit(datafusion::common::ScalarValue::new_zero(&x.get_type(schema)?)?);
+            return Ok(Transformed::yes(Expr::BinaryExpr(datafusion::logical_expr::BinaryExpr::new(
+                Box::new(zero),
+                Operator::Minus,
+                x.clone(),
+            ))));
+        }
+        let Expr::BinaryExpr(b) = &e else { return Ok(Transformed::no(e)) };
+        if !matches!(b.op, Operator::Divide | Operator::Modulo) {
+            return Ok(Transformed::no(e));
+        }
+        let is_float = |x: &Expr| x.get_type(schema).map(|t| matches!(t, DataType::Float32 | DataType::Float64 | DataType::Float16));
+        if !(is_float(&b.left)? || is_float(&b.right)?) {
+            return Ok(Transformed::no(e));
+        }
+        let udf = FloatDivision::new(b.op == Operator::Modulo);
+        let args = vec![(*b.left).clone(), (*b.right).clone()];
+        Ok(Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(Arc::new(ScalarUDF::new_from_impl(udf)), args))))
+    })
+    .map(|t| t.data)
+}
+
+/// Integer `+`, `-` and `*` that overflow fail the row instead of wrapping around.
+fn fail_on_overflow(expr: Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
+    expr.transform_up(|e| {
+        let Some(b) = e.downcast_ref::<BinaryExpr>() else { return Ok(Transformed::no(e)) };
+        let checked = BinaryExpr::new(Arc::clone(b.left()), *b.op(), Arc::clone(b.right())).with_fail_on_overflow(true);
+        Ok(Transformed::yes(Arc::new(checked) as Arc<dyn PhysicalExpr>))
+    })
+    .map(|t| t.data)
+}
+
+/// Float division (`/`) or remainder (`%`) in float64 that fails on a zero divisor.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct FloatDivision {
+    remainder: bool,
+    signature: Signature,
+}
+
+impl FloatDivision {
+    fn new(remainder: bool) -> FloatDivision {
+        FloatDivision { remainder, signature: Signature::uniform(2, vec![DataType::Float64], Volatility::Immutable) }
+    }
+}
+
+impl ScalarUDFImpl for FloatDivision {
+    fn name(&self) -> &str {
+        if self.remainder { "quiver_float_remainder" } else { "quiver_float_division" }
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> datafusion::common::Result<DataType> {
+        Ok(DataType::Float64)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> datafusion::common::Result<ColumnarValue> {
+        let n = args.number_rows;
+        let [a, b] = &args.args[..] else {
+            return Err(DataFusionError::Internal(format!("{} takes two arguments", self.name())));
+        };
+        let (a, b) = (a.to_array(n)?, b.to_array(n)?);
+        let a = a.as_any().downcast_ref::<Float64Array>().ok_or_else(|| DataFusionError::Internal("float64 expected".into()))?;
+        let b = b.as_any().downcast_ref::<Float64Array>().ok_or_else(|| DataFusionError::Internal("float64 expected".into()))?;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            if a.is_null(i) || b.is_null(i) {
+                out.push(None);
+                continue;
+            }
+            let (x, y) = (a.value(i), b.value(i));
+            if y == 0.0 {
+                return Err(DataFusionError::ArrowError(Box::new(arrow::error::ArrowError::DivideByZero), None));
+            }
+            out.push(Some(if self.remainder { x % y } else { x / y }));
+        }
+        Ok(ColumnarValue::Array(Arc::new(Float64Array::from(out))))
+    }
+}
+
+#[cfg(test)]
+mod tests;
