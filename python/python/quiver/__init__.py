@@ -700,6 +700,9 @@ class FeatureStore:
         text, counts = _quiver.plan(self.repo_path, defs, remove)
         return text if any(counts) else ""
 
+    def _registered_one(self, cls: Any, kind: str, name: str) -> Any:
+        return cls._from_json(json.loads(_quiver.definition(self.repo_path, kind, name)))
+
     def _registered(self, kind: str) -> list[dict]:
         return json.loads(_quiver.registry_json(self.repo_path))["definitions"].get(kind, [])
 
@@ -727,7 +730,7 @@ class FeatureStore:
         NotFoundError
             No such view (the message names the known ones).
         """
-        return OnDemandFeatureView._from_json(json.loads(_quiver.definition(self.repo_path, "on_demand_view", name)))
+        return self._registered_one(OnDemandFeatureView, "on_demand_view", name)
 
     def get_entity(self, name: str) -> Entity:
         """The registered entity ``name``.
@@ -737,7 +740,7 @@ class FeatureStore:
         NotFoundError
             No such entity (the message names the known ones).
         """
-        return Entity._from_json(json.loads(_quiver.definition(self.repo_path, "entity", name)))
+        return self._registered_one(Entity, "entity", name)
 
     def get_feature_view(self, name: str) -> FeatureView:
         """The registered feature view ``name``.
@@ -747,7 +750,7 @@ class FeatureStore:
         NotFoundError
             No such view (the message names the known ones).
         """
-        return FeatureView._from_json(json.loads(_quiver.definition(self.repo_path, "feature_view", name)))
+        return self._registered_one(FeatureView, "feature_view", name)
 
     def get_feature_service(self, name: str) -> FeatureService:
         """The registered feature service ``name``.
@@ -757,7 +760,7 @@ class FeatureStore:
         NotFoundError
             No such service (the message names the known ones).
         """
-        return FeatureService._from_json(json.loads(_quiver.definition(self.repo_path, "feature_service", name)))
+        return self._registered_one(FeatureService, "feature_service", name)
 
     # --- offline ---
 
