@@ -175,8 +175,7 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
         }
     };
     let spine_bytes = std::fs::read(spine_path).map_err(|e| Error::io(spine_path, e))?;
-    let key_types: Vec<(String, arrow::datatypes::DataType)> =
-        requests.iter().flat_map(|r| defs.join_keys(r.view)).map(|k| (k.name.clone(), quiver_offline::schema::key_type(k.dtype))).collect();
+    let key_types: Vec<(String, arrow::datatypes::DataType)> = requests.spine_types(defs);
     let spine = read_spine(spine_path, &key_types)?;
     let features: Vec<ManifestFeature> = service
         .features
@@ -184,10 +183,7 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
         .map(|r| ManifestFeature {
             reference: r.to_string(),
             column: r.column_name(),
-            dtype: defs
-                .feature_view(&r.view)
-                .and_then(|v| v.served_feature(&r.feature))
-                .map_or_else(String::new, |f| f.dtype.as_str().to_string()),
+            dtype: defs.feature_dtype(r).map_or_else(String::new, |t| t.as_str().to_string()),
         })
         .collect();
     let spine_info = SpineInfo {

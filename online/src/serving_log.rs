@@ -21,6 +21,8 @@ pub struct Served {
     /// The answer: `n_keys` join-key columns, then one column per ref.
     pub columns: Vec<Column>,
     pub n_keys: usize,
+    /// The request fields of the on-demand features asked for, as given.
+    pub fields: crate::lookup::RequestFields,
 }
 
 /// Where the server hands answered requests. `log` must not block: a sink that cannot

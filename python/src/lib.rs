@@ -266,7 +266,8 @@ fn materialize_incremental(
 /// One column of an online answer: its name, its values as JSON text, their statuses.
 type AnswerColumn = (String, String, Vec<String>);
 
-/// Online lookup. `entities` maps each join key to its values (one per row). Returns
+/// Online lookup. `entities` maps each join key (and request field of the on-demand
+/// features asked for) to its values (one per row). Returns
 /// (name, values as JSON text, statuses) per column, join keys first, and the same
 /// values as a table typed by the definitions (a feature's type even when every value
 /// is missing).
@@ -284,19 +285,8 @@ fn get_online_features(
         serde_json::from_str(&entities_json).map_err(|e| ValidationError::new_err(format!("entity_rows: {e}")))?;
     run(py, async move {
         let repo = open(&repo)?;
-        let mut columns = Vec::new();
-        for (name, values) in entities {
-            let keys = values
-                .iter()
-                .map(|v| {
-                    KeyValue::from_json(v)
-                        .ok_or_else(|| quiver::Error::Invalid(format!("entity `{name}`: {v} is not an integer or a string")))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            columns.push((name, keys));
-        }
-        let n_keys = columns.len();
-        let mut op = repo.lookup(columns).with_full_names(full_feature_names);
+        // Join keys and request fields alike, told apart by the features asked for.
+        let mut op = repo.lookup(Vec::new()).with_columns(entities).with_full_names(full_feature_names);
         op = match (&feature_service, &features) {
             (Some(service), _) => op.with_service(service.clone()),
             (None, Some(features)) => op.with_features(features.clone()),
@@ -308,6 +298,7 @@ fn get_online_features(
             (Some(service), _) => defs.find_service(&service).map_err(|e| quiver::Error::NotFound(e.0))?.features.clone(),
             (None, features) => features.unwrap_or_default().iter().filter_map(|f| f.parse().ok()).collect(),
         };
+        let n_keys = result.len() - refs.len();
         let table = ArrowStream::new(typed_answer(&defs, n_keys, &refs, &result)?);
         let columns = result
             .into_iter()
@@ -353,9 +344,8 @@ fn typed_answer(
             key_array(dtype, keys.iter())
         } else {
             let r = &refs[i - n_keys];
-            let feature = defs.feature_view(&r.view).and_then(|v| v.served_feature(&r.feature));
-            let feature = feature.ok_or_else(|| quiver::Error::NotFound(format!("feature `{r}`")))?;
-            values_to_array(feature.dtype, c.values.iter())
+            let dtype = defs.feature_dtype(r).ok_or_else(|| quiver::Error::NotFound(format!("feature `{r}`")))?;
+            values_to_array(dtype, c.values.iter())
         };
         fields.push(arrow::datatypes::Field::new(&c.name, array.data_type().clone(), true));
         arrays.push(array);

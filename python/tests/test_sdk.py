@@ -505,6 +505,11 @@ def test_the_cli_keeps_what_python_defined(tmp_path):
 
 AUDIT_VIEW = ("  - name: audit\n    entities: [driver]\n    online: false\n    source: {timestamp_field: event_timestamp}\n"
               "    features: [{name: note, dtype: string}]\n\n")
+SCORING_VIEW = ("on_demand_views:\n  - name: scoring\n    inputs: [driver_hourly]\n"
+                "    request: [{name: amount, dtype: float64}, {name: city, dtype: string}]\n    features:\n"
+                "      - {name: conv_x_acc, dtype: float64, expr: 'driver_hourly.conv_rate * driver_hourly.acc_rate'}\n"
+                "      - {name: per_trip, dtype: int64, expr: 'CAST(amount AS BIGINT) / driver_hourly.avg_daily_trips'}\n"
+                "      - {name: shout, dtype: string, expr: 'upper(city)'}\n")
 
 
 def test_one_table_of_lookups_is_answered_as_the_cli_and_server_answer_it(tmp_path):
@@ -516,7 +521,7 @@ def test_one_table_of_lookups_is_answered_as_the_cli_and_server_answer_it(tmp_pa
     assert res.returncode == 0, res.stderr
     repo = tmp_path / "demo"
     yaml = (repo / "features.yaml").read_text()
-    (repo / "features.yaml").write_text(yaml.replace("\nfeature_services:", "\n" + AUDIT_VIEW + "feature_services:", 1))
+    (repo / "features.yaml").write_text(yaml.replace("\nfeature_services:", "\n" + AUDIT_VIEW + "feature_services:", 1) + SCORING_VIEW)
     config = (repo / "quiver.yaml").read_text()
     (repo / "quiver.yaml").write_text(config.replace("# max_cells: 1000000", "max_cells: 8", 1))
     cli(repo, "apply")
@@ -525,7 +530,8 @@ def test_one_table_of_lookups_is_answered_as_the_cli_and_server_answer_it(tmp_pa
     store = qv.FeatureStore(str(repo))
     exceptions = {"invalid": qv.ValidationError, "not_found": qv.NotFoundError}
     for case in table["cases"]:
-        rows = [dict(zip(case["entities"], values)) for values in zip(*case["entities"].values())]
+        given = {**case["entities"], **case.get("request", {})}  # request fields beside the join keys
+        rows = [dict(zip(given, values)) for values in zip(*given.values())]
         features = (lambda c=case: c["features"]) if "features" in case else (lambda c=case: store.get_feature_service(c["service"]))
         refused = case.get("refused")
         if refused is None:
@@ -535,6 +541,44 @@ def test_one_table_of_lookups_is_answered_as_the_cli_and_server_answer_it(tmp_pa
         with pytest.raises(exceptions[refused["kind"]]) as err:
             store.get_online_features(features(), rows, full_feature_names=True)
         assert refused["message"] in str(err.value), (case["name"], str(err.value))
+
+
+def test_on_demand_features_online_equal_historical(store):
+    """On-demand features from Python: request fields in `entity_rows` online and as
+    `entity_df` columns offline give the same values (the oracle is a plain-Python
+    computation over the rows we wrote); a missing request field is a ValidationError."""
+    rider, trips, svc = definitions()
+    scoring = qv.OnDemandFeatureView(
+        name="scoring", inputs=[trips], request=[qv.Field("amount", qv.Float64)],
+        features=[qv.Field("fare_ratio", qv.Float64, expr="amount / NULLIF(trips.fare, 0)"),
+                  qv.Field("shout", qv.String, expr="concat(upper(trips.city), '!')")])
+    store.apply([rider, trips, svc, scoring])
+    store.materialize(NOW - timedelta(days=1), NOW + timedelta(seconds=1))
+    asked = [{"rider_id": r, "amount": a} for r, a in ((1, 10.0), (2, -3.5), (3, 0.0), (7, 1.0))]
+    refs = ["scoring:fare_ratio", "scoring:shout"]
+    online = store.get_online_features(refs, asked, full_feature_names=True).to_dict()
+    spine = pa.table({"rider_id": pa.array([a["rider_id"] for a in asked], pa.int64()),
+                      "event_timestamp": pa.array([datetime.now(timezone.utc)] * len(asked), pa.timestamp("us", tz="UTC")),
+                      "amount": pa.array([a["amount"] for a in asked], pa.float64())})
+    offline = store.get_historical_features(spine, refs).to_arrow().to_pydict()
+    # The oracle: each rider's latest row (by event time, then created time) within the TTL.
+    latest = {}
+    for row in rows():
+        key = (row["event_timestamp"], row["created_timestamp"])
+        if row["rider_id"] not in latest or key > (latest[row["rider_id"]]["event_timestamp"], latest[row["rider_id"]]["created_timestamp"]):
+            latest[row["rider_id"]] = row
+    for i, a in enumerate(asked):
+        row = latest.get(a["rider_id"])
+        live = row is not None and datetime.now(timezone.utc) - row["event_timestamp"] <= timedelta(minutes=90)
+        ratio = a["amount"] / row["fare"] if live else None
+        shout = row["city"].upper() + "!" if live else None
+        assert online["scoring__fare_ratio"][i] == ratio == offline["scoring__fare_ratio"][i], (a, online, offline)
+        assert online["scoring__shout"][i] == shout == offline["scoring__shout"][i], (a, online, offline)
+    assert list(offline) == ["rider_id", "event_timestamp", "amount", "scoring__fare_ratio", "scoring__shout"]
+    with pytest.raises(qv.ValidationError, match="missing request field `amount`"):
+        store.get_online_features(refs, [{"rider_id": 1}])
+    with pytest.raises(qv.ValidationError, match="missing column `amount`: a request field of on-demand view `scoring`"):
+        store.get_historical_features(spine.drop(["amount"]), refs).to_arrow()
 
 
 def test_python_reads_like_python(store, tmp_path):

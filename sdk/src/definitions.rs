@@ -416,22 +416,39 @@ impl Definitions {
         })
     }
 
-    /// The view and feature a reference names.
+    /// The stored feature (or an event log's aggregation) a reference names.
     ///
     /// # Errors
-    /// [`NotFound`]: an unknown view (naming the views there are) or an unknown feature
-    /// (naming the view's features).
+    /// [`NotFound`]: an unknown view (naming the views there are), an unknown feature
+    /// (naming the view's features), or an on-demand feature (computed, not stored).
     pub fn find_feature(&self, r: &FeatureRef) -> Result<(&FeatureView, Feature), NotFound> {
-        if self.on_demand_view(&r.view).is_some() {
-            return Err(NotFound(format!(
-                "`{r}` is an on-demand feature: on-demand views are defined and checked, not yet computed (docs/transformations.md#status)"
-            )));
+        match self.find(r)? {
+            Found::Stored(view, feature) => Ok((view, feature)),
+            Found::OnDemand(..) => Err(NotFound(format!("`{r}` is an on-demand feature: computed when read, never stored"))),
+        }
+    }
+
+    /// What a reference names: a stored feature (or aggregation), or an on-demand one.
+    ///
+    /// # Errors
+    /// [`NotFound`]: an unknown view (naming the views there are, both kinds) or an
+    /// unknown feature (naming the view's features).
+    pub fn find(&self, r: &FeatureRef) -> Result<Found<'_>, NotFound> {
+        if let Some(view) = self.on_demand_view(&r.view) {
+            let feature = view.feature(&r.feature).ok_or_else(|| {
+                NotFound(format!(
+                    "unknown feature `{r}` (on-demand view `{}` has: {})",
+                    view.name,
+                    known(view.features.iter().map(|f| f.name.as_str()))
+                ))
+            })?;
+            return Ok(Found::OnDemand(view, feature));
         }
         let Some(view) = self.feature_view(&r.view) else {
             return Err(NotFound(format!(
                 "unknown feature view `{}` in `{r}` (known: {})",
                 r.view,
-                known(self.feature_views.iter().map(|v| v.name.as_str()))
+                known(self.feature_views.iter().map(|v| v.name.as_str()).chain(self.on_demand_views.iter().map(|v| v.name.as_str())))
             )));
         };
         let feature = view.served_feature(&r.feature).ok_or_else(|| {
@@ -441,7 +458,15 @@ impl Definitions {
                 known(view.served_features().iter().map(|f| f.name.as_str()))
             ))
         })?;
-        Ok((view, feature))
+        Ok(Found::Stored(view, feature))
+    }
+
+    /// The type of the feature `r` names, of either kind; `None` when unknown.
+    pub fn feature_dtype(&self, r: &FeatureRef) -> Option<DType> {
+        match self.find(r).ok()? {
+            Found::Stored(_, feature) => Some(feature.dtype),
+            Found::OnDemand(_, feature) => Some(feature.dtype),
+        }
     }
 
     /// The join keys of a view, in order: its entities' keys, de-duplicated by name.
@@ -674,3 +699,12 @@ pub fn known<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct NotFound(pub String);
+
+/// What a feature reference names ([`Definitions::find`]).
+#[derive(Debug, Clone)]
+pub enum Found<'a> {
+    /// A feature view's served feature (an event log's aggregation).
+    Stored(&'a FeatureView, Feature),
+    /// An on-demand view's feature.
+    OnDemand(&'a crate::on_demand::OnDemandView, &'a crate::on_demand::OnDemandFeature),
+}

@@ -29,6 +29,7 @@
 //! ```
 
 pub mod aggregation;
+pub mod arrays;
 pub mod config;
 pub mod definitions;
 pub mod encoding;
@@ -45,7 +46,7 @@ pub mod yaml;
 pub use aggregation::{AggFunction, Aggregation};
 pub use config::{Config, OnlineStoreConfig, StorageOptions, StoreLocation};
 pub use definitions::{
-    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, NotFound, OnDemandFeature, OnDemandView, Source,
+    Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, Found, JoinKey, NotFound, OnDemandFeature, OnDemandView, Source,
     StreamFormat, StreamSource, known,
 };
 pub use error::{DefinitionError, Error, ErrorKind, Result};

@@ -1,4 +1,5 @@
-//! `quiver online --features ... --entity KEY=VALUE...`: one lookup from the shell.
+//! `quiver online --features ... --entity KEY=VALUE... [--request NAME=VALUE...]`: one
+//! lookup from the shell.
 
 use quiver::sdk::encoding::{KeyValue, Value};
 
@@ -17,6 +18,10 @@ pub struct Online {
     /// A join key value, KEY=VALUE; repeat for composite keys.
     #[arg(long = "entity", required = true)]
     entities: Vec<String>,
+    /// A request field of the on-demand features asked for, NAME=VALUE (text as is for
+    /// a string field, JSON otherwise); repeat for each.
+    #[arg(long = "request")]
+    request: Vec<String>,
 }
 
 impl Online {
@@ -43,9 +48,29 @@ impl Online {
             };
             columns.push((name.to_string(), vec![value]));
         }
+        let mut fields = Vec::new();
+        for r in &self.request {
+            let Some((name, text)) = r.split_once('=') else {
+                anyhow::bail!("--request `{r}`: expected NAME=VALUE");
+            };
+            let dtype = defs
+                .on_demand_views
+                .iter()
+                .flat_map(|v| &v.request)
+                .find(|f| f.name == name)
+                .map(|f| f.dtype)
+                .ok_or_else(|| anyhow::anyhow!("--request `{r}`: `{name}` is not a request field of any on-demand view"))?;
+            // Text that is not JSON is a string; a wrong type is refused by the lookup,
+            // in the words every front end uses.
+            let value = match dtype {
+                quiver::sdk::DType::String => serde_json::Value::String(text.to_string()),
+                _ => serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_string())),
+            };
+            fields.push((name.to_string(), vec![value]));
+        }
         let n_keys = columns.len();
         let rt = runtime()?;
-        let lookup = repo.lookup(columns).with_full_names(true);
+        let lookup = repo.lookup(columns).with_columns(fields).with_full_names(true);
         let lookup = match self.service {
             Some(service) => lookup.with_service(service),
             None => lookup.with_features(self.features),

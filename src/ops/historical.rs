@@ -112,11 +112,7 @@ impl<'a> Historical<'a> {
         let defs = self.repo.defs()?;
         let refs = self.features.resolve(&defs)?;
         let requests = historical::resolve(&defs, &refs)?;
-        let key_types: Vec<(String, DataType)> = requests
-            .iter()
-            .flat_map(|r| defs.join_keys(r.view))
-            .map(|k| (k.name.clone(), quiver_offline::schema::key_type(k.dtype)))
-            .collect();
+        let key_types: Vec<(String, DataType)> = requests.spine_types(&defs);
         let label = self.spine.label();
         let spine = self.spine.read(&key_types)?;
         let (kernel, engine_note) = pick_engine(self.engine, spine.num_rows())?;

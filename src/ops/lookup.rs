@@ -1,6 +1,7 @@
 //! An online lookup (docs/online.md), as `quiver online` and the Python SDK do it.
 
-use quiver_online::lookup::{Column, EntityColumns};
+use quiver_online::lookup::{Column, EntityColumns, RequestFields, request_values};
+use quiver_sdk::encoding::KeyValue;
 
 use quiver_sdk::Timestamp;
 
@@ -14,6 +15,8 @@ use crate::repo::Repo;
 pub struct Lookup<'a> {
     repo: &'a Repo,
     entities: EntityColumns,
+    /// Columns as JSON, join keys and request fields alike ([`Lookup::with_columns`]).
+    given: Vec<(String, Vec<serde_json::Value>)>,
     features: Features,
     full_names: bool,
     now: Option<i64>,
@@ -22,7 +25,7 @@ pub struct Lookup<'a> {
 impl Repo {
     /// Features for the entity rows `entities` (each join key and its values).
     pub fn lookup(&self, entities: EntityColumns) -> Lookup<'_> {
-        Lookup { repo: self, entities, features: Features::None, full_names: false, now: None }
+        Lookup { repo: self, entities, given: Vec::new(), features: Features::None, full_names: false, now: None }
     }
 }
 
@@ -35,21 +38,44 @@ impl<'a> Lookup<'a> {
         self
     }
 
+    /// More entity columns, as JSON: join keys, and the request fields of the on-demand
+    /// features asked for (Feast's `entities`), told apart by those features.
+    pub fn with_columns(mut self, given: Vec<(String, Vec<serde_json::Value>)>) -> Self {
+        self.given.extend(given);
+        self
+    }
+
     /// Answers at `now` instead of the wall clock.
     pub fn at(mut self, now: Timestamp) -> Self {
         self.now = Some(now.0);
         self
     }
 
-    async fn run(self) -> Result<Vec<Column>> {
+    async fn run(mut self) -> Result<Vec<Column>> {
         let defs = self.repo.defs()?;
         let refs = self.features.resolve(&defs)?;
         // The bounds every front end holds a lookup to, before any work.
-        let rows = self.entities.first().map_or(0, |(_, values)| values.len());
+        let rows = self.entities.first().map_or(0, |(_, v)| v.len()).max(self.given.first().map_or(0, |(_, v)| v.len()));
         quiver_online::lookup::check_size(rows, refs.len(), self.repo.config.server.max_cells)?;
         // The request's own checks before the store is opened: a lookup that cannot be
         // answered is refused as such, not as a store that cannot be reached.
-        quiver_online::lookup::Plan::new(&defs, refs.clone(), self.full_names).map_err(request)?;
+        let plan = quiver_online::lookup::Plan::new(&defs, refs.clone(), self.full_names).map_err(request)?;
+        let mut fields = RequestFields::new();
+        for (name, values) in std::mem::take(&mut self.given) {
+            match plan.request_fields().iter().find(|f| f.name == name) {
+                Some(field) => fields.push((name, request_values(field, &values).map_err(request)?)),
+                None => {
+                    let keys = values
+                        .iter()
+                        .map(|v| {
+                            KeyValue::from_json(v)
+                                .ok_or_else(|| Error::Invalid(format!("entity `{name}`: {v} is not an integer or a string")))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    self.entities.push((name, keys));
+                }
+            }
+        }
         let store = self.repo.open_store().await?;
         let now = self.now.unwrap_or_else(|| Timestamp::now().0);
         quiver_online::lookup::get_online_features(
@@ -58,6 +84,7 @@ impl<'a> Lookup<'a> {
             &defs,
             &refs,
             &self.entities,
+            &fields,
             now,
             self.full_names,
         )

@@ -5,6 +5,7 @@
 use quiver_online::lookup::Column;
 use quiver_online::server::json;
 use quiver_online::serving_log::Served;
+use quiver_sdk::on_demand;
 
 /// One row of the log: one entity row of one feature view in one request (the unit
 /// tests read rows back as these).
@@ -14,7 +15,8 @@ pub struct LogRow {
     pub request_id: String,
     pub request_time: i64,
     pub view: String,
-    /// The view's join keys as a JSON object, in definition order: `{"driver_id":1001}`.
+    /// The view's join keys as a JSON object, in definition order: `{"driver_id":1001}`;
+    /// of an on-demand view, then its request fields: `{"driver_id":1001,"amount":12.5}`.
     pub entity: String,
     /// The event time of the row served (`None` when nothing was found); of an event
     /// log, the latest of its aggregations' times.
@@ -120,10 +122,24 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
         }
     }
     for name in views {
-        let Some(view) = served.defs.feature_view(name) else { continue };
-        let key_columns: Option<Vec<&Column>> =
-            served.defs.join_keys(view).iter().map(|k| keys.iter().find(|c| c.name == k.name)).collect();
-        let Some(key_columns) = key_columns else { continue };
+        // A feature view: its join keys; an on-demand view: the join keys its inputs
+        // take that the request gave, then its request fields as given.
+        let (key_columns, fields, own_times) = if let Some(view) = served.defs.feature_view(name) {
+            let key_columns: Option<Vec<&Column>> =
+                served.defs.join_keys(view).iter().map(|k| keys.iter().find(|c| c.name == k.name)).collect();
+            let Some(key_columns) = key_columns else { continue };
+            (key_columns, Vec::new(), view.is_event_log())
+        } else if let Some(view) = served.defs.on_demand_view(name) {
+            let key_columns: Vec<&Column> =
+                on_demand::keys(&served.defs, view).iter().filter_map(|k| keys.iter().find(|c| c.name == k.name)).collect();
+            let fields: Vec<&(String, Vec<quiver_sdk::encoding::Value>)> = on_demand::request_fields(&served.defs, view)
+                .iter()
+                .filter_map(|f| served.fields.iter().find(|(n, _)| *n == f.name))
+                .collect();
+            (key_columns, fields, true)
+        } else {
+            continue;
+        };
         // This view's feature columns, each feature once.
         let mut features: Vec<(&str, &Column)> = Vec::new();
         for (i, r) in served.refs.iter().enumerate() {
@@ -150,8 +166,9 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
             out.view.push(name);
             let times = &mut out.event_timestamps;
             times.start();
-            if view.is_event_log() {
-                // Each aggregation's own time; the row's, the latest of them.
+            if own_times {
+                // Each aggregation's (on-demand feature's) own time; the row's, the
+                // latest of them.
                 out.event_ts.push(features.iter().filter_map(|(_, c)| c.event_ts[row]).filter(|&t| t != 0).max());
                 times.bytes.push(b'{');
                 let mut first = true;
@@ -181,6 +198,14 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
                 json::json_str(&mut entity.bytes, &c.name);
                 entity.bytes.push(b':');
                 json::write_value(&mut entity.bytes, &c.values[row]);
+            }
+            for (i, (field, values)) in fields.iter().enumerate() {
+                if i > 0 || !key_columns.is_empty() {
+                    entity.bytes.push(b',');
+                }
+                json::json_str(&mut entity.bytes, field);
+                entity.bytes.push(b':');
+                json::write_value(&mut entity.bytes, &values[row]);
             }
             entity.bytes.push(b'}');
             entity.end();
@@ -242,6 +267,7 @@ mod tests {
             defs: Arc::new(defs),
             refs,
             n_keys: 2,
+            fields: Vec::new(),
             columns: vec![
                 column("user_id", vec![Value::String("q\"u".into()), Value::String("u2".into())], vec![Status::Present; 2], vec![None; 2]),
                 column("item_id", vec![Value::Int64(big), Value::Int64(7)], vec![Status::Present; 2], vec![None; 2]),
@@ -311,6 +337,7 @@ mod tests {
             defs: Arc::new(defs),
             refs: vec!["rides:n_1h".parse().unwrap(), "rides:n_7d".parse().unwrap()],
             n_keys: 1,
+            fields: Vec::new(),
             columns: vec![
                 column("rider_id", vec![Value::Int64(1)], vec![Status::Present], vec![None]),
                 column("n_1h", vec![Value::Int64(0)], vec![Status::Present], vec![Some(0)]),

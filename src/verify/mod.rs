@@ -110,6 +110,16 @@ pub(crate) fn floats_close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
 }
 
+/// Whether `view` reads an event log's aggregations, directly or through the on-demand
+/// views it reads.
+pub(crate) fn reads_aggregations(defs: &quiver_sdk::Definitions, view: &quiver_sdk::OnDemandView) -> bool {
+    view.inputs.iter().any(|input| match (defs.feature_view(input), defs.on_demand_view(input)) {
+        (Some(v), _) => v.is_event_log(),
+        (None, Some(o)) => o.name != view.name && reads_aggregations(defs, o),
+        (None, None) => false,
+    })
+}
+
 /// A value as the server answers it (JSON), for the reports' examples.
 pub(crate) fn show(v: &Value) -> String {
     quiver_online::server::json::value_json(v)

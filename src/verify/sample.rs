@@ -7,7 +7,8 @@ use quiver_offline::schema::{ViewLayout, key_at, value_at};
 use quiver_online::OnlineStore;
 use quiver_online::lookup::{Column, Row, Status, get_online_features};
 use quiver_sdk::encoding::{KeyValue, Value};
-use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, JoinKey};
+use quiver_sdk::on_demand;
+use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, JoinKey, OnDemandView};
 use rand::SeedableRng;
 use rand::seq::index::sample;
 
@@ -47,12 +48,96 @@ pub async fn verify_sample(
         let rows: Vec<usize> = sample(&mut rng, batch.num_rows(), n.min(batch.num_rows())).into_iter().collect();
         let entities = sampled_entities(&batch, &keys, &rows);
         let refs: Vec<FeatureRef> = view.features.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
-        let online = get_online_features(store, &config.project, defs, &refs, &entities, now, false).await?;
+        let online = get_online_features(store, &config.project, defs, &refs, &entities, &Vec::new(), now, false).await?;
         let sampled = Sampled { view, batch: &batch, layout: ViewLayout::rows(defs, view), rows: &rows, entities: &entities, now };
         for (k, report) in per_feature.iter_mut().enumerate() {
             sampled.compare(k, &online[keys.len() + k], report);
         }
         reports.extend(per_feature);
+    }
+    for view in defs.on_demand_views.iter().filter(|v| on_demand::request_fields(defs, v).is_empty()) {
+        reports.extend(sample_on_demand(config, defs, store, view, n, now, &mut rng).await?);
+    }
+    Ok(reports)
+}
+
+/// An on-demand view without request fields: sampled entities (each join key's values
+/// from the latest rows of a feature view taking it) looked up online at `now` against
+/// `historical` for spine rows at `now` — bit for bit, or within 1e-9 relative where the
+/// view reads an aggregation; the status follows from the value. Nothing when a view it
+/// reads is offline only, or no entity has a row.
+async fn sample_on_demand(
+    config: &Config,
+    defs: &Definitions,
+    store: &dyn OnlineStore,
+    view: &OnDemandView,
+    n: usize,
+    now: i64,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<Vec<FeatureReport>> {
+    let refs: Vec<FeatureRef> = view.features.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
+    if quiver_online::lookup::Plan::new(defs, refs.clone(), false).is_err() {
+        return Ok(Vec::new());
+    }
+    let keys = on_demand::keys(defs, view);
+    let mut columns: Vec<Vec<KeyValue>> = Vec::with_capacity(keys.len());
+    for key in &keys {
+        let Some(source) = defs.feature_views.iter().find(|v| !v.is_event_log() && defs.join_keys(v).iter().any(|k| k.name == key.name))
+        else {
+            return Ok(Vec::new());
+        };
+        let latest = latest_per_entity(config, defs, source, Window::Range { start: i64::MIN, end: now }).await?;
+        let Some(batch) = latest.batch else { return Ok(Vec::new()) };
+        let at = defs.join_keys(source).iter().position(|k| k.name == key.name).expect("found");
+        let column = batch.column(ViewLayout::rows(defs, source).keys().start + at);
+        let rows = sample(rng, batch.num_rows(), n.min(batch.num_rows()));
+        columns.push(rows.into_iter().map(|r| key_at(key.dtype, column.as_ref(), r)).collect());
+    }
+    let m = columns.iter().map(Vec::len).min().unwrap_or(0);
+    if m == 0 {
+        return Ok(Vec::new());
+    }
+    let entities: Vec<(String, Vec<KeyValue>)> = keys.iter().zip(&columns).map(|(k, c)| (k.name.clone(), c[..m].to_vec())).collect();
+    let online = get_online_features(store, &config.project, defs, &refs, &entities, &Vec::new(), now, false).await?;
+    let picked: Vec<Vec<KeyValue>> = (0..m).map(|j| columns.iter().map(|c| c[j].clone()).collect()).collect();
+    let spine = super::spine_batch(&keys, &picked, std::iter::repeat_n(now, m))?;
+    let requests = quiver_offline::historical::resolve(defs, &refs)?;
+    let rows = quiver_offline::historical::SpineRows { source: "verify --sample", rows: &spine };
+    let kernel = quiver_gpu_join::CpuKernel::new();
+    let options = quiver_offline::historical::HistoricalOptions::default();
+    let offline = quiver_offline::historical::historical(config, defs, rows, &requests, options, &kernel, &|_, _| {}).await?;
+    let exact = !super::reads_aggregations(defs, view);
+    let mut reports = Vec::with_capacity(refs.len());
+    for (k, feature) in view.features.iter().enumerate() {
+        let mut report = FeatureReport { feature: format!("{}:{}", view.name, feature.name), ..FeatureReport::default() };
+        let column = &online[keys.len() + k];
+        for j in 0..m {
+            let want = value_at(offline.column(spine.num_columns() + k).as_ref(), j, feature.dtype);
+            let expected = (if want == Value::Null { Status::NullValue } else { Status::Present }, want);
+            let got = (column.statuses[j], column.values[j].clone());
+            report.compared += 1;
+            let same = match (&got.1, &expected.1) {
+                (Value::Float64(a), Value::Float64(b)) if !exact => got.0 == expected.0 && floats_close(*a, *b),
+                (Value::Float64(a), Value::Float64(b)) => got.0 == expected.0 && a.to_bits() == b.to_bits(),
+                _ => got == expected,
+            };
+            if same {
+                report.matches += 1;
+                continue;
+            }
+            report.mismatches += 1;
+            if report.examples.len() < EXAMPLES {
+                let entity = entities.iter().map(|(name, v)| format!("{name}={}", v[j])).collect::<Vec<_>>().join(",");
+                report.examples.push(format!(
+                    "{entity}: online {} {}, offline {} {}",
+                    got.0.as_str(),
+                    show(&got.1),
+                    expected.0.as_str(),
+                    show(&expected.1)
+                ));
+            }
+        }
+        reports.push(report);
     }
     Ok(reports)
 }
@@ -83,7 +168,7 @@ async fn sample_event_log(
     let entities: Vec<(String, Vec<KeyValue>)> =
         keys.iter().enumerate().map(|(i, k)| (k.name.clone(), picked.iter().map(|p| p[i].clone()).collect())).collect();
     let refs: Vec<FeatureRef> = served.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
-    let online = get_online_features(store, &config.project, defs, &refs, &entities, now, false).await?;
+    let online = get_online_features(store, &config.project, defs, &refs, &entities, &Vec::new(), now, false).await?;
     let spine = super::spine_batch(&keys, &picked, std::iter::repeat_n(now, picked.len()))?;
     let requests = quiver_offline::historical::resolve(defs, &refs)?;
     let rows = quiver_offline::historical::SpineRows { source: "verify --sample", rows: &spine };

@@ -886,6 +886,9 @@ fn serve_answers_over_http_and_stops_gracefully() {
 /// The offline-only view the lookup cases ask for (`tests/it/lookup_cases.json`).
 const AUDIT_VIEW: &str = "  - name: audit\n    entities: [driver]\n    online: false\n    source: {timestamp_field: event_timestamp}\n    features: [{name: note, dtype: string}]\n\n";
 
+/// The on-demand view the lookup cases ask for.
+const SCORING_VIEW: &str = "on_demand_views:\n  - name: scoring\n    inputs: [driver_hourly]\n    request: [{name: amount, dtype: float64}, {name: city, dtype: string}]\n    features:\n      - {name: conv_x_acc, dtype: float64, expr: 'driver_hourly.conv_rate * driver_hourly.acc_rate'}\n      - {name: per_trip, dtype: int64, expr: 'CAST(amount AS BIGINT) / driver_hourly.avg_daily_trips'}\n      - {name: shout, dtype: string, expr: 'upper(city)'}\n";
+
 /// One table of lookups (`tests/it/lookup_cases.json`) through `quiver online` and the
 /// server: the same requests answered (with the same statuses), the others refused with
 /// the same message — exit 1, and the status of the error's kind. Python drives the
@@ -896,8 +899,8 @@ fn one_table_of_lookups_is_answered_alike_by_the_cli_and_the_server() {
     let cases = table["cases"].as_array().unwrap();
     let (_tmp, repo) = demo_repo();
     let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
-    std::fs::write(repo.join("features.yaml"), yaml.replacen("\nfeature_services:", &format!("\n{AUDIT_VIEW}feature_services:"), 1))
-        .unwrap();
+    let yaml = yaml.replacen("\nfeature_services:", &format!("\n{AUDIT_VIEW}feature_services:"), 1);
+    std::fs::write(repo.join("features.yaml"), format!("{yaml}{SCORING_VIEW}")).unwrap();
     let config = std::fs::read_to_string(repo.join("quiver.yaml")).unwrap();
     assert!(config.contains("# max_cells: 1000000"), "{config}");
     std::fs::write(repo.join("quiver.yaml"), config.replacen("# max_cells: 1000000", "max_cells: 8", 1)).unwrap();
@@ -918,12 +921,15 @@ fn one_table_of_lookups_is_answered_alike_by_the_cli_and_the_server() {
             (None, Some(s)) => args.extend(["--service".into(), s.as_str().unwrap().into()]),
             (None, None) => panic!("{name}: features or service"),
         }
-        for (key, values) in case["entities"].as_object().unwrap() {
-            let value = match &values[0] {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            args.extend(["--entity".into(), format!("{key}={value}")]);
+        let given = |what: &str| case.get(what).and_then(|v| v.as_object()).cloned().unwrap_or_default();
+        for (flag, what) in [("--entity", "entities"), ("--request", "request")] {
+            for (key, values) in given(what) {
+                let value = match &values[0] {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                args.extend([flag.into(), format!("{key}={value}")]);
+            }
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let run = quiver_in(&repo, &args, &[]);
@@ -948,7 +954,12 @@ fn one_table_of_lookups_is_answered_alike_by_the_cli_and_the_server() {
     let (mut child, port) = common::spawn_serve(&repo);
     for (case, cli) in cases.iter().zip(&cli_statuses) {
         let name = case["name"].as_str().unwrap();
-        let mut body = serde_json::json!({"entities": case["entities"], "full_feature_names": true});
+        // Request fields go beside the join keys (Feast's convention).
+        let mut entities = case["entities"].clone();
+        for (name, values) in case.get("request").and_then(|v| v.as_object()).cloned().unwrap_or_default() {
+            entities[name] = values;
+        }
+        let mut body = serde_json::json!({"entities": entities, "full_feature_names": true});
         match (case.get("features"), case.get("service")) {
             (Some(f), _) => body["features"] = f.clone(),
             (_, service) => body["feature_service"] = service.unwrap().clone(),

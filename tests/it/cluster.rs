@@ -143,6 +143,8 @@ impl Cluster {
 fn demo(parent: &Path) -> std::path::PathBuf {
     assert!(common::quiver(parent, &["init", "repo", "--demo"], &[]).status.success());
     let dir = parent.join("repo");
+    let yaml = std::fs::read_to_string(dir.join("features.yaml")).unwrap();
+    std::fs::write(dir.join("features.yaml"), format!("{yaml}{DERIVED}")).unwrap();
     common::ok(&dir, &["apply"]);
     for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
         common::ok(&dir, &["ingest", v, &format!("sample_data/{v}.parquet")]);
@@ -150,11 +152,23 @@ fn demo(parent: &Path) -> std::path::PathBuf {
     dir
 }
 
-/// Every feature of the demo, aggregations included.
+/// On-demand features over the demo's views (no request fields: the sample spine has none).
+const DERIVED: &str = r#"
+on_demand_views:
+  - name: derived
+    inputs: [driver_hourly, customer_profile, customer_rides]
+    features:
+      - {name: conv_x_acc, dtype: float64, expr: "driver_hourly.conv_rate * driver_hourly.acc_rate"}
+      - {name: fare_per_ride, dtype: float64, expr: "customer_rides.fare_sum_1h / customer_rides.rides_7d"}
+      - {name: profile_age_h, dtype: float64, expr: "date_part('epoch', request_time - customer_profile.event_timestamp) / 3600"}
+"#;
+
+/// Every feature of the demo, aggregations and on-demand features included.
 const ALL: &str = "driver_hourly:conv_rate,driver_hourly:acc_rate,driver_hourly:avg_daily_trips,\
 customer_profile:age,customer_profile:city,customer_profile:lifetime_value,customer_profile:embedding,\
 driver_customer:rides_together,driver_customer:avg_rating,customer_rides:fare_sum_1h,customer_rides:rides_7d,\
-customer_rides:minutes_min_30m,customer_rides:fare_avg_1d,customer_rides:last_cities";
+customer_rides:minutes_min_30m,customer_rides:fare_avg_1d,customer_rides:last_cities,\
+derived:conv_x_acc,derived:fare_per_ride,derived:profile_age_h";
 
 /// The sample spine repeated `times` times, each copy a minute later than the last.
 fn big_spine(dir: &Path, times: usize) {
@@ -200,7 +214,7 @@ fn historical_and_export_on_the_cluster_write_the_local_joins_bytes() {
             args.extend(extra.iter().copied());
             args.extend(["--cluster", &cluster_url]);
             let out = common::ok(&dir, &args);
-            assert!(out.contains("500 rows x 14 features"), "{out}");
+            assert!(out.contains("500 rows x 17 features"), "{out}");
             assert!(
                 std::fs::read(dir.join(&remote)).unwrap() == std::fs::read(dir.join(&local)).unwrap(),
                 "{name} join on {cluster_url}: the Parquet bytes differ from the local join's"

@@ -14,6 +14,7 @@ mod export;
 mod feast_sdk;
 mod materialize_incremental;
 mod object_store;
+mod on_demand;
 mod online_consistency;
 mod push;
 mod redis_cluster;

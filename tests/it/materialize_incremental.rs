@@ -41,9 +41,18 @@ async fn ingest(repo: &Repo, view: &str, name: &str, csv: &str) {
 async fn scores(repo: &Repo, store: &dyn OnlineStore, users: &[i64]) -> Vec<Option<f64>> {
     let defs = repo.applied().unwrap().definitions;
     let entities = vec![("user_id".to_string(), users.iter().map(|&u| KeyValue::Int(u)).collect())];
-    let cols = get_online_features(store, &repo.config.project, &defs, &[FeatureRef::new("score", "score")], &entities, t("23:00"), true)
-        .await
-        .unwrap();
+    let cols = get_online_features(
+        store,
+        &repo.config.project,
+        &defs,
+        &[FeatureRef::new("score", "score")],
+        &entities,
+        &Vec::new(),
+        t("23:00"),
+        true,
+    )
+    .await
+    .unwrap();
     cols[1]
         .values
         .iter()

@@ -86,7 +86,8 @@ async fn check(store: Arc<dyn OnlineStore>) {
             ("driver_id".to_string(), drivers.iter().map(|&d| KeyValue::Int(d)).collect()),
             ("customer_id".to_string(), customers.iter().map(|c| KeyValue::Str(c.clone())).collect()),
         ];
-        let online = get_online_features(store.as_ref(), &repo.config.project, &defs, &refs, &entities, at, true).await.unwrap();
+        let online =
+            get_online_features(store.as_ref(), &repo.config.project, &defs, &refs, &entities, &Vec::new(), at, true).await.unwrap();
         assert_eq!(online.len(), 2 + refs.len());
         let mut present = 0;
         let mut aggregated = 0;
@@ -213,7 +214,8 @@ async fn check_appends(store: Arc<dyn OnlineStore>) {
         assert_eq!((report.entities, report.written), (n as usize, n as usize), "run {run}: {report:?}");
         let refs = [FeatureRef::new("v", "x")];
         let entities = vec![("driver_id".to_string(), (0..n).map(KeyValue::Int).collect())];
-        let online = get_online_features(store.as_ref(), &project, &defs, &refs, &entities, T0 + 3_600_000_000, true).await.unwrap();
+        let online =
+            get_online_features(store.as_ref(), &project, &defs, &refs, &entities, &Vec::new(), T0 + 3_600_000_000, true).await.unwrap();
         let x = &online[1];
         for d in 0..n {
             assert_eq!(x.statuses[d as usize], Status::Present, "run {run}: driver {d}");

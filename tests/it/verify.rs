@@ -253,3 +253,91 @@ feature_views:
     assert!(out.contains(&format!("served PRESENT 1 (event {served_time}), offline PRESENT 2")), "{out}");
     assert!(!out.contains("1970"), "{out}");
 }
+
+/// On-demand features through the server with the serving log on
+/// (docs/transformations.md): request fields beside the join keys, values that cannot
+/// be computed answered null and counted on `/metrics`, the request fields logged, and
+/// `verify --since` replaying every on-demand feature through the offline join bit for
+/// bit — then reporting the one whose stored input was changed behind its back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_since_replays_on_demand_features() {
+    let tmp = tempfile::tempdir().unwrap();
+    assert!(quiver(tmp.path(), &["init", "demo", "--demo"]).status.success());
+    let repo = tmp.path().join("demo");
+    let mut config = std::fs::read_to_string(repo.join("quiver.yaml")).unwrap();
+    config.push_str("serving_log:\n  enabled: true\n  batch_ms: 100\n");
+    std::fs::write(repo.join("quiver.yaml"), config).unwrap();
+    let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
+    std::fs::write(repo.join("features.yaml"), format!("{yaml}{}", crate::on_demand::ON_DEMAND)).unwrap();
+    assert!(quiver(&repo, &["apply"]).status.success());
+    for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
+        assert!(quiver(&repo, &["ingest", v, &format!("sample_data/{v}.parquet")]).status.success());
+    }
+    assert!(quiver(&repo, &["materialize-incremental", "now"]).status.success());
+    // `--sample` covers the on-demand view without request fields.
+    let sampled = quiver(&repo, &["verify", "--sample", "20"]);
+    let (out, err) = text(&sampled);
+    assert!(sampled.status.success(), "{out}{err}");
+    let rated = numbers(&out, "pair_stats:rated_rides");
+    assert!(rated[0] > 0 && rated[0] == rated[1], "{out}");
+    let features: Vec<String> =
+        ["conv_x_acc", "fare_ratio", "per_unit", "home_city", "tier", "profile_age_h", "emb_norm", "rides_per_trip"]
+            .iter()
+            .map(|f| format!("\"trip_scoring:{f}\""))
+            .chain(["\"boosted:score\"".to_string()])
+            .collect();
+    // Ten rows; 0.5 makes `per_unit` divide by zero (null, counted).
+    let ask = format!(
+        r#"{{"entities": {{"driver_id": [{}], "customer_id": [{}], "amount": [12.5, 0.5, 30, -4.25, 99.9, 1, 2, 3, 4, 5], "pickup_city": ["paris", "Paris", "", "BERLIN", "x", "y", "z", "w", "v", "u"]}}, "features": [{}]}}"#,
+        (1001..=1010).map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
+        (1..=10).map(|i| format!("\"C{i:03}\"")).collect::<Vec<_>>().join(", "),
+        features.join(", ")
+    );
+    let began = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+    let (child, port) = common::spawn_serve(&repo);
+    let (status, body) = common::http(port, "POST", "/get-online-features", &ask);
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // Keys first (the request fields are not echoed), then the features.
+    assert_eq!(answer["metadata"]["feature_names"][2], "conv_x_acc", "{answer}");
+    let per_unit = &answer["results"][4];
+    assert_eq!(per_unit["values"][1], serde_json::Value::Null, "{answer}");
+    assert_eq!(per_unit["statuses"][1], "NULL_VALUE", "{answer}");
+    let (_, metrics) = common::http(port, "GET", "/metrics", "");
+    let uncomputed = metrics.lines().find(|l| l.starts_with("quiver_on_demand_uncomputed_total ")).unwrap_or_else(|| panic!("{metrics}"));
+    assert_ne!(uncomputed, "quiver_on_demand_uncomputed_total 0", "{metrics}");
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+
+    let agree = quiver(&repo, &["verify", "--since", &began.to_rfc3339()]);
+    let (out, err) = text(&agree);
+    assert!(agree.status.success(), "{out}{err}");
+    for f in ["conv_x_acc", "per_unit", "home_city", "tier", "profile_age_h", "emb_norm"] {
+        assert_eq!(numbers(&out, &format!("trip_scoring:{f}")), vec![10, 10, 0, 0, 0], "{f}: {out}");
+    }
+    assert_eq!(numbers(&out, "boosted:score"), vec![10, 10, 0, 0, 0], "{out}");
+    assert!(!out.contains("skipped"), "{out}");
+
+    // A stored input changed behind the log's back: the on-demand feature reading it
+    // no longer replays to what was served.
+    {
+        let store = EmbeddedStore::open(&repo.join("online.db")).unwrap();
+        let key = store_key("demo", "driver_hourly", &[KeyValue::Int(1001)]);
+        let got = store.read(std::slice::from_ref(&key)).await.unwrap();
+        let mut row = OnlineRow::decode(got[0].as_ref().expect("materialized")).unwrap();
+        row.values[0] = Value::Float64(42.0);
+        assert_eq!(store.write(&[WriteRow { key, row: row.encode(), expire_at_ms: None }]).await.unwrap(), 1);
+    }
+    let began = chrono::Utc::now() - chrono::TimeDelta::milliseconds(10);
+    let (child, port) = common::spawn_serve(&repo);
+    let (status, body) = common::http(port, "POST", "/get-online-features", &ask);
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+    let wrong = quiver(&repo, &["verify", "--since", &began.to_rfc3339()]);
+    let (out, err) = text(&wrong);
+    assert_eq!(wrong.status.code(), Some(1), "{out}{err}");
+    assert_eq!(numbers(&out, "trip_scoring:conv_x_acc"), vec![10, 9, 1, 0, 0], "{out}");
+    assert_eq!(numbers(&out, "trip_scoring:tier"), vec![10, 10, 0, 0, 0], "{out}");
+    assert!(out.contains(r#"mismatch: {"driver_id":1001,"customer_id":"C001","amount":12.5,"pickup_city":"paris"} at "#), "{out}");
+}

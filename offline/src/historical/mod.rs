@@ -24,9 +24,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
-use arrow::datatypes::{Field, Schema};
+use arrow::datatypes::{DataType, Field, Schema};
 use quiver_gpu_join::{AsOfKernel, NO_ROW};
-use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView};
+use quiver_sdk::on_demand::{Computation, Input};
+use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, Found, OnDemandView};
 
 use crate::error::{Error, Result};
 use crate::ingest::Progress;
@@ -42,46 +43,177 @@ pub use output::write_parquet;
 pub use scan::{TableSummary, read_view, table_summary, table_versions};
 pub use spine::{SPINE_TIMESTAMP, read_spine};
 
-/// The requested features, grouped by view in order of first mention.
+/// The requested features of one view, and those on-demand features read of it.
 #[derive(Debug, Clone)]
 pub struct ViewRequest<'a> {
     pub view: &'a FeatureView,
     pub features: Vec<&'a str>,
-    /// For each feature, its position in the request (output columns keep that order).
+    /// For each feature, its position among the joined columns: the requested ones
+    /// first, in request order (output columns keep that order), then those only
+    /// on-demand features read.
     pub positions: Vec<usize>,
+    /// Whether on-demand features read the winning rows' event times.
+    pub event_time: bool,
 }
 
-/// Checks feature references against the registry and groups them by view.
+/// Features resolved against the registry: the views to join, grouped in order of
+/// first mention, and the on-demand features computed from their columns after the
+/// join (docs/transformations.md#offline).
+#[derive(Debug, Clone)]
+pub struct Resolved<'a> {
+    pub views: Vec<ViewRequest<'a>>,
+    /// How many features were asked for: the output's feature columns.
+    asked: usize,
+    /// How many columns the views' joins give (asked and read only by on-demand ones).
+    joined: usize,
+    on_demand: Option<OnDemandJoin>,
+}
+
+impl<'a> std::ops::Deref for Resolved<'a> {
+    type Target = [ViewRequest<'a>];
+    fn deref(&self) -> &[ViewRequest<'a>] {
+        &self.views
+    }
+}
+
+/// The on-demand features of a join: their computation, where each of its inputs is
+/// found, and where each feature goes in the output.
+#[derive(Debug, Clone)]
+struct OnDemandJoin {
+    computation: Computation,
+    sources: Vec<Supplied>,
+    positions: Vec<usize>,
+}
+
+/// Where an on-demand computation's input comes from in a join.
+#[derive(Debug, Clone)]
+enum Supplied {
+    /// A joined column (position among the joined columns).
+    Joined(usize),
+    /// The event times of the view joined by request `.0`.
+    EventTime(usize),
+    /// Nothing offline: an event log's event time (docs/transformations.md#event-times).
+    Null,
+    /// A spine column (a join key, a request field) of this type.
+    Spine(String, DataType),
+    /// The spine's times.
+    RequestTime,
+}
+
+impl Resolved<'_> {
+    /// The spine columns the join reads and their types: every view's join keys, then
+    /// the request fields of the on-demand features (a CSV spine is read with them).
+    pub fn spine_types(&self, defs: &Definitions) -> Vec<(String, DataType)> {
+        let mut out: Vec<(String, DataType)> = Vec::new();
+        let keys = self.views.iter().flat_map(|r| defs.join_keys(r.view)).map(|k| (k.name.clone(), key_type(k.dtype)));
+        let fields = self.on_demand.iter().flat_map(|o| &o.sources).filter_map(|s| match s {
+            Supplied::Spine(name, dtype) => Some((name.clone(), dtype.clone())),
+            _ => None,
+        });
+        for (name, dtype) in keys.chain(fields) {
+            if !out.iter().any(|(n, _)| *n == name) {
+                out.push((name, dtype));
+            }
+        }
+        out
+    }
+}
+
+/// Checks feature references against the registry and groups them by view; an
+/// on-demand feature's inputs are joined too, without being returned unless asked for.
 ///
 /// # Errors
 /// [`Error::NotFound`] naming an unknown view or feature, [`Error::Request`] for a
 /// duplicate.
-pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Vec<ViewRequest<'a>>> {
-    let mut out: Vec<ViewRequest<'a>> = Vec::new();
+pub fn resolve<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<Resolved<'a>> {
     if refs.is_empty() {
         return Err(Error::Request("no features requested".to_string()));
     }
+    let mut out = Resolved { views: Vec::new(), asked: refs.len(), joined: refs.len(), on_demand: None };
+    let mut wanted: Vec<(&'a OnDemandView, &'a str)> = Vec::new();
+    let mut wanted_at: Vec<usize> = Vec::new();
     for (position, r) in refs.iter().enumerate() {
-        let (view, feature) = defs.find_feature(r).map_err(|e| Error::NotFound(e.0))?;
-        let entry = match out.iter_mut().position(|v| v.view.name == view.name) {
-            Some(i) => &mut out[i],
-            None => {
-                out.push(ViewRequest { view, features: Vec::new(), positions: Vec::new() });
-                out.last_mut().expect("just pushed")
-            }
-        };
-        // The name as the view holds it (an aggregation's, for an event log).
-        let name: &'a str = match view.aggregation(&feature.name) {
-            Some(a) => &a.name,
-            None => &view.feature(&feature.name).expect("a served feature").name,
-        };
-        if entry.features.contains(&name) {
+        if refs[..position].contains(r) {
             return Err(Error::Request(format!("feature `{r}` requested twice")));
         }
-        entry.features.push(name);
-        entry.positions.push(position);
+        match defs.find(r).map_err(|e| Error::NotFound(e.0))? {
+            Found::Stored(view, feature) => {
+                // The name as the view holds it, already joined: asked for twice.
+                if out.join(view, &feature.name, Some(position)) != position {
+                    return Err(Error::Request(format!("feature `{r}` requested twice")));
+                }
+            }
+            Found::OnDemand(view, feature) => {
+                wanted.push((view, &feature.name));
+                wanted_at.push(position);
+            }
+        }
     }
+    if wanted.is_empty() {
+        return Ok(out);
+    }
+    let computation = Computation::new(defs, &wanted).map_err(|e| Error::Request(e.to_string()))?;
+    let mut sources = Vec::with_capacity(computation.inputs().len());
+    for input in computation.inputs() {
+        sources.push(match input {
+            Input::Feature { view, feature, .. } => {
+                let view = defs.feature_view(view).expect("validated");
+                Supplied::Joined(out.join(view, feature, None))
+            }
+            Input::EventTime { view } => {
+                let view = defs.feature_view(view).expect("validated");
+                if view.is_event_log() {
+                    Supplied::Null
+                } else {
+                    out.view(view);
+                    let i = out.views.iter().position(|r| r.view.name == view.name).expect("just added");
+                    out.views[i].event_time = true;
+                    Supplied::EventTime(i)
+                }
+            }
+            Input::Key(key) => Supplied::Spine(key.name.clone(), key_type(key.dtype)),
+            Input::Request(field) => Supplied::Spine(field.name.clone(), arrow_type(field.dtype)),
+            Input::RequestTime => Supplied::RequestTime,
+        });
+    }
+    out.on_demand = Some(OnDemandJoin { computation, sources, positions: wanted_at });
     Ok(out)
+}
+
+impl<'a> Resolved<'a> {
+    /// `view`'s request, added when new.
+    fn view(&mut self, view: &'a FeatureView) -> &mut ViewRequest<'a> {
+        let i = match self.views.iter().position(|v| v.view.name == view.name) {
+            Some(i) => i,
+            None => {
+                self.views.push(ViewRequest { view, features: Vec::new(), positions: Vec::new(), event_time: false });
+                self.views.len() - 1
+            }
+        };
+        &mut self.views[i]
+    }
+
+    /// Joins `feature` of `view` at `position` (`None`: only on-demand features read
+    /// it, after the asked ones), once; its position among the joined columns.
+    fn join(&mut self, view: &'a FeatureView, feature: &str, position: Option<usize>) -> usize {
+        // The name as the view holds it (an aggregation's, for an event log).
+        let name: &'a str = match view.aggregation(feature) {
+            Some(a) => &a.name,
+            None => &view.feature(feature).expect("a served feature").name,
+        };
+        let next = self.joined;
+        let entry = self.view(view);
+        if let Some(k) = entry.features.iter().position(|f| *f == name) {
+            return entry.positions[k];
+        }
+        let at = position.unwrap_or(next);
+        entry.features.push(name);
+        entry.positions.push(at);
+        if position.is_none() {
+            self.joined += 1;
+        }
+        at
+    }
 }
 
 /// Options of a historical retrieval.
@@ -139,17 +271,16 @@ pub async fn historical(
     config: &Config,
     defs: &Definitions,
     spine: SpineRows<'_>,
-    requests: &[ViewRequest<'_>],
+    requests: &Resolved<'_>,
     options: HistoricalOptions,
     kernel: &dyn AsOfKernel,
     progress: Progress<'_>,
 ) -> Result<RecordBatch> {
     let times = spine::spine_times(spine.source, spine.rows)?;
-    let n_features: usize = requests.iter().map(|r| r.features.len()).sum();
-    let mut joined: Vec<Option<(Field, ArrayRef)>> = vec![None; n_features];
-    let mut event_times: Vec<(Field, ArrayRef)> = Vec::new();
+    let mut joined: Vec<Option<(Field, ArrayRef)>> = vec![None; requests.joined];
+    let mut view_times: Vec<Option<(Field, ArrayRef)>> = Vec::with_capacity(requests.views.len());
     let join = Join { defs, spine, times: &times, options: &options, kernel, progress };
-    for request in requests {
+    for request in &requests.views {
         let view = match &options.cluster {
             None => join.view(config, request).await?,
             Some(cluster) => distributed::join_view(&join, config, cluster, request).await?,
@@ -157,11 +288,24 @@ pub async fn historical(
         for (k, column) in view.features.into_iter().enumerate() {
             joined[request.positions[k]] = Some(column);
         }
-        event_times.extend(view.event_time);
+        view_times.push(view.event_time);
+    }
+    if let Some(on_demand) = &requests.on_demand {
+        let computed = join.on_demand(on_demand, &joined, &view_times)?;
+        for (&position, column) in on_demand.positions.iter().zip(computed) {
+            joined[position] = Some(column);
+        }
     }
     let mut fields: Vec<Field> = spine.rows.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
     let mut columns: Vec<ArrayRef> = spine.rows.columns().to_vec();
-    for (field, column) in joined.into_iter().flatten().chain(event_times) {
+    // The asked features, then (when asked) the event times of the views they read.
+    let event_times = requests
+        .views
+        .iter()
+        .zip(view_times)
+        .filter(|(r, _)| options.event_times && r.positions.iter().any(|&p| p < requests.asked))
+        .filter_map(|(_, t)| t);
+    for (field, column) in joined.into_iter().take(requests.asked).flatten().chain(event_times) {
         fields.push(field);
         columns.push(canonical(column));
     }
@@ -225,6 +369,49 @@ impl ViewJoined {
 }
 
 impl Join<'_> {
+    /// Whether the join of `request` gives the winning rows' event times: asked for,
+    /// or read by on-demand features; never for an event log.
+    fn event_time(&self, request: &ViewRequest<'_>) -> bool {
+        (self.options.event_times || request.event_time) && !request.view.is_event_log()
+    }
+
+    /// The on-demand features of the join, from the joined columns (`view_times`: per
+    /// request, its event times when joined) and the spine.
+    fn on_demand(
+        &self,
+        on_demand: &OnDemandJoin,
+        joined: &[Option<(Field, ArrayRef)>],
+        view_times: &[Option<(Field, ArrayRef)>],
+    ) -> Result<Vec<(Field, ArrayRef)>> {
+        let rows = self.spine.rows.num_rows();
+        let computation = &on_demand.computation;
+        let mut supplied: Vec<ArrayRef> = Vec::with_capacity(on_demand.sources.len());
+        for (source, input) in on_demand.sources.iter().zip(computation.inputs()) {
+            supplied.push(match source {
+                Supplied::Joined(p) => joined[*p].as_ref().expect("joined").1.clone(),
+                Supplied::EventTime(i) => view_times[*i].as_ref().expect("joined with its event times").1.clone(),
+                Supplied::Null => arrow::array::new_null_array(&input.arrow_type(), rows),
+                Supplied::Spine(name, dtype) => {
+                    let Some(column) = self.spine.rows.column_by_name(name) else {
+                        return Err(Error::input(self.spine.source, missing_spine_column(self.defs, input, name)));
+                    };
+                    widen(column, dtype).map_err(|m| Error::input(self.spine.source, format!("column `{name}`: {m}")))?
+                }
+                Supplied::RequestTime => Arc::new(arrow::array::TimestampMicrosecondArray::from(self.times.to_vec()).with_timezone("UTC")),
+            });
+        }
+        let phase = std::time::Instant::now();
+        let computed = computation.evaluate(rows, &supplied, false).map_err(|e| Error::Request(format!("on-demand features: {}", e.0)))?;
+        tracing::debug!(rows, failed = computed.failed, secs = phase.elapsed().as_secs_f64(), "on-demand features");
+        (self.progress)("computed on-demand features", rows as u64);
+        Ok(computed
+            .columns
+            .into_iter()
+            .zip(computation.outputs())
+            .map(|(column, (view, feature, dtype))| (Field::new(format!("{view}__{feature}"), arrow_type(dtype), true), column))
+            .collect())
+    }
+
     /// The spine's keys for `view`, in the key types.
     fn spine_keys(&self, view: &FeatureView) -> Result<Vec<ArrayRef>> {
         let mut keys = Vec::new();
@@ -285,7 +472,7 @@ impl Join<'_> {
         let phase = std::time::Instant::now();
         let winners = self.kernel.join(&input)?;
         tracing::debug!(view = %view.name, engine = self.kernel.name(), secs = phase.elapsed().as_secs_f64(), "kernel");
-        let event_time = self.options.event_times.then(|| {
+        let event_time = self.event_time(request).then(|| {
             let ts: arrow::array::TimestampMicrosecondArray =
                 winners.iter().map(|&w| (w != NO_ROW).then(|| columns.ts[w as usize])).collect();
             Arc::new(ts.with_timezone("UTC")) as ArrayRef
@@ -297,5 +484,17 @@ impl Join<'_> {
         let gathered = gather::gather_features(self.kernel, &scan.batches, &scan.feature_columns, &types, &winners)?;
         tracing::debug!(view = %view.name, secs = phase.elapsed().as_secs_f64(), "gathered");
         Ok(ViewJoined::new(request, gathered, event_time))
+    }
+}
+
+/// Why a spine lacks a column an on-demand feature reads: a request field (naming the
+/// on-demand view declaring it) or a join key.
+fn missing_spine_column(defs: &Definitions, input: &Input, name: &str) -> String {
+    match input {
+        Input::Request(_) => {
+            let view = defs.on_demand_views.iter().find(|v| v.request.iter().any(|f| f.name == name)).map_or("", |v| v.name.as_str());
+            format!("missing column `{name}`: a request field of on-demand view `{view}`, which the spine must carry")
+        }
+        _ => format!("missing join key column `{name}` needed by on-demand features"),
     }
 }

@@ -12,7 +12,7 @@ use quiver_sdk::Definitions;
 use quiver_sdk::encoding::{KeyValue, Value};
 use quiver_sdk::rows::write_rfc3339;
 
-use super::{EntityColumns, LookupPhases, Plan, Row, RowReader, Status, answer_records};
+use super::{Entities, EntityColumns, LookupPhases, Plan, Row, RowReader, Status, answer_records};
 use crate::error::Result;
 use crate::server::json::{json_str, quoted, write_value};
 use crate::store::OnlineStore;
@@ -65,10 +65,19 @@ impl Plan {
         store: &dyn OnlineStore,
         project: &str,
         defs: &Definitions,
-        entities: &EntityColumns,
+        asked: Entities<'_>,
         now: i64,
         phases: &mut LookupPhases,
     ) -> Result<Vec<u8>> {
+        if self.on_demand.is_some() {
+            // On-demand features are computed over the columns: written from them.
+            let columns = self.lookup(store, project, defs, asked, now, phases).await?;
+            let encoding = Instant::now();
+            let out = crate::server::json::response_json(&columns);
+            phases.encode = encoding.elapsed();
+            return Ok(out);
+        }
+        let entities = asked.0;
         let (n, stored, read) = self.read_stored(store, project, defs, entities, phases).await?;
         Ok(SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
@@ -229,7 +238,7 @@ mod tests {
     use quiver_sdk::{FeatureRef, yaml::parse_definitions};
     use rand::{Rng, SeedableRng, rngs::StdRng};
 
-    use super::super::{LookupPhases, Plan, Status};
+    use super::super::{LookupPhases, Plan, RequestFields, Status};
     use crate::WriteRow;
     use crate::server::json::response_json;
     use crate::store::OnlineStore;
@@ -387,8 +396,8 @@ feature_views:
                 let customers: Vec<KeyValue> = (0..n).map(|i| KeyValue::Str(format!("c{}", i % 4))).collect();
                 let entities = vec![("customer_id".to_string(), customers), ("driver_id".to_string(), drivers)];
                 let mut phases = LookupPhases::default();
-                let direct = plan.answer_json(&store, "p", &defs, &entities, NOW, &mut phases).await.unwrap();
-                let columns = plan.lookup(&store, "p", &defs, &entities, NOW, &mut phases).await.unwrap();
+                let direct = plan.answer_json(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
+                let columns = plan.lookup(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
                 let want = response_json(&columns);
                 assert_eq!(String::from_utf8(direct).unwrap(), String::from_utf8(want).unwrap(), "list {l}, {n} rows");
                 compared += columns.iter().map(|c| c.values.len()).sum::<usize>();
@@ -440,7 +449,7 @@ feature_views:
             ["rides:cities", "rides:fare_max_1d", "rides:n_1h", "rides:fare_sum_1h"].iter().map(|f| f.parse().unwrap()).collect();
         let plan = Plan::new(&defs, refs.clone(), false).unwrap();
         let mut phases = LookupPhases::default();
-        let columns = plan.lookup(&store, "p", &defs, &entities, NOW, &mut phases).await.unwrap();
+        let columns = plan.lookup(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
         for (d, want) in expected.iter().enumerate() {
             let cell = |c: usize| (columns[c].values[d].clone(), columns[c].statuses[d]);
             let status = |v: &Value| if matches!(v, Value::Null) { Status::NullValue } else { Status::Present };
@@ -450,11 +459,11 @@ feature_views:
             assert_eq!(cell(2), (Value::Null, Status::NotFound), "driver {d}: the new aggregation");
             assert_eq!(cell(4), (Value::Null, Status::NotFound), "driver {d}: a changed window is another aggregation");
         }
-        let direct = plan.answer_json(&store, "p", &defs, &entities, NOW, &mut phases).await.unwrap();
+        let direct = plan.answer_json(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
         assert_eq!(String::from_utf8(direct).unwrap(), String::from_utf8(response_json(&columns)).unwrap());
         // The registry's earlier layouts are what make the old records readable.
         let plan = Plan::new(&new_defs, refs, false).unwrap();
-        let blank = plan.lookup(&store, "p", &new_defs, &entities, NOW, &mut phases).await.unwrap();
+        let blank = plan.lookup(&store, "p", &new_defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
         assert!(blank[1..].iter().all(|c| c.statuses.iter().all(|s| *s == Status::NotFound)));
     }
 }

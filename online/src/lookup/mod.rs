@@ -5,12 +5,16 @@ use std::collections::HashMap;
 
 use quiver_sdk::aggregation::record::{AggRecord, Layout, WindowAnswer};
 use quiver_sdk::encoding::{KeyValue, OnlineRow, Value, fingerprint, store_key};
-use quiver_sdk::{Definitions, FeatureRef, FeatureView, KeyType};
+use quiver_sdk::{Definitions, FeatureRef, FeatureView, Found, KeyType};
 
 use crate::error::{Error, Result};
 use crate::store::OnlineStore;
 
 mod json;
+mod on_demand;
+
+use on_demand::OnDemandPlan;
+pub use on_demand::{RequestFields, request_values};
 
 /// The status of one value (Feast's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,13 +150,18 @@ pub async fn get_online_features(
     defs: &Definitions,
     refs: &[FeatureRef],
     entities: &EntityColumns,
+    fields: &RequestFields,
     now: i64,
     full_names: bool,
 ) -> Result<Vec<Column>> {
     check_lengths(entities)?;
     let plan = Plan::new(defs, refs.to_vec(), full_names)?;
-    plan.lookup(store, project, defs, entities, now, &mut LookupPhases::default()).await
+    plan.lookup(store, project, defs, (entities, fields), now, &mut LookupPhases::default()).await
 }
+
+/// What one lookup is asked for each entity row: its join keys, and the request fields
+/// of the on-demand features asked for.
+pub type Entities<'a> = (&'a EntityColumns, &'a RequestFields);
 
 /// Where one lookup's time went (the server's `/metrics` phase histogram).
 #[derive(Debug, Clone, Copy, Default)]
@@ -166,6 +175,9 @@ pub struct LookupPhases {
     pub decode: std::time::Duration,
     /// Writing the JSON answer.
     pub encode: std::time::Duration,
+    /// On-demand values that could not be computed (null): division by zero, overflow,
+    /// an invalid cast (docs/transformations.md).
+    pub uncomputed: u64,
 }
 
 /// The most entity rows one lookup may ask for.
@@ -223,6 +235,9 @@ pub struct Plan {
     names_json: Vec<u8>,
     /// The views read, in order of first request; one store key per (view, row).
     views: Vec<ViewPlan>,
+    /// The on-demand features asked for, computed from what the views read (answer
+    /// positions past `refs` are read for them only, never answered).
+    on_demand: Option<OnDemandPlan>,
 }
 
 #[derive(Debug)]
@@ -238,6 +253,8 @@ struct ViewPlan {
     /// Which of the view's features the answer reads (plain views).
     keep: Vec<bool>,
     fingerprint: u64,
+    /// Whether on-demand features read its rows' event times.
+    times: bool,
 }
 
 impl Plan {
@@ -251,51 +268,41 @@ impl Plan {
     pub fn new(defs: &Definitions, refs: Vec<FeatureRef>, full_names: bool) -> Result<Plan> {
         let mut views: Vec<ViewPlan> = Vec::new();
         let mut names = Vec::with_capacity(refs.len());
+        let mut wanted = Vec::new();
         for (j, r) in refs.iter().enumerate() {
-            let (view, _) = defs.find_feature(r).map_err(|e| Error::NotFound(e.0))?;
+            let found = defs.find(r).map_err(|e| Error::NotFound(e.0))?;
             if refs[..j].contains(r) {
                 return Err(Error::Request(format!("feature `{r}` is asked for twice")));
             }
-            if !view.online {
-                return Err(Error::Request(format!("feature `{r}`: feature view `{}` is offline only (`online: false`)", view.name)));
-            }
-            let index = defs.feature_views.iter().position(|v| v.name == view.name).expect("found");
-            let k = if view.is_event_log() {
-                view.aggregations.iter().position(|a| a.name == r.feature)
-            } else {
-                view.features.iter().position(|f| f.name == r.feature)
-            }
-            .expect("found");
-            let at = match views.iter().position(|v| v.index == index) {
-                Some(at) => at,
-                None => {
-                    views.push(ViewPlan {
-                        index,
-                        join_keys: defs.join_keys(view),
-                        wanted: Vec::new(),
-                        shared: Vec::new(),
-                        keep: vec![false; view.features.len()],
-                        fingerprint: fingerprint(view),
-                    });
-                    views.len() - 1
-                }
-            };
-            let planned = &mut views[at];
-            planned.wanted.push((j, k));
-            if !view.is_event_log() {
-                planned.keep[k] = true;
-            }
             names.push(if full_names { r.column_name() } else { r.feature.clone() });
+            match found {
+                Found::Stored(view, _) => {
+                    if !view.online {
+                        return Err(Error::Request(format!(
+                            "feature `{r}`: feature view `{}` is offline only (`online: false`)",
+                            view.name
+                        )));
+                    }
+                    read(&mut views, defs, view, j, &r.feature);
+                }
+                Found::OnDemand(view, feature) => wanted.push((view, feature.name.as_str(), j)),
+            }
         }
+        let on_demand = if wanted.is_empty() { None } else { Some(OnDemandPlan::new(defs, &wanted, &mut views, &mut names)?) };
         for v in &mut views {
             v.shared = v.wanted.iter().enumerate().map(|(i, (_, k))| v.wanted[i + 1..].iter().any(|(_, l)| l == k)).collect();
         }
         let mut names_json = Vec::new();
-        for name in &names {
+        for name in &names[..refs.len()] {
             names_json.push(b',');
             crate::server::json::json_str(&mut names_json, name);
         }
-        Ok(Plan { refs, names, names_json, views })
+        Ok(Plan { refs, names, names_json, views, on_demand })
+    }
+
+    /// The request fields the on-demand features asked for need, each once.
+    pub fn request_fields(&self) -> &[quiver_sdk::Feature] {
+        self.on_demand.as_ref().map_or(&[], |o| o.request_fields())
     }
 
     /// Reads the plan's features for every entity row at time `now` (UTC microseconds)
@@ -310,29 +317,41 @@ impl Plan {
         store: &dyn OnlineStore,
         project: &str,
         defs: &Definitions,
-        entities: &EntityColumns,
+        (entities, fields): Entities<'_>,
         now: i64,
         phases: &mut LookupPhases,
     ) -> Result<Vec<Column>> {
+        if let Some(on_demand) = &self.on_demand {
+            on_demand.check(entities, fields)?;
+        }
         let (n, stored, read) = self.read_stored(store, project, defs, entities, phases).await?;
-        // Each view's columns, put in request order.
-        let mut columns: Vec<Option<Column>> = self.refs.iter().map(|_| None).collect();
+        // Each view's columns, put in answer order (then those on-demand features read).
+        let mut columns: Vec<Option<Column>> = self.names.iter().map(|_| None).collect();
+        let mut times: Vec<Option<Vec<Option<i64>>>> = Vec::with_capacity(self.views.len());
         for (i, planned) in self.views.iter().enumerate() {
             let view = &defs.feature_views[planned.index];
             let stored = &stored[i * n..(i + 1) * n];
+            let mut live = planned.times.then(|| Vec::with_capacity(n));
             let built: Vec<Column> = if view.is_event_log() {
                 let answers = answer_records(defs, view, stored, now);
+                if let Some(live) = &mut live {
+                    live.extend((0..n).map(|row| answers.latest(row, &planned.wanted)));
+                }
                 planned.wanted.iter().map(|&(j, k)| aggregation_column(k, &self.names[j], &answers)).collect()
             } else {
-                feature_columns(defs, view, planned, &self.names, stored, now)
+                feature_columns(defs, view, planned, &self.names, stored, now, live.as_mut())
             };
+            times.push(live);
             for (&(j, _), column) in planned.wanted.iter().zip(built) {
                 columns[j] = Some(column);
             }
         }
-        let mut out: Vec<Column> = Vec::with_capacity(entities.len() + columns.len());
+        if let Some(on_demand) = &self.on_demand {
+            phases.uncomputed += on_demand.compute(&mut columns, &self.names, &times, (entities, fields), now, n)?;
+        }
+        let mut out: Vec<Column> = Vec::with_capacity(entities.len() + self.refs.len());
         out.extend(entities.iter().map(|(name, values)| key_column(name, values)));
-        out.extend(columns.into_iter().map(|c| c.expect("every requested feature's view is read")));
+        out.extend(columns.into_iter().take(self.refs.len()).map(|c| c.expect("every requested feature's view is read")));
         phases.decode = read.elapsed();
         Ok(out)
     }
@@ -365,6 +384,7 @@ impl Plan {
         let unknown: Vec<String> = entities
             .iter()
             .filter(|(name, _)| !self.views.iter().any(|v| v.join_keys.iter().any(|k| k.name == *name)))
+            .filter(|(name, _)| !self.request_fields().iter().any(|f| f.name == *name))
             .map(|(name, _)| format!("`{name}`"))
             .collect();
         if unknown.is_empty() {
@@ -405,6 +425,41 @@ impl Plan {
     }
 }
 
+/// Adds feature `feature` of `view` at answer position `j` to the views read.
+fn read(views: &mut Vec<ViewPlan>, defs: &Definitions, view: &FeatureView, j: usize, feature: &str) -> usize {
+    let index = defs.feature_views.iter().position(|v| v.name == view.name).expect("found");
+    let at = view_plan(views, defs, view, index);
+    let k = if view.is_event_log() {
+        view.aggregations.iter().position(|a| a.name == feature)
+    } else {
+        view.features.iter().position(|f| f.name == feature)
+    }
+    .expect("found");
+    let planned = &mut views[at];
+    planned.wanted.push((j, k));
+    if !view.is_event_log() {
+        planned.keep[k] = true;
+    }
+    at
+}
+
+/// The position of `view`'s plan among `views`, added when new.
+fn view_plan(views: &mut Vec<ViewPlan>, defs: &Definitions, view: &FeatureView, index: usize) -> usize {
+    if let Some(at) = views.iter().position(|v| v.index == index) {
+        return at;
+    }
+    views.push(ViewPlan {
+        index,
+        join_keys: defs.join_keys(view),
+        wanted: Vec::new(),
+        shared: Vec::new(),
+        keep: vec![false; view.features.len()],
+        fingerprint: fingerprint(view),
+        times: false,
+    });
+    views.len() - 1
+}
+
 /// Every aggregation's value at `now` and the time of the latest event in its window.
 type Answer = Vec<WindowAnswer>;
 
@@ -443,6 +498,20 @@ impl Answers {
                 (value, Row::Live(ts).status(matches!(value, Value::Null)), ts)
             }
         }
+    }
+}
+
+impl Answers {
+    /// The latest event among the `wanted` aggregations of row `row`, as an on-demand
+    /// feature's event time reads it; `None` when none has an event.
+    fn latest(&self, row: usize, wanted: &[(usize, usize)]) -> Option<i64> {
+        wanted
+            .iter()
+            .filter_map(|&(_, k)| {
+                let (_, status, ts) = self.cell(row, k);
+                (status != Status::NotFound && ts != 0).then_some(ts)
+            })
+            .max()
     }
 }
 
@@ -574,6 +643,7 @@ fn feature_columns(
     names: &[String],
     stored: &[Option<Vec<u8>>],
     now: i64,
+    mut live: Option<&mut Vec<Option<i64>>>,
 ) -> Vec<Column> {
     let n = stored.len();
     let mut columns: Vec<Column> = planned.wanted.iter().map(|&(j, _)| Column::empty(&names[j], n)).collect();
@@ -581,6 +651,9 @@ fn feature_columns(
     let mut values: Vec<Value> = Vec::new();
     for bytes in stored {
         let row = reader.read(bytes.as_deref(), &mut values);
+        if let Some(live) = live.as_deref_mut() {
+            live.push(if let Row::Live(ts) = row { Some(ts) } else { None });
+        }
         for ((column, &(_, k)), &shared) in columns.iter_mut().zip(&planned.wanted).zip(&planned.shared) {
             let value = match row {
                 Row::Missing | Row::Expired(_) => Value::Null,

@@ -17,6 +17,8 @@ pub struct Metrics {
     /// Latency of /get-online-features.
     latency: Histogram<Latency>,
     pub(super) store_errors: AtomicU64,
+    /// On-demand values answered null because they could not be computed.
+    uncomputed: AtomicU64,
     /// Refusals per [`Limit`], in [`Limit::ALL`] order.
     refusals: [AtomicU64; 6],
     connections: AtomicU64,
@@ -66,6 +68,9 @@ impl Metrics {
         for (h, d) in self.phases.iter().zip([parse, lookup.keys, lookup.store, lookup.decode, lookup.encode]) {
             h.observe(d.as_secs_f64());
         }
+        if lookup.uncomputed > 0 {
+            self.uncomputed.fetch_add(lookup.uncomputed, Ordering::Relaxed);
+        }
     }
 
     pub(super) fn record(&self, route: &'static str, status: u16, elapsed: Duration) {
@@ -96,6 +101,11 @@ impl Metrics {
             }
         }
         out.counter("quiver_store_errors_total", "Online store calls that failed.", &self.store_errors);
+        out.counter(
+            "quiver_on_demand_uncomputed_total",
+            "On-demand values answered null because they could not be computed (division by zero, overflow, an invalid cast).",
+            &self.uncomputed,
+        );
         out.family("quiver_limit_refusals_total", Kind::Counter, "Requests and connections refused by a limit (docs/limits.md).");
         for (limit, n) in Limit::ALL.iter().zip(&self.refusals) {
             out.sample("quiver_limit_refusals_total", &[("limit", &limit.as_str())], n.load(Ordering::Relaxed));

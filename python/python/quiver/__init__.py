@@ -583,18 +583,23 @@ def _utc(t: datetime, what: str) -> datetime:
     return t.astimezone(timezone.utc)
 
 
-def _key(value: Any, where: str) -> int | str:
-    """An entity key as JSON takes it: ints (numpy's too) and strings."""
-    if isinstance(value, (bool,)):
-        raise TypeError(f"{where}: a join key is an integer or a string, got {value!r}")
-    if isinstance(value, (int, str)):
+def _entity_value(value: Any, where: str) -> Any:
+    """A value of an entity row as JSON takes it: a join key (an int or a string) or a
+    request field's value (numbers, bools, strings, None, lists of them, aware
+    datetimes); numpy scalars and arrays as their Python values. Quiver checks each
+    against the type the definitions give it."""
+    if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    item = getattr(value, "item", None)  # numpy scalars
-    if item is not None:
-        plain = item()
-        if isinstance(plain, (int, str)) and not isinstance(plain, bool):
-            return plain
-    raise TypeError(f"{where}: a join key is an integer or a string, got {type(value).__name__} {value!r}")
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise TypeError(f"{where}: a datetime needs a time zone, got {value!r}")
+        return value.isoformat()
+    tolist = getattr(value, "tolist", None)  # numpy scalars and arrays
+    if tolist is not None:
+        return _entity_value(tolist(), where)
+    if isinstance(value, (list, tuple)):
+        return [_entity_value(v, where) for v in value]
+    raise TypeError(f"{where}: an entity value is a join key or a request field's value, got {type(value).__name__} {value!r}")
 
 
 def _refs(features: Any, what: str = "features") -> list[str]:
@@ -900,7 +905,9 @@ class FeatureStore:
             ``view:feature`` references, or a ``FeatureService`` (used as given; see
             ``get_feature_service`` for a registered one).
         entity_rows
-            ``[{"rider_id": 1}, ...]``: each row the same join keys (ints, numpy ints or strings).
+            ``[{"rider_id": 1}, ...]``: each row the same join keys (ints, numpy ints or
+            strings), and the request fields of the on-demand features asked for
+            (``{"rider_id": 1, "amount": 12.5}``).
         full_feature_names
             Name features ``view__feature`` instead of ``feature``.
 
@@ -925,7 +932,7 @@ class FeatureStore:
         for row in rows:
             if list(row.keys()) != names:
                 raise ValidationError(f"every entity row needs the same keys {names}, got {list(row.keys())}")
-        columns = [[name, [_key(row[name], f"entity_rows[{i}][{name!r}]") for i, row in enumerate(rows)]] for name in names]
+        columns = [[name, [_entity_value(row[name], f"entity_rows[{i}][{name!r}]") for i, row in enumerate(rows)]] for name in names]
         out = _quiver.get_online_features(self.repo_path, json.dumps(columns), refs, None, full_feature_names)
         return OnlineResponse(*out)
 

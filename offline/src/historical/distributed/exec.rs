@@ -70,6 +70,7 @@ impl JoinTask {
             view,
             features: self.features.iter().map(String::as_str).collect(),
             positions: (0..self.features.len()).collect(),
+            event_time: false,
         })
     }
 

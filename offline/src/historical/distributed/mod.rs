@@ -183,7 +183,7 @@ pub(super) async fn join_view(join: &Join<'_>, config: &Config, cluster: &str, r
         view: view.name.clone(),
         features: request.features.iter().map(|f| f.to_string()).collect(),
         created_cutoff: join.options.created_cutoff,
-        event_times: join.options.event_times,
+        event_times: join.event_time(request),
         lo: need.range.lo,
         hi: need.range.hi,
         feature_columns,
@@ -327,6 +327,6 @@ fn assemble(target: &Target, request: &ViewRequest<'_>, join: &Join<'_>, schema:
         return Err(target.error(format!("spine row {} is missing or answered twice; no result written", i + 1)));
     }
     let mut columns: Vec<ArrayRef> = sorted.columns()[1..].to_vec();
-    let event_time = (join.options.event_times && !request.view.is_event_log()).then(|| columns.pop().expect("an event time column"));
+    let event_time = join.event_time(request).then(|| columns.pop().expect("an event time column"));
     Ok(ViewJoined::new(request, columns, event_time))
 }

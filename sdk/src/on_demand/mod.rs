@@ -5,6 +5,10 @@
 use std::collections::BTreeMap;
 
 use quiver_transform::{Column, ExprError, Output, Program};
+
+mod compute;
+
+pub use compute::{Computation, Computed, Input};
 use serde::{Deserialize, Serialize};
 
 use crate::definitions::{Definitions, Feature, JoinKey};
@@ -87,38 +91,68 @@ impl OnDemandView {
 /// online the moment the server read the store.
 pub const REQUEST_TIME: &str = "request_time";
 
-/// An input view's event time, by its name in expressions (`view.event_timestamp`):
-/// the time of the row the view answered with (of an event log or an on-demand view,
-/// the latest among its values; null when it answered with nothing).
+/// A feature view's event time, by its name in expressions (`view.event_timestamp`):
+/// the time of the row the view answered with, null when none is live. Not for event
+/// logs (their answers span many events) nor on-demand views.
 pub const EVENT_TIMESTAMP: &str = "event_timestamp";
 
+/// Where a column an on-demand view's expressions may read comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A served feature (an event log's aggregation) of a feature view.
+    Stored {
+        view: String,
+        feature: String,
+        dtype: DType,
+    },
+    /// The event time of a feature view's row.
+    EventTime {
+        view: String,
+    },
+    /// A feature of an on-demand view defined before.
+    Computed {
+        view: String,
+        feature: String,
+    },
+    Key(JoinKey),
+    Request(Feature),
+    RequestTime,
+}
+
 /// The columns `view`'s expressions read, in order: per input, its served features then
-/// its `event_timestamp`, qualified by the input's name; then the join keys the inputs
-/// need ([`keys`]); then the request fields ([`request_fields`]); then `request_time`.
-/// Unknown inputs are skipped (validation refuses them).
+/// (a plain feature view's) `event_timestamp`, qualified by the input's name; then the
+/// join keys the inputs need ([`keys`]); then the request fields ([`request_fields`]);
+/// then `request_time`. Unknown inputs are skipped (validation refuses them).
 pub fn columns(defs: &Definitions, view: &OnDemandView) -> Vec<Column> {
+    described(defs, view).into_iter().map(|(c, _)| c).collect()
+}
+
+/// [`columns`], each with where it comes from.
+pub fn described(defs: &Definitions, view: &OnDemandView) -> Vec<(Column, Origin)> {
     let mut out = Vec::new();
     for input in &view.inputs {
         if let Some(v) = defs.feature_view(input) {
             for f in v.served_features() {
-                out.push(Column::qualified(input, &f.name, f.dtype.arrow_type()));
+                let origin = Origin::Stored { view: input.clone(), feature: f.name.clone(), dtype: f.dtype };
+                out.push((Column::qualified(input, &f.name, f.dtype.arrow_type()), origin));
+            }
+            if !v.is_event_log() {
+                out.push((Column::qualified(input, EVENT_TIMESTAMP, timestamp_arrow_type()), Origin::EventTime { view: input.clone() }));
             }
         } else if let Some(o) = defs.on_demand_view(input) {
             for f in &o.features {
-                out.push(Column::qualified(input, &f.name, f.dtype.arrow_type()));
+                let origin = Origin::Computed { view: input.clone(), feature: f.name.clone() };
+                out.push((Column::qualified(input, &f.name, f.dtype.arrow_type()), origin));
             }
-        } else {
-            continue;
         }
-        out.push(Column::qualified(input, EVENT_TIMESTAMP, timestamp_arrow_type()));
     }
     for key in keys(defs, view) {
-        out.push(Column::bare(&key.name, key.dtype.dtype().arrow_type()));
+        out.push((Column::bare(&key.name, key.dtype.dtype().arrow_type()), Origin::Key(key)));
     }
     for field in request_fields(defs, view) {
-        out.push(Column::bare(&field.name, field.dtype.arrow_type()));
+        out.push((Column::bare(&field.name, field.dtype.arrow_type()), Origin::Request(field)));
     }
-    out.push(Column::bare(REQUEST_TIME, timestamp_arrow_type()));
+    out.push((Column::bare(REQUEST_TIME, timestamp_arrow_type()), Origin::RequestTime));
     out
 }
 
@@ -233,7 +267,6 @@ feature_views:
                 "customer_profile.city",
                 "customer_profile.event_timestamp",
                 "customer_rides.fare_avg_1d",
-                "customer_rides.event_timestamp",
                 "driver_id",
                 "customer_id",
                 "amount",

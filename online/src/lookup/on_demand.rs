@@ -1,0 +1,216 @@
+//! On-demand features in a lookup (docs/transformations.md#online): their inputs read
+//! with the stored features in the one store round trip, then computed by the same
+//! [`Computation`] the offline join runs, on the same input types.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, TimestampMicrosecondArray};
+use quiver_sdk::arrays::{key_array, value_at, values_to_array};
+use quiver_sdk::encoding::{KeyValue, Value};
+use quiver_sdk::on_demand::{Computation, Input};
+use quiver_sdk::{DType, Definitions, Feature, JoinKey, KeyType, OnDemandView};
+
+use super::{Column, Entities, EntityColumns, Status, ViewPlan, read, view_plan};
+use crate::error::{Error, Result};
+
+/// The values requests carry for on-demand views' request fields: each field and its
+/// values, one per entity row, typed ([`request_values`]).
+pub type RequestFields = Vec<(String, Vec<Value>)>;
+
+/// A request field's values as given in JSON (`entities`, Feast's convention), typed.
+///
+/// # Errors
+/// [`Error::Request`] naming the field, the row and the type it needs.
+pub fn request_values(field: &Feature, given: &[serde_json::Value]) -> Result<Vec<Value>> {
+    given
+        .iter()
+        .enumerate()
+        .map(|(row, v)| {
+            quiver_sdk::rows::from_json(v, field.dtype).ok_or_else(|| {
+                Error::Request(format!("request field `{}` must be {}, got {v} (entity row {})", field.name, field.dtype, row + 1))
+            })
+        })
+        .collect()
+}
+
+/// The on-demand features of a lookup plan.
+#[derive(Debug)]
+pub(super) struct OnDemandPlan {
+    computation: Computation,
+    /// Per input of the computation: where the lookup finds it.
+    sources: Vec<Supply>,
+    /// Per on-demand feature asked for: its answer position.
+    positions: Vec<usize>,
+    /// The request fields every request must carry.
+    fields: Vec<Feature>,
+    /// Names of the features asked for, for messages.
+    asked: Vec<String>,
+}
+
+#[derive(Debug)]
+enum Supply {
+    /// The answer column at this position (asked for, or read for on-demand features only).
+    Column(usize, DType),
+    /// The live rows' event times of the plan's view at this position.
+    Time(usize),
+    Key(JoinKey),
+    /// The request field at this position of `fields`.
+    Request(usize),
+    Now,
+}
+
+impl OnDemandPlan {
+    /// Plans `wanted` (view, feature, answer position): their inputs read among `views`,
+    /// those not asked for at answer positions after `names`'s (added to it).
+    pub(super) fn new(
+        defs: &Definitions,
+        wanted: &[(&OnDemandView, &str, usize)],
+        views: &mut Vec<ViewPlan>,
+        names: &mut Vec<String>,
+    ) -> Result<OnDemandPlan> {
+        let pairs: Vec<(&OnDemandView, &str)> = wanted.iter().map(|&(v, f, _)| (v, f)).collect();
+        let computation = Computation::new(defs, &pairs).map_err(|e| Error::Request(e.to_string()))?;
+        let asked: Vec<String> = wanted.iter().map(|(v, f, _)| format!("{}:{f}", v.name)).collect();
+        let mut sources = Vec::with_capacity(computation.inputs().len());
+        let mut fields = Vec::new();
+        for input in computation.inputs() {
+            sources.push(match input {
+                Input::Feature { view, feature, dtype } => {
+                    let v = defs.feature_view(view).expect("validated");
+                    if !v.online {
+                        return Err(Error::Request(format!(
+                            "on-demand feature `{}` reads feature view `{view}`, which is offline only (`online: false`)",
+                            asked.join("`, `")
+                        )));
+                    }
+                    Supply::Column(column_of(views, defs, v, feature, names), *dtype)
+                }
+                Input::EventTime { view } => {
+                    let v = defs.feature_view(view).expect("validated");
+                    let index = defs.feature_views.iter().position(|f| f.name == v.name).expect("found");
+                    let at = view_plan(views, defs, v, index);
+                    views[at].times = true;
+                    Supply::Time(at)
+                }
+                Input::Key(key) => Supply::Key(key.clone()),
+                Input::Request(field) => {
+                    fields.push(field.clone());
+                    Supply::Request(fields.len() - 1)
+                }
+                Input::RequestTime => Supply::Now,
+            });
+        }
+        Ok(OnDemandPlan { computation, sources, positions: wanted.iter().map(|w| w.2).collect(), fields, asked })
+    }
+
+    pub(super) fn request_fields(&self) -> &[Feature] {
+        &self.fields
+    }
+
+    /// Every request field and join key the computation reads is given, one value per
+    /// entity row.
+    pub(super) fn check(&self, entities: &EntityColumns, fields: &super::RequestFields) -> Result<()> {
+        let n = entities.first().map_or(0, |(_, v)| v.len());
+        for field in &self.fields {
+            let Some((_, values)) = fields.iter().find(|(name, _)| *name == field.name) else {
+                return Err(Error::Request(format!(
+                    "missing request field `{}` ({}, needed by `{}`, goes beside the join keys in `entities`)",
+                    field.name,
+                    field.dtype,
+                    self.asked.join("`, `")
+                )));
+            };
+            if values.len() != n {
+                return Err(Error::Request(format!(
+                    "request field `{}` has {} values, the join keys {n} (one per entity row)",
+                    field.name,
+                    values.len()
+                )));
+            }
+        }
+        for source in &self.sources {
+            let Supply::Key(key) = source else { continue };
+            let Some((_, values)) = entities.iter().find(|(name, _)| *name == key.name) else {
+                return Err(Error::Request(format!("missing join key `{}` for on-demand feature `{}`", key.name, self.asked.join("`, `"))));
+            };
+            if let Some(v) =
+                values.iter().find(|v| !matches!((v, key.dtype), (KeyValue::Int(_), KeyType::Int64) | (KeyValue::Str(_), KeyType::String)))
+            {
+                return Err(Error::Request(format!("join key `{}` is {}, got `{v}`", key.name, key.dtype)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Computes the on-demand features into their answer columns from the columns read
+    /// (`times`: per view of the plan, its live rows' event times when read), the
+    /// request and `now`, for `n` entity rows; how many values could not be computed.
+    pub(super) fn compute(
+        &self,
+        columns: &mut [Option<Column>],
+        names: &[String],
+        times: &[Option<Vec<Option<i64>>>],
+        (entities, fields): Entities<'_>,
+        now: i64,
+        n: usize,
+    ) -> Result<u64> {
+        let stamps = |t: Vec<Option<i64>>| -> ArrayRef { Arc::new(TimestampMicrosecondArray::from(t).with_timezone("UTC")) };
+        let mut supplied: Vec<ArrayRef> = Vec::with_capacity(self.sources.len());
+        for source in &self.sources {
+            supplied.push(match source {
+                Supply::Column(j, dtype) => values_to_array(*dtype, columns[*j].as_ref().expect("read").values.iter()),
+                Supply::Time(i) => stamps(times[*i].clone().expect("read with its times")),
+                Supply::Key(key) => {
+                    let (_, values) = entities.iter().find(|(name, _)| *name == key.name).expect("checked");
+                    key_array(key.dtype, values.iter())
+                }
+                Supply::Request(i) => {
+                    let field = &self.fields[*i];
+                    let (_, values) = fields.iter().find(|(name, _)| *name == field.name).expect("checked");
+                    values_to_array(field.dtype, values.iter())
+                }
+                Supply::Now => stamps(vec![Some(now); n]),
+            });
+        }
+        let computed = self.computation.evaluate(n, &supplied, true).map_err(|e| Error::Request(format!("on-demand features: {}", e.0)))?;
+        let outputs = self.computation.outputs();
+        for (((&j, array), times), (_, _, dtype)) in self.positions.iter().zip(&computed.columns).zip(computed.event_times).zip(outputs) {
+            let mut column = Column::empty(&names[j], n);
+            for (row, ts) in times.into_iter().enumerate() {
+                let value = value_at(array.as_ref(), row, dtype);
+                column.statuses.push(if matches!(value, Value::Null) { Status::NullValue } else { Status::Present });
+                column.values.push(value);
+                column.event_ts.push(Some(ts));
+            }
+            columns[j] = Some(column);
+        }
+        Ok(computed.failed)
+    }
+}
+
+/// The answer position of `feature` of `view`: the one already read, else a new one
+/// after `names` (named `view__feature`, never answered).
+fn column_of(
+    views: &mut Vec<ViewPlan>,
+    defs: &Definitions,
+    view: &quiver_sdk::FeatureView,
+    feature: &str,
+    names: &mut Vec<String>,
+) -> usize {
+    let index = defs.feature_views.iter().position(|v| v.name == view.name).expect("found");
+    let k = if view.is_event_log() {
+        view.aggregations.iter().position(|a| a.name == feature)
+    } else {
+        view.features.iter().position(|f| f.name == feature)
+    }
+    .expect("found");
+    if let Some(planned) = views.iter().find(|v| v.index == index)
+        && let Some(&(j, _)) = planned.wanted.iter().find(|&&(_, l)| l == k)
+    {
+        return j;
+    }
+    let j = names.len();
+    names.push(format!("{}__{feature}", view.name));
+    read(views, defs, view, j, feature);
+    j
+}
