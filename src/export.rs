@@ -277,11 +277,13 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
     let progress_path = out.join(PROGRESS);
     let listed = listed_shards(out, &mut manifest, expected.is_some())?;
     check_folder(out, &listed)?;
+    let service = defs.feature_service(&manifest.options.service).expect("planned");
+    let requests = resolve(&defs, &service.features)?;
+    // Every column the join reads is there, before any folder is made.
+    requests.check_spine(&defs, SpineRows { source: &manifest.spine.path, rows: &spine })?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     // Finished shards whose files are still intact; the others are damaged.
     let (mut done, damaged): (Vec<Shard>, Vec<Shard>) = listed.into_iter().partition(|s| intact(out, s));
-    let service = defs.feature_service(&manifest.options.service).expect("planned");
-    let requests = resolve(&defs, &service.features)?;
     let n = spine.num_rows() as u64;
     let per = manifest.options.shard_rows;
     let n_shards = n.div_ceil(per).max(1);

@@ -83,8 +83,7 @@ impl<'a> Lookup<'a> {
             &self.repo.config.project,
             &defs,
             &refs,
-            &self.entities,
-            &fields,
+            (&self.entities, &fields),
             now,
             self.full_names,
         )

@@ -48,7 +48,7 @@ pub async fn verify_sample(
         let rows: Vec<usize> = sample(&mut rng, batch.num_rows(), n.min(batch.num_rows())).into_iter().collect();
         let entities = sampled_entities(&batch, &keys, &rows);
         let refs: Vec<FeatureRef> = view.features.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
-        let online = get_online_features(store, &config.project, defs, &refs, &entities, &Vec::new(), now, false).await?;
+        let online = get_online_features(store, &config.project, defs, &refs, (&entities, &Vec::new()), now, false).await?;
         let sampled = Sampled { view, batch: &batch, layout: ViewLayout::rows(defs, view), rows: &rows, entities: &entities, now };
         for (k, report) in per_feature.iter_mut().enumerate() {
             sampled.compare(k, &online[keys.len() + k], report);
@@ -98,7 +98,7 @@ async fn sample_on_demand(
         return Ok(Vec::new());
     }
     let entities: Vec<(String, Vec<KeyValue>)> = keys.iter().zip(&columns).map(|(k, c)| (k.name.clone(), c[..m].to_vec())).collect();
-    let online = get_online_features(store, &config.project, defs, &refs, &entities, &Vec::new(), now, false).await?;
+    let online = get_online_features(store, &config.project, defs, &refs, (&entities, &Vec::new()), now, false).await?;
     let picked: Vec<Vec<KeyValue>> = (0..m).map(|j| columns.iter().map(|c| c[j].clone()).collect()).collect();
     let spine = super::spine_batch(&keys, &picked, std::iter::repeat_n(now, m))?;
     let requests = quiver_offline::historical::resolve(defs, &refs)?;
@@ -168,7 +168,7 @@ async fn sample_event_log(
     let entities: Vec<(String, Vec<KeyValue>)> =
         keys.iter().enumerate().map(|(i, k)| (k.name.clone(), picked.iter().map(|p| p[i].clone()).collect())).collect();
     let refs: Vec<FeatureRef> = served.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
-    let online = get_online_features(store, &config.project, defs, &refs, &entities, &Vec::new(), now, false).await?;
+    let online = get_online_features(store, &config.project, defs, &refs, (&entities, &Vec::new()), now, false).await?;
     let spine = super::spine_batch(&keys, &picked, std::iter::repeat_n(now, picked.len()))?;
     let requests = quiver_offline::historical::resolve(defs, &refs)?;
     let rows = quiver_offline::historical::SpineRows { source: "verify --sample", rows: &spine };

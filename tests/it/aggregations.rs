@@ -67,7 +67,7 @@ async fn answers(dir: &Path, at: i64) -> Vec<Vec<Value>> {
     let riders = [1i64, 2, 3];
     let store = EmbeddedStore::open(&dir.join("online.db")).unwrap();
     let entities = vec![("rider_id".to_string(), riders.iter().map(|&r| KeyValue::Int(r)).collect())];
-    let online = get_online_features(&store as &dyn OnlineStore, "aggs", &defs, &refs, &entities, &Vec::new(), at, true).await.unwrap();
+    let online = get_online_features(&store as &dyn OnlineStore, "aggs", &defs, &refs, (&entities, &Vec::new()), at, true).await.unwrap();
     let spine = RecordBatch::try_from_iter([
         ("rider_id", Arc::new(Int64Array::from(riders.to_vec())) as ArrayRef),
         ("event_timestamp", Arc::new(TimestampMicrosecondArray::from(vec![at; 3]).with_timezone("UTC"))),

@@ -294,6 +294,8 @@ fn the_cluster_joins_tables_on_s3_as_the_local_join_does() {
     let mut lines: Vec<&str> = config.lines().collect();
     lines.splice(at..at + 2, section.lines());
     std::fs::write(dir.join("quiver.yaml"), lines.join("\n")).unwrap();
+    let yaml = std::fs::read_to_string(dir.join("features.yaml")).unwrap();
+    std::fs::write(dir.join("features.yaml"), format!("{yaml}{DERIVED}")).unwrap();
     common::ok(&dir, &["apply"]);
     for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
         common::ok(&dir, &["ingest", v, &format!("sample_data/{v}.parquet")]);

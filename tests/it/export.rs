@@ -204,3 +204,59 @@ fn export_refuses_a_folder_holding_other_files() {
     fails_alone(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "busy"], 1, &["is not empty"]);
     assert_eq!(std::fs::read(repo.join("busy/part-00000.parquet")).unwrap(), b"someone else's shard");
 }
+
+/// A service with on-demand features exports them as `historical` computes them (the
+/// oracle), their type in the manifest; a spine without their request field is refused,
+/// naming it, and nothing is written.
+#[test]
+fn export_computes_on_demand_features() {
+    use arrow::array::{ArrayRef, Float64Array};
+    let tmp = tempfile::tempdir().unwrap();
+    ok(tmp.path(), &["init", "demo", "--demo"]);
+    let repo = tmp.path().join("demo");
+    let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
+    let yaml = yaml.replacen(
+        "feature_services:\n",
+        "feature_services:\n  - name: scored\n    features: [\"derived:tip_share\", \"driver_hourly:conv_rate\"]\n",
+        1,
+    );
+    let derived = "on_demand_views:\n  - name: derived\n    inputs: [driver_hourly]\n    request: [{name: tip, dtype: float64}]\n    \
+                   features:\n      - {name: tip_share, dtype: float64, expr: \"tip * driver_hourly.conv_rate\"}\n";
+    std::fs::write(repo.join("features.yaml"), format!("{yaml}{derived}")).unwrap();
+    ok(&repo, &["apply"]);
+    ok(&repo, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]);
+    let refused = fails_alone(
+        &repo,
+        &["export", "--service", "scored", "--spine", "sample_data/spine.parquet", "--out", "bad"],
+        1,
+        &["missing column `tip`: a request field of on-demand view `derived`"],
+    );
+    assert!(!repo.join("bad").join("manifest.json").exists(), "{refused}");
+    // The sample spine with a tip on every row.
+    let spine = read(&repo.join("sample_data/spine.parquet"));
+    let spine = arrow::compute::concat_batches(&spine[0].schema(), &spine).unwrap();
+    let tips: ArrayRef = std::sync::Arc::new(Float64Array::from_iter_values((0..spine.num_rows()).map(|i| (i % 7) as f64 * 0.5)));
+    let mut fields: Vec<arrow::datatypes::Field> = spine.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(arrow::datatypes::Field::new("tip", arrow::datatypes::DataType::Float64, false));
+    let mut columns = spine.columns().to_vec();
+    columns.push(tips);
+    let with_tips = RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), columns).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(File::create(repo.join("tips.parquet")).unwrap(), with_tips.schema(), None).unwrap();
+    w.write(&with_tips).unwrap();
+    w.close().unwrap();
+
+    ok(&repo, &["export", "--service", "scored", "--spine", "tips.parquet", "--out", "set", "--shard-rows", "200"]);
+    ok(&repo, &["historical", "--spine", "tips.parquet", "--service", "scored", "--out", "whole.parquet"]);
+    let m = manifest(&repo.join("set"));
+    assert_eq!(m["features"][0]["dtype"], "float64", "{m}");
+    let mut parts = Vec::new();
+    for s in m["shards"].as_array().unwrap() {
+        parts.extend(read(&repo.join("set").join(s["file"].as_str().unwrap())));
+    }
+    let exported = arrow::compute::concat_batches(&parts[0].schema(), &parts).unwrap();
+    let whole = read(&repo.join("whole.parquet"));
+    let whole = arrow::compute::concat_batches(&whole[0].schema(), &whole).unwrap();
+    assert_eq!(exported, whole, "the export's rows are historical's");
+    let share = whole.column_by_name("derived__tip_share").unwrap();
+    assert!(share.null_count() < share.len(), "some tip shares computed");
+}

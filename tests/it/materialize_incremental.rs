@@ -46,8 +46,7 @@ async fn scores(repo: &Repo, store: &dyn OnlineStore, users: &[i64]) -> Vec<Opti
         &repo.config.project,
         &defs,
         &[FeatureRef::new("score", "score")],
-        &entities,
-        &Vec::new(),
+        (&entities, &Vec::new()),
         t("23:00"),
         true,
     )

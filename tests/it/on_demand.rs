@@ -117,7 +117,7 @@ async fn check(store: Arc<dyn OnlineStore>, name: &str) {
             ("amount".to_string(), amounts.iter().map(|&a| Value::Float64(a)).collect()),
             ("pickup_city".to_string(), cities.iter().map(|c| Value::String(c.clone())).collect()),
         ];
-        let online = get_online_features(store.as_ref(), &repo.config.project, &defs, &refs, &entities, &fields, at, true).await.unwrap();
+        let online = get_online_features(store.as_ref(), &repo.config.project, &defs, &refs, (&entities, &fields), at, true).await.unwrap();
         assert_eq!(online.len(), 2 + refs.len());
         for (k, r) in refs.iter().enumerate() {
             let column = &online[2 + k];

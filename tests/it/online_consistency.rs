@@ -87,7 +87,7 @@ async fn check(store: Arc<dyn OnlineStore>) {
             ("customer_id".to_string(), customers.iter().map(|c| KeyValue::Str(c.clone())).collect()),
         ];
         let online =
-            get_online_features(store.as_ref(), &repo.config.project, &defs, &refs, &entities, &Vec::new(), at, true).await.unwrap();
+            get_online_features(store.as_ref(), &repo.config.project, &defs, &refs, (&entities, &Vec::new()), at, true).await.unwrap();
         assert_eq!(online.len(), 2 + refs.len());
         let mut present = 0;
         let mut aggregated = 0;
@@ -215,7 +215,7 @@ async fn check_appends(store: Arc<dyn OnlineStore>) {
         let refs = [FeatureRef::new("v", "x")];
         let entities = vec![("driver_id".to_string(), (0..n).map(KeyValue::Int).collect())];
         let online =
-            get_online_features(store.as_ref(), &project, &defs, &refs, &entities, &Vec::new(), T0 + 3_600_000_000, true).await.unwrap();
+            get_online_features(store.as_ref(), &project, &defs, &refs, (&entities, &Vec::new()), T0 + 3_600_000_000, true).await.unwrap();
         let x = &online[1];
         for d in 0..n {
             assert_eq!(x.statuses[d as usize], Status::Present, "run {run}: driver {d}");

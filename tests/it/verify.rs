@@ -69,6 +69,24 @@ async fn verify_finds_what_the_online_store_gets_wrong() {
     assert!(allowed.status.success(), "{:?}", text(&allowed));
 }
 
+/// The demo repository in `parent` with the serving log on and `definitions` added to
+/// its features: applied, its sample data ingested and materialized.
+fn logged_demo(parent: &Path, definitions: &str) -> std::path::PathBuf {
+    assert!(quiver(parent, &["init", "demo", "--demo"]).status.success());
+    let repo = parent.join("demo");
+    let mut config = std::fs::read_to_string(repo.join("quiver.yaml")).unwrap();
+    config.push_str("serving_log:\n  enabled: true\n  batch_ms: 100\n");
+    std::fs::write(repo.join("quiver.yaml"), config).unwrap();
+    let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
+    std::fs::write(repo.join("features.yaml"), format!("{yaml}{definitions}")).unwrap();
+    assert!(quiver(&repo, &["apply"]).status.success());
+    for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
+        assert!(quiver(&repo, &["ingest", v, &format!("sample_data/{v}.parquet")]).status.success());
+    }
+    assert!(quiver(&repo, &["materialize-incremental", "now"]).status.success());
+    repo
+}
+
 /// `quiver serve` with the serving log on, until `requests` have been answered; SIGTERM
 /// flushes the log.
 fn serve_and_ask(repo: &Path, requests: &[String]) -> Vec<serde_json::Value> {
@@ -103,16 +121,7 @@ fn numbers(out: &str, feature: &str) -> Vec<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_since_replays_the_serving_log() {
     let tmp = tempfile::tempdir().unwrap();
-    assert!(quiver(tmp.path(), &["init", "demo", "--demo"]).status.success());
-    let repo = tmp.path().join("demo");
-    let mut config = std::fs::read_to_string(repo.join("quiver.yaml")).unwrap();
-    config.push_str("serving_log:\n  enabled: true\n  batch_ms: 100\n");
-    std::fs::write(repo.join("quiver.yaml"), config).unwrap();
-    assert!(quiver(&repo, &["apply"]).status.success());
-    for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
-        assert!(quiver(&repo, &["ingest", v, &format!("sample_data/{v}.parquet")]).status.success());
-    }
-    assert!(quiver(&repo, &["materialize-incremental", "now"]).status.success());
+    let repo = logged_demo(tmp.path(), "");
 
     // Nothing logged yet: a clear refusal, not a vacuous pass.
     let empty = quiver(&repo, &["verify", "--since", "1h"]);
@@ -262,18 +271,7 @@ feature_views:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_since_replays_on_demand_features() {
     let tmp = tempfile::tempdir().unwrap();
-    assert!(quiver(tmp.path(), &["init", "demo", "--demo"]).status.success());
-    let repo = tmp.path().join("demo");
-    let mut config = std::fs::read_to_string(repo.join("quiver.yaml")).unwrap();
-    config.push_str("serving_log:\n  enabled: true\n  batch_ms: 100\n");
-    std::fs::write(repo.join("quiver.yaml"), config).unwrap();
-    let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
-    std::fs::write(repo.join("features.yaml"), format!("{yaml}{}", crate::on_demand::ON_DEMAND)).unwrap();
-    assert!(quiver(&repo, &["apply"]).status.success());
-    for v in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides"] {
-        assert!(quiver(&repo, &["ingest", v, &format!("sample_data/{v}.parquet")]).status.success());
-    }
-    assert!(quiver(&repo, &["materialize-incremental", "now"]).status.success());
+    let repo = logged_demo(tmp.path(), crate::on_demand::ON_DEMAND);
     // `--sample` covers the on-demand view without request fields.
     let sampled = quiver(&repo, &["verify", "--sample", "20"]);
     let (out, err) = text(&sampled);

@@ -119,6 +119,31 @@ impl Resolved<'_> {
     }
 }
 
+impl Resolved<'_> {
+    /// Refuses a spine without a column the join reads — a view's join key or an
+    /// on-demand feature's request field — naming it, before any table is read.
+    ///
+    /// # Errors
+    /// [`Error::Input`] naming the spine and the column.
+    pub fn check_spine(&self, defs: &Definitions, spine: SpineRows<'_>) -> Result<()> {
+        for request in &self.views {
+            if let Some(key) = defs.join_keys(request.view).into_iter().find(|k| spine.rows.column_by_name(&k.name).is_none()) {
+                return Err(Error::input(spine.source, missing_key(&key.name, request.view)));
+            }
+        }
+        if let Some(on_demand) = &self.on_demand {
+            for (source, input) in on_demand.sources.iter().zip(on_demand.computation.inputs()) {
+                if let Supplied::Spine(name, _) = source
+                    && spine.rows.column_by_name(name).is_none()
+                {
+                    return Err(Error::input(spine.source, missing_spine_column(defs, input, name)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Checks feature references against the registry and groups them by view; an
 /// on-demand feature's inputs are joined too, without being returned unless asked for.
 ///
@@ -277,6 +302,7 @@ pub async fn historical(
     progress: Progress<'_>,
 ) -> Result<RecordBatch> {
     let times = spine::spine_times(spine.source, spine.rows)?;
+    requests.check_spine(defs, spine)?;
     let mut joined: Vec<Option<(Field, ArrayRef)>> = vec![None; requests.joined];
     let mut view_times: Vec<Option<(Field, ArrayRef)>> = Vec::with_capacity(requests.views.len());
     let join = Join { defs, spine, times: &times, options: &options, kernel, progress };
@@ -417,10 +443,7 @@ impl Join<'_> {
         let mut keys = Vec::new();
         for key in self.defs.join_keys(view) {
             let Some(column) = self.spine.rows.column_by_name(&key.name) else {
-                return Err(Error::input(
-                    self.spine.source,
-                    format!("missing join key column `{}` needed by feature view `{}`", key.name, view.name),
-                ));
+                return Err(Error::input(self.spine.source, missing_key(&key.name, view)));
             };
             let conformed = widen(column, &key_type(key.dtype))
                 .map_err(|m| Error::input(self.spine.source, format!("join key column `{}`: {m}", key.name)))?;
@@ -485,6 +508,11 @@ impl Join<'_> {
         tracing::debug!(view = %view.name, secs = phase.elapsed().as_secs_f64(), "gathered");
         Ok(ViewJoined::new(request, gathered, event_time))
     }
+}
+
+/// Why a spine lacks join key `key` of `view`.
+fn missing_key(key: &str, view: &FeatureView) -> String {
+    format!("missing join key column `{key}` needed by feature view `{}`", view.name)
 }
 
 /// Why a spine lacks a column an on-demand feature reads: a request field (naming the

@@ -137,8 +137,9 @@ impl Layouts {
 /// The entity rows of a request, column-major: each join key and its values.
 pub type EntityColumns = Vec<(String, Vec<KeyValue>)>;
 
-/// Reads `refs` for every entity row at time `now` (UTC microseconds), in one store
-/// round trip. Columns: the join keys as given, then the features in request order,
+/// Reads `refs` for every entity row (`asked`: the join keys, and the request fields of
+/// the on-demand features) at time `now` (UTC microseconds), in one store round trip.
+/// Columns: the join keys as given, then the features in request order,
 /// named `view__feature` with `full_names`, else `feature`.
 ///
 /// # Errors
@@ -149,14 +150,13 @@ pub async fn get_online_features(
     project: &str,
     defs: &Definitions,
     refs: &[FeatureRef],
-    entities: &EntityColumns,
-    fields: &RequestFields,
+    asked: Entities<'_>,
     now: i64,
     full_names: bool,
 ) -> Result<Vec<Column>> {
-    check_lengths(entities)?;
+    check_lengths(asked.0)?;
     let plan = Plan::new(defs, refs.to_vec(), full_names)?;
-    plan.lookup(store, project, defs, (entities, fields), now, &mut LookupPhases::default()).await
+    plan.lookup(store, project, defs, asked, now, &mut LookupPhases::default()).await
 }
 
 /// What one lookup is asked for each entity row: its join keys, and the request fields

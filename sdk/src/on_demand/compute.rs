@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, RecordBatch, RecordBatchOptions, new_null_array};
+use arrow::array::{ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, TimestampMicrosecondType};
 use quiver_transform::{ExprError, InputError, Output, Program};
 
@@ -61,19 +61,21 @@ pub struct Computation {
 #[derive(Debug, Clone)]
 struct Step {
     program: Program,
-    /// Per column of the program's input: where its values come from.
+    /// Per column of the program's input (only those its outputs read): where its
+    /// values come from.
     sources: Vec<Source>,
     /// Per output: the `EventTime` inputs whose latest is its event time.
     times: Vec<Vec<usize>>,
 }
+
+/// One view's program and, per column of its input, where that column comes from.
+type Compiled = (Program, Vec<(usize, Origin)>);
 
 #[derive(Debug, Clone, Copy)]
 enum Source {
     Input(usize),
     /// Output `.1` of step `.0`.
     Output(usize, usize),
-    /// No output reads it: nulls.
-    Unread,
 }
 
 /// What [`Computation::evaluate`] computed, per requested feature in order.
@@ -108,7 +110,7 @@ impl Computation {
                 needed[i].push((*feature).to_string());
             }
         }
-        let mut compiled: Vec<Option<(Program, Vec<(usize, Origin)>)>> = vec![None; views.len()];
+        let mut compiled: Vec<Option<Compiled>> = vec![None; views.len()];
         for i in (0..views.len()).rev() {
             if needed[i].is_empty() {
                 continue;
@@ -121,17 +123,17 @@ impl Computation {
                 .filter(|f| needed[i].contains(&f.name))
                 .map(|f| Output { name: f.name.clone(), dtype: f.dtype.arrow_type(), expr: f.expr.clone() })
                 .collect();
+            let refuse = |e: ExprError| ExprError { reason: format!("on-demand view `{}`: {}", view.name, e.reason), ..e };
+            // Compiled against every column to learn which it reads, then against those
+            // alone: the batch it is given holds nothing else.
             let plain: Vec<_> = columns.iter().map(|(c, _)| c.clone()).collect();
-            let program = Program::compile(&plain, &outputs)
-                .map_err(|e| ExprError { reason: format!("on-demand view `{}`: {}", view.name, e.reason), ..e })?;
-            let mut read: Vec<(usize, Origin)> = Vec::new();
-            for k in 0..outputs.len() {
-                for c in program.reads(k) {
-                    if !read.iter().any(|(r, _)| *r == c) {
-                        read.push((c, columns[c].1.clone()));
-                    }
-                }
-            }
+            let everything = Program::compile(&plain, &outputs).map_err(refuse)?;
+            let mut reads: Vec<usize> = (0..outputs.len()).flat_map(|k| everything.reads(k)).collect();
+            reads.sort_unstable();
+            reads.dedup();
+            let narrow: Vec<_> = reads.iter().map(|&c| plain[c].clone()).collect();
+            let program = Program::compile(&narrow, &outputs).map_err(refuse)?;
+            let read: Vec<(usize, Origin)> = reads.iter().enumerate().map(|(at, &c)| (at, columns[c].1.clone())).collect();
             for (_, origin) in &read {
                 if let Origin::Computed { view: input, feature } = origin {
                     let j = index(input).expect("validated: defined before");
@@ -146,10 +148,9 @@ impl Computation {
         let mut step_of: Vec<Option<usize>> = vec![None; views.len()];
         for (i, entry) in compiled.into_iter().enumerate() {
             let Some((program, read)) = entry else { continue };
-            let n_columns = program.input_schema().fields().len();
-            let mut sources = vec![Source::Unread; n_columns];
-            for (c, origin) in &read {
-                sources[*c] = match origin {
+            let mut sources = Vec::with_capacity(read.len());
+            for (_, origin) in &read {
+                sources.push(match origin {
                     Origin::Stored { view, feature, dtype } => {
                         Source::Input(out.input(Input::Feature { view: view.clone(), feature: feature.clone(), dtype: *dtype }))
                     }
@@ -162,7 +163,7 @@ impl Computation {
                     Origin::Key(key) => Source::Input(out.input(Input::Key(key.clone()))),
                     Origin::Request(field) => Source::Input(out.input(Input::Request(field.clone()))),
                     Origin::RequestTime => Source::Input(out.input(Input::RequestTime)),
-                };
+                });
             }
             for field in &views[i].request {
                 out.input(Input::Request(field.clone()));
@@ -179,7 +180,7 @@ impl Computation {
                         }
                         Origin::Computed { .. } => match sources[c] {
                             Source::Output(s, o) => out.steps[s].times[o].clone(),
-                            _ => unreachable!("a computed column comes from a step"),
+                            Source::Input(_) => unreachable!("a computed column comes from a step"),
                         },
                         _ => Vec::new(),
                     };
@@ -256,11 +257,9 @@ impl Computation {
             let columns: Vec<ArrayRef> = step
                 .sources
                 .iter()
-                .zip(schema.fields())
-                .map(|(source, field)| match *source {
+                .map(|source| match *source {
                     Source::Input(i) => supplied[i].clone(),
                     Source::Output(s, o) => results[s][o].clone(),
-                    Source::Unread => new_null_array(field.data_type(), rows),
                 })
                 .collect();
             let options = RecordBatchOptions::new().with_row_count(Some(rows));
@@ -330,8 +329,8 @@ on_demand_views:
             c.inputs(),
             [
                 stored("rate", DType::Float64),
-                request("amount", DType::Float64),
                 stored("trips", DType::Int64),
+                request("amount", DType::Float64),
                 request("unused", DType::String),
                 Input::EventTime { view: "stats".into() },
             ]
@@ -340,8 +339,8 @@ on_demand_views:
         let n = 3;
         let supplied: Vec<ArrayRef> = vec![
             Arc::new(Float64Array::from(vec![Some(0.5), None, Some(2.0)])),
-            Arc::new(Float64Array::from(vec![Some(10.0), Some(1.0), Some(3.0)])),
             Arc::new(Int64Array::from(vec![Some(4), Some(0), Some(0)])),
+            Arc::new(Float64Array::from(vec![Some(10.0), Some(1.0), Some(3.0)])),
             Arc::new(StringArray::from(vec!["a", "b", "c"])),
             Arc::new(TimestampMicrosecondArray::from(vec![Some(7), None, Some(9)]).with_timezone("UTC")),
         ];

@@ -74,7 +74,7 @@ async fn assert_event_log(s: &Setup, produced: std::ops::Range<i64>) {
     let entities = vec![("driver_id".to_string(), drivers.iter().map(|&d| KeyValue::Int(d)).collect())];
     let now = chrono::Utc::now().timestamp_micros();
     let online =
-        quiver::online::lookup::get_online_features(&store, &s.project, &defs, &refs, &entities, &Vec::new(), now, true).await.unwrap();
+        quiver::online::lookup::get_online_features(&store, &s.project, &defs, &refs, (&entities, &Vec::new()), now, true).await.unwrap();
     let spine = arrow::array::RecordBatch::try_from_iter([
         ("driver_id", std::sync::Arc::new(arrow::array::Int64Array::from(drivers.clone())) as arrow::array::ArrayRef),
         (
