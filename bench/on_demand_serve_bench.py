@@ -51,8 +51,8 @@ on_demand_views:
 """
 
 FEAST_ON_DEMAND = '''
-from datetime import datetime, timezone
-from feast import RequestSource, on_demand_feature_view
+from feast import RequestSource
+from feast.on_demand_feature_view import on_demand_feature_view
 from feast.types import String
 
 request = RequestSource(name="request", schema=[Field(name="amount", dtype=Float64), Field(name="pickup_city", dtype=String)])
@@ -65,6 +65,7 @@ request = RequestSource(name="request", schema=[Field(name="amount", dtype=Float
     mode="python",
 )
 def scoring(inputs):
+    from datetime import datetime, timezone  # Feast runs the function's own source: imports inside
     now = datetime.now(timezone.utc).timestamp()
     return {
         "ratio": [a * b + c for a, b, c in zip(inputs["a0"], inputs["a1"], inputs["a2"])],
@@ -134,6 +135,8 @@ def main():
         check = body(ids, True, rng)
         qa = requests.post(qurl, json=check, timeout=30).json()
         fa = requests.post(furl, json=check, timeout=30).json()
+        if "metadata" not in fa or "metadata" not in qa:
+            sys.exit(f"an answer without features:\nquiver {json.dumps(qa)[:1500]}\nfeast {json.dumps(fa)[:1500]}")
         by_name = lambda ans: {n: r["values"] for n, r in zip(ans["metadata"]["feature_names"], ans["results"])}  # noqa: E731
         qv, fv = by_name(qa), by_name(fa)
         for name in [f.split(":")[1] for f in STORED + ON_DEMAND if not f.endswith("age_s")]:
