@@ -16,7 +16,7 @@ use std::sync::{Arc, LazyLock};
 
 use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, new_null_array};
 use arrow::compute::{cast, concat};
-use arrow::datatypes::{DataType, Field, SchemaRef};
+use arrow::datatypes::{DataType, Field, FieldRef, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DFSchema, DataFusionError, TableReference};
 use datafusion::logical_expr::expr::ScalarFunction;
@@ -25,7 +25,7 @@ use datafusion::logical_expr::{
     ColumnarValue, Expr, ExprSchemable, Operator, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_expr::expressions::BinaryExpr;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
@@ -162,6 +162,7 @@ impl Program {
             let logical = safe_float_division(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
             let physical = SESSION.create_physical_expr(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
             let physical = fail_on_overflow(physical).map_err(|e| refuse(output, plain(&e)))?;
+            let physical = settle_arguments(physical, &schema).map_err(|e| refuse(output, plain(&e)))?;
             let got = physical.data_type(&schema).map_err(|e| refuse(output, plain(&e)))?;
             if !holds(&output.dtype, &got) {
                 return Err(refuse(
@@ -333,6 +334,9 @@ fn simplify_context(schema: &DFSchema) -> SimplifyContext {
 /// an integer's negation as `0 - x`, which fails on overflow (`-x` wraps).
 fn safe_float_division(expr: Expr, schema: &DFSchema) -> Result<Expr, DataFusionError> {
     expr.transform_up(|e| {
+        if let Some(seconds) = duration_epoch(&e, schema)? {
+            return Ok(Transformed::yes(seconds));
+        }
         if let Expr::Negative(x) = &e
             && x.get_type(schema)?.is_integer()
         {
@@ -358,6 +362,29 @@ fn safe_float_division(expr: Expr, schema: &DFSchema) -> Result<Expr, DataFusion
     .map(|t| t.data)
 }
 
+/// `date_part('epoch', d)` of a duration (a difference of timestamps) as its seconds
+/// with their fraction, `d`'s count over its units per second: DataFusion's own keeps
+/// the fraction only below about two seconds (its nanoseconds overflow an int32 beyond).
+fn duration_epoch(e: &Expr, schema: &DFSchema) -> Result<Option<Expr>, DataFusionError> {
+    use arrow::datatypes::TimeUnit;
+    let Expr::ScalarFunction(f) = e else { return Ok(None) };
+    let [Expr::Literal(part, _), value] = f.args.as_slice() else { return Ok(None) };
+    if f.func.name() != "date_part" || !part.try_as_str().flatten().is_some_and(|p| p.eq_ignore_ascii_case("epoch")) {
+        return Ok(None);
+    }
+    let DataType::Duration(unit) = value.get_type(schema)? else { return Ok(None) };
+    let per_second = match unit {
+        TimeUnit::Second => 1.0,
+        TimeUnit::Millisecond => 1e3,
+        TimeUnit::Microsecond => 1e6,
+        TimeUnit::Nanosecond => 1e9,
+    };
+    let count = Expr::Cast(datafusion::logical_expr::Cast::new(Box::new(value.clone()), DataType::Int64));
+    let count = Expr::Cast(datafusion::logical_expr::Cast::new(Box::new(count), DataType::Float64));
+    let udf = Arc::new(ScalarUDF::new_from_impl(FloatDivision::new(false)));
+    Ok(Some(Expr::ScalarFunction(ScalarFunction::new_udf(udf, vec![count, datafusion::logical_expr::lit(per_second)]))))
+}
+
 /// Integer `+`, `-` and `*` that overflow fail the row instead of wrapping around.
 fn fail_on_overflow(expr: Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
     expr.transform_up(|e| {
@@ -366,6 +393,82 @@ fn fail_on_overflow(expr: Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>
         Ok(Transformed::yes(Arc::new(checked) as Arc<dyn PhysicalExpr>))
     })
     .map(|t| t.data)
+}
+
+/// Every argument of a function call, its output field worked out once, here: DataFusion
+/// asks each argument for its field at every evaluation, which for anything but a column
+/// formats the argument's text and coerces its types again — most of a small batch's
+/// cost. The values are the same; only that question is answered from memory.
+fn settle_arguments(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
+    expr.transform_up(|e| {
+        if e.downcast_ref::<ScalarFunctionExpr>().is_none() {
+            return Ok(Transformed::no(e));
+        }
+        let children = e
+            .children()
+            .into_iter()
+            .map(|c| -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
+                if c.downcast_ref::<datafusion::physical_expr::expressions::Column>().is_some() || c.downcast_ref::<Settled>().is_some() {
+                    return Ok(Arc::clone(c));
+                }
+                Ok(Arc::new(Settled { field: c.return_field(schema)?, inner: Arc::clone(c) }))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Transformed::yes(Arc::clone(&e).with_new_children(children)?))
+    })
+    .map(|t| t.data)
+}
+
+/// An expression whose output field is known ([`settle_arguments`]).
+#[derive(Debug, Hash)]
+struct Settled {
+    inner: Arc<dyn PhysicalExpr>,
+    field: FieldRef,
+}
+
+impl PartialEq for Settled {
+    fn eq(&self, other: &Settled) -> bool {
+        self.inner.as_ref() == other.inner.as_ref() && self.field == other.field
+    }
+}
+
+impl Eq for Settled {}
+
+impl std::fmt::Display for Settled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl PhysicalExpr for Settled {
+    fn data_type(&self, _schema: &arrow::datatypes::Schema) -> datafusion::common::Result<DataType> {
+        Ok(self.field.data_type().clone())
+    }
+
+    fn nullable(&self, _schema: &arrow::datatypes::Schema) -> datafusion::common::Result<bool> {
+        Ok(self.field.is_nullable())
+    }
+
+    fn return_field(&self, _schema: &arrow::datatypes::Schema) -> datafusion::common::Result<FieldRef> {
+        Ok(Arc::clone(&self.field))
+    }
+
+    fn evaluate(&self, batch: &RecordBatch) -> datafusion::common::Result<ColumnarValue> {
+        self.inner.evaluate(batch)
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
+        vec![&self.inner]
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn PhysicalExpr>>) -> datafusion::common::Result<Arc<dyn PhysicalExpr>> {
+        let inner = children.into_iter().next().expect("one child");
+        Ok(Arc::new(Settled { inner, field: Arc::clone(&self.field) }))
+    }
+
+    fn fmt_sql(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt_sql(f)
+    }
 }
 
 /// Float division (`/`) or remainder (`%`) in float64 that fails on a zero divisor.

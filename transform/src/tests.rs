@@ -101,6 +101,12 @@ fn the_language_computes_what_it_says() {
     // Time: three hours between the request and the row.
     let (v, _) = one(DataType::Float64, "date_part('epoch', request_time - v.event_timestamp) / 3600", &b);
     assert_eq!(floats(&v), vec![Some(3.0); 3]);
+    // Seconds with their fraction, however long the difference (DataFusion alone keeps
+    // the fraction only below about two seconds).
+    let (v, _) = one(DataType::Float64, "date_part('epoch', (request_time + INTERVAL '250 milliseconds') - v.event_timestamp)", &b);
+    assert_eq!(floats(&v), vec![Some(10_800.25); 3]);
+    let (v, _) = one(DataType::Float64, "date_part('EPOCH', v.event_timestamp - (v.event_timestamp + INTERVAL '1500 milliseconds'))", &b);
+    assert_eq!(floats(&v), vec![Some(-1.5); 3]);
     let (v, _) = one(DataType::Float64, "extract(hour FROM request_time)", &b);
     assert_eq!(floats(&v), vec![Some(1.0); 3], "1_700_000_000 s is 22:13 UTC; three hours later, 01:13");
     // Lists: [i, 1] against [1, 1].
