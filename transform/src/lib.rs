@@ -420,7 +420,7 @@ fn settle_arguments(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<A
 }
 
 /// An expression whose output field is known ([`settle_arguments`]).
-#[derive(Debug, Hash)]
+#[derive(Debug)]
 struct Settled {
     inner: Arc<dyn PhysicalExpr>,
     field: FieldRef,
@@ -433,6 +433,13 @@ impl PartialEq for Settled {
 }
 
 impl Eq for Settled {}
+
+impl std::hash::Hash for Settled {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.inner.as_ref().hash(state);
+        self.field.hash(state);
+    }
+}
 
 impl std::fmt::Display for Settled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
