@@ -14,7 +14,7 @@
 
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, new_null_array};
+use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, RecordBatchOptions, new_null_array};
 use arrow::compute::{cast, concat};
 use arrow::datatypes::{DataType, Field, FieldRef, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -162,6 +162,7 @@ impl Program {
             let logical = safe_float_division(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
             let physical = SESSION.create_physical_expr(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
             let physical = fail_on_overflow(physical).map_err(|e| refuse(output, plain(&e)))?;
+            let physical = fold_constants(physical, &schema).map_err(|e| refuse(output, plain(&e)))?;
             let physical = settle_arguments(physical, &schema).map_err(|e| refuse(output, plain(&e)))?;
             let got = physical.data_type(&schema).map_err(|e| refuse(output, plain(&e)))?;
             if !holds(&output.dtype, &got) {
@@ -395,10 +396,39 @@ fn fail_on_overflow(expr: Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>
     .map(|t| t.data)
 }
 
+/// Every part of an expression that reads no column (a literal coerced to its
+/// operand's type, a constant function call), computed once here by the same code and
+/// replaced by its value: the same value every row would compute, without its cost per
+/// batch. A part that cannot compute (an overflowing constant) is left as it is, to
+/// fail each row as it would.
+fn fold_constants(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
+    use datafusion::common::ScalarValue;
+    use datafusion::common::tree_node::TreeNodeRecursion;
+    use datafusion::physical_expr::expressions::Literal;
+    let columns = schema.fields().iter().map(|f| new_null_array(f.data_type(), 1)).collect();
+    let one_row = RecordBatch::try_new_with_options(Arc::clone(schema), columns, &RecordBatchOptions::new().with_row_count(Some(1)))?;
+    expr.transform_down(|e| {
+        if e.downcast_ref::<Literal>().is_some() || !datafusion::physical_expr::utils::collect_columns(&e).is_empty() {
+            return Ok(Transformed::no(e));
+        }
+        let value = match e.evaluate(&one_row) {
+            Ok(ColumnarValue::Scalar(s)) => s,
+            Ok(ColumnarValue::Array(a)) if a.len() == 1 => ScalarValue::try_from_array(&a, 0)?,
+            _ => return Ok(Transformed::no(e)),
+        };
+        if value.data_type() != e.data_type(schema)? {
+            return Ok(Transformed::no(e));
+        }
+        Ok(Transformed::new(Arc::new(Literal::new(value)) as Arc<dyn PhysicalExpr>, true, TreeNodeRecursion::Jump))
+    })
+    .map(|t| t.data)
+}
+
 /// Every argument of a function call, its output field worked out once, here: DataFusion
 /// asks each argument for its field at every evaluation, which for anything but a column
 /// formats the argument's text and coerces its types again — most of a small batch's
-/// cost. The values are the same; only that question is answered from memory.
+/// cost — and for a column copies its name. The values are the same; only that
+/// question is answered from memory.
 fn settle_arguments(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
     expr.transform_up(|e| {
         if e.downcast_ref::<ScalarFunctionExpr>().is_none() {
@@ -408,7 +438,7 @@ fn settle_arguments(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<A
             .children()
             .into_iter()
             .map(|c| -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
-                if c.downcast_ref::<datafusion::physical_expr::expressions::Column>().is_some() || c.downcast_ref::<Settled>().is_some() {
+                if c.downcast_ref::<Settled>().is_some() {
                     return Ok(Arc::clone(c));
                 }
                 Ok(Arc::new(Settled { field: c.return_field(schema)?, inner: Arc::clone(c) }))
@@ -512,19 +542,15 @@ impl ScalarUDFImpl for FloatDivision {
         let (a, b) = (a.to_array(n)?, b.to_array(n)?);
         let a = a.as_any().downcast_ref::<Float64Array>().ok_or_else(|| DataFusionError::Internal("float64 expected".into()))?;
         let b = b.as_any().downcast_ref::<Float64Array>().ok_or_else(|| DataFusionError::Internal("float64 expected".into()))?;
-        let mut out = Vec::with_capacity(n);
-        for i in 0..n {
-            if a.is_null(i) || b.is_null(i) {
-                out.push(None);
-                continue;
-            }
-            let (x, y) = (a.value(i), b.value(i));
+        let remainder = self.remainder;
+        // Null where either is null; a zero divisor fails the batch (then the row).
+        let out: Float64Array = arrow::compute::kernels::arity::try_binary(a, b, |x: f64, y: f64| {
             if y == 0.0 {
-                return Err(DataFusionError::ArrowError(Box::new(arrow::error::ArrowError::DivideByZero), None));
+                return Err(arrow::error::ArrowError::DivideByZero);
             }
-            out.push(Some(if self.remainder { x % y } else { x / y }));
-        }
-        Ok(ColumnarValue::Array(Arc::new(Float64Array::from(out))))
+            Ok(if remainder { x % y } else { x / y })
+        })?;
+        Ok(ColumnarValue::Array(Arc::new(out)))
     }
 }
 

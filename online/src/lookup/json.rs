@@ -9,9 +9,11 @@ use std::cell::RefCell;
 use std::time::Instant;
 
 use quiver_sdk::Definitions;
+use quiver_sdk::arrays::value_at;
 use quiver_sdk::encoding::{KeyValue, Value};
 use quiver_sdk::rows::write_rfc3339;
 
+use super::on_demand::OnDemandPlan;
 use super::{Entities, EntityColumns, LookupPhases, Plan, Row, RowReader, Status, answer_records};
 use crate::error::Result;
 use crate::server::json::{json_str, quoted, write_value};
@@ -27,6 +29,8 @@ struct Part {
     times: Vec<u8>,
     /// The plain view whose row times this feature shares ([`Scratch::times`]).
     view: Option<usize>,
+    /// The on-demand feature (its answer position) whose event times this one has too.
+    shares: Option<usize>,
 }
 
 /// The buffers of one answer, kept per thread for the next (freed instead when they
@@ -39,6 +43,10 @@ struct Scratch {
     times: Vec<Vec<u8>>,
     /// One decoded row (the last row's values stay until the next answer decodes).
     values: Vec<Value>,
+    /// Per answer position: its values when on-demand features read them.
+    inputs: Vec<Vec<Value>>,
+    /// Per view of the plan: its live rows' event times when on-demand features read them.
+    live: Vec<Vec<Option<i64>>>,
 }
 
 const KEEP_BYTES: usize = 1 << 20;
@@ -46,7 +54,8 @@ const KEEP_BYTES: usize = 1 << 20;
 impl Scratch {
     fn bytes(&self) -> usize {
         let parts: usize = self.parts.iter().map(|p| p.values.capacity() + p.statuses.capacity() + p.times.capacity()).sum();
-        parts + self.times.iter().map(Vec::capacity).sum::<usize>() + self.values.capacity() * size_of::<Value>()
+        let values = self.values.capacity() + self.inputs.iter().map(Vec::capacity).sum::<usize>();
+        parts + self.times.iter().map(Vec::capacity).sum::<usize>() + values * size_of::<Value>()
     }
 }
 
@@ -69,19 +78,17 @@ impl Plan {
         now: i64,
         phases: &mut LookupPhases,
     ) -> Result<Vec<u8>> {
-        if self.on_demand.is_some() {
-            // On-demand features are computed over the columns: written from them.
-            let columns = self.lookup(store, project, defs, asked, now, phases).await?;
-            let encoding = Instant::now();
-            let out = crate::server::json::response_json(&columns);
-            phases.encode = encoding.elapsed();
-            return Ok(out);
+        if let Some(on_demand) = &self.on_demand {
+            on_demand.check(asked.0, asked.1)?;
         }
         let entities = asked.0;
         let (n, stored, read) = self.read_stored(store, project, defs, entities, phases).await?;
-        Ok(SCRATCH.with(|scratch| {
+        SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             self.write_parts(&mut scratch, defs, &stored, n, now);
+            if let Some(on_demand) = &self.on_demand {
+                phases.uncomputed += self.write_on_demand(on_demand, &mut scratch, asked, now, n)?;
+            }
             let written = Instant::now();
             phases.decode = written - read;
             let out = self.assemble(&scratch, entities);
@@ -89,14 +96,15 @@ impl Plan {
             if scratch.bytes() > KEEP_BYTES {
                 *scratch = Scratch::default();
             }
-            out
-        }))
+            Ok(out)
+        })
     }
 
     /// Each requested feature's values, statuses and times from the stored rows (`n`
     /// per view, views in plan order).
     fn write_parts(&self, scratch: &mut Scratch, defs: &Definitions, stored: &[Option<Vec<u8>>], n: usize, now: i64) {
-        let Scratch { parts, times, values } = scratch;
+        let Scratch { parts, times, values, inputs, live } = scratch;
+        let answered = self.refs.len();
         if parts.len() < self.names.len() {
             parts.resize_with(self.names.len(), Part::default);
         }
@@ -108,6 +116,20 @@ impl Plan {
             part.statuses.clear();
             part.times.clear();
             part.view = None;
+            part.shares = None;
+        }
+        // What on-demand features read: kept as values.
+        let mut reads = vec![false; self.names.len()];
+        if let Some(on_demand) = &self.on_demand {
+            on_demand.columns_read().for_each(|j| reads[j] = true);
+            if inputs.len() < self.names.len() {
+                inputs.resize_with(self.names.len(), Vec::new);
+            }
+            if live.len() < self.views.len() {
+                live.resize_with(self.views.len(), Vec::new);
+            }
+            inputs.iter_mut().for_each(Vec::clear);
+            live.iter_mut().for_each(Vec::clear);
         }
         for (i, planned) in self.views.iter().enumerate() {
             let view = &defs.feature_views[planned.index];
@@ -117,8 +139,16 @@ impl Plan {
                 for row in 0..rows.len() {
                     for &(j, k) in &planned.wanted {
                         let (value, status, ts) = answers.cell(row, k);
-                        cell(&mut parts[j], row, value, status);
-                        time(&mut parts[j].times, row, ts);
+                        if reads[j] {
+                            inputs[j].push(value.clone());
+                        }
+                        if j < answered {
+                            cell(&mut parts[j], row, value, status);
+                            time(&mut parts[j].times, row, ts);
+                        }
+                    }
+                    if planned.times {
+                        live[i].push(answers.latest(row, &planned.wanted));
                     }
                 }
                 continue;
@@ -132,19 +162,61 @@ impl Plan {
             for (row, bytes) in rows.iter().enumerate() {
                 let read = reader.read(bytes.as_deref(), values);
                 time(shared, row, read.event_ts().unwrap_or(0));
+                if planned.times {
+                    live[i].push(if let Row::Live(ts) = read { Some(ts) } else { None });
+                }
                 for &(j, k) in &planned.wanted {
                     let v = if matches!(read, Row::Live(_)) { &values[k] } else { &Value::Null };
-                    cell(&mut parts[j], row, v, read.status(matches!(v, Value::Null)));
+                    if reads[j] {
+                        inputs[j].push(v.clone());
+                    }
+                    if j < answered {
+                        cell(&mut parts[j], row, v, read.status(matches!(v, Value::Null)));
+                    }
                 }
             }
         }
     }
 
+    /// Computes the on-demand features from what [`Plan::write_parts`] kept for them and
+    /// writes their parts; how many values could not be computed.
+    fn write_on_demand(&self, on_demand: &OnDemandPlan, scratch: &mut Scratch, asked: Entities<'_>, now: i64, n: usize) -> Result<u64> {
+        let Scratch { parts, inputs, live, .. } = scratch;
+        let computed = {
+            let column = |j: usize| -> &[Value] { &inputs[j] };
+            let times = |i: usize| -> &[Option<i64>] { &live[i] };
+            on_demand.evaluate(&column, &times, asked, now, n)?
+        };
+        for (o, (((j, dtype), array), times)) in on_demand.answered().zip(&computed.columns).zip(&computed.event_times).enumerate() {
+            let part = &mut parts[j];
+            for row in 0..times.len() {
+                let value = value_at(array.as_ref(), row, dtype);
+                let status = if matches!(value, Value::Null) { Status::NullValue } else { Status::Present };
+                cell(part, row, &value, status);
+            }
+            // Features reading the same views have the same times: written once.
+            if let Some(same) = computed.event_times[..o].iter().position(|t| t == times) {
+                part.shares = on_demand.answered().nth(same).map(|(k, _)| k);
+                continue;
+            }
+            for (row, &ts) in times.iter().enumerate() {
+                time(&mut part.times, row, ts);
+            }
+        }
+        Ok(computed.failed)
+    }
+
     /// The answer document: the names, the join-key columns as given, then each
     /// feature's part.
     fn assemble<'a>(&self, scratch: &'a Scratch, entities: &EntityColumns) -> Vec<u8> {
-        let parts = &scratch.parts[..self.names.len()];
-        let times_of = |p: &'a Part| -> &'a [u8] { p.view.map_or(&p.times, |i| &scratch.times[i]) };
+        let parts = &scratch.parts[..self.refs.len()];
+        let times_of = |p: &'a Part| -> &'a [u8] {
+            match (p.view, p.shares) {
+                (Some(i), _) => &scratch.times[i],
+                (None, Some(k)) => &scratch.parts[k].times,
+                (None, None) => &p.times,
+            }
+        };
         // A key cell is at most ~60 bytes beside its 22-byte time and `"PRESENT"`.
         let keys: usize = entities.iter().map(|(name, values)| 64 + name.len() + values.len() * 96).sum();
         let features: usize =
@@ -270,6 +342,17 @@ feature_views:
       - {name: n_1h, function: count, column: fare, window: 1h}
       - {name: fare_sum_1h, function: sum, column: fare, window: 1h}
       - {name: cities, function: last_k, k: 2, column: city, window: 1d}
+on_demand_views:
+  - name: derived
+    inputs: [stats, rides, pair]
+    request: [{name: amount, dtype: float64}, {name: note, dtype: string}]
+    features:
+      - {name: scaled, dtype: float64, expr: "stats.rate * amount"}
+      - {name: per_trip, dtype: float64, expr: "amount / stats.trips"}
+      - {name: tag, dtype: string, expr: "concat(upper(note), stats.label)"}
+      - {name: fares, dtype: float64, expr: "rides.fare_sum_1h + pair.w"}
+      - {name: age, dtype: float64, expr: "date_part('epoch', request_time - stats.event_timestamp)"}
+      - {name: inv, dtype: float64, expr: "1 / (amount - 1)"}
 "#;
     const NOW: i64 = 1_704_103_200_000_000;
     const MINUTE: i64 = 60_000_000;
@@ -309,9 +392,10 @@ feature_views:
     /// The direct answer against the columns' answer (`response_json` of
     /// `Plan::lookup`, the server's writer before it, itself tested against serde):
     /// byte-identical over random rows of every kind of value — nulls, TTL-expired rows,
-    /// rows under an unknown layout, missing keys, aggregations — for feature lists
-    /// with views interleaved, a feature asked twice, and 0 to 30 entity rows, each
-    /// list answered after others on the same thread (the reused buffers).
+    /// rows under an unknown layout, missing keys, aggregations, on-demand features
+    /// (with values that cannot be computed) — for feature lists with views
+    /// interleaved, a feature asked twice, and 0 to 30 entity rows, each list answered
+    /// after others on the same thread (the reused buffers).
     #[tokio::test]
     async fn the_direct_answer_is_the_columns_answer() {
         let defs = parse_definitions(DEFS).unwrap();
@@ -366,7 +450,7 @@ feature_views:
             }
         }
         store.write(&rows).await.unwrap();
-        let lists: [&[&str]; 5] = [
+        let lists: [&[&str]; 7] = [
             &[
                 "stats:rate",
                 "pair:n",
@@ -385,8 +469,11 @@ feature_views:
             &["stats:label", "pair:w", "stats:seen"],
             &["rides:cities", "rides:n_1h"],
             &[],
+            &["derived:tag", "stats:rate", "derived:scaled", "rides:n_1h", "derived:fares", "derived:per_trip", "derived:age", "pair:n", "derived:inv"],
+            &["derived:age", "derived:fares"],
         ];
         let mut compared = 0;
+        let (mut computed, mut uncomputed_total) = (0, 0);
         for round in 0..3 {
             for (l, list) in lists.iter().enumerate() {
                 let refs: Vec<FeatureRef> = list.iter().map(|f| f.parse().unwrap()).collect();
@@ -395,15 +482,25 @@ feature_views:
                 let drivers: Vec<KeyValue> = (0..n).map(|_| KeyValue::Int(rng.random_range(0..45))).collect();
                 let customers: Vec<KeyValue> = (0..n).map(|i| KeyValue::Str(format!("c{}", i % 4))).collect();
                 let entities = vec![("customer_id".to_string(), customers), ("driver_id".to_string(), drivers)];
+                // Request fields: amounts with zeros and nulls, notes with every kind of text.
+                let amounts = (0..n).map(|_| if rng.random_bool(0.2) { Value::Null } else { Value::Float64(rng.random_range(-3..3) as f64) }).collect();
+                let notes = (0..n).map(|_| Value::String(text(&mut rng))).collect();
+                let fields: RequestFields = vec![("amount".to_string(), amounts), ("note".to_string(), notes)];
                 let mut phases = LookupPhases::default();
-                let direct = plan.answer_json(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
-                let columns = plan.lookup(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
+                let direct = plan.answer_json(&store, "p", &defs, (&entities, &fields), NOW, &mut phases).await.unwrap();
+                let uncomputed = phases.uncomputed;
+                uncomputed_total += uncomputed;
+                let columns = plan.lookup(&store, "p", &defs, (&entities, &fields), NOW, &mut phases).await.unwrap();
+                assert_eq!(phases.uncomputed, 2 * uncomputed, "list {l}: both paths count the same values uncomputed");
                 let want = response_json(&columns);
                 assert_eq!(String::from_utf8(direct).unwrap(), String::from_utf8(want).unwrap(), "list {l}, {n} rows");
                 compared += columns.iter().map(|c| c.values.len()).sum::<usize>();
+                computed += columns.iter().filter(|c| c.name.contains("derived") || ["tag", "scaled", "fares", "per_trip", "age", "inv"].contains(&c.name.as_str())).map(|c| c.statuses.iter().filter(|s| **s == Status::Present).count()).sum::<usize>();
             }
         }
         assert!(compared > 500, "{compared} values compared");
+        assert!(computed > 50, "{computed} on-demand values computed");
+        assert!(uncomputed_total > 0, "some amounts of 1 divide by zero");
     }
 
     /// Records written before `apply` added an aggregation (and changed another) answer

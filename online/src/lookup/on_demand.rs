@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, TimestampMicrosecondArray};
 use quiver_sdk::arrays::{key_array, value_at, values_to_array};
 use quiver_sdk::encoding::{KeyValue, Value};
-use quiver_sdk::on_demand::{Computation, Input};
+use quiver_sdk::on_demand::{Computation, Computed, Input};
 use quiver_sdk::{DType, Definitions, Feature, JoinKey, KeyType, OnDemandView};
 
 use super::{Column, Entities, EntityColumns, Status, ViewPlan, read, view_plan};
@@ -142,24 +142,35 @@ impl OnDemandPlan {
         Ok(())
     }
 
-    /// Computes the on-demand features into their answer columns from the columns read
-    /// (`times`: per view of the plan, its live rows' event times when read), the
-    /// request and `now`, for `n` entity rows; how many values could not be computed.
-    pub(super) fn compute(
+    /// The answer positions whose values the computation reads.
+    pub(super) fn columns_read(&self) -> impl Iterator<Item = usize> + '_ {
+        self.sources.iter().filter_map(|s| if let Supply::Column(j, _) = s { Some(*j) } else { None })
+    }
+
+    /// The on-demand features asked for: answer position and type each, in the order of
+    /// [`Computed::columns`].
+    pub(super) fn answered(&self) -> impl Iterator<Item = (usize, DType)> + '_ {
+        self.positions.iter().copied().zip(self.computation.outputs().map(|(_, _, dtype)| dtype))
+    }
+
+    /// Computes the on-demand features for `n` entity rows from the values read
+    /// (`column(j)`: answer position `j`'s values; `times(i)`: view `i` of the plan's
+    /// live rows' event times, for the views whose times are read), the request and
+    /// `now`.
+    pub(super) fn evaluate<'v>(
         &self,
-        columns: &mut [Option<Column>],
-        names: &[String],
-        times: &[Option<Vec<Option<i64>>>],
+        column: &dyn Fn(usize) -> &'v [Value],
+        times: &dyn Fn(usize) -> &'v [Option<i64>],
         (entities, fields): Entities<'_>,
         now: i64,
         n: usize,
-    ) -> Result<u64> {
+    ) -> Result<Computed> {
         let stamps = |t: Vec<Option<i64>>| -> ArrayRef { Arc::new(TimestampMicrosecondArray::from(t).with_timezone("UTC")) };
         let mut supplied: Vec<ArrayRef> = Vec::with_capacity(self.sources.len());
         for source in &self.sources {
             supplied.push(match source {
-                Supply::Column(j, dtype) => values_to_array(*dtype, columns[*j].as_ref().expect("read").values.iter()),
-                Supply::Time(i) => stamps(times[*i].clone().expect("read with its times")),
+                Supply::Column(j, dtype) => values_to_array(*dtype, column(*j).iter()),
+                Supply::Time(i) => stamps(times(*i).to_vec()),
                 Supply::Key(key) => {
                     let (_, values) = entities.iter().find(|(name, _)| *name == key.name).expect("checked");
                     key_array(key.dtype, values.iter())
@@ -172,9 +183,27 @@ impl OnDemandPlan {
                 Supply::Now => stamps(vec![Some(now); n]),
             });
         }
-        let computed = self.computation.evaluate(n, &supplied, true).map_err(|e| Error::Request(format!("on-demand features: {}", e.0)))?;
-        let outputs = self.computation.outputs();
-        for (((&j, array), times), (_, _, dtype)) in self.positions.iter().zip(&computed.columns).zip(computed.event_times).zip(outputs) {
+        self.computation.evaluate(n, &supplied, true).map_err(|e| Error::Request(format!("on-demand features: {}", e.0)))
+    }
+
+    /// [`OnDemandPlan::evaluate`] into the features' answer columns, from the columns
+    /// read (`times`: per view of the plan, its live rows' event times when read); how
+    /// many values could not be computed.
+    pub(super) fn compute(
+        &self,
+        columns: &mut [Option<Column>],
+        names: &[String],
+        times: &[Option<Vec<Option<i64>>>],
+        asked: Entities<'_>,
+        now: i64,
+        n: usize,
+    ) -> Result<u64> {
+        let computed = {
+            let column = |j: usize| -> &[Value] { &columns[j].as_ref().expect("read").values };
+            let times = |i: usize| -> &[Option<i64>] { times[i].as_deref().expect("read with its times") };
+            self.evaluate(&column, &times, asked, now, n)?
+        };
+        for (((j, dtype), array), times) in self.answered().zip(&computed.columns).zip(computed.event_times) {
             let mut column = Column::empty(&names[j], n);
             for (row, ts) in times.into_iter().enumerate() {
                 let value = value_at(array.as_ref(), row, dtype);
