@@ -16,6 +16,7 @@ use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use quiver_sdk::config::StoreLocation;
+use quiver_sdk::write_time::WriteTransform;
 use quiver_sdk::{Definitions, FeatureView};
 
 use crate::delta::{ensure_table, open_table};
@@ -34,6 +35,10 @@ pub struct IngestReport {
     /// The same content was appended before, at `version`, so nothing was appended
     /// ([`AppendOptions::with_content`]).
     pub duplicate: bool,
+    /// Rows the view's source filter dropped before the append ([`shape`]).
+    pub dropped: usize,
+    /// Values its write-time expressions could not compute (stored null).
+    pub uncomputed: u64,
 }
 
 /// Progress of long work: called with a phase name and the rows handled so far.
@@ -54,11 +59,40 @@ pub async fn ingest(
     progress: Progress<'_>,
 ) -> Result<IngestReport> {
     let start = Instant::now();
-    let batches = read_file(file, defs, view)?;
     let source = file.display().to_string();
-    let mut report = append(location, defs, view, &source, batches, AppendOptions::new(Some(latest_event)), progress).await?;
+    let transform = write_transform(defs, view, &source)?;
+    let batches = read_file(file, defs, transform.as_ref().map_or(view, WriteTransform::raw_view))?;
+    let shaped = shape(defs, view, transform.as_ref(), &source, batches, Some(latest_event))?;
+    let mut report = append_shaped(location, defs, view, &source, shaped, AppendOptions::new(Some(latest_event)), progress).await?;
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// [`append`] of [`shape`]d rows, the report counting what the filter dropped and the
+/// values not computed.
+///
+/// # Errors
+/// As [`append`]; [`Error::Input`] when the filter dropped every row (nothing written).
+pub async fn append_shaped(
+    location: &StoreLocation,
+    defs: &Definitions,
+    view: &FeatureView,
+    source: &str,
+    shaped: Shaped,
+    options: AppendOptions,
+    progress: Progress<'_>,
+) -> Result<IngestReport> {
+    if shaped.batches.is_empty() && shaped.dropped > 0 {
+        return Err(Error::input(source, format!("{}: nothing to ingest", all_dropped(view, shaped.dropped))));
+    }
+    let (dropped, uncomputed) = (shaped.dropped, shaped.uncomputed);
+    let report = append(location, defs, view, source, shaped.batches, options, progress).await?;
+    Ok(IngestReport { dropped, uncomputed, ..report })
+}
+
+/// Every one of `rows` rows failing `view`'s source filter, said so.
+pub fn all_dropped(view: &FeatureView, rows: usize) -> String {
+    format!("all {rows} rows fail the source filter `{}`", view.source.filter.as_deref().unwrap_or_default())
 }
 
 /// An application's progress recorded in the same Delta commit as its rows (a Delta
@@ -236,7 +270,14 @@ pub async fn append(
             }
             Err(CommitError::Lost(e)) => return Err(Error::delta(location, e)),
             Err(CommitError::Duplicate(version)) => {
-                return Ok(IngestReport { rows, version, seconds: start.elapsed().as_secs_f64(), duplicate: true });
+                return Ok(IngestReport {
+                    rows,
+                    version,
+                    seconds: start.elapsed().as_secs_f64(),
+                    duplicate: true,
+                    dropped: 0,
+                    uncomputed: 0,
+                });
             }
             Err(CommitError::Other(e)) => return Err(e),
             Ok((version, table)) => {
@@ -248,7 +289,7 @@ pub async fn append(
         }
     };
     progress("written", rows as u64);
-    Ok(IngestReport { rows, version, seconds: start.elapsed().as_secs_f64(), duplicate: false })
+    Ok(IngestReport { rows, version, seconds: start.elapsed().as_secs_f64(), duplicate: false, dropped: 0, uncomputed: 0 })
 }
 
 /// How often an append starts over after other writers committed first (concurrent
@@ -378,6 +419,61 @@ async fn still_current(mut table: deltalake::DeltaTable) -> Option<deltalake::De
     table.update_incremental(None).await.ok()?;
     let version = table.version()?;
     table.log_store().read_commit_entry(version).await.ok()?.map(|_| table)
+}
+
+/// Rows of a view shaped by its write-time expressions ([`shape`]).
+#[derive(Debug, Clone)]
+pub struct Shaped {
+    /// Laid out as the view's rows ([`view_columns`]); none empty.
+    pub batches: Vec<RecordBatch>,
+    /// Rows read.
+    pub read: usize,
+    /// Rows the source filter dropped.
+    pub dropped: usize,
+    /// Values the expressions could not compute (null).
+    pub uncomputed: u64,
+}
+
+/// The view's write-time expressions compiled (docs/transformations.md#write-time), and
+/// the view its writers read rows as: its raw view, or itself when it has none.
+///
+/// # Errors
+/// [`Error::Input`] naming `source` when an expression does not compile (definitions
+/// that did not pass validation).
+pub fn write_transform(defs: &Definitions, view: &FeatureView, source: &str) -> Result<Option<WriteTransform>> {
+    WriteTransform::new(defs, view).map_err(|e| Error::input(source, format!("feature view `{}`: {e}", view.name)))
+}
+
+/// Raw rows read as `transform`'s raw view (or the view's rows, without one) checked
+/// against it as [`conform_batches`] does, then shaped into the view's rows: the rows
+/// failing the filter dropped, the features computed.
+///
+/// # Errors
+/// As [`conform_batches`], naming the raw columns.
+pub fn shape(
+    defs: &Definitions,
+    view: &FeatureView,
+    transform: Option<&WriteTransform>,
+    source: &str,
+    batches: Vec<RecordBatch>,
+    latest_event: Option<i64>,
+) -> Result<Shaped> {
+    let read = batches.iter().map(RecordBatch::num_rows).sum();
+    let Some(transform) = transform else {
+        return Ok(Shaped { batches: conform_batches(defs, view, source, &batches, latest_event)?, read, dropped: 0, uncomputed: 0 });
+    };
+    let raw = conform_batches(defs, transform.raw_view(), source, &batches, latest_event)?;
+    drop(batches);
+    let mut shaped = Shaped { batches: Vec::with_capacity(raw.len()), read, dropped: 0, uncomputed: 0 };
+    for batch in &raw {
+        let applied = transform.apply(batch).map_err(|e| Error::input(source, e.to_string()))?;
+        shaped.dropped += applied.dropped;
+        shaped.uncomputed += applied.uncomputed;
+        if applied.batch.num_rows() > 0 {
+            shaped.batches.push(applied.batch);
+        }
+    }
+    Ok(shaped)
 }
 
 /// Checks `batches` against the view and converts them to its table columns

@@ -77,11 +77,25 @@ pub struct Source {
     pub created_timestamp_field: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<StreamSource>,
+    /// A write-time filter over the raw row: rows for which it is not true are not
+    /// written (docs/transformations.md#write-time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// Input columns that are not features, read only by the filter and expressions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub raw: Vec<Feature>,
 }
 
 impl Default for Source {
     fn default() -> Self {
-        Source { path: None, timestamp_field: default_timestamp_field(), created_timestamp_field: None, stream: None }
+        Source {
+            path: None,
+            timestamp_field: default_timestamp_field(),
+            created_timestamp_field: None,
+            stream: None,
+            filter: None,
+            raw: Vec::new(),
+        }
     }
 }
 
@@ -93,6 +107,10 @@ pub struct Feature {
     pub dtype: DType,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
+    /// A feature view's feature computed at write time from the raw row
+    /// (docs/transformations.md#write-time); empty: stored as it comes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub expr: String,
 }
 
 fn default_true() -> bool {
@@ -148,6 +166,12 @@ impl FeatureView {
         Err(format!("feature view `{}` is offline only (`online: false`): it takes no online writes", self.name))
     }
 
+    /// Whether its writers compute what they store: a source filter, or a feature with
+    /// an expression (docs/transformations.md#write-time).
+    pub fn has_write_expressions(&self) -> bool {
+        self.source.filter.is_some() || self.features.iter().any(|f| !f.expr.is_empty())
+    }
+
     /// Whether the view is an event log (it has aggregations).
     pub fn is_event_log(&self) -> bool {
         !self.aggregations.is_empty()
@@ -166,7 +190,7 @@ impl FeatureView {
         }
         let agg = self.aggregation(name)?;
         let dtype = agg.output_dtype(self.feature(&agg.column)?.dtype)?;
-        Some(Feature { name: agg.name.clone(), dtype, description: agg.description.clone() })
+        Some(Feature { name: agg.name.clone(), dtype, description: agg.description.clone(), expr: String::new() })
     }
 
     /// Every served feature, in order (see [`FeatureView::served_feature`]).
@@ -606,7 +630,28 @@ impl FeatureView {
 
     #[must_use]
     pub fn with_feature(mut self, name: impl Into<String>, dtype: DType) -> Self {
-        self.features.push(Feature { name: name.into(), dtype, description: String::new() });
+        self.features.push(Feature { name: name.into(), dtype, description: String::new(), expr: String::new() });
+        self
+    }
+
+    /// Adds a feature its writers compute from the raw row (docs/transformations.md#write-time).
+    #[must_use]
+    pub fn with_computed_feature(mut self, name: impl Into<String>, dtype: DType, expr: impl Into<String>) -> Self {
+        self.features.push(Feature { name: name.into(), dtype, description: String::new(), expr: expr.into() });
+        self
+    }
+
+    /// Declares an input column that is not a feature, read by the filter and expressions.
+    #[must_use]
+    pub fn with_raw_column(mut self, name: impl Into<String>, dtype: DType) -> Self {
+        self.source.raw.push(Feature { name: name.into(), dtype, description: String::new(), expr: String::new() });
+        self
+    }
+
+    /// Writes only the rows for which `filter` is true.
+    #[must_use]
+    pub fn with_filter(mut self, filter: impl Into<String>) -> Self {
+        self.source.filter = Some(filter.into());
         self
     }
 

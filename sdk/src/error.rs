@@ -59,6 +59,11 @@ pub enum DefinitionError {
     OnDemand { view: String, reason: String },
     #[error("on-demand view `{view}`, feature `{feature}`: `{expr}`: {reason}")]
     BadExpression { view: String, feature: String, expr: String, reason: String },
+    #[error("feature view `{view}`: {reason}")]
+    WriteTime { view: String, reason: String },
+    /// A write-time expression refused; `what` is ``feature `x` `` or `source filter`.
+    #[error("feature view `{view}`, {what}: `{expr}`: {reason}")]
+    BadWriteExpression { view: String, what: String, expr: String, reason: String },
     #[error("{0}")]
     Yaml(String),
     /// A definition given as JSON (from Python) whose shape is wrong, named by what it

@@ -41,6 +41,7 @@ pub mod registry;
 pub mod rows;
 pub mod types;
 mod validate;
+pub mod write_time;
 pub mod yaml;
 
 pub use aggregation::{AggFunction, Aggregation};

@@ -450,7 +450,8 @@ impl RegistryDoc {
 
     /// The changes in `new` that would break a view that holds data: a removed view, a
     /// changed key (entity list or join key type), a removed feature, a changed feature
-    /// type, a changed timestamp column or table path. Adding features breaks nothing.
+    /// type or write-time expression, a changed source filter, timestamp column or table
+    /// path. Adding features breaks nothing.
     ///
     /// # Errors
     /// When the probe cannot tell whether a view holds data.
@@ -483,10 +484,23 @@ impl RegistryDoc {
                     Some(f) if f.dtype != feature.dtype => {
                         add(format!("feature `{}` would change type from {} to {}", feature.name, feature.dtype, f.dtype))
                     }
+                    // The rows stored hold what the old expression computed.
+                    Some(f) if f.expr != feature.expr => add(format!(
+                        "feature `{}` would change its expression from `{}` to `{}` (the rows stored hold the old one's values; give the new expression a new name, or --force)",
+                        feature.name, feature.expr, f.expr
+                    )),
                     Some(_) => {}
                 }
             }
             let (a, b) = (&view.source, &next.source);
+            if a.filter != b.filter {
+                let text = |f: &Option<String>| f.as_ref().map_or_else(|| "none".to_string(), |f| format!("`{f}`"));
+                add(format!(
+                    "its source filter would change from {} to {} (the rows stored were chosen by the old one; --force to keep them)",
+                    text(&a.filter),
+                    text(&b.filter)
+                ));
+            }
             if a.timestamp_field != b.timestamp_field {
                 add(format!("its timestamp field would change from `{}` to `{}`", a.timestamp_field, b.timestamp_field));
             }

@@ -196,6 +196,7 @@ impl Definitions {
                 check_name("feature", &feature.name)?;
             }
             self.check_columns(view)?;
+            self.check_write_time(view)?;
             self.check_aggregations(view)?;
             if let Some(stream) = &view.source.stream
                 && stream.topic.trim().is_empty()
@@ -279,6 +280,58 @@ impl Definitions {
                 return Err(clash(name, "is both a timestamp field and a feature"));
             }
         }
+        Ok(())
+    }
+
+    /// Write-time expressions (docs/transformations.md#write-time): raw columns that are
+    /// neither features, keys nor times, each read by something, and the filter and
+    /// every expression compiled against the raw row.
+    fn check_write_time(&self, view: &crate::FeatureView) -> Result<(), DefinitionError> {
+        let bad = |reason: String| DefinitionError::WriteTime { view: view.name.clone(), reason };
+        let raw = &view.source.raw;
+        no_duplicates("raw column", &format!(" in feature view `{}`", view.name), raw.iter().map(|f| f.name.as_str()))?;
+        let keys = self.join_keys(view);
+        for column in raw {
+            check_name("raw column", &column.name)?;
+            let name = column.name.as_str();
+            if !column.expr.is_empty() {
+                return Err(bad(format!(
+                    "raw column `{name}` has an `expr` (raw columns are read as they come; compute a feature instead)"
+                )));
+            }
+            if view.features.iter().any(|f| f.name == name) {
+                return Err(bad(format!(
+                    "raw column `{name}` is named like a feature (a feature without `expr` is read from its own column: leave it out of `raw`)"
+                )));
+            }
+            if keys.iter().any(|k| k.name == name) {
+                return Err(bad(format!("raw column `{name}` is a join key (join keys are read and stored as they come)")));
+            }
+            if name == view.source.timestamp_field || Some(name) == view.source.created_timestamp_field.as_deref() {
+                return Err(bad(format!("raw column `{name}` is a timestamp field (timestamps are read and stored as they come)")));
+            }
+        }
+        if let Some(filter) = &view.source.filter
+            && filter.trim().is_empty()
+        {
+            return Err(bad("`source.filter` is empty (remove it, or write a boolean expression)".into()));
+        }
+        if !raw.is_empty() && !view.has_write_expressions() {
+            return Err(bad("it declares raw columns but no `source.filter` or feature `expr` reads them".into()));
+        }
+        crate::write_time::WriteTransform::new(self, view).map_err(|e| {
+            let filter = e.feature == crate::write_time::FILTER;
+            DefinitionError::BadWriteExpression {
+                view: view.name.clone(),
+                what: if filter { "source filter".into() } else { format!("feature `{}`", e.feature) },
+                expr: e.expr,
+                reason: if filter {
+                    e.reason.replace("which a bool feature cannot hold", "not a boolean (a filter keeps the rows where it is true)")
+                } else {
+                    e.reason
+                },
+            }
+        })?;
         Ok(())
     }
 

@@ -116,6 +116,8 @@ struct RawFeature {
     dtype: String,
     #[serde(default)]
     description: String,
+    #[serde(default)]
+    expr: String,
 }
 
 #[derive(Deserialize)]
@@ -197,7 +199,7 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
                 got: f.dtype.clone(),
                 expected: DTYPE_NAMES,
             })?;
-            features.push(Feature { name: f.name, dtype, description: f.description });
+            features.push(Feature { name: f.name, dtype, description: f.description, expr: f.expr });
         }
         let ttl = parse_ttl(&v.name, v.ttl.as_ref())?;
         let aggregations = v.aggregations.into_iter().map(|a| convert_aggregation(&v.name, a)).collect::<Result<_, _>>()?;
@@ -230,10 +232,17 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
         };
         let mut request = Vec::new();
         for f in &v.request {
+            if !f.expr.is_empty() {
+                return Err(DefinitionError::OnDemand {
+                    view: v.name.clone(),
+                    reason: format!("request field `{}` has an `expr` (a request field is a value the request carries)", f.name),
+                });
+            }
             request.push(Feature {
                 name: f.name.clone(),
                 dtype: dtype("request field", &f.name, &f.dtype)?,
                 description: f.description.clone(),
+                expr: String::new(),
             });
         }
         let mut features = Vec::new();

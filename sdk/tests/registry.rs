@@ -66,6 +66,7 @@ fn diff_reports_each_changed_field() {
             name: "temp".into(),
             dtype: quiver_sdk::DType::Float32,
             description: String::new(),
+            expr: String::new(),
         });
         n.feature_services.clear();
         n.entities[0].description = "drives".into();
@@ -190,6 +191,7 @@ fn breaking_changes_to_views_with_data_are_refused_unless_forced() {
         name: "temp".into(),
         dtype: quiver_sdk::DType::Float64,
         description: String::new(),
+        expr: String::new(),
     });
     assert_eq!(apply(&reg, "demo", &added, &holding, false, t(3)).unwrap().version, 3);
 

@@ -35,7 +35,14 @@ impl Ingest {
             );
             return Ok(());
         }
-        println!("ingested {} rows into {} (table version {}) in {:.2} s", report.rows, self.view, report.version, report.seconds);
+        println!(
+            "ingested {} rows into {} (table version {}) in {:.2} s{}",
+            report.rows,
+            self.view,
+            report.version,
+            report.seconds,
+            shaped_note(report.dropped, report.uncomputed)
+        );
         Ok(())
     }
 }
@@ -77,7 +84,27 @@ impl Push {
         if let Some(w) = report.online_written {
             parts.push(format!("online: {w} written, {} older than the stored rows", report.rows - w));
         }
-        println!("pushed {} rows into {} ({}) in {:.2} s", report.rows, self.view, parts.join("; "), began.elapsed().as_secs_f64());
+        println!(
+            "pushed {} rows into {} ({}) in {:.2} s{}",
+            report.rows,
+            self.view,
+            parts.join("; "),
+            began.elapsed().as_secs_f64(),
+            shaped_note(report.dropped, report.uncomputed)
+        );
         Ok(())
     }
+}
+
+/// What a view's write-time expressions did, for the summary line: the rows its filter
+/// dropped and the values that could not be computed; nothing when neither happened.
+fn shaped_note(dropped: usize, uncomputed: u64) -> String {
+    let mut parts = Vec::new();
+    if dropped > 0 {
+        parts.push(format!("{dropped} rows dropped by the source filter"));
+    }
+    if uncomputed > 0 {
+        parts.push(format!("{uncomputed} values could not be computed (stored null)"));
+    }
+    if parts.is_empty() { String::new() } else { format!("; {}", parts.join(", ")) }
 }

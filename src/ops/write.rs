@@ -6,6 +6,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use quiver_offline::ingest::{AppendOptions, IngestReport};
 use quiver_online::OnlineStore;
+use quiver_sdk::write_time::WriteTransform;
 use quiver_streaming::{PushReport, Target};
 
 use super::{Progress, no_progress, view};
@@ -23,6 +24,14 @@ pub enum Rows {
 impl Rows {
     pub fn file(path: impl Into<PathBuf>) -> Rows {
         Rows::File(path.into())
+    }
+
+    /// What errors call them: the file's path, or the name given.
+    fn name(&self) -> String {
+        match self {
+            Rows::File(path) => path.display().to_string(),
+            Rows::Batches(_, name) => name.clone(),
+        }
     }
 
     /// The batches, and what errors call them (the file's path, or the name given).
@@ -123,13 +132,18 @@ impl<'a> Ingest<'a> {
         let defs = self.repo.defs()?;
         let view = view(&defs, &self.view)?;
         let hash = self.rows.content_hash()?;
-        let (batches, source) = self.rows.read(&defs, view)?;
+        let transform = quiver_offline::ingest::write_transform(&defs, view, &self.rows.name())?;
+        // A view with write-time expressions is read as its raw rows, then shaped.
+        let (batches, source) = self.rows.read(&defs, transform.as_ref().map_or(view, WriteTransform::raw_view))?;
+        let latest = Some(self.repo.event_horizon());
+        let shaped = quiver_offline::ingest::shape(&defs, view, transform.as_ref(), &source, batches, latest)?;
         let progress = self.progress.clone();
         let content = quiver_offline::ingest::Content { hash, allow_duplicate: self.allow_duplicate };
-        let options = AppendOptions::new(Some(self.repo.event_horizon())).with_content(content);
+        let options = AppendOptions::new(latest).with_content(content);
         let location = self.repo.config.view_table(view);
         let mut report =
-            quiver_offline::ingest::append(&location, &defs, view, &source, batches, options, &move |p, n| progress.report(p, n)).await?;
+            quiver_offline::ingest::append_shaped(&location, &defs, view, &source, shaped, options, &move |p, n| progress.report(p, n))
+                .await?;
         report.seconds = began.elapsed().as_secs_f64();
         Ok(report)
     }
@@ -149,7 +163,8 @@ impl<'a> Push<'a> {
         let view = view(&defs, &self.view)?;
         let target = self.target.unwrap_or_else(|| Target::default_for(view));
         quiver_streaming::write::check_target(view, target).map_err(crate::Error::Invalid)?;
-        let (batches, source) = self.rows.read(&defs, view)?;
+        let transform = quiver_offline::ingest::write_transform(&defs, view, &self.rows.name())?;
+        let (batches, source) = self.rows.read(&defs, transform.as_ref().map_or(view, WriteTransform::raw_view))?;
         let store = match (target.online(), self.store) {
             (true, Some(s)) => Some(s),
             (true, None) => Some(self.repo.open_store().await?),

@@ -93,6 +93,10 @@ pub struct PushReport {
     pub online_written: Option<usize>,
     /// The Delta version committed (`None`: not written offline).
     pub offline_version: Option<u64>,
+    /// Rows the view's source filter dropped (docs/transformations.md#write-time).
+    pub dropped: usize,
+    /// Values its write-time expressions could not compute (stored null).
+    pub uncomputed: u64,
 }
 
 /// Pushes a file (Parquet, CSV, JSON lines) of `view`'s rows to `target`, checked by
@@ -111,12 +115,14 @@ pub async fn push_file(
     target: Target,
     store: Option<&dyn OnlineStore>,
 ) -> Result<PushReport> {
-    let batches = quiver_offline::input::read_file(file, defs, view)?;
+    let transform = quiver_offline::ingest::write_transform(defs, view, &file.display().to_string())?;
+    let batches = quiver_offline::input::read_file(file, defs, transform.as_ref().map_or(view, |t| t.raw_view()))?;
     push_batches(config, defs, view, &file.display().to_string(), batches, target, store).await
 }
 
 /// Pushes batches of `view`'s rows (any column order; extra columns ignored) to
-/// `target`, all checked before anything is written; `source` names them in errors.
+/// `target`, all checked before anything is written; `source` names them in errors. A
+/// view with write-time expressions takes its raw rows, shaped before the writes.
 ///
 /// # Errors
 /// As [`push_file`].
@@ -131,7 +137,14 @@ pub async fn push_batches(
 ) -> Result<PushReport> {
     check_target(view, target).map_err(Error::Config)?;
     let latest = config.event_horizon(chrono::Utc::now().timestamp_micros());
-    let conformed = quiver_offline::ingest::conform_batches(defs, view, source, &batches, Some(latest))?;
+    let transform = quiver_offline::ingest::write_transform(defs, view, source)?;
+    let shaped = quiver_offline::ingest::shape(defs, view, transform.as_ref(), source, batches, Some(latest))?;
+    if shaped.batches.is_empty() && shaped.dropped > 0 {
+        let message = format!("{}: nothing to push", quiver_offline::ingest::all_dropped(view, shaped.dropped));
+        return Err(Error::Offline(quiver_offline::Error::Input { what: source.to_string(), message }));
+    }
+    let (dropped, uncomputed) = (shaped.dropped, shaped.uncomputed);
+    let conformed = shaped.batches;
     let rows = conformed.iter().map(RecordBatch::num_rows).sum();
     // An event log's online records come from its table: its events go there first.
     let offline_version = if target.offline() || view.is_event_log() {
@@ -153,7 +166,7 @@ pub async fn push_batches(
         (true, None) => return Err(Error::Config("no online store to push to".into())),
         (false, _) => None,
     };
-    Ok(PushReport { rows, online_written, offline_version })
+    Ok(PushReport { rows, online_written, offline_version, dropped, uncomputed })
 }
 
 /// The online records of an event log's entities (docs/aggregations.md), built at `now` from their

@@ -21,3 +21,4 @@ mod redis_cluster;
 mod stream;
 mod ui;
 mod verify;
+mod write_time;

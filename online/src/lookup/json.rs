@@ -469,7 +469,17 @@ on_demand_views:
             &["stats:label", "pair:w", "stats:seen"],
             &["rides:cities", "rides:n_1h"],
             &[],
-            &["derived:tag", "stats:rate", "derived:scaled", "rides:n_1h", "derived:fares", "derived:per_trip", "derived:age", "pair:n", "derived:inv"],
+            &[
+                "derived:tag",
+                "stats:rate",
+                "derived:scaled",
+                "rides:n_1h",
+                "derived:fares",
+                "derived:per_trip",
+                "derived:age",
+                "pair:n",
+                "derived:inv",
+            ],
             &["derived:age", "derived:fares"],
         ];
         let mut compared = 0;
@@ -483,7 +493,9 @@ on_demand_views:
                 let customers: Vec<KeyValue> = (0..n).map(|i| KeyValue::Str(format!("c{}", i % 4))).collect();
                 let entities = vec![("customer_id".to_string(), customers), ("driver_id".to_string(), drivers)];
                 // Request fields: amounts with zeros and nulls, notes with every kind of text.
-                let amounts = (0..n).map(|_| if rng.random_bool(0.2) { Value::Null } else { Value::Float64(rng.random_range(-3..3) as f64) }).collect();
+                let amounts = (0..n)
+                    .map(|_| if rng.random_bool(0.2) { Value::Null } else { Value::Float64(rng.random_range(-3..3) as f64) })
+                    .collect();
                 let notes = (0..n).map(|_| Value::String(text(&mut rng))).collect();
                 let fields: RequestFields = vec![("amount".to_string(), amounts), ("note".to_string(), notes)];
                 let mut phases = LookupPhases::default();
@@ -495,7 +507,13 @@ on_demand_views:
                 let want = response_json(&columns);
                 assert_eq!(String::from_utf8(direct).unwrap(), String::from_utf8(want).unwrap(), "list {l}, {n} rows");
                 compared += columns.iter().map(|c| c.values.len()).sum::<usize>();
-                computed += columns.iter().filter(|c| c.name.contains("derived") || ["tag", "scaled", "fares", "per_trip", "age", "inv"].contains(&c.name.as_str())).map(|c| c.statuses.iter().filter(|s| **s == Status::Present).count()).sum::<usize>();
+                computed += columns
+                    .iter()
+                    .filter(|c| {
+                        c.name.contains("derived") || ["tag", "scaled", "fares", "per_trip", "age", "inv"].contains(&c.name.as_str())
+                    })
+                    .map(|c| c.statuses.iter().filter(|s| **s == Status::Present).count())
+                    .sum::<usize>();
             }
         }
         assert!(compared > 500, "{compared} values compared");

@@ -323,7 +323,7 @@ on_demand_views:
         let (first, second) = (&defs.on_demand_views[0], &defs.on_demand_views[1]);
         let c = Computation::new(&defs, &[(second, "twice"), (first, "per_trip")]).unwrap();
         let stored = |f: &str, dtype| Input::Feature { view: "stats".into(), feature: f.into(), dtype };
-        let request = |n: &str, dtype| Input::Request(Feature { name: n.into(), dtype, description: String::new() });
+        let request = |n: &str, dtype| Input::Request(Feature { name: n.into(), dtype, description: String::new(), expr: String::new() });
         // `city` is read by no needed output; both request fields are declared.
         assert_eq!(
             c.inputs(),

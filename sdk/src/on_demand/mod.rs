@@ -75,7 +75,7 @@ impl OnDemandView {
     /// A value each request carries.
     #[must_use]
     pub fn with_request(mut self, name: impl Into<String>, dtype: DType) -> Self {
-        self.request.push(Feature { name: name.into(), dtype, description: String::new() });
+        self.request.push(Feature { name: name.into(), dtype, description: String::new(), expr: String::new() });
         self
     }
 
