@@ -98,7 +98,7 @@ impl Push {
 
 /// What a view's write-time expressions did, for the summary line: the rows its filter
 /// dropped and the values that could not be computed; nothing when neither happened.
-fn shaped_note(dropped: usize, uncomputed: u64) -> String {
+pub(super) fn shaped_note(dropped: usize, uncomputed: u64) -> String {
     let mut parts = Vec::new();
     if dropped > 0 {
         parts.push(format!("{dropped} rows dropped by the source filter"));

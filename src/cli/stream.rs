@@ -73,8 +73,12 @@ impl Stream {
         }
         let report = op.run_blocking(rt.handle().clone())?;
         println!(
-            "consumed {} messages: {} written online, {} appended offline, {} dead-lettered",
-            report.consumed, report.written_online, report.appended_offline, report.dead_lettered
+            "consumed {} messages: {} written online, {} appended offline, {} dead-lettered{}",
+            report.consumed,
+            report.written_online,
+            report.appended_offline,
+            report.dead_lettered,
+            super::ingest::shaped_note(report.filtered as usize, report.uncomputed)
         );
         Ok(())
     }

@@ -32,6 +32,10 @@ pub struct Metrics {
     pub registry_reloads: AtomicU64,
     /// Registry changes that could not be read (the last good definitions stay).
     pub registry_errors: AtomicU64,
+    /// Rows a view's source filter dropped (docs/transformations.md#write-time).
+    pub filtered: AtomicU64,
+    /// Values a view's write-time expressions could not compute (stored null).
+    pub uncomputed: AtomicU64,
     /// (topic, partition) -> messages behind the high watermark.
     pub lag: Mutex<BTreeMap<(String, i32), i64>>,
     freshness: Histogram<Freshness>,
@@ -86,6 +90,12 @@ impl Metrics {
                 "quiver_stream_registry_errors_total",
                 "Registry changes that could not be read (the last good definitions stay).",
                 &self.registry_errors,
+            ),
+            ("quiver_stream_filtered_total", "Rows not written because they fail their view's source filter.", &self.filtered),
+            (
+                "quiver_stream_uncomputed_total",
+                "Values stored null because a write-time expression could not compute them.",
+                &self.uncomputed,
             ),
         ] {
             out.counter(name, help, v);

@@ -256,14 +256,14 @@ async fn every_writer_stores_what_the_expressions_compute() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("repo");
     repo(&dir);
-    let raw = raw_rows(480, 41);
+    let raw = raw_rows(600, 41);
     let chunks: Vec<&[Raw]> = raw.chunks(120).collect();
     write_jsonl(&dir.join("a.jsonl"), chunks[0]);
     write_csv(&dir.join("b.csv"), chunks[1]);
     write_parquet(&dir.join("c.parquet"), chunks[2]);
     write_jsonl(&dir.join("d.jsonl"), chunks[3]);
     // What each file says (CSV's empty strings are nulls).
-    let said: Vec<Vec<Raw>> = vec![chunks[0].to_vec(), as_csv_reads(chunks[1]), chunks[2].to_vec(), chunks[3].to_vec()];
+    let said: Vec<Vec<Raw>> = vec![chunks[0].to_vec(), as_csv_reads(chunks[1]), chunks[2].to_vec(), chunks[3].to_vec(), chunks[4].to_vec()];
     for (i, file) in ["a.jsonl", "b.csv", "c.parquet"].iter().enumerate() {
         let out = ok(&dir, &["ingest", "payments", file]);
         let kept = said[i].iter().filter_map(oracle).count();
@@ -280,6 +280,17 @@ async fn every_writer_stores_what_the_expressions_compute() {
     assert!(out.contains(&format!("pushed {} rows into payments", pushed.len())), "{out}");
     assert!(out.contains(&format!("; {} rows dropped by the source filter", said[3].len() - pushed.len())), "{out}");
     ok(&dir, &["push", "payment_events", "d.jsonl"]);
+    // The server's `/push` of the last rows, column-major as Feast sends them.
+    let (answer, metrics) = server_push(&dir, &said[4]).await;
+    let served: Vec<Stored> = said[4].iter().filter_map(oracle).collect();
+    assert_eq!(answer["rows"], served.len(), "{answer}");
+    assert_eq!(answer["dropped"], said[4].len() - served.len(), "{answer}");
+    assert_eq!(answer["uncomputed"], uncomputable(&said[4]), "{answer}");
+    assert!(metrics.contains(&format!("quiver_push_rows_dropped_total {}", said[4].len() - served.len())), "{metrics}");
+    assert!(metrics.contains(&format!("quiver_push_uncomputed_total {}", uncomputable(&said[4]))), "{metrics}");
+    let pushed: Vec<Stored> = pushed.into_iter().chain(served).collect();
+    write_jsonl(&dir.join("e.jsonl"), chunks[4]);
+    ok(&dir, &["push", "payment_events", "e.jsonl"]);
 
     // Delta holds exactly the computed rows of every file.
     let mut want: Vec<Stored> = said.iter().flatten().filter_map(oracle).collect();
@@ -289,7 +300,7 @@ async fn every_writer_stores_what_the_expressions_compute() {
     for (g, w) in got.iter().zip(&want) {
         assert_eq!(g, w);
     }
-    // Online, the push wrote each customer's latest pushed row that passed the filter:
+    // Online, the pushes wrote each customer's latest pushed row that passed the filter:
     // rows failing it (some later than the ones that passed) never replaced one.
     let mut customers = 0;
     for (customer, row) in latest(&pushed) {
@@ -358,6 +369,51 @@ async fn every_writer_stores_what_the_expressions_compute() {
     for (customer, row) in latest(&want) {
         assert_eq!(online_row(&dir, &customer).await.as_ref(), Some(&row), "{customer}");
     }
+}
+
+/// `/push` of `rows` to both stores through the server's router (in process); its
+/// answer, and `/metrics` after it.
+async fn server_push(dir: &Path, rows: &[Raw]) -> (serde_json::Value, String) {
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let repo = Repo::open(dir).unwrap();
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    let state = Arc::new(quiver::online::server::ServerState {
+        store,
+        registry: quiver::online::server::RegistryCache::new(repo.config.registry_path.clone(), "shaped").unwrap(),
+        project: "shaped".into(),
+        auth_token: None,
+        metrics: quiver::online::server::Metrics::default(),
+        clock: Box::new(|| T0 + 1000 * HOUR),
+        offline: Some(Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
+        serving_log: None,
+        limits: quiver::online::server::Limits::default(),
+        insights: None,
+    });
+    let body = serde_json::json!({
+        "feature_view": "payments",
+        "to": "online_and_offline",
+        "df": {
+            "customer_id": rows.iter().map(|r| r.customer.clone()).collect::<Vec<_>>(),
+            "event_timestamp": rows.iter().map(|r| rfc3339(r.ts)).collect::<Vec<_>>(),
+            "amount_cents": rows.iter().map(|r| r.amount_cents).collect::<Vec<_>>(),
+            "status": rows.iter().map(|r| r.status).collect::<Vec<_>>(),
+            "country_raw": rows.iter().map(|r| r.country).collect::<Vec<_>>(),
+            "items": rows.iter().map(|r| r.items).collect::<Vec<_>>(),
+        }
+    });
+    let call = |method: &str, uri: &str, body: String| {
+        let request = axum::http::Request::builder().method(method).uri(uri).header("content-type", "application/json");
+        quiver::online::server::router(state.clone()).oneshot(request.body(Body::from(body)).unwrap())
+    };
+    let response = call("POST", "/push", body.to_string()).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(status, axum::http::StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+    let answer = serde_json::from_slice(&bytes).unwrap();
+    let metrics = call("GET", "/metrics", String::new()).await.unwrap().into_body().collect().await.unwrap().to_bytes();
+    (answer, String::from_utf8(metrics.to_vec()).unwrap())
 }
 
 /// A raw value of the wrong type is refused naming the file, row and column, and

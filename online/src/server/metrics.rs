@@ -19,6 +19,10 @@ pub struct Metrics {
     pub(super) store_errors: AtomicU64,
     /// On-demand values answered null because they could not be computed.
     uncomputed: AtomicU64,
+    /// Pushed rows a view's source filter dropped, and values its write-time
+    /// expressions could not compute (docs/transformations.md#write-time).
+    push_dropped: AtomicU64,
+    push_uncomputed: AtomicU64,
     /// Refusals per [`Limit`], in [`Limit::ALL`] order.
     refusals: [AtomicU64; 6],
     connections: AtomicU64,
@@ -73,6 +77,12 @@ impl Metrics {
         }
     }
 
+    /// What one `/push`'s write-time expressions did.
+    pub(super) fn pushed(&self, dropped: usize, uncomputed: u64) {
+        self.push_dropped.fetch_add(dropped as u64, Ordering::Relaxed);
+        self.push_uncomputed.fetch_add(uncomputed, Ordering::Relaxed);
+    }
+
     pub(super) fn record(&self, route: &'static str, status: u16, elapsed: Duration) {
         *self.requests.lock().expect("metrics lock").entry((route, status)).or_default() += 1;
         if route == "/get-online-features" {
@@ -105,6 +115,16 @@ impl Metrics {
             "quiver_on_demand_uncomputed_total",
             "On-demand values answered null because they could not be computed (division by zero, overflow, an invalid cast).",
             &self.uncomputed,
+        );
+        out.counter(
+            "quiver_push_rows_dropped_total",
+            "Pushed rows not written because they fail their view's source filter.",
+            &self.push_dropped,
+        );
+        out.counter(
+            "quiver_push_uncomputed_total",
+            "Pushed values stored null because a write-time expression could not compute them.",
+            &self.push_uncomputed,
         );
         out.family("quiver_limit_refusals_total", Kind::Counter, "Requests and connections refused by a limit (docs/limits.md).");
         for (limit, n) in Limit::ALL.iter().zip(&self.refusals) {

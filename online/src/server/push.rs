@@ -22,7 +22,8 @@ struct PushRequest {
     to: Option<String>,
 }
 
-/// `POST /push`: rows read by the strict row reader shared with ingest and streaming,
+/// `POST /push`: rows read by the strict row reader shared with ingest and streaming
+/// (raw rows, shaped by the view's write-time expressions, for a view with them),
 /// written offline (through [`OfflineWriter`], the streaming write path) and then
 /// through the guarded online write, as `to` asks (default: both stores, offline only
 /// for a view with `online: false`, as every front end pushes).
@@ -51,11 +52,14 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     }
     // A column the view needs must be there (a typo would otherwise push nulls).
     let latest = (state.clock)().saturating_add(state.limits.max_future_skew_us);
-    let reader = quiver_sdk::rows::RowReader::new(&defs, view);
+    // A view with write-time expressions takes its raw rows (docs/transformations.md#write-time).
+    let transform = quiver_sdk::write_time::WriteTransform::new(&defs, view).map_err(|e| bad(format!("feature view `{name}`: {e}")))?;
+    let reads = transform.as_ref().map_or(view, |t| t.raw_view());
+    let reader = quiver_sdk::rows::RowReader::new(&defs, reads);
     let mut needed: Vec<&str> = reader.keys.iter().map(|k| k.name.as_str()).collect();
     needed.push(&view.source.timestamp_field);
     needed.extend(view.source.created_timestamp_field.as_deref());
-    needed.extend(view.features.iter().map(|f| f.name.as_str()));
+    needed.extend(reads.features.iter().map(|f| f.name.as_str()));
     if let Some(c) = needed.iter().find(|c| !request.df.contains_key(**c)) {
         return Err(bad(format!("df lacks column `{c}` of feature view `{name}`")));
     }
@@ -69,7 +73,18 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
         rows.push(row);
     }
     let mut answer = serde_json::Map::new();
-    answer.insert("rows".into(), json!(n));
+    if let Some(transform) = &transform {
+        let (stored, dropped, uncomputed) = transform.apply_rows(&defs, &rows);
+        state.metrics.pushed(dropped, uncomputed);
+        answer.insert("dropped".into(), json!(dropped));
+        answer.insert("uncomputed".into(), json!(uncomputed));
+        rows = stored;
+    }
+    answer.insert("rows".into(), json!(rows.len()));
+    if rows.is_empty() {
+        // Every row failed the filter: nothing to write.
+        return Ok(Json(Json_::Object(answer)));
+    }
     // An event log's online records come from its table: its events go there first,
     // and then its entities' records are rebuilt from it.
     if offline || view.is_event_log() {

@@ -58,7 +58,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quiver_online::OnlineStore;
-use quiver_sdk::rows::RowReader;
 use quiver_sdk::{Config, Definitions, FeatureView, FileRegistry};
 use rdkafka::Offset;
 use rdkafka::client::ClientContext;
@@ -150,6 +149,10 @@ pub struct StreamReport {
     pub written_online: u64,
     pub appended_offline: u64,
     pub dead_lettered: u64,
+    /// Rows views' source filters dropped (docs/transformations.md#write-time).
+    pub filtered: u64,
+    /// Values write-time expressions could not compute (stored null).
+    pub uncomputed: u64,
 }
 
 /// The consumer's context: flushes and commits before partitions are revoked, reads
@@ -231,6 +234,8 @@ pub fn run(
         written_online: load(&metrics.written_online),
         appended_offline: load(&metrics.appended_offline),
         dead_lettered: load(&metrics.dead_lettered),
+        filtered: load(&metrics.filtered),
+        uncomputed: load(&metrics.uncomputed),
     })
 }
 
@@ -256,7 +261,7 @@ fn connect(
     rt.block_on(ensure_dead_letter_topics(options, &topics))?;
     let producer: FutureProducer =
         ClientConfig::new().set("bootstrap.servers", &options.brokers).set("message.timeout.ms", "10000").create().map_err(kafka)?;
-    let readers = chosen.iter().map(|&vi| RowReader::new(&defs, &defs.feature_views[vi])).collect();
+    let (readers, transforms) = pipeline::readers(&defs, &chosen)?;
     let registry = FileRegistry::new(config.registry_path.clone());
     let registry_mtime = std::fs::metadata(registry.path()).and_then(|m| m.modified()).ok();
     let floors = Arc::new(Mutex::new(HashMap::new()));
@@ -273,6 +278,7 @@ fn connect(
     };
     let mut pipeline = Pipeline {
         readers,
+        transforms,
         registry,
         registry_mtime,
         config: config.clone(),

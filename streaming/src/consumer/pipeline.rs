@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use quiver_offline::delta::txn_versions;
 use quiver_sdk::rows::RowReader;
+use quiver_sdk::write_time::WriteTransform;
 use quiver_sdk::{Config, Definitions, FeatureView, FileRegistry};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -36,8 +37,10 @@ pub(super) struct Pipeline {
     pub(super) defs: Arc<Definitions>,
     /// Indexes into `defs.feature_views`.
     pub(super) views: Vec<usize>,
-    /// The row reader of each view (same order as `views`).
+    /// The row reader of each view (same order as `views`): of its raw rows for a view
+    /// with write-time expressions, which the writer shapes with its transform.
     pub(super) readers: Vec<RowReader>,
+    pub(super) transforms: Vec<Option<Arc<WriteTransform>>>,
     /// The registry file, re-read between batches when it changes.
     pub(super) registry: FileRegistry,
     pub(super) registry_mtime: Option<std::time::SystemTime>,
@@ -56,6 +59,24 @@ pub(super) struct Pipeline {
     pub(super) in_flight: Option<InFlight>,
     /// An error met in a rebalance callback, which cannot return it: the loop stops.
     pub(super) fatal: Option<Error>,
+}
+
+/// The row reader of each of `views` (indexes into `defs.feature_views`), and its
+/// write-time expressions compiled: a view with them is read as its raw rows.
+///
+/// # Errors
+/// [`Error::Config`] for an expression that does not compile (definitions that did not
+/// pass validation).
+pub(super) fn readers(defs: &Definitions, views: &[usize]) -> Result<(Vec<RowReader>, Vec<Option<Arc<WriteTransform>>>)> {
+    let mut readers = Vec::with_capacity(views.len());
+    let mut transforms = Vec::with_capacity(views.len());
+    for &vi in views {
+        let view = &defs.feature_views[vi];
+        let transform = WriteTransform::new(defs, view).map_err(|e| Error::Config(format!("feature view `{}`: {e}", view.name)))?;
+        readers.push(RowReader::new(defs, transform.as_ref().map_or(view, WriteTransform::raw_view)));
+        transforms.push(transform.map(Arc::new));
+    }
+    Ok((readers, transforms))
 }
 
 impl Pipeline {
@@ -146,6 +167,7 @@ impl Pipeline {
         let mut batch = std::mem::take(&mut self.batch);
         batch.defs = self.defs.clone();
         batch.views = self.views.clone();
+        batch.transforms = self.transforms.clone();
         self.clear();
         let (consumed, first) = (batch.consumed.clone(), batch.first.clone());
         let writer = self.writer.take().expect("no batch in flight, so the writer is here");
@@ -337,7 +359,7 @@ impl Pipeline {
             }
             views.push(at);
         }
-        self.readers = views.iter().map(|&vi| RowReader::new(&defs, &defs.feature_views[vi])).collect();
+        (self.readers, self.transforms) = readers(&defs, &views)?;
         self.views = views;
         self.defs = defs;
         Metrics::add(&self.metrics.registry_reloads, 1);

@@ -11,6 +11,7 @@ use quiver_offline::delta::txn_versions;
 use quiver_offline::ingest::{AppendOptions, OpenTable};
 use quiver_online::OnlineStore;
 use quiver_sdk::rows::ViewRow;
+use quiver_sdk::write_time::WriteTransform;
 use quiver_sdk::{Config, Definitions, FeatureView};
 use rdkafka::producer::FutureProducer;
 use tokio::runtime::Handle;
@@ -45,6 +46,8 @@ pub(super) struct Batch {
     pub(super) defs: Arc<Definitions>,
     /// Indexes into `defs.feature_views`.
     pub(super) views: Vec<usize>,
+    /// Per view: its write-time expressions, when it has them (its rows are raw rows).
+    pub(super) transforms: Vec<Option<Arc<WriteTransform>>>,
     /// Per view (same order as `views`): good rows.
     pub(super) rows: Vec<Vec<ViewRow>>,
     /// Per view (online views only): rows of messages its table already holds (read
@@ -152,11 +155,13 @@ impl Writer {
     /// (the guarded write takes a row it already has as a no-op).
     fn write_view(&self, batch: &mut Batch, i: usize) -> Result<Written> {
         let view = batch.view(i).clone();
-        let rows: Vec<ViewRow> = std::mem::take(&mut batch.rows[i]);
+        let rows = std::mem::take(&mut batch.rows[i]);
+        let rows = self.shape(batch, i, rows, true);
         if view.is_event_log() {
             return self.write_event_log(batch, i, &view, rows);
         }
         let replayed = std::mem::take(&mut batch.replayed[i]);
+        let replayed = self.shape(batch, i, replayed, false);
         let began = Instant::now();
         let batch = &*batch;
         let ((offline, offline_took), online) = std::thread::scope(|scope| {
@@ -171,6 +176,22 @@ impl Writer {
             _ if online.is_some_and(|(written, _)| written.is_none()) => Ok(Written::Interrupted),
             outcome => Ok(outcome),
         }
+    }
+
+    /// View `i`'s raw rows shaped by its write-time expressions (docs/transformations.md#write-time):
+    /// those failing its filter dropped, its features computed; counted with `count`
+    /// (new rows, not replayed ones). Rows of a view without them, as they are.
+    fn shape(&self, batch: &Batch, i: usize, rows: Vec<ViewRow>, count: bool) -> Vec<ViewRow> {
+        let Some(transform) = batch.transforms.get(i).and_then(Option::as_ref) else { return rows };
+        if rows.is_empty() {
+            return rows;
+        }
+        let (stored, dropped, uncomputed) = transform.apply_rows(&batch.defs, &rows);
+        if count {
+            Metrics::add(&self.metrics.filtered, dropped);
+            Metrics::add(&self.metrics.uncomputed, uncomputed as usize);
+        }
+        stored
     }
 
     /// The online half of [`Writer::write_view`]: the batch's new rows and the rows read
@@ -212,6 +233,7 @@ impl Writer {
             return Ok(Written::All);
         }
         let replayed = std::mem::take(&mut batch.replayed[i]);
+        let replayed = self.shape(batch, i, replayed, false);
         let entities: Vec<Vec<quiver_sdk::encoding::KeyValue>> = rows.iter().chain(&replayed).map(|r| r.keys.clone()).collect();
         let (rt, store, config, defs) = (&self.rt, &self.store, &self.config, &batch.defs);
         let refresh = || rt.block_on(crate::write::refresh_event_log(config, defs, view, &entities, store.as_ref()));

@@ -137,3 +137,112 @@ async fn offline_views_get_no_online_writes_and_a_changed_registry_is_picked_up(
     let tip_line = out.lines().find(|l| l.starts_with("trips__tip")).unwrap();
     assert!(tip_line.contains("NULL_VALUE"), "{out}");
 }
+
+/// A view with write-time expressions on the same topic (docs/transformations.md#write-time):
+/// the stream reads its raw rows, drops those failing the filter (counted on `/metrics`
+/// and in the summary line), stores what the expressions compute — a value that cannot
+/// be computed null — in Delta and online, and a raw value of the wrong type is
+/// dead-lettered as any bad message. The expected rows are computed by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_time_expressions_shape_the_streamed_rows() {
+    let Some((brokers, redis)) = services("write_time_expressions_shape_the_streamed_rows") else { return };
+    let shaped = r#"  - name: shaped
+    entities: [driver]
+    source:
+      timestamp_field: event_timestamp
+      stream: {topic: TOPIC, format: json}
+      filter: "seq % 3 <> 0"
+      raw: [{name: fare, dtype: float64}, {name: city, dtype: string}]
+    features:
+      - {name: seq, dtype: int64}
+      - {name: fare_cents, dtype: int64, expr: "CAST(round(fare * 100) AS BIGINT)"}
+      - {name: city_up, dtype: string, expr: "upper(city)"}
+      - {name: per_step, dtype: float64, expr: "fare / (seq % 5)"}
+"#;
+    let s = setup_with("sshape", &brokers, &redis, 2, shaped).await;
+    let n = 300;
+    produce(&s, 0..n, 2).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let streamer = start_with(&s, "a", &[], &["--metrics-port", &port.to_string()]);
+    wait_for_rows(&s, expected_rows(0..n).len(), &[&streamer]).await;
+    // The hand evaluator: (driver, time) -> (seq, fare_cents, city_up, per_step).
+    type Shaped = (i64, Option<i64>, Option<String>, Option<f64>);
+    let good: Vec<i64> = (0..n).filter(|&i| kind(i) == Kind::Good).collect();
+    let kept: Vec<i64> = good.iter().copied().filter(|i| i % 3 != 0).collect();
+    let want: BTreeMap<(i64, i64), Shaped> = kept
+        .iter()
+        .map(|&i| {
+            let per_step = (i % 5 != 0).then(|| fare(i) / (i % 5) as f64);
+            ((i % DRIVERS, BASE_TS + i * 1_000_000), (i, Some((fare(i) * 100.0).round() as i64), Some(format!("C{}", i % 7)), per_step))
+        })
+        .collect();
+    let read = || async {
+        let repo = Repo::open(&s.dir).unwrap();
+        let defs = repo.applied().unwrap().definitions;
+        let view = defs.feature_view("shaped").unwrap();
+        let layout = quiver::offline::schema::ViewLayout::scanned(&defs, view);
+        let mut rows: BTreeMap<(i64, i64), Shaped> = BTreeMap::new();
+        for b in quiver::offline::historical::read_view(&repo.config, &defs, view).await.unwrap() {
+            let col = |k: usize| arrow::compute::cast(b.column(layout.feature(k)), &view.features[k].dtype.arrow_type()).unwrap();
+            let (seq, cents, city, per) = (col(0), col(1), col(2), col(3));
+            for r in 0..b.num_rows() {
+                let key =
+                    (b.column(0).as_primitive::<Int64Type>().value(r), b.column(1).as_primitive::<TimestampMicrosecondType>().value(r));
+                let value = (
+                    seq.as_primitive::<Int64Type>().value(r),
+                    (!cents.is_null(r)).then(|| cents.as_primitive::<Int64Type>().value(r)),
+                    (!city.is_null(r)).then(|| city.as_string::<i32>().value(r).to_string()),
+                    (!per.is_null(r)).then(|| per.as_primitive::<Float64Type>().value(r)),
+                );
+                assert!(rows.insert(key, value).is_none(), "row {key:?} twice");
+            }
+        }
+        rows
+    };
+    let began = Instant::now();
+    let mut rows = read().await;
+    while rows.len() < want.len() && began.elapsed() < WAIT {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        rows = read().await;
+    }
+    assert_eq!(rows, want, "Delta holds what the expressions compute, of the rows the filter keeps");
+    // Online: each driver's latest kept row, computed.
+    let store = RedisStore::connect(&s.redis).await.unwrap();
+    let mut latest: BTreeMap<i64, i64> = BTreeMap::new();
+    for &i in &kept {
+        latest.insert(i % DRIVERS, i);
+    }
+    let began = Instant::now();
+    for (d, i) in &latest {
+        let key = store_key(&s.project, "shaped", &[KeyValue::Int(*d)]);
+        let want = &want[&(*d, BASE_TS + i * 1_000_000)];
+        let value = |w: &Shaped| {
+            vec![
+                Value::Int64(w.0),
+                w.1.map_or(Value::Null, Value::Int64),
+                w.2.clone().map_or(Value::Null, Value::String),
+                w.3.map_or(Value::Null, Value::Float64),
+            ]
+        };
+        loop {
+            let got = store.read(std::slice::from_ref(&key)).await.unwrap()[0].clone().map(|b| OnlineRow::decode(&b).unwrap());
+            if got.as_ref().is_some_and(|r| r.event_ts == BASE_TS + i * 1_000_000 && r.values == value(want)) {
+                break;
+            }
+            assert!(began.elapsed() < WAIT, "driver {d}: online {got:?}, want message {i}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    // The filtered rows are counted; so are the divisions by zero of the kept rows.
+    let body = http_get(port, "/metrics");
+    assert_eq!(counter(&body, "quiver_stream_filtered_total"), (good.len() - kept.len()) as f64);
+    assert_eq!(counter(&body, "quiver_stream_uncomputed_total"), kept.iter().filter(|&&i| i % 5 == 0).count() as f64);
+    // A fare that is not a float is dead-lettered naming the raw column.
+    let letters = dead_letters(&s, (0..n).filter(|&i| kind(i) != Kind::Good).count());
+    let wrong = (0..n).find(|&i| kind(i) == Kind::WrongType).unwrap();
+    let reason = &letters[&((wrong % 2) as i32, wrong / 2)];
+    assert!(reason.contains("fare"), "{reason}");
+    let (status, out) = streamer.stop();
+    assert!(status.success());
+    assert!(out.contains(&format!("{} rows dropped by the source filter", good.len() - kept.len())), "{out}");
+}
