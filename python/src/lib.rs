@@ -355,7 +355,8 @@ fn typed_answer(
 
 /// Writes a table of `view`'s rows through the streaming write path to `to` (online,
 /// offline or online_and_offline; default both for an online view, offline for an
-/// offline-only one). Returns (rows, online written or None, offline version or None).
+/// offline-only one). Returns (rows, online written or None, offline version or None,
+/// rows the view's source filter dropped, values its expressions could not compute).
 #[pyfunction]
 #[pyo3(signature = (repo, view, table, to = None))]
 fn push(
@@ -364,13 +365,13 @@ fn push(
     view: String,
     table: &Bound<'_, PyAny>,
     to: Option<String>,
-) -> PyResult<(usize, Option<usize>, Option<u64>)> {
+) -> PyResult<(usize, Option<usize>, Option<u64>, usize, u64)> {
     let target: Option<quiver::streaming::Target> = to.map(|t| t.parse()).transpose().map_err(ValidationError::new_err)?;
     let (_, batches) = read_table(table, "table")?;
     run(py, async move {
         let repo = open(&repo)?;
         let report = repo.push(&view, Rows::Batches(batches, "table".into())).with_target(target).await?;
-        Ok((report.rows, report.online_written, report.offline_version))
+        Ok((report.rows, report.online_written, report.offline_version, report.dropped, report.uncomputed))
     })
 }
 

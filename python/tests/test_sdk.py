@@ -690,3 +690,86 @@ def test_on_demand_views_from_python_equal_yaml(tmp_path):
         qv.OnDemandFeatureView(name="o", inputs=["trips"], features=[qv.Field("x", qv.Float64)])
     with pytest.raises(TypeError, match="an input must be FeatureView or OnDemandFeatureView or str"):
         qv.OnDemandFeatureView(name="o", inputs=[3], features=[qv.Field("x", qv.Float64, expr="1")])
+
+
+def test_write_time_expressions_from_python_push_what_they_compute(tmp_path):
+    """A view with write-time expressions defined in Python gives YAML's registry; a
+    push of raw rows stores what a plain-Python evaluation of the same rows gives — the
+    rows failing the filter dropped and counted, a division by zero null — and the
+    online answer and the historical join serve it."""
+    shaped = """entities:
+  - name: rider
+    join_keys: [{name: rider_id, dtype: int64}]
+feature_views:
+  - name: payments
+    entities: [rider]
+    source:
+      timestamp_field: event_timestamp
+      filter: "status = 'ok'"
+      raw: [{name: cents, dtype: int64}, {name: status, dtype: string}]
+    features:
+      - {name: amount, dtype: float64, expr: "CAST(cents AS DOUBLE) / 100"}
+      - {name: items, dtype: int64}
+      - {name: per_item, dtype: int64, expr: "cents / items"}
+"""
+    a = new_repo(tmp_path / "a" / "repo")
+    (a / "features.yaml").write_text(shaped)
+    cli(a, "apply")
+    b = new_repo(tmp_path / "b" / "repo")
+    rider = qv.Entity(name="rider", join_keys=[qv.Field("rider_id", qv.Int64)])
+    payments = qv.FeatureView(
+        name="payments", entities=[rider],
+        source=qv.DeltaSource(filter="status = 'ok'", raw=[qv.Field("cents", qv.Int64), qv.Field("status", qv.String)]),
+        schema=[qv.Field("amount", qv.Float64, expr="CAST(cents AS DOUBLE) / 100"), qv.Field("items", qv.Int64),
+                qv.Field("per_item", qv.Int64, expr="cents / items")])
+    s = qv.FeatureStore(str(b))
+    s.apply([rider, payments])
+    reg = lambda p: json.loads((p / "registry.json").read_text())  # noqa: E731
+    assert reg(a)["definitions"] == reg(b)["definitions"]
+    assert s.get_feature_view("payments") == payments
+
+    raw = []
+    for i in range(40):
+        raw.append({"rider_id": i % 6, "event_timestamp": NOW - timedelta(minutes=200 - 3 * i),
+                    "cents": None if i % 11 == 0 else (i * 37) - 300, "status": ["ok", "ok", "failed", None, "OK"][i % 5],
+                    "items": [2, 0, -3, None][i % 4]})
+    schema = pa.schema([("rider_id", pa.int64()), ("event_timestamp", pa.timestamp("us", tz="UTC")), ("cents", pa.int64()),
+                        ("status", pa.string()), ("items", pa.int64())])
+
+    def computed(r):
+        """The plain-Python evaluation: SQL's integer division truncates toward zero."""
+        if r["status"] != "ok":
+            return None
+        cents, items = r["cents"], r["items"]
+        per = None if cents is None or items in (None, 0) else int(cents / items)
+        return {"amount": None if cents is None else cents / 100, "items": items, "per_item": per}
+
+    kept = [(r, computed(r)) for r in raw if computed(r) is not None]
+    out = s.push("payments", pa.Table.from_pylist(raw, schema=schema))
+    assert out["rows"] == len(kept) and out["dropped"] == len(raw) - len(kept), out
+    assert out["uncomputed"] == sum(1 for r, c in kept if r["cents"] is not None and r["items"] == 0), out
+    latest = {}
+    for r, c in kept:
+        latest[r["rider_id"]] = c
+    riders = sorted(latest)
+    resp = s.get_online_features(features=["payments:amount", "payments:items", "payments:per_item"],
+                                 entity_rows=[{"rider_id": r} for r in riders]).to_dict()
+    assert resp["amount"] == [latest[r]["amount"] for r in riders]
+    assert resp["items"] == [latest[r]["items"] for r in riders]
+    assert resp["per_item"] == [latest[r]["per_item"] for r in riders]
+    # Offline, the join reads the computed rows as of each spine time.
+    times = [NOW - timedelta(minutes=m) for m in (0, 60, 150)]
+    spine_rows = [(r, t) for r in range(6) for t in times]
+    entity_df = pa.table({"rider_id": pa.array([r for r, _ in spine_rows], pa.int64()),
+                          "event_timestamp": pa.array([t for _, t in spine_rows], pa.timestamp("us", tz="UTC"))})
+    got = s.get_historical_features(entity_df=entity_df, features=["payments:amount", "payments:per_item"]).to_arrow()
+    for k, (r, t) in enumerate(spine_rows):
+        asof = [c for row, c in kept if row["rider_id"] == r and row["event_timestamp"] <= t]
+        want = asof[-1] if asof else {"amount": None, "per_item": None}
+        assert got.column("payments__amount")[k].as_py() == want["amount"], (r, t)
+        assert got.column("payments__per_item")[k].as_py() == want["per_item"], (r, t)
+    bad = qv.FeatureView(name="payments", entities=[rider],
+                         source=qv.DeltaSource(filter="cents", raw=[qv.Field("cents", qv.Int64)]),
+                         schema=[qv.Field("amount", qv.Float64, expr="CAST(cents AS DOUBLE) / 100")])
+    with pytest.raises(qv.ValidationError, match="feature view `payments`, source filter: `cents`: computes int64, not a boolean"):
+        s.apply([bad])

@@ -122,7 +122,8 @@ class Field:
     dtype
         A quiver type: ``qv.Int64``, ``qv.Float32``, ``qv.Array(qv.Float32)``, ...
     expr
-        Of an on-demand view's feature: the SQL expression that computes it
+        The SQL expression that computes it: of an on-demand view's feature, at request
+        time; of a feature view's feature, at write time from the raw row
         (docs/transformations.md).
     """
 
@@ -202,12 +203,27 @@ class KafkaSource:
 
 @dataclass
 class DeltaSource:
-    """A view's Delta table (default ``<offline root>/<view>``) and its time columns."""
+    """A view's Delta table (default ``<offline root>/<view>``) and its time columns.
+
+    ``filter`` (a SQL boolean expression) and ``raw`` (``Field``s: input columns that are
+    not features) are its write-time expressions' (docs/transformations.md#write-time):
+    every writer drops the rows for which ``filter`` is not true, and computes the
+    view's features given ``Field(name, dtype, expr="...")`` from the raw row.
+    """
 
     timestamp_field: str = "event_timestamp"
     created_timestamp_field: str | None = None
     path: str | None = None
     stream: KafkaSource | None = None
+    filter: str | None = None
+    raw: Sequence[Field] = ()
+
+    def __post_init__(self) -> None:
+        if self.filter is not None:
+            _expect(self.filter, str, "source filter")
+        self.raw = list(self.raw)
+        for f in self.raw:
+            _expect(f, Field, "a raw column of a source")
 
     def _json(self) -> dict:
         out: dict[str, Any] = {"timestamp_field": self.timestamp_field}
@@ -217,6 +233,10 @@ class DeltaSource:
             out["path"] = self.path
         if self.stream:
             out["stream"] = {"topic": self.stream.topic, "format": self.stream.format}
+        if self.filter is not None:
+            out["filter"] = self.filter
+        if self.raw:
+            out["raw"] = [f._json() for f in self.raw]
         return out
 
     @classmethod
@@ -224,7 +244,8 @@ class DeltaSource:
         stream = d.get("stream")
         return cls(timestamp_field=d.get("timestamp_field", "event_timestamp"),
                    created_timestamp_field=d.get("created_timestamp_field"), path=d.get("path"),
-                   stream=KafkaSource(stream["topic"], stream.get("format", "json")) if stream else None)
+                   stream=KafkaSource(stream["topic"], stream.get("format", "json")) if stream else None,
+                   filter=d.get("filter"), raw=[Field(f["name"], _type_of(f["dtype"]), f.get("expr")) for f in d.get("raw", [])])
 
 
 def _duration(ttl: timedelta | None, what: str = "ttl") -> str:
@@ -382,7 +403,7 @@ class FeatureView(_Definition):
 
     @classmethod
     def _from_json(cls, d: dict) -> FeatureView:
-        return cls(name=d["name"], entities=d["entities"], schema=[Field(f["name"], _type_of(f["dtype"])) for f in d["features"]],
+        return cls(name=d["name"], entities=d["entities"], schema=[Field(f["name"], _type_of(f["dtype"]), f.get("expr")) for f in d["features"]],
                    ttl=_timedelta(d.get("ttl")), online=d.get("online", True), source=DeltaSource._from_json(d.get("source", {})),
                    tags=d.get("tags"), description=d.get("description", ""),
                    aggregations=[Aggregation._from_json(a) for a in d.get("aggregations", [])])
@@ -953,11 +974,14 @@ class FeatureStore:
         Returns
         -------
         dict
-            ``rows``, ``online_written`` and ``offline_version`` (``None`` for a store not written).
+            ``rows`` (written), ``online_written`` and ``offline_version`` (``None`` for a
+            store not written), ``dropped`` (rows the view's source filter dropped) and
+            ``uncomputed`` (values its write-time expressions could not compute, stored
+            null; docs/transformations.md#write-time).
         """
         _expect(view, str, "view")
-        rows, written, version = _quiver.push(self.repo_path, view, _table(table, "table"), to)
-        return {"rows": rows, "online_written": written, "offline_version": version}
+        rows, written, version, dropped, uncomputed = _quiver.push(self.repo_path, view, _table(table, "table"), to)
+        return {"rows": rows, "online_written": written, "offline_version": version, "dropped": dropped, "uncomputed": uncomputed}
 
     # --- consistency ---
 
