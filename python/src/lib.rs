@@ -353,6 +353,10 @@ fn typed_answer(
     Ok(arrow::array::RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), arrays)?)
 }
 
+/// What [`push`] returns: rows written, online written, offline version, rows the
+/// filter dropped, values not computed.
+type PushReport = (usize, Option<usize>, Option<u64>, usize, u64);
+
 /// Writes a table of `view`'s rows through the streaming write path to `to` (online,
 /// offline or online_and_offline; default both for an online view, offline for an
 /// offline-only one). Returns (rows, online written or None, offline version or None,
@@ -365,7 +369,7 @@ fn push(
     view: String,
     table: &Bound<'_, PyAny>,
     to: Option<String>,
-) -> PyResult<(usize, Option<usize>, Option<u64>, usize, u64)> {
+) -> PyResult<PushReport> {
     let target: Option<quiver::streaming::Target> = to.map(|t| t.parse()).transpose().map_err(ValidationError::new_err)?;
     let (_, batches) = read_table(table, "table")?;
     run(py, async move {

@@ -19,7 +19,7 @@ use tokio::runtime::Handle;
 
 use super::dead_letters::DeadLetter;
 use super::events::Event;
-use super::writer::{Batch, Floors, Writer, Written, retry};
+use super::writer::{Batch, Floors, Transforms, Writer, Written, retry};
 use super::{StreamContext, StreamOptions, app_id};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -40,7 +40,7 @@ pub(super) struct Pipeline {
     /// The row reader of each view (same order as `views`): of its raw rows for a view
     /// with write-time expressions, which the writer shapes with its transform.
     pub(super) readers: Vec<RowReader>,
-    pub(super) transforms: Vec<Option<Arc<WriteTransform>>>,
+    pub(super) transforms: Transforms,
     /// The registry file, re-read between batches when it changes.
     pub(super) registry: FileRegistry,
     pub(super) registry_mtime: Option<std::time::SystemTime>,
@@ -67,7 +67,7 @@ pub(super) struct Pipeline {
 /// # Errors
 /// [`Error::Config`] for an expression that does not compile (definitions that did not
 /// pass validation).
-pub(super) fn readers(defs: &Definitions, views: &[usize]) -> Result<(Vec<RowReader>, Vec<Option<Arc<WriteTransform>>>)> {
+pub(super) fn readers(defs: &Definitions, views: &[usize]) -> Result<(Vec<RowReader>, Transforms)> {
     let mut readers = Vec::with_capacity(views.len());
     let mut transforms = Vec::with_capacity(views.len());
     for &vi in views {

@@ -39,6 +39,9 @@ pub(super) enum Written {
 /// the gathering side (what a replay skips), written by the writer after each append.
 pub(super) type Floors = Arc<Mutex<HashMap<(usize, i32), i64>>>;
 
+/// Per view of a stream: its write-time expressions compiled, when it has them.
+pub(super) type Transforms = Vec<Option<Arc<WriteTransform>>>;
+
 /// A gathered micro-batch: what its write needs, taken from the gathering side.
 #[derive(Default)]
 pub(super) struct Batch {
@@ -47,7 +50,7 @@ pub(super) struct Batch {
     /// Indexes into `defs.feature_views`.
     pub(super) views: Vec<usize>,
     /// Per view: its write-time expressions, when it has them (its rows are raw rows).
-    pub(super) transforms: Vec<Option<Arc<WriteTransform>>>,
+    pub(super) transforms: Transforms,
     /// Per view (same order as `views`): good rows.
     pub(super) rows: Vec<Vec<ViewRow>>,
     /// Per view (online views only): rows of messages its table already holds (read
