@@ -7,7 +7,7 @@ the ingest of the same rows already transformed (not a test).
 (`./run bench-write-time` installs everything and runs this, then the stream's
 throughput with and without the same kind of expressions.) One Parquet file of --rows
 raw payments (customer, time, amount in cents, status, country, items; 10% of the rows
-`failed`), and the same rows transformed by pyarrow (the failed ones dropped, the four
+`failed`, --zero-share of them with 0 items: `amount_cents / items` cannot be computed), and the same rows transformed by pyarrow (the failed ones dropped, the four
 features computed) in a second file. Each rep ingests the raw file into a view with
 `filter: "status = 'ok'"` and four expressions, and the transformed file into a view
 storing the same four features as they come, each into a fresh repository, round robin;
@@ -55,11 +55,12 @@ PLAIN = ENTITIES + """  - name: payments
 """
 
 
-def generate(rows, work):
+def generate(rows, work, zero_share):
     rng = np.random.default_rng(7)
     base = np.datetime64("2025-01-01T00:00:00", "us").astype(np.int64)
     cents = rng.integers(-5_000, 500_000, rows)
-    items = rng.integers(0, 12, rows)
+    # Items 1..12, and 0 (a division by zero: not computed, null) in `zero_share` of the rows.
+    items = np.where(rng.random(rows) < zero_share, 0, rng.integers(1, 13, rows))
     status = np.where(rng.random(rows) < 0.1, "failed", "ok")
     countries = np.array(["FR", "De", "us", "GB", "Es", "IT", "nl", "PT"])
     raw = pa.table({
@@ -109,11 +110,13 @@ def main():
     ap.add_argument("--quiver", required=True)
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--zero-share", type=float, default=0.001,
+                    help="share of the rows whose division is by zero (not computed: null, counted)")
     args = ap.parse_args()
     quiver = os.path.abspath(args.quiver)
     work = tempfile.mkdtemp(prefix="quiver-write-time-bench.")
     try:
-        raw_rows, kept_rows = generate(args.rows, work)
+        raw_rows, kept_rows = generate(args.rows, work, args.zero_share)
         print(f"{raw_rows:,} raw rows, {kept_rows:,} after the filter", flush=True)
         times = {"raw rows, filter + 4 expressions": [], "the same rows transformed": []}
         for rep in range(args.reps):

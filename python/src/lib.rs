@@ -363,13 +363,7 @@ type PushReport = (usize, Option<usize>, Option<u64>, usize, u64);
 /// rows the view's source filter dropped, values its expressions could not compute).
 #[pyfunction]
 #[pyo3(signature = (repo, view, table, to = None))]
-fn push(
-    py: Python<'_>,
-    repo: String,
-    view: String,
-    table: &Bound<'_, PyAny>,
-    to: Option<String>,
-) -> PyResult<PushReport> {
+fn push(py: Python<'_>, repo: String, view: String, table: &Bound<'_, PyAny>, to: Option<String>) -> PyResult<PushReport> {
     let target: Option<quiver::streaming::Target> = to.map(|t| t.parse()).transpose().map_err(ValidationError::new_err)?;
     let (_, batches) = read_table(table, "table")?;
     run(py, async move {

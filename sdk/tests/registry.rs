@@ -293,3 +293,36 @@ fn a_front_end_never_removes_what_another_defined_unless_told() {
         assert!(err.to_string().contains(part), "{err}");
     }
 }
+
+/// A view's write-time filter or expression changed while it holds data is a breaking
+/// change (its rows were computed by the old one); adding a filter too; a view without
+/// data takes any of them.
+#[test]
+fn changed_write_time_expressions_are_breaking() {
+    const SHAPED: &str = r#"
+entities:
+  - {name: driver, join_keys: [{name: driver_id, dtype: int64}]}
+feature_views:
+  - name: pay
+    entities: [driver]
+    source: {filter: "cents > 0", raw: [{name: cents, dtype: int64}]}
+    features: [{name: amount, dtype: float64, expr: "CAST(cents AS DOUBLE) / 100"}]
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let reg = FileRegistry::new(dir.path().join("registry.json"));
+    apply(&reg, "demo", &defs(SHAPED), &Holding::new(&[]), false, t(1)).unwrap();
+    let holding = Holding::new(&["pay"]);
+    let cases = [
+        (
+            SHAPED.replace("/ 100\"", "/ 1000\""),
+            "feature `amount` would change its expression from `CAST(cents AS DOUBLE) / 100` to `CAST(cents AS DOUBLE) / 1000`",
+        ),
+        (SHAPED.replace("cents > 0", "cents >= 0"), "its source filter would change from `cents > 0` to `cents >= 0`"),
+        (SHAPED.replace("filter: \"cents > 0\", ", ""), "its source filter would change from `cents > 0` to none"),
+    ];
+    for (text, expected) in &cases {
+        let err = apply(&reg, "demo", &defs(text), &holding, false, t(2)).unwrap_err();
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+    assert_eq!(apply(&reg, "demo", &defs(&cases[0].0), &Holding::new(&[]), false, t(2)).unwrap().version, 2);
+}
