@@ -30,6 +30,7 @@ use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 mod check;
+mod lenient;
 
 pub use check::{FUNCTIONS, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_NODES};
 
@@ -164,6 +165,7 @@ impl Program {
             let physical = fail_on_overflow(physical).map_err(|e| refuse(output, plain(&e)))?;
             let physical = fold_constants(physical, &schema).map_err(|e| refuse(output, plain(&e)))?;
             let physical = settle_arguments(physical, &schema).map_err(|e| refuse(output, plain(&e)))?;
+            let physical = lenient::wrap(physical, &schema).map_err(|e| refuse(output, plain(&e)))?;
             let got = physical.data_type(&schema).map_err(|e| refuse(output, plain(&e)))?;
             if !holds(&output.dtype, &got) {
                 return Err(refuse(
@@ -224,16 +226,24 @@ impl Program {
 }
 
 impl Compiled {
-    /// The whole batch at once; when that fails, each half, down to single rows, each
-    /// row that fails null: a few failing rows among millions cost a few dozen
-    /// evaluations each, not one per row. Every function of the language computes a
+    /// The whole batch at once, the rows its lenient parts could not compute null; when
+    /// a part under a `CASE`, `AND` or `OR` fails, each half, down to single rows, each
+    /// row that fails null: a few such rows among millions cost a few dozen evaluations
+    /// each, not one per row. Every function of the language computes a
     /// row from that row alone, so every split gives the same values for the rows that
     /// compute.
     fn evaluate(&self, batch: &RecordBatch) -> (ArrayRef, u64) {
-        if let Ok(column) = self.evaluate_exactly(batch) {
-            return (column, 0);
-        }
         let n = batch.num_rows();
+        // Most failing rows are found where they fail (`lenient`): null, counted once.
+        let (result, marked) = lenient::marking(n, || self.evaluate_exactly(batch));
+        if let Ok(column) = result {
+            let Some(rows) = marked else { return (column, 0) };
+            let mut failed = vec![false; n];
+            rows.into_iter().for_each(|r| failed[r] = true);
+            let failed = arrow::array::BooleanArray::from(failed);
+            let count = failed.true_count() as u64;
+            return (arrow::compute::nullif(&column, &failed).expect("a mask of the column's length"), count);
+        }
         if n <= 1 {
             return (new_null_array(&self.dtype, n), n as u64);
         }

@@ -368,3 +368,51 @@ fn random_arithmetic_agrees_with_a_hand_evaluator() {
     }
     assert!(checked > 300, "only {checked} expressions compiled");
 }
+
+/// Dense failures — a third of the divisors zero, an overflow, a text that is no number
+/// — are null for their rows alone and counted once, whether found where they fail
+/// (a division every row reaches) or by splitting the batch (one under a CASE); each
+/// value equals the row's value computed alone.
+#[test]
+fn dense_failures_are_null_for_their_rows_alone() {
+    let n = 900;
+    let a: Vec<Option<i64>> = (0..n)
+        .map(|i| {
+            if i == 5 {
+                Some(i64::MIN)
+            } else if i % 7 == 0 {
+                None
+            } else {
+                Some(i as i64 - 300)
+            }
+        })
+        .collect();
+    let b: Vec<Option<i64>> = (0..n).map(|i| if i == 5 { Some(-1) } else { Some(i as i64 % 3) }).collect();
+    let x: Vec<Option<f64>> = (0..n).map(|i| Some(i as f64 * 0.5)).collect();
+    let y: Vec<Option<f64>> = (0..n).map(|i| if i % 4 == 0 { Some(-0.0) } else { Some((i % 5) as f64) }).collect();
+    let s: Vec<Option<&str>> = (0..n).map(|i| if i % 10 == 0 { Some("x") } else { Some("12") }).collect();
+    let batch = batch(&a, &b, &x, &y, &s);
+    for expr in [
+        "v.a / v.b",
+        "(v.a / v.b) + 1",
+        "v.a % v.b",
+        "v.x / v.y",
+        "CAST(v.s AS BIGINT) * 2 + v.a / v.b",
+        "CASE WHEN v.x > 100 THEN v.a / v.b ELSE 0 END",
+        "COALESCE(v.a / v.b, 7)",
+        "abs(v.a / v.b)",
+    ] {
+        let dtype = if expr.contains("v.x / v.y") { DataType::Float64 } else { DataType::Int64 };
+        let program = compile(dtype.clone(), expr).unwrap();
+        let whole = program.evaluate(&batch).unwrap();
+        let mut failed = 0;
+        for r in 0..n {
+            let alone = program.evaluate(&batch.slice(r, 1)).unwrap();
+            failed += alone.failed[0];
+            let (got, want) = (whole.columns[0].slice(r, 1), alone.columns[0].clone());
+            assert_eq!(got.to_data(), want.to_data(), "{expr}: row {r}");
+        }
+        assert_eq!(whole.failed[0], failed, "{expr}: values not computed");
+        assert!(failed > 0 || expr.starts_with("COALESCE"), "{expr}: the data makes some rows fail");
+    }
+}
