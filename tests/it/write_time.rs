@@ -374,6 +374,25 @@ async fn every_writer_stores_what_the_expressions_compute() {
 /// `/push` of `rows` to both stores through the server's router (in process); its
 /// answer, and `/metrics` after it.
 async fn server_push(dir: &Path, rows: &[Raw]) -> (serde_json::Value, String) {
+    let (status, answer, metrics) = server_push_df(dir, raw_df(rows)).await;
+    assert_eq!(status, axum::http::StatusCode::OK, "{answer}");
+    (answer, metrics)
+}
+
+/// The `df` of a `/push` of `rows`, column-major as Feast sends them.
+fn raw_df(rows: &[Raw]) -> serde_json::Value {
+    serde_json::json!({
+        "customer_id": rows.iter().map(|r| r.customer.clone()).collect::<Vec<_>>(),
+        "event_timestamp": rows.iter().map(|r| rfc3339(r.ts)).collect::<Vec<_>>(),
+        "amount_cents": rows.iter().map(|r| r.amount_cents).collect::<Vec<_>>(),
+        "status": rows.iter().map(|r| r.status).collect::<Vec<_>>(),
+        "country_raw": rows.iter().map(|r| r.country).collect::<Vec<_>>(),
+        "items": rows.iter().map(|r| r.items).collect::<Vec<_>>(),
+    })
+}
+
+/// `/push` of `df` to both stores through the server's router: status, answer, `/metrics`.
+async fn server_push_df(dir: &Path, df: serde_json::Value) -> (axum::http::StatusCode, serde_json::Value, String) {
     use axum::body::Body;
     use http_body_util::BodyExt;
     use tower::ServiceExt;
@@ -391,18 +410,7 @@ async fn server_push(dir: &Path, rows: &[Raw]) -> (serde_json::Value, String) {
         limits: quiver::online::server::Limits::default(),
         insights: None,
     });
-    let body = serde_json::json!({
-        "feature_view": "payments",
-        "to": "online_and_offline",
-        "df": {
-            "customer_id": rows.iter().map(|r| r.customer.clone()).collect::<Vec<_>>(),
-            "event_timestamp": rows.iter().map(|r| rfc3339(r.ts)).collect::<Vec<_>>(),
-            "amount_cents": rows.iter().map(|r| r.amount_cents).collect::<Vec<_>>(),
-            "status": rows.iter().map(|r| r.status).collect::<Vec<_>>(),
-            "country_raw": rows.iter().map(|r| r.country).collect::<Vec<_>>(),
-            "items": rows.iter().map(|r| r.items).collect::<Vec<_>>(),
-        }
-    });
+    let body = serde_json::json!({"feature_view": "payments", "to": "online_and_offline", "df": df});
     let call = |method: &str, uri: &str, body: String| {
         let request = axum::http::Request::builder().method(method).uri(uri).header("content-type", "application/json");
         quiver::online::server::router(state.clone()).oneshot(request.body(Body::from(body)).unwrap())
@@ -410,10 +418,9 @@ async fn server_push(dir: &Path, rows: &[Raw]) -> (serde_json::Value, String) {
     let response = call("POST", "/push", body.to_string()).await.unwrap();
     let status = response.status();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(status, axum::http::StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
     let answer = serde_json::from_slice(&bytes).unwrap();
     let metrics = call("GET", "/metrics", String::new()).await.unwrap().into_body().collect().await.unwrap().to_bytes();
-    (answer, String::from_utf8(metrics.to_vec()).unwrap())
+    (status, answer, String::from_utf8(metrics.to_vec()).unwrap())
 }
 
 /// A raw value of the wrong type is refused naming the file, row and column, and
@@ -453,6 +460,20 @@ async fn raw_rows_are_checked_as_their_columns_say() {
         &["failed.csv", "all 2 rows fail the source filter `status = 'ok'`", "nothing to ingest"],
     );
     fails(&dir, &["push", "payments", "failed.csv"], &["all 2 rows fail the source filter", "nothing to push"]);
+    // `/push`: a raw value of the wrong type is a 400 naming the row and the column;
+    // a push whose every row fails the filter writes nothing and says so.
+    let mut df = raw_df(&raw_rows(3, 5));
+    df["amount_cents"][1] = serde_json::json!("12.5");
+    let (status, answer, _) = server_push_df(&dir, df).await;
+    assert_eq!(status, axum::http::StatusCode::BAD_REQUEST, "{answer}");
+    let error = answer["error"].as_str().unwrap();
+    assert!(error.contains("row 2") && error.contains("amount_cents"), "{error}");
+    let failed: Vec<Raw> = raw_rows(3, 5).into_iter().map(|r| Raw { status: Some("failed"), ..r }).collect();
+    let (status, answer, metrics) = server_push_df(&dir, raw_df(&failed)).await;
+    assert_eq!(status, axum::http::StatusCode::OK, "{answer}");
+    assert_eq!((answer["rows"].as_u64(), answer["dropped"].as_u64()), (Some(0), Some(3)), "{answer}");
+    assert!(answer.get("offline_version").is_none() && answer.get("online_written").is_none(), "{answer}");
+    assert!(metrics.contains("quiver_push_rows_dropped_total 3"), "{metrics}");
     assert!(delta_rows(&dir).await.is_empty(), "nothing was written");
     assert_eq!(online_row(&dir, "c1").await, None);
 }

@@ -246,3 +246,53 @@ async fn write_time_expressions_shape_the_streamed_rows() {
     assert!(status.success());
     assert!(out.contains(&format!("{} rows dropped by the source filter", good.len() - kept.len())), "{out}");
 }
+
+/// An event log with write-time expressions on the stream: its aggregations read a
+/// computed column over the rows its filter keeps, as a hand count and maximum of the
+/// same rows say, served online by `quiver online`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_event_log_aggregates_computed_columns() {
+    let Some((brokers, redis)) = services("a_streamed_event_log_aggregates_computed_columns") else { return };
+    let log = r#"  - name: shaped_log
+    entities: [driver]
+    online: true
+    source:
+      timestamp_field: event_timestamp
+      stream: {topic: TOPIC, format: json}
+      filter: "seq % 3 <> 0"
+      raw: [{name: fare, dtype: float64}, {name: seq, dtype: int64}]
+    features:
+      - {name: cents, dtype: int64, expr: "CAST(round(fare * 100) AS BIGINT)"}
+    aggregations:
+      - {name: n, function: count, column: cents, window: 1000d}
+      - {name: cents_max, function: max, column: cents, window: 1000d}
+"#;
+    let s = setup_with("slogx", &brokers, &redis, 1, log).await;
+    let n = 200;
+    produce(&s, 0..n, 1).await;
+    let streamer = start(&s, "a", &[]);
+    wait_for_rows(&s, expected_rows(0..n).len(), &[&streamer]).await;
+    let kept: Vec<i64> = (0..n).filter(|&i| kind(i) == Kind::Good && i % 3 != 0).collect();
+    let began = Instant::now();
+    for d in [1i64, 2, 7] {
+        let mine: Vec<i64> = kept.iter().copied().filter(|i| i % DRIVERS == d).collect();
+        let want_n = mine.len();
+        let want_max = mine.iter().map(|&i| (fare(i) * 100.0).round() as i64).max();
+        loop {
+            let out =
+                quiver_ok(&s.dir, &["online", "--features", "shaped_log:n,shaped_log:cents_max", "--entity", &format!("driver_id={d}")]);
+            let value =
+                |name: &str| out.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)).map(str::to_string);
+            let max = want_max.map_or("null".to_string(), |m| m.to_string());
+            if value("shaped_log__n ").as_deref() == Some(&want_n.to_string())
+                && value("shaped_log__cents_max").as_deref() == Some(max.as_str())
+            {
+                break;
+            }
+            assert!(began.elapsed() < WAIT, "driver {d}: {out} (want n {want_n}, max {max})");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    let (status, _) = streamer.stop();
+    assert!(status.success());
+}
