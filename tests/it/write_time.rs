@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::common::{fails, ok};
 
-const FEATURES: &str = r#"entities:
+pub(crate) const FEATURES: &str = r#"entities:
   - {name: customer, join_keys: [{name: customer_id, dtype: string}]}
 feature_views:
   - name: payments
@@ -58,30 +58,30 @@ const HOUR: i64 = 60 * MINUTE;
 
 /// One raw row as a writer receives it.
 #[derive(Debug, Clone)]
-struct Raw {
-    customer: String,
-    ts: i64,
-    amount_cents: Option<i64>,
-    status: Option<&'static str>,
-    country: Option<&'static str>,
-    items: Option<i64>,
+pub(crate) struct Raw {
+    pub(crate) customer: String,
+    pub(crate) ts: i64,
+    pub(crate) amount_cents: Option<i64>,
+    pub(crate) status: Option<&'static str>,
+    pub(crate) country: Option<&'static str>,
+    pub(crate) items: Option<i64>,
 }
 
 /// One stored row of `payments`, as the independent evaluator computes it.
 #[derive(Debug, Clone, PartialEq)]
-struct Stored {
-    customer: String,
-    ts: i64,
-    amount: Option<f64>,
-    country: Option<String>,
-    is_big: Option<bool>,
-    items: Option<i64>,
-    per_item: Option<i64>,
+pub(crate) struct Stored {
+    pub(crate) customer: String,
+    pub(crate) ts: i64,
+    pub(crate) amount: Option<f64>,
+    pub(crate) country: Option<String>,
+    pub(crate) is_big: Option<bool>,
+    pub(crate) items: Option<i64>,
+    pub(crate) per_item: Option<i64>,
 }
 
 /// The evaluator: SQL's semantics written out by hand. `None`: the filter drops the row
 /// (a null status is not 'ok', nor is 'OK').
-fn oracle(r: &Raw) -> Option<Stored> {
+pub(crate) fn oracle(r: &Raw) -> Option<Stored> {
     if r.status != Some("ok") {
         return None;
     }
@@ -101,13 +101,13 @@ fn oracle(r: &Raw) -> Option<Stored> {
 }
 
 /// Values that could not be computed: kept rows whose division fails.
-fn uncomputable(rows: &[Raw]) -> usize {
+pub(crate) fn uncomputable(rows: &[Raw]) -> usize {
     rows.iter()
         .filter(|r| r.status == Some("ok") && matches!((r.amount_cents, r.items), (Some(a), Some(b)) if a.checked_div(b).is_none()))
         .count()
 }
 
-fn raw_rows(n: usize, seed: u64) -> Vec<Raw> {
+pub(crate) fn raw_rows(n: usize, seed: u64) -> Vec<Raw> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // Distinct times (a minute apart, shuffled), so "latest" is never a tie.
     let mut minutes: Vec<i64> = (0..n as i64).map(|i| i * 7).collect();
@@ -128,18 +128,22 @@ fn raw_rows(n: usize, seed: u64) -> Vec<Raw> {
         .collect()
 }
 
-fn rfc3339(us: i64) -> String {
+pub(crate) fn rfc3339(us: i64) -> String {
     quiver::sdk::rows::format_instant(us)
+}
+
+/// One raw row as a JSON object (a line of a JSON-lines file, a Kafka message).
+pub(crate) fn raw_json(r: &Raw) -> serde_json::Value {
+    serde_json::json!({
+        "customer_id": r.customer, "event_timestamp": rfc3339(r.ts), "amount_cents": r.amount_cents,
+        "status": r.status, "country_raw": r.country, "items": r.items,
+    })
 }
 
 fn write_jsonl(path: &Path, rows: &[Raw]) {
     let mut f = File::create(path).unwrap();
     for r in rows {
-        let line = serde_json::json!({
-            "customer_id": r.customer, "event_timestamp": rfc3339(r.ts), "amount_cents": r.amount_cents,
-            "status": r.status, "country_raw": r.country, "items": r.items,
-        });
-        writeln!(f, "{line}").unwrap();
+        writeln!(f, "{}", raw_json(r)).unwrap();
     }
 }
 
@@ -188,7 +192,7 @@ fn repo(dir: &Path) {
 }
 
 /// The Delta rows of `payments`, sorted by (customer, time).
-async fn delta_rows(dir: &Path) -> Vec<Stored> {
+pub(crate) async fn delta_rows(dir: &Path) -> Vec<Stored> {
     let repo = Repo::open(dir).unwrap();
     let defs = repo.applied().unwrap().definitions;
     let view = defs.feature_view("payments").unwrap();
@@ -212,7 +216,7 @@ async fn delta_rows(dir: &Path) -> Vec<Stored> {
     out
 }
 
-fn stored_of(customer: String, ts: i64, values: &[Value]) -> Stored {
+pub(crate) fn stored_of(customer: String, ts: i64, values: &[Value]) -> Stored {
     let float = |v: &Value| if let Value::Float64(f) = v { Some(*f) } else { None };
     let int = |v: &Value| if let Value::Int64(i) = v { Some(*i) } else { None };
     Stored {
@@ -237,7 +241,7 @@ async fn online_row(dir: &Path, customer: &str) -> Option<Stored> {
 }
 
 /// The latest stored row per customer among `rows`.
-fn latest(rows: &[Stored]) -> std::collections::BTreeMap<String, Stored> {
+pub(crate) fn latest(rows: &[Stored]) -> std::collections::BTreeMap<String, Stored> {
     let mut out: std::collections::BTreeMap<String, Stored> = Default::default();
     for r in rows {
         if out.get(&r.customer).is_none_or(|l| l.ts < r.ts) {

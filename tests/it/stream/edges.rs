@@ -296,3 +296,64 @@ async fn a_streamed_event_log_aggregates_computed_columns() {
     let (status, _) = streamer.stop();
     assert!(status.success());
 }
+
+/// The write-time differential of `write_time.rs` through the stream: the same random
+/// raw rows (nulls, zeros, extremes, mixed case, both sides of the filter) as Kafka
+/// messages give the Delta rows and the online rows the hand evaluator computes, and
+/// the dropped rows and values not computed are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_raw_rows_store_what_the_hand_evaluator_computes() {
+    use crate::write_time::{FEATURES, delta_rows, latest, oracle, raw_json, raw_rows, stored_of, uncomputable};
+    let Some((brokers, redis)) = services("streamed_raw_rows_store_what_the_hand_evaluator_computes") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let project = unique("sraw");
+    let topic = format!("{project}_payments");
+    std::fs::write(
+        dir.join("quiver.yaml"),
+        format!("project: {project}\nregistry: registry.json\noffline_store:\n  path: data\nonline_store:\n  type: redis\n  url: {redis}\nkafka:\n  brokers: {brokers}\n"),
+    )
+    .unwrap();
+    // `payments` streams from the topic (its event log too, to be read the same way).
+    let features = FEATURES.replacen("      filter:", &format!("      stream: {{topic: {topic}, format: json}}\n      filter:"), 1);
+    std::fs::write(dir.join("features.yaml"), features).unwrap();
+    quiver_ok(&dir, &["apply"]);
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", &brokers).create().unwrap();
+    let created = admin.create_topics(&[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap();
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    let s = Setup { _tmp: tmp, dir: dir.clone(), topic, project: project.clone(), brokers, redis: redis.clone() };
+    let raw = raw_rows(300, 77);
+    produce_raw(&s, &raw.iter().map(|r| raw_json(r).to_string().into_bytes()).collect::<Vec<_>>()).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let streamer = start_with(&s, "a", &[], &["--metrics-port", &port.to_string()]);
+    let mut want: Vec<_> = raw.iter().filter_map(oracle).collect();
+    want.sort_by(|a, b| (&a.customer, a.ts).cmp(&(&b.customer, b.ts)));
+    let began = Instant::now();
+    let mut got = delta_rows(&dir).await;
+    while got.len() < want.len() && began.elapsed() < WAIT {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        got = delta_rows(&dir).await;
+    }
+    assert_eq!(got, want, "Delta holds what the hand evaluator computes");
+    let store = RedisStore::connect(&redis).await.unwrap();
+    for (customer, row) in latest(&want) {
+        let key = store_key(&project, "payments", &[KeyValue::Str(customer.clone())]);
+        loop {
+            let online = store.read(std::slice::from_ref(&key)).await.unwrap()[0].clone().map(|b| {
+                let decoded = OnlineRow::decode(&b).unwrap();
+                stored_of(customer.clone(), decoded.event_ts, &decoded.values)
+            });
+            if online.as_ref() == Some(&row) {
+                break;
+            }
+            assert!(began.elapsed() < WAIT, "{customer}: online {online:?}, want {row:?}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    let body = http_get(port, "/metrics");
+    assert_eq!(counter(&body, "quiver_stream_filtered_total"), (raw.len() - want.len()) as f64);
+    assert_eq!(counter(&body, "quiver_stream_uncomputed_total"), uncomputable(&raw) as f64);
+    let (status, _) = streamer.stop();
+    assert!(status.success());
+}
