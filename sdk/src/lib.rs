@@ -37,6 +37,7 @@ pub mod error;
 pub mod files;
 pub mod metrics;
 pub mod on_demand;
+pub mod profile;
 pub mod registry;
 pub mod rows;
 pub mod types;
