@@ -481,3 +481,33 @@ async fn raw_rows_are_checked_as_their_columns_say() {
     assert!(delta_rows(&dir).await.is_empty(), "nothing was written");
     assert_eq!(online_row(&dir, "c1").await, None);
 }
+
+/// A row that fails the filter is never written, so a later one never replaces an
+/// earlier row that passed: online and in the join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_row_failing_the_filter_never_replaces_one_that_passed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    repo(&dir);
+    let row = |ts: i64, cents: i64, status: &'static str| Raw {
+        customer: "c1".into(),
+        ts,
+        amount_cents: Some(cents),
+        status: Some(status),
+        country: Some("FR"),
+        items: Some(1),
+    };
+    write_jsonl(&dir.join("early.jsonl"), &[row(T0, 500, "ok")]);
+    write_jsonl(&dir.join("late.jsonl"), &[row(T0 + HOUR, 999_999, "failed")]);
+    ok(&dir, &["push", "payments", "early.jsonl"]);
+    fails(&dir, &["push", "payments", "late.jsonl"], &["all 1 rows fail the source filter"]);
+    let online = online_row(&dir, "c1").await.unwrap();
+    assert_eq!((online.ts, online.amount), (T0, Some(5.0)));
+    assert_eq!(delta_rows(&dir).await.len(), 1);
+    std::fs::write(dir.join("spine.csv"), format!("customer_id,event_timestamp\nc1,{}\n", rfc3339(T0 + 2 * HOUR))).unwrap();
+    ok(&dir, &["historical", "--spine", "spine.csv", "--features", "payments:amount", "--out", "out.parquet"]);
+    let file = File::open(dir.join("out.parquet")).unwrap();
+    let batch =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap().build().unwrap().next().unwrap().unwrap();
+    assert_eq!(batch.column_by_name("payments__amount").unwrap().as_primitive::<Float64Type>().value(0), 5.0);
+}
