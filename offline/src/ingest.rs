@@ -424,7 +424,8 @@ async fn still_current(mut table: deltalake::DeltaTable) -> Option<deltalake::De
 /// Rows of a view shaped by its write-time expressions ([`shape`]).
 #[derive(Debug, Clone)]
 pub struct Shaped {
-    /// Laid out as the view's rows ([`view_columns`]); none empty.
+    /// Of a view with write-time expressions: laid out as the view's rows
+    /// ([`view_columns`]), none empty. Of one without: as given, still to be conformed.
     pub batches: Vec<RecordBatch>,
     /// Rows read.
     pub read: usize,
@@ -444,9 +445,10 @@ pub fn write_transform(defs: &Definitions, view: &FeatureView, source: &str) -> 
     WriteTransform::new(defs, view).map_err(|e| Error::input(source, format!("feature view `{}`: {e}", view.name)))
 }
 
-/// Raw rows read as `transform`'s raw view (or the view's rows, without one) checked
-/// against it as [`conform_batches`] does, then shaped into the view's rows: the rows
-/// failing the filter dropped, the features computed.
+/// Raw rows read as `transform`'s raw view checked against it as [`conform_batches`]
+/// does, then shaped into the view's rows: the rows failing the filter dropped, the
+/// features computed. Without a transform, the rows as given (a view's rows are
+/// conformed where they are written, once).
 ///
 /// # Errors
 /// As [`conform_batches`], naming the raw columns.
@@ -460,7 +462,8 @@ pub fn shape(
 ) -> Result<Shaped> {
     let read = batches.iter().map(RecordBatch::num_rows).sum();
     let Some(transform) = transform else {
-        return Ok(Shaped { batches: conform_batches(defs, view, source, &batches, latest_event)?, read, dropped: 0, uncomputed: 0 });
+        // Rows stored as they come: checked once, by whoever writes them (`append`).
+        return Ok(Shaped { batches, read, dropped: 0, uncomputed: 0 });
     };
     let raw = conform_batches(defs, transform.raw_view(), source, &batches, latest_event)?;
     drop(batches);

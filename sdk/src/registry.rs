@@ -450,8 +450,8 @@ impl RegistryDoc {
 
     /// The changes in `new` that would break a view that holds data: a removed view, a
     /// changed key (entity list or join key type), a removed feature, a changed feature
-    /// type or write-time expression, a changed source filter, timestamp column or table
-    /// path. Adding features breaks nothing.
+    /// type or write-time expression, a changed source filter or raw column type, a
+    /// changed timestamp column or table path. Adding features breaks nothing.
     ///
     /// # Errors
     /// When the probe cannot tell whether a view holds data.
@@ -493,6 +493,15 @@ impl RegistryDoc {
                 }
             }
             let (a, b) = (&view.source, &next.source);
+            // A raw column's type is part of what an unchanged expression computes.
+            for raw in &a.raw {
+                if let Some(r) = b.raw.iter().find(|r| r.name == raw.name && r.dtype != raw.dtype) {
+                    add(format!(
+                        "raw column `{}` would change type from {} to {} (what the expressions reading it compute may change; --force to keep the rows stored)",
+                        raw.name, raw.dtype, r.dtype
+                    ));
+                }
+            }
             if a.filter != b.filter {
                 let text = |f: &Option<String>| f.as_ref().map_or_else(|| "none".to_string(), |f| format!("`{f}`"));
                 add(format!(

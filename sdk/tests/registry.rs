@@ -319,6 +319,10 @@ feature_views:
         ),
         (SHAPED.replace("cents > 0", "cents >= 0"), "its source filter would change from `cents > 0` to `cents >= 0`"),
         (SHAPED.replace("filter: \"cents > 0\", ", ""), "its source filter would change from `cents > 0` to none"),
+        (
+            SHAPED.replace("{name: cents, dtype: int64}", "{name: cents, dtype: float64}"),
+            "raw column `cents` would change type from int64 to float64",
+        ),
     ];
     for (text, expected) in &cases {
         let err = apply(&reg, "demo", &defs(text), &holding, false, t(2)).unwrap_err();

@@ -144,7 +144,12 @@ pub async fn push_batches(
         return Err(Error::Offline(quiver_offline::Error::Input { what: source.to_string(), message }));
     }
     let (dropped, uncomputed) = (shaped.dropped, shaped.uncomputed);
-    let conformed = shaped.batches;
+    // Shaped rows are the view's rows already; others are checked here, once.
+    let conformed = if transform.is_some() {
+        shaped.batches
+    } else {
+        quiver_offline::ingest::conform_batches(defs, view, source, &shaped.batches, Some(latest))?
+    };
     let rows = conformed.iter().map(RecordBatch::num_rows).sum();
     // An event log's online records come from its table: its events go there first.
     let offline_version = if target.offline() || view.is_event_log() {
