@@ -62,7 +62,7 @@ pub async fn ingest(
     let source = file.display().to_string();
     let transform = write_transform(defs, view, &source)?;
     let batches = read_file(file, defs, transform.as_ref().map_or(view, WriteTransform::raw_view))?;
-    let shaped = shape(defs, view, transform.as_ref(), &source, batches, Some(latest_event))?;
+    let shaped = shape(defs, transform.as_ref(), &source, batches, Some(latest_event))?;
     let mut report = append_shaped(location, defs, view, &source, shaped, AppendOptions::new(Some(latest_event)), progress).await?;
     report.seconds = start.elapsed().as_secs_f64();
     Ok(report)
@@ -454,7 +454,6 @@ pub fn write_transform(defs: &Definitions, view: &FeatureView, source: &str) -> 
 /// As [`conform_batches`], naming the raw columns.
 pub fn shape(
     defs: &Definitions,
-    view: &FeatureView,
     transform: Option<&WriteTransform>,
     source: &str,
     batches: Vec<RecordBatch>,

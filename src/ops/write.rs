@@ -136,7 +136,7 @@ impl<'a> Ingest<'a> {
         // A view with write-time expressions is read as its raw rows, then shaped.
         let (batches, source) = self.rows.read(&defs, transform.as_ref().map_or(view, WriteTransform::raw_view))?;
         let latest = Some(self.repo.event_horizon());
-        let shaped = quiver_offline::ingest::shape(&defs, view, transform.as_ref(), &source, batches, latest)?;
+        let shaped = quiver_offline::ingest::shape(&defs, transform.as_ref(), &source, batches, latest)?;
         let progress = self.progress.clone();
         let content = quiver_offline::ingest::Content { hash, allow_duplicate: self.allow_duplicate };
         let options = AppendOptions::new(latest).with_content(content);

@@ -138,7 +138,7 @@ pub async fn push_batches(
     check_target(view, target).map_err(Error::Config)?;
     let latest = config.event_horizon(chrono::Utc::now().timestamp_micros());
     let transform = quiver_offline::ingest::write_transform(defs, view, source)?;
-    let shaped = quiver_offline::ingest::shape(defs, view, transform.as_ref(), source, batches, Some(latest))?;
+    let shaped = quiver_offline::ingest::shape(defs, transform.as_ref(), source, batches, Some(latest))?;
     if shaped.batches.is_empty() && shaped.dropped > 0 {
         let message = format!("{}: nothing to push", quiver_offline::ingest::all_dropped(view, shaped.dropped));
         return Err(Error::Offline(quiver_offline::Error::Input { what: source.to_string(), message }));
