@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use quiver_sdk::Definitions;
+use quiver_sdk::profile::{Profile, ProfileDoc};
 
 use crate::Repo;
 use crate::error::{Error, Result};
@@ -70,7 +71,7 @@ pub struct Shard {
 }
 
 /// `manifest.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format_version: u32,
     pub training_set_id: String,
@@ -85,6 +86,11 @@ pub struct Manifest {
     pub schema: Vec<(String, String)>,
     pub rows: u64,
     pub shards: Vec<Shard>,
+    /// Each feature's profile over every row, by `view:feature` (docs/monitoring.md): the
+    /// reference `quiver monitor --reference training:DIR` compares with. Absent from
+    /// manifests written before profiles were.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub profile: BTreeMap<String, ProfileDoc>,
 }
 
 /// Where the spine came from and what it held.
@@ -214,6 +220,7 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
             schema: Vec::new(),
             rows: 0,
             shards: Vec::new(),
+            profile: BTreeMap::new(),
         },
         spine,
         defs: doc.definitions,
@@ -221,7 +228,7 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
 }
 
 /// What [`export`] or [`reproduce`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Exported {
     pub manifest: Manifest,
     /// Shards that were in the folder but damaged (their bytes no longer matched the
@@ -288,9 +295,18 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
     let per = manifest.options.shard_rows;
     let n_shards = n.div_ceil(per).max(1);
     let (mut written_now, mut joined_now, mut repaired) = (0usize, 0usize, Vec::new());
+    // A reproduction keeps the manifest's profile (the sketches are randomized); a
+    // finished export found again keeps its own.
+    let mut profiles = (expected.is_none() && (manifest.profile.is_empty() || done.len() as u64 != n_shards))
+        .then(|| TrainingProfile::new(&defs, &manifest.features));
     for k in 0..n_shards {
         let file = format!("part-{k:05}.{}", manifest.options.format.extension());
         if expected.is_none() && done.iter().any(|s| s.file == file) {
+            if let Some(p) = profiles.as_mut() {
+                for batch in read_shard(&out.join(&file), manifest.options.format)? {
+                    p.add(&batch);
+                }
+            }
             (hooks.progress)(k + 1, n_shards);
             continue;
         }
@@ -310,6 +326,9 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
             manifest.schema = joined.schema().fields().iter().map(|f| (f.name().clone(), f.data_type().to_string())).collect();
         }
         let bytes = encode(&out.join(&file), &joined, manifest.options.format)?;
+        if let Some(p) = profiles.as_mut() {
+            p.add(&joined);
+        }
         let shard = Shard { file, rows: joined.num_rows() as u64, sha256: sha256_hex(&bytes) };
         if let Some(expected) = expected {
             check_reproduces(out, expected, &shard)?;
@@ -333,8 +352,56 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
         written_now += 1;
         (hooks.shard_written)(written_now);
     }
+    if let Some(p) = profiles {
+        manifest.profile = p.finish();
+    }
     let manifest = finish(out, manifest, done)?;
     Ok(Exported { manifest, repaired, joined: joined_now })
+}
+
+/// The profile of a training set's features, built shard by shard.
+struct TrainingProfile {
+    /// Per feature: its reference, output column and type (`None`: not profiled).
+    columns: Vec<(String, String, Option<quiver_sdk::DType>)>,
+    profiles: Vec<Profile>,
+}
+
+impl TrainingProfile {
+    fn new(defs: &Definitions, features: &[ManifestFeature]) -> TrainingProfile {
+        let columns: Vec<_> = features
+            .iter()
+            .map(|f| {
+                let dtype = f.reference.parse().ok().and_then(|r| defs.feature_dtype(&r));
+                (f.reference.clone(), f.column.clone(), dtype)
+            })
+            .collect();
+        TrainingProfile { profiles: vec![Profile::default(); columns.len()], columns }
+    }
+
+    fn add(&mut self, batch: &RecordBatch) {
+        for ((_, column, dtype), profile) in self.columns.iter().zip(&mut self.profiles) {
+            if let (Some(dtype), Some(array)) = (dtype, batch.column_by_name(column)) {
+                profile.add_array(array.as_ref(), *dtype);
+            }
+        }
+    }
+
+    fn finish(self) -> BTreeMap<String, ProfileDoc> {
+        self.columns.into_iter().zip(self.profiles).filter(|((_, _, t), _)| t.is_some()).map(|((r, _, _), p)| (r, (&p).into())).collect()
+    }
+}
+
+/// A written shard's rows.
+fn read_shard(path: &Path, format: ShardFormat) -> Result<Vec<RecordBatch>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    match format {
+        ShardFormat::Parquet => parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .and_then(|b| b.build())
+            .map_err(|e| Error::Parquet { path: path.to_path_buf(), error: e })?
+            .map(|b| b.map_err(Error::from))
+            .collect(),
+        ShardFormat::Arrow => arrow::ipc::reader::FileReader::try_new(file, None)?.map(|b| b.map_err(Error::from)).collect(),
+    }
 }
 
 /// Whether the shard's file in `out` is there with the content it records.
@@ -356,6 +423,7 @@ fn listed_shards(out: &Path, manifest: &mut Manifest, reproducing: bool) -> Resu
         }
         if !reproducing {
             manifest.schema = existing.schema.clone();
+            manifest.profile = existing.profile;
         }
         return Ok(existing.shards);
     }
@@ -492,6 +560,8 @@ pub async fn reproduce(repo: &Repo, manifest_path: &Path, out: &Path, joiner: Jo
             ),
         ));
     }
+    let mut plan = plan;
+    plan.manifest.profile = original.profile.clone();
     let rebuilt = run(repo, plan, out, joiner, hooks, Some(&original.shards)).await?;
     if original.shards != rebuilt.manifest.shards {
         return Err(out_err(

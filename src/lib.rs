@@ -14,6 +14,7 @@ mod export;
 mod init;
 mod insights;
 mod materialize;
+pub mod monitor;
 pub mod ops;
 mod repo;
 mod server;

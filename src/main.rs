@@ -42,6 +42,7 @@ enum Command {
     Stream(cli::stream::Stream),
     Push(cli::ingest::Push),
     Verify(cli::verify::Verify),
+    Monitor(cli::monitor::Monitor),
     Doctor(cli::doctor::Doctor),
     Cluster(cli::cluster::Cluster),
 }
@@ -111,6 +112,7 @@ fn main() -> ExitCode {
         Command::Stream(c) => c.run(&ctx),
         Command::Push(c) => c.run(&ctx),
         Command::Verify(c) => c.run(&ctx),
+        Command::Monitor(c) => c.run(&ctx),
         Command::Doctor(c) => c.run(&ctx),
         Command::Cluster(c) => c.run(&ctx),
     };

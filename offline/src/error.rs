@@ -70,7 +70,7 @@ impl Error {
         Error::Delta { table: table.to_string(), error: Box::new(source) }
     }
 
-    pub(crate) fn query(table: impl std::fmt::Display, source: datafusion::error::DataFusionError) -> Self {
+    pub fn query(table: impl std::fmt::Display, source: datafusion::error::DataFusionError) -> Self {
         Error::Query { table: table.to_string(), error: Box::new(source) }
     }
 }

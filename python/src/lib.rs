@@ -235,6 +235,33 @@ fn export(
     })
 }
 
+/// `monitor`: `reference` against `current` (`training:DIR`, `offline:T1..T2`,
+/// `serving:T1..T2`) for a service's features or references; the report as JSON (also
+/// stored under `.quiver/monitor/`).
+#[pyfunction]
+#[pyo3(signature = (repo, reference, current, features = Vec::new(), service = None))]
+fn monitor(
+    py: Python<'_>,
+    repo: String,
+    reference: String,
+    current: String,
+    features: Vec<String>,
+    service: Option<String>,
+) -> PyResult<String> {
+    run(py, async move {
+        let repo = open(&repo)?;
+        let now = quiver::sdk::Timestamp::now();
+        let reference = quiver::monitor::Window::parse("reference", &reference, now)?;
+        let current = quiver::monitor::Window::parse("current", &current, now)?;
+        let op = repo.monitor(reference, current);
+        let op = match service {
+            Some(s) => op.with_service(s),
+            None => op.with_features(features),
+        };
+        Ok(serde_json::to_string(&op.await?.report)?)
+    })
+}
+
 /// One feature's sample check: (feature, compared, matches, mismatches, missing online,
 /// examples).
 type SampleReport = (String, u64, u64, u64, u64, Vec<String>);
@@ -402,6 +429,7 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(export, m)?)?;
     m.add_function(wrap_pyfunction!(verify_sample, m)?)?;
+    m.add_function(wrap_pyfunction!(monitor, m)?)?;
     m.add_function(wrap_pyfunction!(_sleep, m)?)?;
     Ok(())
 }

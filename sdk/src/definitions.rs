@@ -16,6 +16,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::aggregation::Aggregation;
 use crate::error::DefinitionError;
+use crate::monitoring::{Monitoring, Thresholds};
 use crate::types::{DType, KeyType, Ttl};
 
 /// One join key of an entity: a spine column and its type.
@@ -146,6 +147,9 @@ pub struct FeatureView {
     /// its `features` are the event columns they read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aggregations: Vec<Aggregation>,
+    /// Drift and skew thresholds of the view and its features (docs/monitoring.md).
+    #[serde(default, skip_serializing_if = "Monitoring::is_empty")]
+    pub monitoring: Monitoring,
 }
 
 impl FeatureView {
@@ -284,6 +288,9 @@ pub struct FeatureService {
     pub description: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
+    /// Drift and skew thresholds of its features (docs/monitoring.md).
+    #[serde(default, skip_serializing_if = "Thresholds::is_empty")]
+    pub monitoring: Thresholds,
 }
 
 /// The first definition in `value` (a [`Definitions`] document as JSON) that does not
@@ -612,7 +619,22 @@ impl FeatureView {
             tags: BTreeMap::new(),
             description: String::new(),
             aggregations: Vec::new(),
+            monitoring: Monitoring::default(),
         }
+    }
+
+    /// Sets the view's monitoring thresholds (docs/monitoring.md).
+    #[must_use]
+    pub fn with_monitoring(mut self, thresholds: Thresholds) -> Self {
+        self.monitoring.view = thresholds;
+        self
+    }
+
+    /// Sets one served feature's monitoring thresholds.
+    #[must_use]
+    pub fn with_feature_monitoring(mut self, feature: impl Into<String>, thresholds: Thresholds) -> Self {
+        self.monitoring.features.insert(feature.into(), thresholds);
+        self
     }
 
     /// Adds a windowed aggregation (making the view an event log).
@@ -676,13 +698,26 @@ impl FeatureView {
 
 impl FeatureService {
     pub fn new(name: impl Into<String>) -> Self {
-        FeatureService { name: name.into(), features: Vec::new(), description: String::new(), tags: BTreeMap::new() }
+        FeatureService {
+            name: name.into(),
+            features: Vec::new(),
+            description: String::new(),
+            tags: BTreeMap::new(),
+            monitoring: Thresholds::default(),
+        }
     }
 
     /// Adds `view:feature`.
     #[must_use]
     pub fn with_feature(mut self, view: impl Into<String>, feature: impl Into<String>) -> Self {
         self.features.push(FeatureRef::new(view, feature));
+        self
+    }
+
+    /// Sets the service's monitoring thresholds (docs/monitoring.md).
+    #[must_use]
+    pub fn with_monitoring(mut self, thresholds: Thresholds) -> Self {
+        self.monitoring = thresholds;
         self
     }
 }

@@ -64,6 +64,9 @@ pub enum DefinitionError {
     /// A write-time expression refused; `what` is ``feature `x` `` or `source filter`.
     #[error("feature view `{view}`, {what}: `{expr}`: {reason}")]
     BadWriteExpression { view: String, what: String, expr: String, reason: String },
+    /// Monitoring thresholds refused; `what` is ``feature view `x` `` and the like.
+    #[error("{what}: {reason}")]
+    Monitoring { what: String, reason: String },
     #[error("{0}")]
     Yaml(String),
     /// A definition given as JSON (from Python) whose shape is wrong, named by what it

@@ -36,6 +36,7 @@ pub mod encoding;
 pub mod error;
 pub mod files;
 pub mod metrics;
+pub mod monitoring;
 pub mod on_demand;
 pub mod profile;
 pub mod registry;

@@ -244,6 +244,63 @@ impl Profile {
     }
 }
 
+impl Profile {
+    /// Adds one value (as the online store serves it): what [`Profile::add_array`] does
+    /// for a row of a column, so a served value and the same value in a training set
+    /// profile alike.
+    pub fn add_value(&mut self, value: &crate::encoding::Value) {
+        use crate::encoding::Value as V;
+        self.count += 1;
+        let numbers = |p: &mut Profile, x: f64| p.numbers.get_or_insert_with(Numbers::default).add(x);
+        let categories = |p: &mut Profile, x: &str| p.categories.get_or_insert_with(Categories::default).add(x);
+        let lengths = |p: &mut Profile, n: usize| p.lengths.get_or_insert_with(Numbers::default).add(n as f64);
+        match value {
+            V::Null => self.nulls += 1,
+            V::Int32(x) => numbers(self, f64::from(*x)),
+            V::Int64(x) | V::Timestamp(x) => numbers(self, *x as f64),
+            V::Float32(x) => numbers(self, f64::from(*x)),
+            V::Float64(x) => numbers(self, *x),
+            V::Bool(x) => categories(self, if *x { "true" } else { "false" }),
+            V::String(x) => categories(self, x),
+            V::Bytes(_) => {}
+            V::ListInt64(x) => lengths(self, x.len()),
+            V::ListFloat32(x) => lengths(self, x.len()),
+            V::ListFloat64(x) => lengths(self, x.len()),
+            V::ListString(x) => lengths(self, x.len()),
+        }
+    }
+
+    /// Adds one value of a feature of `dtype` as the server wrote it in JSON (the
+    /// serving log's form: numbers, RFC 3339 text for times, arrays for lists and bytes).
+    ///
+    /// # Errors
+    /// A value that is not of the form `dtype` is written in.
+    pub fn add_json(&mut self, value: &serde_json::Value, dtype: DType) -> Result<(), String> {
+        use serde_json::Value as J;
+        let wrong = || format!("`{value}` is not a {dtype} value");
+        self.count += 1;
+        match (value, dtype) {
+            (J::Null, _) => self.nulls += 1,
+            (J::Number(n), DType::Int32 | DType::Int64 | DType::Float32 | DType::Float64) => {
+                self.numbers.get_or_insert_with(Numbers::default).add(n.as_f64().ok_or_else(wrong)?);
+            }
+            (J::String(t), DType::Timestamp) => {
+                let us = crate::rows::parse_instant(t).map_err(|_| wrong())?;
+                self.numbers.get_or_insert_with(Numbers::default).add(us as f64);
+            }
+            (J::Bool(b), DType::Bool) => self.categories.get_or_insert_with(Categories::default).add(if *b { "true" } else { "false" }),
+            (J::String(t), DType::String) => self.categories.get_or_insert_with(Categories::default).add(t),
+            (J::Array(_), DType::Bytes) => {}
+            (J::Array(items), DType::List(_)) => self.lengths.get_or_insert_with(Numbers::default).add(items.len() as f64),
+            _ => {
+                self.count -= 1;
+                return Err(wrong());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A profile as JSON (a manifest's, a stored report's): the counts, the numbers'
 /// moments, the most frequent values, and each sketch as hex of its DataSketches bytes,
 /// so a profile read back merges and compares as the one written.
@@ -373,22 +430,44 @@ fn merge_into<T: Clone + Default>(into: &mut Option<T>, from: &Option<T>, merge:
 /// The proportion floor in PSI: an empty bin counts as this share (else PSI is infinite).
 pub const PSI_FLOOR: f64 = 1e-4;
 
+/// The reference's decile bins and each distribution's share of values in them: bin
+/// `i` holds the values above `edges[i - 1]` (none for the first) up to `edges[i]`
+/// inclusive; the last holds those above the last edge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bins {
+    pub edges: Vec<f64>,
+    pub reference: Vec<f64>,
+    pub current: Vec<f64>,
+}
+
+impl Bins {
+    /// `current`'s and `reference`'s shares over `reference`'s deciles (equal edges
+    /// merged); `None` when either has no numbers.
+    pub fn deciles(reference: &Numbers, current: &Numbers) -> Option<Bins> {
+        let edges = decile_edges(reference)?;
+        let shares = |p: &Numbers| -> Option<Vec<f64>> {
+            let mut out = Vec::with_capacity(edges.len() + 1);
+            let mut below = 0.0;
+            for e in &edges {
+                let at = p.cdf(*e)?;
+                out.push(at - below);
+                below = at;
+            }
+            out.push(1.0 - below);
+            Some(out)
+        };
+        Some(Bins { reference: shares(reference)?, current: shares(current)?, edges })
+    }
+
+    pub fn psi(&self) -> f64 {
+        psi(&self.reference, &self.current)
+    }
+}
+
 /// The population stability index of `current` against `reference` over the
 /// reference's decile bins (equal edges merged); `None` when either has no numbers.
 pub fn psi_numbers(reference: &Numbers, current: &Numbers) -> Option<f64> {
-    let edges = decile_edges(reference)?;
-    let shares = |p: &Numbers| -> Option<Vec<f64>> {
-        let mut out = Vec::with_capacity(edges.len() + 1);
-        let mut below = 0.0;
-        for e in &edges {
-            let at = p.cdf(*e)?;
-            out.push(at - below);
-            below = at;
-        }
-        out.push(1.0 - below);
-        Some(out)
-    };
-    Some(psi(&shares(reference)?, &shares(current)?))
+    Bins::deciles(reference, current).map(|b| b.psi())
 }
 
 /// The edges of `profile`'s decile bins: its values at 10%, ..., 90%, each once.

@@ -59,7 +59,8 @@ impl Definitions {
         self.check_entities()?;
         self.check_views()?;
         self.check_on_demand_views()?;
-        self.check_services()
+        self.check_services()?;
+        self.check_monitoring()
     }
 
     /// On-demand views (docs/transformations.md): names, inputs defined before them,

@@ -11,6 +11,7 @@ use crate::definitions::{
     Definitions, Entity, Feature, FeatureRef, FeatureService, FeatureView, JoinKey, OnDemandFeature, OnDemandView, Source,
 };
 use crate::error::{DefinitionError, Error, Result};
+use crate::monitoring::{Monitoring, Thresholds};
 use crate::types::{DTYPE_NAMES, DType, KeyType, Ttl};
 
 #[derive(Deserialize, Default)]
@@ -40,6 +41,8 @@ struct RawOnDemandView {
     description: String,
     #[serde(default)]
     tags: BTreeMap<String, String>,
+    #[serde(default)]
+    monitoring: Option<Thresholds>,
 }
 
 #[derive(Deserialize)]
@@ -50,6 +53,8 @@ struct RawComputed {
     expr: String,
     #[serde(default)]
     description: String,
+    #[serde(default)]
+    monitoring: Option<Thresholds>,
 }
 
 #[derive(Deserialize)]
@@ -91,6 +96,8 @@ struct RawView {
     description: String,
     #[serde(default)]
     aggregations: Vec<RawAggregation>,
+    #[serde(default)]
+    monitoring: Option<Thresholds>,
 }
 
 #[derive(Deserialize)]
@@ -107,6 +114,8 @@ struct RawAggregation {
     k: Option<u32>,
     #[serde(default)]
     description: String,
+    #[serde(default)]
+    monitoring: Option<Thresholds>,
 }
 
 #[derive(Deserialize)]
@@ -118,6 +127,8 @@ struct RawFeature {
     description: String,
     #[serde(default)]
     expr: String,
+    #[serde(default)]
+    monitoring: Option<Thresholds>,
 }
 
 #[derive(Deserialize)]
@@ -130,6 +141,8 @@ struct RawService {
     description: String,
     #[serde(default)]
     tags: BTreeMap<String, String>,
+    #[serde(default)]
+    monitoring: Option<Thresholds>,
 }
 
 /// Parses and validates the text of a `features.yaml`.
@@ -192,7 +205,16 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
     }
     for v in raw.feature_views.unwrap_or_default() {
         let mut features = Vec::new();
+        let mut monitoring = Monitoring { view: v.monitoring.unwrap_or_default(), features: BTreeMap::new() };
+        for a in &v.aggregations {
+            if let Some(t) = a.monitoring {
+                monitoring.features.insert(a.name.clone(), t);
+            }
+        }
         for f in v.features {
+            if let Some(t) = f.monitoring {
+                monitoring.features.insert(f.name.clone(), t);
+            }
             let dtype: DType = f.dtype.parse().map_err(|_| DefinitionError::BadDtype {
                 view: v.name.clone(),
                 feature: f.name.clone(),
@@ -213,6 +235,7 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
             tags: v.tags,
             description: v.description,
             aggregations,
+            monitoring,
         });
     }
     for s in raw.feature_services.unwrap_or_default() {
@@ -221,7 +244,13 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
             let r: FeatureRef = text.parse().map_err(|_| DefinitionError::BadFeatureRef { service: s.name.clone(), got: text.clone() })?;
             features.push(r);
         }
-        defs.feature_services.push(FeatureService { name: s.name, features, description: s.description, tags: s.tags });
+        defs.feature_services.push(FeatureService {
+            name: s.name,
+            features,
+            description: s.description,
+            tags: s.tags,
+            monitoring: s.monitoring.unwrap_or_default(),
+        });
     }
     for v in raw.on_demand_views.unwrap_or_default() {
         let dtype = |what: &str, name: &str, text: &str| -> Result<DType, DefinitionError> {
@@ -232,6 +261,12 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
         };
         let mut request = Vec::new();
         for f in &v.request {
+            if f.monitoring.is_some() {
+                return Err(DefinitionError::OnDemand {
+                    view: v.name.clone(),
+                    reason: format!("request field `{}` has `monitoring` (monitor the features computed from it)", f.name),
+                });
+            }
             if !f.expr.is_empty() {
                 return Err(DefinitionError::OnDemand {
                     view: v.name.clone(),
@@ -246,7 +281,11 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
             });
         }
         let mut features = Vec::new();
+        let mut monitoring = Monitoring { view: v.monitoring.unwrap_or_default(), features: BTreeMap::new() };
         for f in &v.features {
+            if let Some(t) = f.monitoring {
+                monitoring.features.insert(f.name.clone(), t);
+            }
             features.push(OnDemandFeature {
                 name: f.name.clone(),
                 dtype: dtype("feature", &f.name, &f.dtype)?,
@@ -261,6 +300,7 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
             features,
             description: v.description,
             tags: v.tags,
+            monitoring,
         });
     }
     Ok(defs)

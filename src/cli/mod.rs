@@ -9,6 +9,7 @@ pub mod historical;
 pub mod ingest;
 pub mod init;
 pub mod materialize;
+pub mod monitor;
 pub mod online;
 pub mod registry;
 pub mod serve;

@@ -13,6 +13,7 @@ mod common;
 mod export;
 mod feast_sdk;
 mod materialize_incremental;
+mod monitor;
 mod object_store;
 mod on_demand;
 mod online_consistency;

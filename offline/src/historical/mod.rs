@@ -40,7 +40,7 @@ use scan::{Scan, ScanRange, scan_view_at};
 pub use events::{EntityEvents, events_since};
 pub use latest::{Latest, Window, latest_per_entity};
 pub use output::write_parquet;
-pub use scan::{TableSummary, read_view, table_summary, table_versions};
+pub use scan::{TableSummary, read_view, table_summary, table_versions, window_streams};
 pub use spine::{SPINE_TIMESTAMP, read_spine};
 
 /// The requested features of one view, and those on-demand features read of it.

@@ -168,6 +168,49 @@ pub async fn read_view(config: &Config, defs: &Definitions, view: &FeatureView) 
     Ok(scan_view_at(&location, defs, view, &features, ScanRange::all()).await?.batches)
 }
 
+/// A view's rows with event times in `since..until`, their `features` only, as
+/// DataFusion reads them: one stream per partition, so a caller consumes them on every
+/// core (monitoring's offline windows). Each feature's column in the streams' batches,
+/// or `None` when the table lacks it (a feature added after the rows were written).
+/// `None` when the view has no table.
+///
+/// # Errors
+/// [`Error::Delta`]/[`Error::Query`] when the table cannot be read.
+pub async fn window_streams(
+    config: &Config,
+    view: &FeatureView,
+    features: &[&str],
+    since: i64,
+    until: i64,
+) -> Result<Option<(Vec<datafusion::execution::SendableRecordBatchStream>, Vec<Option<usize>>)>> {
+    let location = config.view_table(view);
+    let name = &location.to_string();
+    let Some(table) = open_table(&location).await? else {
+        return Ok(None);
+    };
+    let query = |source| Error::query(name, source);
+    let df = read_table(&table, name).await?;
+    let available: Vec<String> = df.schema().fields().iter().map(|f| f.name().clone()).collect();
+    let mut select = Vec::new();
+    let columns: Vec<Option<usize>> = features
+        .iter()
+        .map(|f| {
+            available.iter().any(|a| a == f).then(|| {
+                select.push(ident(*f));
+                select.len() - 1
+            })
+        })
+        .collect();
+    if select.is_empty() {
+        // Only counted: read the times alone.
+        select.push(ident(&view.source.timestamp_field));
+    }
+    let ts = ident(&view.source.timestamp_field);
+    let filter = ts.clone().gt_eq(ts_literal(since)).and(ts.lt(ts_literal(until)));
+    let df = df.filter(filter).map_err(query)?.select(select).map_err(query)?;
+    Ok(Some((df.execute_stream_partitioned().await.map_err(query)?, columns)))
+}
+
 /// The latest Delta version of each view's table (`None`: no table yet).
 ///
 /// # Errors

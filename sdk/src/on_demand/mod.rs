@@ -34,6 +34,9 @@ pub struct OnDemandView {
     pub description: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
+    /// Drift and skew thresholds of the view and its features (docs/monitoring.md).
+    #[serde(default, skip_serializing_if = "crate::monitoring::Monitoring::is_empty")]
+    pub monitoring: crate::monitoring::Monitoring,
 }
 
 /// One feature of an on-demand view: a typed SQL scalar expression.
@@ -62,6 +65,7 @@ impl OnDemandView {
             features: Vec::new(),
             description: String::new(),
             tags: BTreeMap::new(),
+            monitoring: crate::monitoring::Monitoring::default(),
         }
     }
 

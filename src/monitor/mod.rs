@@ -1,0 +1,262 @@
+//! Monitoring (docs/monitoring.md): profiles of a reference and a current window
+//! compared feature by feature — PSI over the reference's deciles or categories, the
+//! Kolmogorov–Smirnov distance, the null rate's change, the `NOT_FOUND` rate — against
+//! each feature's limits, into a [`MonitorReport`] stored under `.quiver/monitor/`.
+//!
+//! Where profiles come from is [`sources`]: a training set's manifest, a view's Delta
+//! rows by event time, the serving log by request time. The statistics themselves are
+//! `quiver_sdk::profile`'s.
+
+pub mod sources;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use quiver_sdk::monitoring::Limits;
+use quiver_sdk::profile::{Bins, Profile, ks, psi_categories};
+use quiver_sdk::rows::format_instant;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Where stored reports live, under the repository.
+pub const REPORTS_DIR: &str = ".quiver/monitor";
+
+/// A window of data to profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Window {
+    /// The training set exported to this folder (its manifest's profile).
+    Training(PathBuf),
+    /// Views' Delta rows with event times in `since..until` (UTC microseconds).
+    Offline { since: i64, until: i64 },
+    /// The serving log's rows with request times in `since..until`.
+    Serving { since: i64, until: i64 },
+}
+
+impl Window {
+    /// `training:DIR`, `offline:T1..T2` or `serving:T1..T2`, each time in the one time
+    /// grammar ([`crate::ops::parse_time`]: RFC 3339, a date, `now`, `2h` before now).
+    /// `what` names the argument in errors.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming `what` and the text.
+    ///
+    /// ```
+    /// use quiver::monitor::Window;
+    /// use quiver::sdk::Timestamp;
+    /// let w = Window::parse("--current", "serving:2026-01-01..2026-01-02", Timestamp(0)).unwrap();
+    /// assert_eq!(w, Window::Serving { since: 1_767_225_600_000_000, until: 1_767_312_000_000_000 });
+    /// assert!(Window::parse("--current", "serving:2026-01-02..2026-01-01", Timestamp(0)).is_err());
+    /// ```
+    pub fn parse(what: &str, text: &str, now: quiver_sdk::Timestamp) -> Result<Window> {
+        let expected = "expected training:DIR, offline:T1..T2 or serving:T1..T2";
+        let bad = |m: String| Error::Invalid(format!("{what} `{text}`: {m}"));
+        let (kind, rest) = text.split_once(':').ok_or_else(|| bad(expected.into()))?;
+        if kind == "training" {
+            if rest.is_empty() {
+                return Err(bad("no folder after `training:`".into()));
+            }
+            return Ok(Window::Training(PathBuf::from(rest)));
+        }
+        if kind != "offline" && kind != "serving" {
+            return Err(bad(format!("unknown window kind `{kind}` ({expected})")));
+        }
+        let (a, b) = rest.split_once("..").ok_or_else(|| bad(format!("no `..` between the window's two times ({expected})")))?;
+        let since = crate::ops::parse_time(what, a, now)?.0;
+        let until = crate::ops::parse_time(what, b, now)?.0;
+        if since >= until {
+            return Err(bad(format!("{} is not before {}", format_instant(since), format_instant(until))));
+        }
+        Ok(if kind == "offline" { Window::Offline { since, until } } else { Window::Serving { since, until } })
+    }
+
+    /// As written in reports: `training:/abs/dir`, `offline:2026-...Z..2026-...Z`.
+    pub fn describe(&self) -> String {
+        match self {
+            Window::Training(dir) => format!("training:{}", dir.display()),
+            Window::Offline { since, until } => format!("offline:{}..{}", format_instant(*since), format_instant(*until)),
+            Window::Serving { since, until } => format!("serving:{}..{}", format_instant(*since), format_instant(*until)),
+        }
+    }
+}
+
+/// A comparison of two windows, feature by feature (docs/monitoring.md's JSON shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MonitorReport {
+    pub reference: String,
+    pub current: String,
+    /// When the comparison was made (RFC 3339).
+    pub created_at: String,
+    /// The feature service monitored, if one was named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    pub features: Vec<FeatureDrift>,
+}
+
+impl MonitorReport {
+    /// Whether any feature crossed a threshold.
+    pub fn breached(&self) -> bool {
+        self.features.iter().any(|f| !f.breaches.is_empty())
+    }
+}
+
+/// One feature's statistics, limits and breaches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeatureDrift {
+    /// `view:feature`.
+    pub feature: String,
+    /// `numeric`, `categorical`, `list` (statistics of lengths) or `other` (bytes: null
+    /// rates only).
+    pub kind: String,
+    /// `None` when there are no values to compare on either side.
+    pub psi: Option<f64>,
+    /// Numbers and list lengths only.
+    pub ks: Option<f64>,
+    pub null_rate: Rates,
+    /// Of a serving window: the share of lookups that found no row.
+    pub not_found_rate: Option<f64>,
+    /// Of a serving window: the share of lookups whose row was past the view's TTL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outside_max_age_rate: Option<f64>,
+    /// Values profiled on each side (nulls included).
+    pub count: Counts,
+    pub limits: Limits,
+    /// Which statistics crossed their limit: `psi`, `ks`, `null_rate`, `not_found_rate`.
+    pub breaches: Vec<String>,
+    /// The decile bins PSI was computed over, with each side's shares (numbers, list lengths).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bins: Option<Bins>,
+    /// The categories PSI was computed over, with each side's shares; the last is "other".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub categories: Option<CategoryShares>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Rates {
+    pub reference: Option<f64>,
+    pub current: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub reference: u64,
+    pub current: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CategoryShares {
+    pub values: Vec<String>,
+    pub reference: Vec<f64>,
+    pub current: Vec<f64>,
+}
+
+/// Compares one feature's reference and current profiles against `limits`.
+pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Limits) -> FeatureDrift {
+    let (mut psi, mut ks_distance, mut bins, mut categories) = (None, None, None, None);
+    let kind = match (&reference.numbers, &reference.categories, &reference.lengths) {
+        (Some(_), _, _) | (None, None, Some(_)) => {
+            let numbers = |p: &Profile| if reference.numbers.is_some() { p.numbers.clone() } else { p.lengths.clone() };
+            if let (Some(r), Some(c)) = (numbers(reference), numbers(current)) {
+                bins = Bins::deciles(&r, &c);
+                psi = bins.as_ref().map(Bins::psi);
+                ks_distance = ks(&r, &c);
+            }
+            if reference.numbers.is_some() { "numeric" } else { "list" }
+        }
+        (None, Some(r), _) => {
+            if let Some(c) = &current.categories {
+                psi = psi_categories(r, c);
+                let top = r.top();
+                let share = |n: u64, total: u64| n as f64 / total.max(1) as f64;
+                let mut rs: Vec<f64> = top.iter().map(|(_, n)| share(*n, r.total())).collect();
+                let mut cs: Vec<f64> = top.iter().map(|(v, _)| share(c.count(v), c.total())).collect();
+                rs.push((1.0 - rs.iter().sum::<f64>()).max(0.0));
+                cs.push((1.0 - cs.iter().sum::<f64>()).max(0.0));
+                let mut values: Vec<String> = top.into_iter().map(|(v, _)| v).collect();
+                values.push("(other)".into());
+                categories = Some(CategoryShares { values, reference: rs, current: cs });
+            }
+            "categorical"
+        }
+        // The reference has no values (all null, or bytes): the current's kind, if any.
+        (None, None, None) => match (&current.numbers, &current.categories, &current.lengths) {
+            (Some(_), _, _) => "numeric",
+            (None, Some(_), _) => "categorical",
+            (None, None, Some(_)) => "list",
+            _ => "other",
+        },
+    };
+    let lookups = current.count;
+    let share = |n: u64| (lookups > 0).then(|| n as f64 / lookups as f64);
+    let online = current.not_found + current.outside_max_age > 0 || reference.not_found + reference.outside_max_age > 0;
+    let (not_found_rate, outside_max_age_rate) = (share(current.not_found), share(current.outside_max_age));
+    let null_rate = Rates { reference: reference.null_rate(), current: current.null_rate() };
+    let mut breaches = Vec::new();
+    if psi.is_some_and(|p| p > limits.psi) {
+        breaches.push("psi".to_string());
+    }
+    if ks_distance.is_some_and(|k| k > limits.ks) {
+        breaches.push("ks".to_string());
+    }
+    if let (Some(r), Some(c)) = (null_rate.reference, null_rate.current)
+        && (c - r).abs() > limits.null_rate
+    {
+        breaches.push("null_rate".to_string());
+    }
+    if let (Some(limit), Some(rate)) = (limits.not_found_rate, not_found_rate)
+        && rate > limit
+    {
+        breaches.push("not_found_rate".to_string());
+    }
+    FeatureDrift {
+        feature: feature.to_string(),
+        kind: kind.to_string(),
+        psi,
+        ks: ks_distance,
+        null_rate,
+        not_found_rate,
+        outside_max_age_rate: outside_max_age_rate.filter(|_| online),
+        count: Counts { reference: reference.count, current: current.count },
+        limits,
+        breaches,
+        bins,
+        categories,
+    }
+}
+
+/// Writes `report` under the repository's [`REPORTS_DIR`], named by its time and
+/// windows' hash, atomically; returns the path.
+///
+/// # Errors
+/// When the folder or the file cannot be written.
+pub fn store(repo_dir: &Path, report: &MonitorReport) -> Result<PathBuf> {
+    use sha2::Digest;
+    let dir = repo_dir.join(REPORTS_DIR);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let stamp: String = report.created_at.chars().filter(char::is_ascii_alphanumeric).collect();
+    let what = format!("{} {} {:?}", report.reference, report.current, report.service);
+    let hash: String = sha2::Sha256::digest(what.as_bytes()).iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let path = dir.join(format!("{stamp}-{hash}.json"));
+    crate::export::write_atomic(&path, &serde_json::to_vec_pretty(report).expect("a report serialises"))?;
+    Ok(path)
+}
+
+/// The stored reports, oldest first; unreadable files are skipped.
+///
+/// # Errors
+/// When the folder exists and cannot be listed.
+pub fn stored(repo_dir: &Path) -> Result<Vec<MonitorReport>> {
+    let dir = repo_dir.join(REPORTS_DIR);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(&dir, e)),
+    };
+    let mut paths: Vec<PathBuf> =
+        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+    paths.sort();
+    Ok(paths.iter().filter_map(|p| serde_json::from_slice(&std::fs::read(p).ok()?).ok()).collect())
+}
+
+/// Profiles keyed by `view:feature`.
+pub type Profiles = BTreeMap<String, Profile>;

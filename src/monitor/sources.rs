@@ -1,0 +1,204 @@
+//! Where profiles come from: a training set's manifest, a view's Delta rows by event
+//! time (partitions profiled on every core, then merged), the serving log by request
+//! time (each logged value as the server wrote it).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use futures::StreamExt;
+use quiver_sdk::profile::{Profile, ProfileDoc};
+use quiver_sdk::rows::format_instant;
+use quiver_sdk::{DType, Definitions, FeatureRef};
+
+use super::{Profiles, Window};
+use crate::error::{Error, Result};
+use crate::export::Manifest;
+use crate::repo::Repo;
+
+/// The profiles of `features` over `window`, keyed by `view:feature`.
+///
+/// # Errors
+/// [`Error::Invalid`] for a window holding none of a view's rows, a training set
+/// without a profile or without a feature, a feature an offline window cannot profile;
+/// the stores' errors.
+pub async fn profiles(repo: &Repo, defs: &Definitions, window: &Window, features: &[FeatureRef]) -> Result<Profiles> {
+    match window {
+        Window::Training(dir) => training(dir, features),
+        Window::Offline { since, until } => offline(repo, defs, features, *since, *until).await,
+        Window::Serving { since, until } => serving(repo, defs, features, *since, *until).await,
+    }
+}
+
+/// The profile `export` wrote into `dir`'s manifest.
+fn training(dir: &Path, features: &[FeatureRef]) -> Result<Profiles> {
+    let path = dir.join("manifest.json");
+    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+    let manifest: Manifest =
+        serde_json::from_slice(&bytes).map_err(|e| Error::Invalid(format!("{}: not a training set's manifest: {e}", path.display())))?;
+    if manifest.profile.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{}: the manifest has no profile (exported before export wrote profiles); export the training set again",
+            path.display()
+        )));
+    }
+    let mut out = Profiles::new();
+    for f in features {
+        let name = f.to_string();
+        let doc: &ProfileDoc = manifest.profile.get(&name).ok_or_else(|| {
+            Error::Invalid(format!(
+                "the training set in {} has no feature `{name}` (it holds: {})",
+                dir.display(),
+                manifest.profile.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let profile = Profile::try_from(doc).map_err(|e| Error::Invalid(format!("{}: feature `{name}`: {e}", path.display())))?;
+        out.insert(name, profile);
+    }
+    Ok(out)
+}
+
+/// The profiles of stored features over views' Delta rows with event times in the window.
+async fn offline(repo: &Repo, defs: &Definitions, features: &[FeatureRef], since: i64, until: i64) -> Result<Profiles> {
+    let window = || format!("offline:{}..{}", format_instant(since), format_instant(until));
+    let mut by_view: BTreeMap<&str, Vec<(&FeatureRef, DType)>> = BTreeMap::new();
+    for f in features {
+        let Some(view) = defs.feature_view(&f.view) else {
+            return Err(Error::Invalid(format!(
+                "{}: `{f}` is an on-demand feature, computed at request time and stored nowhere; compare it over a training set or a serving window",
+                window()
+            )));
+        };
+        let Some(stored) = view.features.iter().find(|s| s.name == f.feature).filter(|_| view.aggregations.is_empty()) else {
+            return Err(Error::Invalid(format!(
+                "{}: `{f}` is an aggregation of an event log, answered at a time and stored nowhere; compare it over a training set or a serving window",
+                window()
+            )));
+        };
+        by_view.entry(&view.name).or_default().push((f, stored.dtype));
+    }
+    let mut out = Profiles::new();
+    for (name, wanted) in by_view {
+        let view = defs.feature_view(name).expect("found above");
+        let names: Vec<&str> = wanted.iter().map(|(f, _)| f.feature.as_str()).collect();
+        let dtypes: Vec<DType> = wanted.iter().map(|(_, t)| *t).collect();
+        let Some((streams, columns)) = quiver_offline::historical::window_streams(&repo.config, view, &names, since, until).await? else {
+            return Err(Error::Invalid(format!(
+                "{}: feature view `{name}` has no Delta table yet (ingest or stream into it first)",
+                window()
+            )));
+        };
+        let table = repo.config.view_table(view).to_string();
+        let tasks: Vec<_> = streams
+            .into_iter()
+            .map(|mut stream| {
+                let (columns, dtypes, table) = (columns.clone(), dtypes.clone(), table.clone());
+                tokio::spawn(async move {
+                    let mut profiles = vec![Profile::default(); columns.len()];
+                    while let Some(batch) = stream.next().await {
+                        let batch = batch.map_err(|e| quiver_offline::Error::query(&table, e))?;
+                        for ((column, dtype), profile) in columns.iter().zip(&dtypes).zip(&mut profiles) {
+                            match column {
+                                Some(c) => {
+                                    // As written (a reader may hand strings over as views).
+                                    let want = quiver_offline::schema::arrow_type(*dtype);
+                                    let column = batch.column(*c);
+                                    if column.data_type() == &want {
+                                        profile.add_array(column.as_ref(), *dtype);
+                                    } else {
+                                        let cast = arrow::compute::cast(column, &want).map_err(quiver_offline::Error::from)?;
+                                        profile.add_array(cast.as_ref(), *dtype);
+                                    }
+                                }
+                                // A feature added after these rows were written: null in them.
+                                None => {
+                                    profile.count += batch.num_rows() as u64;
+                                    profile.nulls += batch.num_rows() as u64;
+                                }
+                            }
+                        }
+                    }
+                    Ok::<_, quiver_offline::Error>(profiles)
+                })
+            })
+            .collect();
+        let mut merged = vec![Profile::default(); columns.len()];
+        for task in tasks {
+            let profiles = task.await.map_err(|e| Error::Invalid(format!("profiling feature view `{name}`: {e}")))??;
+            for (m, p) in merged.iter_mut().zip(&profiles) {
+                m.merge(p);
+            }
+        }
+        if merged.first().is_none_or(|p| p.count == 0) {
+            return Err(Error::Invalid(format!("{}: no rows of feature view `{name}` have event times in the window", window())));
+        }
+        for ((f, _), p) in wanted.iter().zip(merged) {
+            out.insert(f.to_string(), p);
+        }
+    }
+    Ok(out)
+}
+
+/// The profiles of what was served with request times in the window, from the serving
+/// log: every logged lookup of a feature counts, `NOT_FOUND` and `OUTSIDE_MAX_AGE`
+/// (served as null) among the nulls and in their own shares.
+async fn serving(repo: &Repo, defs: &Definitions, features: &[FeatureRef], since: i64, until: i64) -> Result<Profiles> {
+    let window = || format!("serving:{}..{}", format_instant(since), format_instant(until));
+    // Per view asked for: whether the window logged it, and its features' profiles.
+    let mut views: Vec<(&str, bool, Vec<(&str, DType, Profile)>)> = Vec::new();
+    for f in features {
+        let dtype = defs.feature_dtype(f).ok_or_else(|| Error::NotFound(format!("unknown feature `{f}`")))?;
+        let at = match views.iter().position(|v| v.0 == f.view) {
+            Some(at) => at,
+            None => {
+                views.push((f.view.as_str(), false, Vec::new()));
+                views.len() - 1
+            }
+        };
+        views[at].2.push((f.feature.as_str(), dtype, Profile::default()));
+    }
+    let location = &repo.config.serving_log.location;
+    let batches = crate::serving_log::read(location, quiver_sdk::Timestamp(since)..quiver_sdk::Timestamp(until)).await?;
+    for batch in &batches {
+        for r in 0..batch.num_rows() {
+            let Some((view, seen, profiles)) = views.iter_mut().find(|v| v.0 == batch.view(r)) else {
+                continue;
+            };
+            *seen = true;
+            let bad = |what: &str, e: String| {
+                Error::Invalid(format!("serving log {location}, request {}: {what} of view `{view}`: {e}", batch.request_id(r)))
+            };
+            let values: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(batch.values(r)).map_err(|e| bad("values", e.to_string()))?;
+            let statuses: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(batch.statuses(r)).map_err(|e| bad("statuses", e.to_string()))?;
+            for (feature, dtype, profile) in profiles.iter_mut() {
+                // A request that did not ask for this feature.
+                let Some(value) = values.get(*feature) else {
+                    continue;
+                };
+                profile.add_json(value, *dtype).map_err(|e| bad(&format!("feature `{feature}`"), e))?;
+                match statuses.get(*feature).and_then(serde_json::Value::as_str) {
+                    Some("NOT_FOUND") => profile.not_found += 1,
+                    Some("OUTSIDE_MAX_AGE") => profile.outside_max_age += 1,
+                    _ => {}
+                }
+            }
+        }
+    }
+    let mut out = Profiles::new();
+    for (view, seen, profiles) in views {
+        if !seen {
+            return Err(Error::Invalid(format!(
+                "{}: nothing logged for view `{view}` (is `serving_log: {{enabled: true}}` set in quiver.yaml, and has the server answered for it in the window?)",
+                window()
+            )));
+        }
+        for (feature, _, profile) in profiles {
+            if profile.count == 0 {
+                return Err(Error::Invalid(format!("{}: no request in the window asked for `{view}:{feature}`", window())));
+            }
+            out.insert(format!("{view}:{feature}"), profile);
+        }
+    }
+    Ok(out)
+}

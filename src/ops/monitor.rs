@@ -1,0 +1,78 @@
+//! `monitor`: a reference window against a current one, feature by feature (the work
+//! is in [`crate::monitor`]).
+
+use std::path::PathBuf;
+
+use super::Features;
+use crate::error::Result;
+use crate::monitor::{MonitorReport, Window, compare, sources, store};
+use crate::repo::Repo;
+
+/// Compares two windows' profiles ([`Repo::monitor`]).
+#[derive(Debug)]
+#[must_use]
+pub struct Monitor<'a> {
+    repo: &'a Repo,
+    reference: Window,
+    current: Window,
+    features: Features,
+    keep: bool,
+}
+
+/// A comparison and where it was stored.
+#[derive(Debug, Clone)]
+pub struct Monitored {
+    pub report: MonitorReport,
+    /// `None` when it was not stored ([`Monitor::with_store_report`]).
+    pub path: Option<PathBuf>,
+}
+
+impl Repo {
+    /// Profiles `features` over `reference` and `current` and compares them against
+    /// their limits; the report is stored under `.quiver/monitor/`.
+    pub fn monitor(&self, reference: Window, current: Window) -> Monitor<'_> {
+        Monitor { repo: self, reference, current, features: Features::None, keep: true }
+    }
+}
+
+setters!(Monitor { features });
+
+impl Monitor<'_> {
+    /// Whether to store the report under `.quiver/monitor/` (the default).
+    pub fn with_store_report(mut self, keep: bool) -> Self {
+        self.keep = keep;
+        self
+    }
+
+    async fn run(self) -> Result<Monitored> {
+        let defs = self.repo.defs()?;
+        let refs = self.features.resolve(&defs)?;
+        for r in &refs {
+            defs.find(r).map_err(|e| crate::error::Error::NotFound(e.0))?;
+        }
+        let service = match &self.features {
+            Features::Service(name) => defs.feature_service(name),
+            _ => None,
+        };
+        let reference = sources::profiles(self.repo, &defs, &self.reference, &refs).await?;
+        let current = sources::profiles(self.repo, &defs, &self.current, &refs).await?;
+        let features = refs
+            .iter()
+            .map(|r| {
+                let name = r.to_string();
+                compare(&name, &reference[&name], &current[&name], defs.limits(service, r))
+            })
+            .collect();
+        let report = MonitorReport {
+            reference: self.reference.describe(),
+            current: self.current.describe(),
+            created_at: quiver_sdk::rows::format_instant(quiver_sdk::Timestamp::now().0),
+            service: service.map(|s| s.name.clone()),
+            features,
+        };
+        let path = if self.keep { Some(store(&self.repo.config.repo, &report)?) } else { None };
+        Ok(Monitored { report, path })
+    }
+}
+
+awaitable!(Monitor => Monitored);
