@@ -381,3 +381,50 @@ fn json_definitions_name_what_is_wrong() {
     assert!(err.starts_with("entity `user`: "), "{err}");
     assert!(!err.contains(" at line "), "{err}");
 }
+
+#[test]
+fn monitoring_thresholds_read_from_features_views_and_services() {
+    use quiver_sdk::FeatureRef;
+    use quiver_sdk::monitoring::{Limits, Thresholds};
+    let yaml = r#"
+entities:
+  - {name: driver, join_keys: [{name: driver_id, dtype: int64}]}
+feature_views:
+  - name: stats
+    entities: [driver]
+    monitoring: {psi: 0.3}
+    features:
+      - {name: a, dtype: float64, monitoring: {ks: 0.05, null_rate: 0.01}}
+      - {name: b, dtype: string}
+  - name: trips
+    entities: [driver]
+    features: [{name: fare, dtype: float64}]
+    aggregations:
+      - {name: fare_sum_1d, function: sum, column: fare, window: 1d, monitoring: {psi: 0.5}}
+feature_services:
+  - {name: ranker, features: ["stats:a", "stats:b", "trips:fare_sum_1d"], monitoring: {not_found_rate: 0.2, psi: 0.9}}
+"#;
+    let defs = parse_definitions(yaml).unwrap();
+    let view = FeatureView::new("stats")
+        .with_entity("driver")
+        .with_feature("a", DType::Float64)
+        .with_feature("b", DType::String)
+        .with_monitoring(Thresholds { psi: Some(0.3), ..Default::default() })
+        .with_feature_monitoring("a", Thresholds { ks: Some(0.05), null_rate: Some(0.01), ..Default::default() });
+    assert_eq!(defs.feature_views[0], view);
+    let ranker = defs.feature_service("ranker");
+    let limits = |r: &str| defs.limits(ranker, &r.parse::<FeatureRef>().unwrap());
+    assert_eq!(limits("stats:a"), Limits { psi: 0.3, ks: 0.05, null_rate: 0.01, not_found_rate: Some(0.2) });
+    assert_eq!(limits("stats:b"), Limits { psi: 0.3, ks: 0.1, null_rate: 0.05, not_found_rate: Some(0.2) });
+    assert_eq!(limits("trips:fare_sum_1d"), Limits { psi: 0.5, ks: 0.1, null_rate: 0.05, not_found_rate: Some(0.2) });
+
+    // An event column is not served: thresholds on it are refused, as are unknown keys.
+    let on_column =
+        yaml.replace("features: [{name: fare, dtype: float64}]", "features: [{name: fare, dtype: float64, monitoring: {psi: 1}}]");
+    assert_has(
+        parse_definitions(&on_column).unwrap_err().to_string(),
+        &["feature view `trips`: monitoring of unknown feature `fare` (served: fare_sum_1d)"],
+    );
+    let typo = yaml.replace("monitoring: {psi: 0.3}", "monitoring: {psl: 0.3}");
+    assert_has(parse_definitions(&typo).unwrap_err().to_string(), &["unknown field `psl`"]);
+}

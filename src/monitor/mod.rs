@@ -7,6 +7,7 @@
 //! rows by event time, the serving log by request time. The statistics themselves are
 //! `quiver_sdk::profile`'s.
 
+pub mod live;
 pub mod sources;
 
 use std::collections::BTreeMap;

@@ -58,8 +58,15 @@ impl Serve<'_> {
     /// When the store cannot be opened, the registry read or the address bound.
     pub async fn start(self) -> Result<Server> {
         let store = self.repo.store_or_open(self.store).await?;
-        let log =
-            self.serving_log.unwrap_or(self.repo.config.serving_log.enabled).then(|| DeltaServingLog::start(&self.repo.config.serving_log));
+        let logging = self.serving_log.unwrap_or(self.repo.config.serving_log.enabled);
+        let live = crate::monitor::live::Live::start(self.repo).await?.map(Arc::new);
+        if live.is_some() && !logging {
+            return Err(Error::Invalid(
+                "quiver.yaml: monitoring.reference needs the serving log, which keeps the serving window's profiles (serving_log: {enabled: true})"
+                    .into(),
+            ));
+        }
+        let log = logging.then(|| DeltaServingLog::start(&self.repo.config.serving_log, live));
         let state = Arc::new(crate::server::server_state(&self.repo.config, store, log.clone())?);
         let listener =
             tokio::net::TcpListener::bind(self.addr).await.map_err(|e| Error::Serving(format!("serving on {}: {e}", self.addr)))?;

@@ -19,6 +19,8 @@ use quiver_online::serving_log::{Served, ServingLog};
 use quiver_sdk::config::ServingLogConfig;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::monitor::live::Live;
+
 pub mod rows;
 pub mod table;
 
@@ -48,6 +50,8 @@ struct Counters {
 #[derive(Debug)]
 pub struct DeltaServingLog {
     tx: mpsc::UnboundedSender<Message>,
+    /// The serving window's profiles, kept by the writer (docs/monitoring.md).
+    live: Option<Arc<Live>>,
     /// Entity rows queued and not yet taken by the writer.
     queued: Arc<AtomicU64>,
     sample_rate: f64,
@@ -60,14 +64,14 @@ impl DeltaServingLog {
     ///
     /// # Panics
     /// Outside a tokio runtime.
-    pub fn start(config: &ServingLogConfig) -> Arc<DeltaServingLog> {
+    pub fn start(config: &ServingLogConfig, live: Option<Arc<Live>>) -> Arc<DeltaServingLog> {
         let (tx, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let queued = Arc::new(AtomicU64::new(0));
         // Request ids: this server's start time, then a sequence number.
         let server = format!("{:x}", chrono::Utc::now().timestamp_micros());
-        tokio::spawn(writer(config.clone(), server, rx, counters.clone(), queued.clone()));
-        Arc::new(DeltaServingLog { tx, queued, sample_rate: config.sample_rate, seq: AtomicU64::new(0), counters })
+        tokio::spawn(writer(config.clone(), server, rx, counters.clone(), queued.clone(), live.clone()));
+        Arc::new(DeltaServingLog { tx, live, queued, sample_rate: config.sample_rate, seq: AtomicU64::new(0), counters })
     }
 
     /// Writes everything logged so far and waits for the commit.
@@ -122,6 +126,9 @@ impl ServingLog for DeltaServingLog {
         ] {
             out.counter(name, help, v);
         }
+        if let Some(live) = &self.live {
+            live.render(out, chrono::Utc::now().timestamp_micros());
+        }
     }
 }
 
@@ -131,6 +138,7 @@ async fn writer(
     mut rx: mpsc::UnboundedReceiver<Message>,
     counters: Arc<Counters>,
     queued: Arc<AtomicU64>,
+    live: Option<Arc<Live>>,
 ) {
     let mut pending = LogColumns::default();
     let mut table = LogTable::new(config.location.clone());
@@ -156,6 +164,9 @@ async fn writer(
                 let rows = served.columns.first().map_or(0, |c| c.values.len()).max(1) as u64;
                 queued.fetch_sub(rows, Ordering::Relaxed);
                 append_log_rows(&served, &format!("{server}-{seq}"), &mut pending);
+                if let Some(live) = &live {
+                    live.add(&served);
+                }
                 drop(served);
                 if first_at.is_none() && !pending.is_empty() {
                     first_at = Some(Instant::now());

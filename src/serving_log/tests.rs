@@ -50,7 +50,7 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
     let now = chrono::Utc::now().timestamp_micros();
     let hour = 3_600_000_000;
     let clock = Arc::new(AtomicI64::new(now));
-    let log = DeltaServingLog::start(&repo.config.serving_log);
+    let log = DeltaServingLog::start(&repo.config.serving_log, None);
     let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
     let mut state = crate::server::server_state(&repo.config, store, Some(log.clone())).unwrap();
     state.clock = {
@@ -121,7 +121,7 @@ async fn a_failing_serving_log_never_fails_a_request_and_keeps_its_rows() {
     std::fs::write(dir.join("blocker"), "not a folder").unwrap();
     let mut config = repo.config.serving_log.clone();
     config.location = quiver_sdk::StoreLocation::Local(dir.join("blocker/log"));
-    let log = DeltaServingLog::start(&config);
+    let log = DeltaServingLog::start(&config, None);
     let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
     let state = Arc::new(crate::server::server_state(&repo.config, store, Some(log.clone())).unwrap());
     let body = r#"{"entities": {"driver_id": [1001, 1002, 1003]}, "features": ["driver_hourly:conv_rate"]}"#;

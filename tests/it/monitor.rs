@@ -423,6 +423,47 @@ fn monitor_finds_skew_between_a_training_set_and_what_was_served() {
     assert!(plan["psi"].as_f64().unwrap() > 1.0, "{plan}");
     assert_eq!(breaches(plan), ["null_rate", "not_found_rate"], "{plan}");
 
+    // Continuously: `quiver serve` against the training set, the window's gauges on
+    // /metrics as it serves (the exact rates equal the report's).
+    let config = std::fs::read_to_string(dir.join("quiver.yaml")).unwrap();
+    std::fs::write(dir.join("quiver.yaml"), format!("{config}monitoring:\n  reference: training:train\n  window: 1h\n")).unwrap();
+    let (child, port) = common::spawn_serve(dir);
+    for chunk in everyone.chunks(100) {
+        ask(port, chunk);
+    }
+    ask(port, &(5000..5200).collect::<Vec<_>>());
+    let gauge = |text: &str, name: &str, feature: &str| -> Option<f64> {
+        let prefix = format!("{name}{{view=\"s\",feature=\"{feature}\",reference=\"training:train\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap())
+    };
+    let started = std::time::Instant::now();
+    let metrics = loop {
+        let (_, text) = common::http(port, "GET", "/metrics", "");
+        // The writer profiles after answering: wait for all 1,200 lookups.
+        if gauge(&text, "quiver_feature_not_found_rate", "score").is_some_and(|r| (r - 200.0 / 1200.0).abs() < 1e-12) {
+            break text;
+        }
+        assert!(started.elapsed().as_secs() < 20, "no gauges: {text}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    stop(child);
+    assert!(gauge(&metrics, "quiver_feature_psi", "score").unwrap() > 0.2, "{metrics}");
+    assert!(gauge(&metrics, "quiver_feature_ks", "score").unwrap() > 0.4, "{metrics}");
+    assert_eq!(gauge(&metrics, "quiver_feature_null_rate", "score"), score["null_rate"]["current"].as_f64(), "{metrics}");
+    assert_eq!(gauge(&metrics, "quiver_feature_breach", "score"), Some(1.0), "{metrics}");
+    assert_eq!(gauge(&metrics, "quiver_feature_ks", "plan"), None, "a category has no KS: {metrics}");
+    assert!(gauge(&metrics, "quiver_feature_psi", "plan").unwrap() > 1.0, "{metrics}");
+    // Without the serving log there is no serving window to keep: refused at start.
+    std::fs::write(
+        dir.join("quiver.yaml"),
+        format!("{}monitoring:\n  reference: training:train\n", config.replace("  enabled: true", "  enabled: false")),
+    )
+    .unwrap();
+    fails(dir, &["serve", "--port", "0"], &["monitoring.reference needs the serving log"]);
+    std::fs::write(dir.join("quiver.yaml"), format!("{config}monitoring:\n  reference: training:nowhere\n")).unwrap();
+    fails(dir, &["serve", "--port", "0"], &["quiver.yaml: monitoring.reference `training:nowhere`", "manifest.json"]);
+    std::fs::write(dir.join("quiver.yaml"), &config).unwrap();
+
     // A manifest without a profile, a feature the training set lacks.
     let mut old = manifest.clone();
     old.as_object_mut().unwrap().remove("profile");

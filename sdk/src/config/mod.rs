@@ -25,6 +25,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("kafka", &["brokers"]),
     ("server", &["host", "port", "auth_token", "max_cells", "request_timeout", "max_connections", "stream_metrics"]),
     ("serving_log", &["enabled", "path", "sample_rate", "batch_rows", "batch_ms"]),
+    ("monitoring", &["reference", "service", "window"]),
 ];
 const TOP_LEVEL: &[&str] = &["project", "registry", "max_future_skew"];
 
@@ -44,6 +45,16 @@ struct RawConfig {
     server: RawServer,
     #[serde(default)]
     serving_log: RawServingLog,
+    #[serde(default)]
+    monitoring: RawMonitoring,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMonitoring {
+    reference: Option<String>,
+    service: Option<String>,
+    window: Option<Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -164,6 +175,20 @@ pub struct ServingLogConfig {
     pub batch_ms: u64,
 }
 
+/// Continuous monitoring (`monitoring:` in `quiver.yaml`, docs/monitoring.md): with a
+/// reference and the serving log on, `quiver serve` profiles what it serves and exports
+/// each feature's drift from the reference on `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MonitoringConfig {
+    /// `training:DIR` or `offline:T1..T2` (parsed by the server); `None`: off.
+    pub reference: Option<String>,
+    /// The features gauged (and their thresholds): this service's; default the training
+    /// set's features.
+    pub service: Option<String>,
+    /// The serving window the gauges cover, ending now (default 1h).
+    pub window: std::time::Duration,
+}
+
 /// The validated project configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -180,6 +205,7 @@ pub struct Config {
     pub kafka_brokers: String,
     pub server: ServerConfig,
     pub serving_log: ServingLogConfig,
+    pub monitoring: MonitoringConfig,
     /// How far after the wall clock an event time may be (`max_future_skew`, default
     /// 5m): ingest, push, `/push` and the stream refuse later rows, and the guarded
     /// online write lets any write replace a stored row dated later than that.
@@ -416,6 +442,17 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
             .ok_or_else(|| format!("{name} `{text}`: expected a whole number above 0"))
     };
     let max_future_skew = duration("max_future_skew", raw.max_future_skew.as_ref(), DEFAULT_MAX_FUTURE_SKEW_SECS, true)?;
+    let non_empty = |name: &str, v: Option<String>| -> std::result::Result<Option<String>, String> {
+        match v {
+            Some(t) if t.trim().is_empty() => Err(format!("{name}: empty")),
+            other => Ok(other),
+        }
+    };
+    let monitoring = MonitoringConfig {
+        reference: non_empty("monitoring.reference", raw.monitoring.reference)?,
+        service: non_empty("monitoring.service", raw.monitoring.service)?,
+        window: duration("monitoring.window", raw.monitoring.window.as_ref(), 3600, false)?,
+    };
     let server = ServerConfig {
         host,
         port,
@@ -436,6 +473,7 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
         kafka_brokers,
         server,
         serving_log,
+        monitoring,
         max_future_skew,
     })
 }
