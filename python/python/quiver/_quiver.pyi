@@ -19,6 +19,7 @@ __all__ = [
     "ingest",
     "materialize",
     "materialize_incremental",
+    "monitor",
     "plan",
     "push",
     "registry_json",
@@ -67,4 +68,5 @@ def export(
     created_cutoff: bool = False,
 ) -> str: ...
 def verify_sample(repo: str, n: int) -> List[Tuple[str, int, int, int, int, List[str]]]: ...
+def monitor(repo: str, reference: str, current: str, features: List[str] = ..., service: Optional[str] = None) -> str: ...
 def _sleep(seconds: float) -> None: ...
