@@ -129,6 +129,11 @@ impl quiver_online::server::Insights for RepoInsights {
         }
         Ok(json!({ "reports": reports }))
     }
+
+    async fn monitor_reports(&self) -> Result<Value, String> {
+        let reports = crate::monitor::stored(&self.config.repo).map_err(|e| e.to_string())?;
+        Ok(json!({ "reports": reports }))
+    }
 }
 
 /// Rows, and per feature its type, null count and rate, and for numbers the range and a

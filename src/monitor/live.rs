@@ -137,7 +137,9 @@ impl Live {
             .iter()
             .zip(&current)
             .filter(|(_, c)| c.count > 0)
-            .map(|((view, feature, reference, limits), c)| (view, feature, compare(&format!("{view}:{feature}"), reference, c, *limits)))
+            .map(|((view, feature, reference, limits), c)| {
+                (view, feature, compare(&format!("{view}:{feature}"), reference, c, *limits, true))
+            })
             .collect();
         type Stat = fn(&super::FeatureDrift) -> Option<f64>;
         let families: [(&str, &str, Stat); 5] = [

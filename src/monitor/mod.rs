@@ -151,8 +151,9 @@ pub struct CategoryShares {
     pub current: Vec<f64>,
 }
 
-/// Compares one feature's reference and current profiles against `limits`.
-pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Limits) -> FeatureDrift {
+/// Compares one feature's reference and current profiles against `limits`; `served`:
+/// the current profile is of a serving window (lookups, with their `NOT_FOUND` rate).
+pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Limits, served: bool) -> FeatureDrift {
     let (mut psi, mut ks_distance, mut bins, mut categories) = (None, None, None, None);
     let kind = match (&reference.numbers, &reference.categories, &reference.lengths) {
         (Some(_), _, _) | (None, None, Some(_)) => {
@@ -188,8 +189,7 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
         },
     };
     let lookups = current.count;
-    let share = |n: u64| (lookups > 0).then(|| n as f64 / lookups as f64);
-    let online = current.not_found + current.outside_max_age > 0 || reference.not_found + reference.outside_max_age > 0;
+    let share = |n: u64| (served && lookups > 0).then(|| n as f64 / lookups as f64);
     let (not_found_rate, outside_max_age_rate) = (share(current.not_found), share(current.outside_max_age));
     let null_rate = Rates { reference: reference.null_rate(), current: current.null_rate() };
     let mut breaches = Vec::new();
@@ -216,7 +216,7 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
         ks: ks_distance,
         null_rate,
         not_found_rate,
-        outside_max_age_rate: outside_max_age_rate.filter(|_| online),
+        outside_max_age_rate,
         count: Counts { reference: reference.count, current: current.count },
         limits,
         breaches,

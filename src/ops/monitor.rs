@@ -56,11 +56,12 @@ impl Monitor<'_> {
         };
         let reference = sources::profiles(self.repo, &defs, &self.reference, &refs).await?;
         let current = sources::profiles(self.repo, &defs, &self.current, &refs).await?;
+        let served = matches!(self.current, Window::Serving { .. });
         let features = refs
             .iter()
             .map(|r| {
                 let name = r.to_string();
-                compare(&name, &reference[&name], &current[&name], defs.limits(service, r))
+                compare(&name, &reference[&name], &current[&name], defs.limits(service, r), served)
             })
             .collect();
         let report = MonitorReport {

@@ -194,6 +194,8 @@ fn monitor_finds_injected_drift_and_stays_quiet_on_stable_windows() {
     for (name, want) in expect {
         assert_eq!(breaches(feature(&report, name)), want, "{name}: {}", feature(&report, name));
     }
+    // Offline rows are no lookups: no NOT_FOUND rate.
+    assert_eq!(feature(&report, "m:stable")["not_found_rate"], serde_json::Value::Null);
     // The statistics against a computation of our own over the same rows.
     type Column = fn(&Row) -> Option<f64>;
     let numeric: [(&str, Column); 4] = [

@@ -182,7 +182,7 @@ async fn with_a_token_the_page_is_public_and_the_endpoints_are_not() {
     let router = quiver::online::server::router(Arc::new(state));
     assert_eq!(get(&router, "/ui", None).await.0, StatusCode::OK);
     assert_eq!(get(&router, "/ui/app.js", None).await.0, StatusCode::OK);
-    for path in ["/api/registry", "/api/freshness", "/api/statistics/trips", "/api/verify-reports"] {
+    for path in ["/api/registry", "/api/freshness", "/api/statistics/trips", "/api/verify-reports", "/api/monitor-reports"] {
         assert_eq!(get(&router, path, None).await.0, StatusCode::UNAUTHORIZED, "{path}");
         assert_eq!(get(&router, path, Some("wrong")).await.0, StatusCode::UNAUTHORIZED, "{path}");
         assert_eq!(get(&router, path, Some("s3cret")).await.0, StatusCode::OK, "{path}");
@@ -266,6 +266,23 @@ fn the_page_renders_the_demo_repository_in_headless_chromium() {
     }
     common::ok(&dir, &["materialize-incremental", "now"]);
     common::ok(&dir, &["verify", "--sample", "50"]);
+    // Two monitor runs: the training set against itself (quiet), then a profile whose
+    // values moved (a breach, marked).
+    common::ok(&dir, &["export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "training"]);
+    let features = "driver_hourly:conv_rate,driver_hourly:avg_daily_trips";
+    common::ok(&dir, &["monitor", "--features", features, "--reference", "training:training", "--current", "training:training"]);
+    let manifest = dir.join("training/manifest.json");
+    let mut moved: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let original = moved.clone();
+    // conv_rate as if every value had doubled: its mean, and every quantile, moved.
+    let shifted = shifted_profile(&dir, &moved["profile"]["driver_hourly:conv_rate"]);
+    moved["profile"]["driver_hourly:conv_rate"] = shifted;
+    std::fs::create_dir_all(dir.join("moved")).unwrap();
+    std::fs::write(dir.join("moved/manifest.json"), moved.to_string()).unwrap();
+    let out =
+        common::quiver(&dir, &["monitor", "--features", features, "--reference", "training:training", "--current", "training:moved"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(original["profile"].as_object().unwrap().len(), moved["profile"].as_object().unwrap().len());
     // The CLI's answer, before the server holds the embedded store.
     let online = common::ok(&dir, &["online", "--features", "driver_hourly:conv_rate", "--entity", "driver_id=1001"]);
     let (server, port) = common::spawn_serve(&dir);
@@ -299,6 +316,14 @@ fn the_page_renders_the_demo_repository_in_headless_chromium() {
     assert!(lineage.contains("lineage-graph") && lineage.contains("ranker_v1"), "no lineage graph");
     let consistency = browse(&chromium, &format!("{base}#consistency"), &shots.join("consistency.png"));
     assert!(consistency.contains("mismatch-chart"), "no mismatch chart");
+    let monitoring = browse(&chromium, &format!("{base}#monitoring"), &shots.join("monitoring.png"));
+    assert!(monitoring.contains(r#"data-ready="monitoring""#), "{monitoring}");
+    for feature in ["driver_hourly:conv_rate", "driver_hourly:avg_daily_trips"] {
+        assert!(monitoring.contains(&format!(r#"class="monitor-chart" data-feature="{feature}""#)), "no chart of {feature}: {monitoring}");
+    }
+    // conv_rate's second run crossed PSI and KS: two points marked; nothing else is.
+    assert_eq!(monitoring.matches(r#"class="breach""#).count(), 2, "{monitoring}");
+    assert!(monitoring.contains("latest: BREACH psi, ks"), "{monitoring}");
 
     // The lookup panel: driver 1001's conv_rate, as the CLI answers it.
     let lookup = browse(&chromium, &format!("{base}#lookup?features=driver_hourly:conv_rate&driver_id=1001"), &shots.join("lookup.png"));
@@ -343,4 +368,28 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The profile of the training set's conv_rate values doubled, as a manifest holds it.
+fn shifted_profile(dir: &Path, original: &Value) -> Value {
+    use arrow::array::{Array, AsArray, Float64Array};
+    use quiver::sdk::profile::{Profile, ProfileDoc};
+    let mut profile = Profile::default();
+    for entry in std::fs::read_dir(dir.join("training")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "parquet") {
+            continue;
+        }
+        let file = std::fs::File::open(&path).unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap().build().unwrap();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let column = batch.column_by_name("driver_hourly__conv_rate").unwrap().as_primitive::<arrow::datatypes::Float64Type>();
+            let doubled: Float64Array = column.iter().map(|v| v.map(|v| v * 2.0)).collect();
+            profile.add_array(&doubled as &dyn Array, quiver::sdk::DType::Float64);
+        }
+    }
+    let doc = ProfileDoc::from(&profile);
+    assert_eq!(Value::from(doc.count), original["count"], "every row profiled again");
+    serde_json::to_value(doc).unwrap()
 }

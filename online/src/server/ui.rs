@@ -1,7 +1,7 @@
 //! The web UI (docs/online.md): `GET /ui` and its two assets, compiled into the binary, and
 //! the JSON endpoints the page reads — `/api/registry` (the definitions with the
-//! registry version), `/api/freshness`, `/api/statistics/{view}`, `/api/verify-reports`
-//! — beside the server's own `/get-online-features` for the lookup panel. The page
+//! registry version), `/api/freshness`, `/api/statistics/{view}`, `/api/verify-reports`,
+//! `/api/monitor-reports` — beside the server's own `/get-online-features` for the lookup panel. The page
 //! needs no token; the endpoints do when `server.auth_token` is set. What lives offline
 //! (Delta tables, the repository's state files) comes through [`Insights`], which the
 //! root implements: this crate knows no Delta.
@@ -36,6 +36,8 @@ pub trait Insights: Send + Sync {
     async fn statistics(&self, defs: &Definitions, view: &str) -> Result<Value, String>;
     /// The stored `verify` reports, oldest first.
     async fn verify_reports(&self) -> Result<Value, String>;
+    /// The stored `monitor` reports, oldest first (docs/monitoring.md).
+    async fn monitor_reports(&self) -> Result<Value, String>;
 }
 
 fn asset(body: &'static [u8], content_type: &'static str) -> Response {
@@ -98,4 +100,8 @@ pub(super) async fn statistics(State(state): State<Arc<ServerState>>, Path(view)
 
 pub(super) async fn verify_reports(State(state): State<Arc<ServerState>>) -> Result<Json<Value>, ApiError> {
     insights(&state)?.verify_reports().await.map(Json).map_err(|e| failed(&state, "verify reports", e))
+}
+
+pub(super) async fn monitor_reports(State(state): State<Arc<ServerState>>) -> Result<Json<Value>, ApiError> {
+    insights(&state)?.monitor_reports().await.map(Json).map_err(|e| failed(&state, "monitor reports", e))
 }

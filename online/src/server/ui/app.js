@@ -1,5 +1,6 @@
 // Quiver's web UI: one page over the server's JSON endpoints (/api/registry,
-// /api/freshness, /api/statistics/VIEW, /api/verify-reports, /get-online-features).
+// /api/freshness, /api/statistics/VIEW, /api/verify-reports, /api/monitor-reports,
+// /get-online-features).
 // No build step and no library: the charts are SVG drawn here.
 "use strict";
 
@@ -239,6 +240,70 @@ async function renderConsistency() {
       el("table", {}, el("tr", {}, ["at", "kind", "rows compared", "disagreements"].map((t) => el("th", { text: t }))), rows)));
 }
 
+// ---- monitoring --------------------------------------------------------------------
+
+// One chart per feature: its PSI and KS in each stored `quiver monitor` report, oldest
+// first, against their limits (dashed); a report where the feature crossed a threshold
+// is marked red, with what it crossed in the point's title.
+function monitorChart(name, points) {
+  const w = 340, h = 150, pad = 28;
+  const values = points.flatMap((p) => [p.psi, p.ks, p.limits.psi, p.limits.ks]).filter((v) => v != null);
+  const top = Math.max(0.05, ...values) * 1.1;
+  const x = (i) => pad + (points.length === 1 ? (w - 2 * pad) / 2 : (i * (w - 2 * pad)) / (points.length - 1));
+  const y = (v) => h - pad - (v * (h - 2 * pad)) / top;
+  const series = [["psi", "#3559c7"], ["ks", "#d99a1e"]];
+  return svg("svg", { viewBox: `0 0 ${w} ${h}`, width: "100%", class: "monitor-chart", "data-feature": name },
+    svg("line", { x1: pad, x2: w - pad, y1: h - pad, y2: h - pad, stroke: "#d0d5dd" }),
+    svg("text", { x: 2, y: pad }, top.toFixed(2)), svg("text", { x: 2, y: h - pad }, "0"),
+    series.map(([stat, color]) => {
+      const limit = points[points.length - 1].limits[stat];
+      const pts = points.map((p, i) => [i, p[stat], p]).filter(([, v]) => v != null);
+      return svg("g", {},
+        svg("line", { x1: pad, x2: w - pad, y1: y(limit), y2: y(limit), stroke: color, "stroke-dasharray": "4 3", "stroke-width": 1 },
+          svg("title", {}, `${stat} limit ${limit}`)),
+        svg("polyline", { points: pts.map(([i, v]) => `${x(i)},${y(v)}`).join(" "), fill: "none", stroke: color, "stroke-width": 2 }),
+        pts.map(([i, v, p]) => {
+          const breach = p.breaches.includes(stat);
+          return svg("circle", { cx: x(i), cy: y(v), r: breach ? 5 : 3, fill: breach ? "#d0453c" : color, class: breach ? "breach" : "" },
+            svg("title", {}, `${p.at}: ${stat} ${v.toFixed(4)} (limit ${p.limits[stat]})${p.breaches.length ? ` — breach: ${p.breaches.join(", ")}` : ""}`));
+        }));
+    }));
+}
+
+async function renderMonitoring() {
+  const data = await api("/api/monitor-reports");
+  const reports = data.reports || [];
+  if (!reports.length) {
+    $("monitoring").replaceChildren(el("div", { class: "card", text: "No monitor runs yet: `quiver monitor --reference ... --current ...` stores a report here." }));
+    return;
+  }
+  const byFeature = {};
+  for (const r of reports) {
+    for (const f of r.features || []) {
+      (byFeature[f.feature] = byFeature[f.feature] || []).push({ ...f, at: r.created_at });
+    }
+  }
+  const cards = Object.entries(byFeature).map(([name, points]) => {
+    const last = points[points.length - 1];
+    const nulls = (v) => (v == null ? "—" : `${(100 * v).toFixed(1)}%`);
+    return el("div", { class: "card" + (last.breaches.length ? " breached" : "") },
+      el("h3", { text: name }),
+      el("div", { text: last.breaches.length ? `latest: BREACH ${last.breaches.join(", ")}` : "latest: ok" }),
+      el("div", { class: "muted", text: `null rate ${nulls(last.null_rate.reference)} → ${nulls(last.null_rate.current)}` +
+        (last.not_found_rate != null ? `, not found ${nulls(last.not_found_rate)}` : "") }),
+      monitorChart(name, points));
+  });
+  const rows = reports.slice().reverse().map((r) => el("tr", {},
+    el("td", { text: r.created_at }), el("td", { text: r.reference }), el("td", { text: r.current }),
+    el("td", { text: (r.features || []).length }),
+    el("td", { text: (r.features || []).filter((f) => f.breaches.length).map((f) => f.feature).join(", ") || "none" })));
+  $("monitoring").replaceChildren(
+    el("p", { class: "muted", text: "PSI (blue) and KS (amber) per feature by monitor run, limits dashed, breaches in red." }),
+    el("div", { class: "charts" }, cards),
+    el("div", { class: "card" }, el("h2", { text: "Runs" }),
+      el("table", {}, el("tr", {}, ["at", "reference", "current", "features", "breached"].map((t) => el("th", { text: t }))), rows)));
+}
+
 // ---- lookup ------------------------------------------------------------------------
 
 async function renderLookupForm() {
@@ -302,6 +367,7 @@ const pages = {
   freshness: renderFreshness,
   statistics: renderStatistics,
   consistency: renderConsistency,
+  monitoring: renderMonitoring,
   lookup: renderLookupForm,
 };
 
