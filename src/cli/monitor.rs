@@ -45,12 +45,13 @@ impl Monitor {
             println!("{}", serde_json::to_string_pretty(report)?);
         } else {
             println!("reference {}\ncurrent   {}", report.reference, report.current);
+            let width = report.features.iter().map(|f| f.feature.len()).max().unwrap_or(0).max(7);
             println!(
-                "{:<36} {:>16} {:>16} {:>22} {:>10}  verdict",
+                "{:<width$} {:>16} {:>16} {:>24} {:>10}  verdict",
                 "feature", "psi (limit)", "ks (limit)", "null rate (limit)", "not found"
             );
             for f in &report.features {
-                println!("{}", row(f));
+                println!("{}", row(f, width));
             }
             if let Some(path) = &done.path {
                 println!("report: {}", path.display());
@@ -64,14 +65,14 @@ impl Monitor {
     }
 }
 
-/// One feature's line of the table.
-fn row(f: &FeatureDrift) -> String {
+/// One feature's line of the table, its name padded to `width`.
+fn row(f: &FeatureDrift, width: usize) -> String {
     let stat = |v: Option<f64>, limit: f64| v.map_or_else(|| "-".to_string(), |v| format!("{v:.4} ({limit})"));
     let pct = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.1}%", v * 100.0));
     let nulls = format!("{} -> {} ({})", pct(f.null_rate.reference), pct(f.null_rate.current), f.limits.null_rate);
     let verdict = if f.breaches.is_empty() { "ok".to_string() } else { format!("BREACH {}", f.breaches.join(", ")) };
     format!(
-        "{:<36} {:>16} {:>16} {:>22} {:>10}  {verdict}",
+        "{:<width$} {:>16} {:>16} {:>24} {:>10}  {verdict}",
         f.feature,
         stat(f.psi, f.limits.psi),
         stat(f.ks, f.limits.ks),
