@@ -122,7 +122,7 @@ impl Numbers {
 
     /// Values at every quarter of a percent of the distribution, ascending, each once:
     /// every value held while the sketch is exact (it holds fewer than 400).
-    fn points(&self) -> Vec<f64> {
+    pub fn points(&self) -> Vec<f64> {
         let ranks: Vec<f64> = (0..=400).map(|i| f64::from(i) / 400.0).collect();
         let mut out: Vec<f64> = self
             .sketch

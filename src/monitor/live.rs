@@ -1,27 +1,37 @@
 //! Continuous monitoring in `quiver serve`: the serving log's writer hands every answer
-//! it logs to [`Live::add`], which adds the values to the profiles of the current time
-//! bucket (a twelfth of `monitoring.window`); `/metrics` merges the buckets of the last
-//! window and compares them with the reference loaded at start ([`Live::render`]). No
-//! second pass over the log, and nothing on the request's path: the writer's task does
-//! the profiling after the answer has gone.
+//! it logs to [`Live::add`], which counts the values into the current time bucket (a
+//! twelfth of `monitoring.window`); `/metrics` adds up the buckets of the last window
+//! and compares them with the reference profiled at start ([`Live::render`]). No second
+//! pass over the log, and nothing on the request's path: the writer's task counts after
+//! the answer has gone.
+//!
+//! The server knows its reference, so it keeps no sketch of its own: per feature and
+//! bucket it counts values exactly into the reference's bins — for numbers (and list
+//! lengths) the reference's values at every quarter percent and its deciles, for
+//! strings and bools its top categories and "other". PSI over the reference's deciles is
+//! then exact for the served values, and KS is taken at the reference's 401 points
+//! (within a quarter percent of rank, plus the reference sketch's error). A bin count is
+//! a binary search and an add, several times cheaper than a sketch update, which is
+//! what keeps the cost to serving low (docs/monitoring.md, bench/RESULTS.md).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use quiver_online::lookup::Status;
 use quiver_online::serving_log::Served;
+use quiver_sdk::encoding::Value;
 use quiver_sdk::metrics::{Exposition, Kind};
 use quiver_sdk::monitoring::Limits;
-use quiver_sdk::profile::Profile;
+use quiver_sdk::profile::{Numbers, Profile, decile_edges};
 
-use super::{Window, compare, sources};
+use super::{Window, sources};
 use crate::error::{Error, Result};
 use crate::repo::Repo;
 
 /// Buckets per window: the window slides by a twelfth.
 const BUCKETS: i64 = 12;
 
-/// The serving window's profiles against a reference.
+/// The serving window's counts against a reference.
 #[derive(Debug)]
 pub struct Live {
     /// As in the gauges' `reference` label.
@@ -30,10 +40,190 @@ pub struct Live {
     bucket_us: i64,
     /// Feature slots by view, then feature.
     slots: HashMap<String, HashMap<String, usize>>,
-    /// Per slot: (view, feature), the reference's profile, the limits.
-    features: Vec<(String, String, Profile, Limits)>,
-    /// (bucket start, a profile per slot), oldest first.
-    buckets: Mutex<VecDeque<(i64, Vec<Profile>)>>,
+    features: Vec<Slot>,
+    /// (bucket start, a tally per slot), oldest first.
+    buckets: Mutex<VecDeque<(i64, Vec<Tally>)>>,
+}
+
+/// One gauged feature: its name, the reference's bins and shares, its limits.
+#[derive(Debug)]
+struct Slot {
+    view: String,
+    feature: String,
+    limits: Limits,
+    reference_null_rate: Option<f64>,
+    grid: Grid,
+}
+
+/// The reference's bins of one feature.
+#[derive(Debug)]
+enum Grid {
+    /// Bin `k` holds values above `points[k - 1]` up to `points[k]`; the last, those
+    /// above every point. `lengths`: of a list feature, its lengths are counted.
+    Numbers {
+        points: Vec<f64>,
+        lengths: bool,
+        /// The reference's share at or below each point.
+        reference_cdf: Vec<f64>,
+        /// The deciles' positions in `points`, and the reference's share in each decile bin.
+        deciles: Vec<usize>,
+        reference_shares: Vec<f64>,
+    },
+    /// The reference's top categories (their bins, in order) and "other" (the last bin),
+    /// with the reference's shares.
+    Categories { index: HashMap<String, usize>, reference_shares: Vec<f64> },
+    /// Nothing to bin (bytes, or a reference without values): counts only.
+    None,
+}
+
+impl Grid {
+    fn of(reference: &Profile) -> Grid {
+        let numbers = |n: &Numbers, lengths: bool| -> Grid {
+            let Some(edges) = decile_edges(n) else {
+                return Grid::None;
+            };
+            let mut points = n.points();
+            points.extend_from_slice(&edges);
+            points.sort_by(f64::total_cmp);
+            points.dedup();
+            let reference_cdf: Vec<f64> = points.iter().map(|p| n.cdf(*p).unwrap_or(0.0)).collect();
+            let deciles: Vec<usize> = edges.iter().map(|e| points.partition_point(|p| p < e)).collect();
+            let mut reference_shares = Vec::with_capacity(deciles.len() + 1);
+            let mut below = 0.0;
+            for &d in &deciles {
+                reference_shares.push(reference_cdf[d] - below);
+                below = reference_cdf[d];
+            }
+            reference_shares.push(1.0 - below);
+            Grid::Numbers { points, lengths, reference_cdf, deciles, reference_shares }
+        };
+        match (&reference.numbers, &reference.categories, &reference.lengths) {
+            (Some(n), _, _) => numbers(n, false),
+            (None, None, Some(n)) => numbers(n, true),
+            (None, Some(c), _) if c.total() > 0 => {
+                let top = c.top();
+                let mut reference_shares: Vec<f64> = top.iter().map(|(_, k)| *k as f64 / c.total() as f64).collect();
+                reference_shares.push((1.0 - reference_shares.iter().sum::<f64>()).max(0.0));
+                let index = top.into_iter().enumerate().map(|(i, (v, _))| (v, i)).collect();
+                Grid::Categories { index, reference_shares }
+            }
+            _ => Grid::None,
+        }
+    }
+
+    fn bins(&self) -> usize {
+        match self {
+            Grid::Numbers { points, .. } => points.len() + 1,
+            Grid::Categories { index, .. } => index.len() + 1,
+            Grid::None => 0,
+        }
+    }
+
+    /// The bin of `value`, if it has one (nulls, NaN and other kinds have none).
+    fn bin(&self, value: &Value) -> Option<usize> {
+        match self {
+            Grid::Numbers { points, lengths, .. } => {
+                let x = match (value, lengths) {
+                    (Value::Int32(x), false) => f64::from(*x),
+                    (Value::Int64(x) | Value::Timestamp(x), false) => *x as f64,
+                    (Value::Float32(x), false) => f64::from(*x),
+                    (Value::Float64(x), false) => *x,
+                    (Value::ListInt64(l), true) => l.len() as f64,
+                    (Value::ListFloat32(l), true) => l.len() as f64,
+                    (Value::ListFloat64(l), true) => l.len() as f64,
+                    (Value::ListString(l), true) => l.len() as f64,
+                    _ => return None,
+                };
+                (!x.is_nan()).then(|| points.partition_point(|p| *p < x))
+            }
+            Grid::Categories { index, .. } => {
+                let key = match value {
+                    Value::String(s) => s.as_str(),
+                    Value::Bool(b) => {
+                        if *b {
+                            "true"
+                        } else {
+                            "false"
+                        }
+                    }
+                    _ => return None,
+                };
+                Some(index.get(key).copied().unwrap_or(index.len()))
+            }
+            Grid::None => None,
+        }
+    }
+}
+
+/// One feature's values served in a bucket: counted, and counted per bin.
+#[derive(Debug, Clone, Default)]
+struct Tally {
+    count: u64,
+    nulls: u64,
+    not_found: u64,
+    bins: Vec<u64>,
+}
+
+impl Tally {
+    fn add(&mut self, other: &Tally) {
+        self.count += other.count;
+        self.nulls += other.nulls;
+        self.not_found += other.not_found;
+        if self.bins.len() < other.bins.len() {
+            self.bins.resize(other.bins.len(), 0);
+        }
+        for (a, b) in self.bins.iter_mut().zip(&other.bins) {
+            *a += b;
+        }
+    }
+}
+
+/// A feature's statistics over the window.
+struct Stats {
+    psi: Option<f64>,
+    ks: Option<f64>,
+    null_rate: f64,
+    not_found_rate: f64,
+    breach: bool,
+}
+
+impl Slot {
+    fn stats(&self, t: &Tally) -> Stats {
+        let binned: u64 = t.bins.iter().sum();
+        let (mut psi, mut ks) = (None, None);
+        if binned > 0 {
+            let share = |k: u64| k as f64 / binned as f64;
+            match &self.grid {
+                Grid::Numbers { reference_cdf, deciles, reference_shares, .. } => {
+                    let mut cdf = Vec::with_capacity(reference_cdf.len());
+                    let mut below = 0u64;
+                    for b in &t.bins[..reference_cdf.len()] {
+                        below += b;
+                        cdf.push(share(below));
+                    }
+                    let mut current = Vec::with_capacity(deciles.len() + 1);
+                    let mut prior = 0.0;
+                    for &d in deciles {
+                        current.push(cdf[d] - prior);
+                        prior = cdf[d];
+                    }
+                    current.push(1.0 - prior);
+                    psi = Some(quiver_sdk::profile::psi(reference_shares, &current));
+                    ks = Some(reference_cdf.iter().zip(&cdf).map(|(r, c)| (r - c).abs()).fold(0.0, f64::max));
+                }
+                Grid::Categories { reference_shares, .. } => {
+                    let current: Vec<f64> = t.bins.iter().map(|b| share(*b)).collect();
+                    psi = Some(quiver_sdk::profile::psi(reference_shares, &current));
+                }
+                Grid::None => {}
+            }
+        }
+        let rate = |k: u64| k as f64 / t.count as f64;
+        let (null_rate, not_found_rate) = (rate(t.nulls), rate(t.not_found));
+        let rates = super::Rates { reference: self.reference_null_rate, current: Some(null_rate) };
+        let breach = !super::breaches(psi, ks, rates, Some(not_found_rate), self.limits).is_empty();
+        Stats { psi, ks, null_rate, not_found_rate, breach }
+    }
 }
 
 impl Live {
@@ -75,7 +265,13 @@ impl Live {
         for r in &refs {
             let profile = reference.remove(&r.to_string()).unwrap_or_default();
             slots.entry(r.view.clone()).or_default().insert(r.feature.clone(), features.len());
-            features.push((r.view.clone(), r.feature.clone(), profile, defs.limits(service, r)));
+            features.push(Slot {
+                view: r.view.clone(),
+                feature: r.feature.clone(),
+                limits: defs.limits(service, r),
+                reference_null_rate: profile.null_rate(),
+                grid: Grid::of(&profile),
+            });
         }
         let window_us = i64::try_from(config.window.as_micros()).unwrap_or(i64::MAX);
         Ok(Some(Live {
@@ -88,7 +284,7 @@ impl Live {
         }))
     }
 
-    /// Adds an answer's values to the current bucket.
+    /// Counts an answer's values into the current bucket.
     pub fn add(&self, served: &Served) {
         let at = served.request_time - served.request_time.rem_euclid(self.bucket_us);
         let mut buckets = self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -96,26 +292,30 @@ impl Live {
         while buckets.front().is_some_and(|(start, _)| *start + self.bucket_us <= served.request_time - self.window_us) {
             buckets.pop_front();
         }
-        let profiles = match buckets.iter_mut().rposition(|(start, _)| *start == at) {
+        let tallies = match buckets.iter_mut().rposition(|(start, _)| *start == at) {
             Some(i) => &mut buckets[i].1,
             None => {
-                buckets.push_back((at, vec![Profile::default(); self.features.len()]));
+                let fresh = self.features.iter().map(|s| Tally { bins: vec![0; s.grid.bins()], ..Tally::default() }).collect();
+                buckets.push_back((at, fresh));
                 &mut buckets.back_mut().expect("just pushed").1
             }
         };
         for (i, r) in served.refs.iter().enumerate() {
-            let (Some(slot), Some(column)) =
+            let (Some(&slot), Some(column)) =
                 (self.slots.get(&r.view).and_then(|v| v.get(&r.feature)), served.columns.get(served.n_keys + i))
             else {
                 continue;
             };
-            let profile = &mut profiles[*slot];
+            let (grid, tally) = (&self.features[slot].grid, &mut tallies[slot]);
+            tally.count += column.values.len() as u64;
             for (value, status) in column.values.iter().zip(&column.statuses) {
-                profile.add_value(value);
-                match status {
-                    Status::NotFound => profile.not_found += 1,
-                    Status::OutsideMaxAge => profile.outside_max_age += 1,
-                    Status::Present | Status::NullValue => {}
+                if let Some(b) = grid.bin(value) {
+                    tally.bins[b] += 1;
+                } else if matches!(value, Value::Null) {
+                    tally.nulls += 1;
+                }
+                if matches!(status, Status::NotFound) {
+                    tally.not_found += 1;
                 }
             }
         }
@@ -123,39 +323,30 @@ impl Live {
 
     /// The gauges of each feature served in the window ending `now` (UTC microseconds).
     pub fn render(&self, out: &mut Exposition, now: i64) {
-        let mut current = vec![Profile::default(); self.features.len()];
+        let mut current: Vec<Tally> = self.features.iter().map(|_| Tally::default()).collect();
         {
             let buckets = self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for (_, profiles) in buckets.iter().filter(|(start, _)| *start + self.bucket_us > now - self.window_us) {
-                for (c, p) in current.iter_mut().zip(profiles) {
-                    c.merge(p);
+            for (_, tallies) in buckets.iter().filter(|(start, _)| *start + self.bucket_us > now - self.window_us) {
+                for (c, t) in current.iter_mut().zip(tallies) {
+                    c.add(t);
                 }
             }
         }
-        let drifts: Vec<_> = self
-            .features
-            .iter()
-            .zip(&current)
-            .filter(|(_, c)| c.count > 0)
-            .map(|((view, feature, reference, limits), c)| {
-                (view, feature, compare(&format!("{view}:{feature}"), reference, c, *limits, true))
-            })
-            .collect();
-        type Stat = fn(&super::FeatureDrift) -> Option<f64>;
+        let stats: Vec<(&Slot, Stats)> =
+            self.features.iter().zip(&current).filter(|(_, t)| t.count > 0).map(|(s, t)| (s, s.stats(t))).collect();
+        type Stat = fn(&Stats) -> Option<f64>;
         let families: [(&str, &str, Stat); 5] = [
-            ("quiver_feature_psi", "population stability index of the serving window against the reference", |d| d.psi),
-            ("quiver_feature_ks", "Kolmogorov-Smirnov distance of the serving window from the reference", |d| d.ks),
-            ("quiver_feature_null_rate", "share of null values served in the window", |d| d.null_rate.current),
-            ("quiver_feature_not_found_rate", "share of lookups in the window that found no row", |d| d.not_found_rate),
-            ("quiver_feature_breach", "1 when a statistic crosses its threshold, else 0", |d| {
-                Some(f64::from(u8::from(!d.breaches.is_empty())))
-            }),
+            ("quiver_feature_psi", "population stability index of the serving window against the reference", |s| s.psi),
+            ("quiver_feature_ks", "Kolmogorov-Smirnov distance of the serving window from the reference", |s| s.ks),
+            ("quiver_feature_null_rate", "share of null values served in the window", |s| Some(s.null_rate)),
+            ("quiver_feature_not_found_rate", "share of lookups in the window that found no row", |s| Some(s.not_found_rate)),
+            ("quiver_feature_breach", "1 when a statistic crosses its threshold, else 0", |s| Some(f64::from(u8::from(s.breach)))),
         ];
         for (name, help, stat) in families {
             out.family(name, Kind::Gauge, help);
-            for (view, feature, drift) in &drifts {
-                if let Some(v) = stat(drift) {
-                    out.sample(name, &[("view", view), ("feature", feature), ("reference", &self.reference_name)], v);
+            for (slot, s) in &stats {
+                if let Some(v) = stat(s) {
+                    out.sample(name, &[("view", &slot.view), ("feature", &slot.feature), ("reference", &self.reference_name)], v);
                 }
             }
         }
@@ -173,4 +364,72 @@ fn training_features(dir: &std::path::Path) -> Result<Vec<quiver_sdk::FeatureRef
         .iter()
         .map(|f| f.reference.parse().map_err(|e: quiver_sdk::definitions::BadFeatureRef| Error::Invalid(e.to_string())))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(reference: &Profile) -> Slot {
+        let limits = Limits::DEFAULT;
+        Slot { view: "v".into(), feature: "f".into(), limits, reference_null_rate: reference.null_rate(), grid: Grid::of(reference) }
+    }
+
+    #[test]
+    fn served_values_count_into_the_references_bins_and_give_exact_psi_and_ks() {
+        // 1..=100: the sketch holds every value, so the deciles are 10, 20, ..., 90.
+        let mut reference = Profile::default();
+        (1..=100).for_each(|i| reference.add_value(&Value::Float64(f64::from(i))));
+        let slot = slot(&reference);
+        let Grid::Numbers { points, deciles, .. } = &slot.grid else { panic!("numbers") };
+        assert_eq!(deciles.iter().map(|d| points[*d]).collect::<Vec<_>>(), (1..10).map(|d| f64::from(d * 10)).collect::<Vec<_>>());
+        let mut t = Tally { bins: vec![0; slot.grid.bins()], ..Tally::default() };
+        let served = [
+            Value::Float64(10.0),
+            Value::Float64(10.5),
+            Value::Float64(95.0),
+            Value::Float64(500.0),
+            Value::Float64(f64::NAN),
+            Value::Null,
+        ];
+        for v in &served {
+            t.count += 1;
+            match slot.grid.bin(v) {
+                Some(b) => t.bins[b] += 1,
+                None if matches!(v, Value::Null) => t.nulls += 1,
+                None => {}
+            }
+        }
+        // 10 is in the bin that ends at 10 (at or below an edge); 500 beyond every point.
+        assert_eq!(t.bins[points.partition_point(|p| *p < 10.0)], 1);
+        assert_eq!(*t.bins.last().unwrap(), 1);
+        let stats = slot.stats(&t);
+        // Decile shares of the 4 numbers: (.., 10] 1/4; (10, 20] 1/4; (90, ..) 2/4.
+        let current = [0.25, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5];
+        let expected = quiver_sdk::profile::psi(&[0.1; 10], &current);
+        assert!((stats.psi.unwrap() - expected).abs() < 1e-9, "{:?} vs {expected}", stats.psi);
+        // KS at the reference's points (1, ..., 100): the largest gap is at 94, the last
+        // point below 95: the reference 0.94, the served values 2/4.
+        assert!((stats.ks.unwrap() - 0.44).abs() < 1e-9, "{:?}", stats.ks);
+        assert!((stats.null_rate - 1.0 / 6.0).abs() < 1e-12);
+        assert!(stats.breach);
+    }
+
+    #[test]
+    fn categories_count_into_the_references_top_values_and_other() {
+        let mut reference = Profile::default();
+        for (v, n) in [("a", 6), ("b", 4)] {
+            (0..n).for_each(|_| reference.add_value(&Value::String(v.into())));
+        }
+        let slot = slot(&reference);
+        let mut t = Tally { bins: vec![0; slot.grid.bins()], ..Tally::default() };
+        for v in ["a", "a", "c", "b"] {
+            t.count += 1;
+            t.bins[slot.grid.bin(&Value::String(v.into())).unwrap()] += 1;
+        }
+        let stats = slot.stats(&t);
+        let expected = quiver_sdk::profile::psi(&[0.6, 0.4, 0.0], &[0.5, 0.25, 0.25]);
+        assert!((stats.psi.unwrap() - expected).abs() < 1e-12);
+        assert_eq!(stats.ks, None);
+    }
 }

@@ -192,23 +192,7 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
     let share = |n: u64| (served && lookups > 0).then(|| n as f64 / lookups as f64);
     let (not_found_rate, outside_max_age_rate) = (share(current.not_found), share(current.outside_max_age));
     let null_rate = Rates { reference: reference.null_rate(), current: current.null_rate() };
-    let mut breaches = Vec::new();
-    if psi.is_some_and(|p| p > limits.psi) {
-        breaches.push("psi".to_string());
-    }
-    if ks_distance.is_some_and(|k| k > limits.ks) {
-        breaches.push("ks".to_string());
-    }
-    if let (Some(r), Some(c)) = (null_rate.reference, null_rate.current)
-        && (c - r).abs() > limits.null_rate
-    {
-        breaches.push("null_rate".to_string());
-    }
-    if let (Some(limit), Some(rate)) = (limits.not_found_rate, not_found_rate)
-        && rate > limit
-    {
-        breaches.push("not_found_rate".to_string());
-    }
+    let breaches = breaches(psi, ks_distance, null_rate, not_found_rate, limits);
     FeatureDrift {
         feature: feature.to_string(),
         kind: kind.to_string(),
@@ -223,6 +207,29 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
         bins,
         categories,
     }
+}
+
+/// Which statistics cross their limits: `psi`, `ks`, `null_rate` (the change, either
+/// way), `not_found_rate` (when it has a limit).
+pub(crate) fn breaches(psi: Option<f64>, ks: Option<f64>, null_rate: Rates, not_found_rate: Option<f64>, limits: Limits) -> Vec<String> {
+    let mut out = Vec::new();
+    if psi.is_some_and(|p| p > limits.psi) {
+        out.push("psi".to_string());
+    }
+    if ks.is_some_and(|k| k > limits.ks) {
+        out.push("ks".to_string());
+    }
+    if let (Some(r), Some(c)) = (null_rate.reference, null_rate.current)
+        && (c - r).abs() > limits.null_rate
+    {
+        out.push("null_rate".to_string());
+    }
+    if let (Some(limit), Some(rate)) = (limits.not_found_rate, not_found_rate)
+        && rate > limit
+    {
+        out.push("not_found_rate".to_string());
+    }
+    out
 }
 
 /// Writes `report` under the repository's [`REPORTS_DIR`], named by its time and
