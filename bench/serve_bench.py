@@ -107,7 +107,7 @@ def floor(binary, redis_port, keys, answer, body, duration, work):
         proc.wait(timeout=30)
 
 
-def instructions(command, port, body, counts, work):
+def instructions(command, port, body, counts, work, env=None):
     """User-space instructions per request of the server `command` starts on `port`,
     answering `body`: cachegrind's total for counts[1] requests less that for counts[0],
     over the difference (start-up and shutdown cancel out)."""
@@ -117,7 +117,7 @@ def instructions(command, port, body, counts, work):
         log = os.path.join(work, "cachegrind.log")
         with open(log, "w") as err:
             proc = subprocess.Popen(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", *command],
-                                    stdout=subprocess.DEVNULL, stderr=err)
+                                    stdout=subprocess.DEVNULL, stderr=err, env=env)
         try:
             wait_http(f"http://127.0.0.1:{port}/get-online-features", "a server under cachegrind", timeout=120)
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

@@ -91,6 +91,10 @@ def test_monitoring_thresholds_from_python_equal_yaml(tmp_path):
         qv.FeatureView(name="v", entities=["user"], schema=[], monitoring={"psl": 1})
     with pytest.raises(TypeError, match="ks must be a number"):
         qv.Field("x", qv.Float64, monitoring={"ks": "high"})
+    with pytest.raises(qv.ValidationError, match="join key `id`: has monitoring"):
+        qv.Entity(name="e", join_keys=[qv.Field("id", qv.Int64, monitoring={"psi": 1})])
+    # No thresholds is none: it reads back from the registry as it was given.
+    assert qv.FeatureService(name="s", features=["big:x"], monitoring={}) == qv.FeatureService(name="s", features=["big:x"])
     bad = definitions()
     bad[3] = qv.FeatureService(name="model", features=["big:x"], monitoring={"ks": 2})
     with pytest.raises(qv.ValidationError, match="feature service `model`: monitoring.ks must be between 0 and 1, got 2"):

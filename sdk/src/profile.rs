@@ -214,15 +214,26 @@ impl Profile {
                 };
                 (0..n).filter(|&r| valid(r)).for_each(|r| numbers.add(values[r] as f64));
             }
+            // NaN and infinities count as nulls: the server answers them as null.
             DType::Float32 => {
                 let a = array.as_primitive::<Float32Type>();
                 let numbers = self.numbers.get_or_insert_with(Numbers::default);
-                (0..n).filter(|&r| valid(r)).for_each(|r| numbers.add(f64::from(a.value(r))));
+                let mut non_finite = 0;
+                (0..n).filter(|&r| valid(r)).for_each(|r| {
+                    let x = f64::from(a.value(r));
+                    if x.is_finite() { numbers.add(x) } else { non_finite += 1 }
+                });
+                self.nulls += non_finite;
             }
             DType::Float64 => {
                 let a = array.as_primitive::<Float64Type>();
                 let numbers = self.numbers.get_or_insert_with(Numbers::default);
-                (0..n).filter(|&r| valid(r)).for_each(|r| numbers.add(a.value(r)));
+                let mut non_finite = 0;
+                (0..n).filter(|&r| valid(r)).for_each(|r| {
+                    let x = a.value(r);
+                    if x.is_finite() { numbers.add(x) } else { non_finite += 1 }
+                });
+                self.nulls += non_finite;
             }
             DType::Bool => {
                 let a = array.as_boolean();
@@ -258,6 +269,9 @@ impl Profile {
             V::Null => self.nulls += 1,
             V::Int32(x) => numbers(self, f64::from(*x)),
             V::Int64(x) | V::Timestamp(x) => numbers(self, *x as f64),
+            // As the server answers them: null.
+            V::Float32(x) if !x.is_finite() => self.nulls += 1,
+            V::Float64(x) if !x.is_finite() => self.nulls += 1,
             V::Float32(x) => numbers(self, f64::from(*x)),
             V::Float64(x) => numbers(self, *x),
             V::Bool(x) => categories(self, if *x { "true" } else { "false" }),
@@ -326,8 +340,11 @@ pub struct NumbersDoc {
     /// Absent when no number was seen.
     pub min: Option<f64>,
     pub max: Option<f64>,
+    /// Null when it overflowed (values near f64's limits); read back as NaN.
+    #[serde(deserialize_with = "nan_if_null")]
     pub mean: f64,
     pub stddev: Option<f64>,
+    #[serde(deserialize_with = "nan_if_null")]
     pub m2: f64,
     pub nan: u64,
     pub kll: String,
@@ -399,6 +416,11 @@ impl TryFrom<&ProfileDoc> for Profile {
     }
 }
 
+/// A float JSON wrote as `null` (it was not finite) reads back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
@@ -416,7 +438,11 @@ fn unhex(text: &str) -> Result<Vec<u8>, String> {
     (0..text.len())
         .step_by(2)
         .map(|i| {
-            u8::from_str_radix(text.get(i..i + 2).unwrap_or("zz"), 16).map_err(|_| format!("a sketch's hex has `{}`", &text[i..i + 2]))
+            let pair = &text.as_bytes()[i..i + 2];
+            std::str::from_utf8(pair)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+                .ok_or_else(|| format!("a sketch's hex has `{}`", String::from_utf8_lossy(pair)))
         })
         .collect()
 }
@@ -667,5 +693,32 @@ mod tests {
         let mut merged = r.clone();
         merged.merge(&c);
         assert_eq!(merged.total(), 2000);
+    }
+
+    #[test]
+    fn nan_and_infinities_count_as_nulls_as_the_server_serves_them_and_the_json_reads_back() {
+        let column = arrow::array::Float64Array::from(vec![Some(1.0), Some(f64::NAN), Some(f64::INFINITY), None, Some(3.0)]);
+        let mut p = Profile::default();
+        p.add_array(&column, DType::Float64);
+        assert_eq!((p.count, p.nulls), (5, 3));
+        let n = p.numbers.as_ref().unwrap();
+        assert_eq!((n.n, n.min, n.max, n.mean), (2, 1.0, 3.0, 2.0));
+        let mut served = Profile::default();
+        for v in [1.0, f64::NAN, f64::INFINITY, 3.0] {
+            served.add_value(&crate::encoding::Value::Float64(v));
+        }
+        served.add_value(&crate::encoding::Value::Null);
+        assert_eq!((served.count, served.nulls), (5, 3));
+        // Moments that overflowed are written as null and read back.
+        let mut huge = Profile::default();
+        huge.add_value(&crate::encoding::Value::Float64(1e300));
+        huge.add_value(&crate::encoding::Value::Float64(-1e300));
+        let text = serde_json::to_string(&ProfileDoc::from(&huge)).unwrap();
+        let back: ProfileDoc = serde_json::from_str(&text).unwrap();
+        assert_eq!(Profile::try_from(&back).unwrap().count, 2);
+        // A damaged sketch is an error, never a panic (even split inside a character).
+        let mut bad = back.clone();
+        bad.numbers.as_mut().unwrap().kll = "a\u{e9}0".into();
+        assert!(Profile::try_from(&bad).is_err());
     }
 }

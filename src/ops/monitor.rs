@@ -46,7 +46,10 @@ impl Monitor<'_> {
 
     async fn run(self) -> Result<Monitored> {
         let defs = self.repo.defs()?;
-        let refs = self.features.resolve(&defs)?;
+        let mut refs = self.features.resolve(&defs)?;
+        // A feature named twice is compared once.
+        let mut seen = std::collections::HashSet::new();
+        refs.retain(|r| seen.insert(r.to_string()));
         for r in &refs {
             defs.find(r).map_err(|e| crate::error::Error::NotFound(e.0))?;
         }

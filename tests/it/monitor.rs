@@ -259,7 +259,7 @@ fn monitor_finds_injected_drift_and_stays_quiet_on_stable_windows() {
         &[
             "monitor",
             "--features",
-            "m:shifted,m:stable",
+            "m:shifted,m:stable,m:shifted", // named twice: compared once
             "--reference",
             "offline:2026-01-01..2026-02-01",
             "--current",

@@ -36,7 +36,8 @@ def _thresholds(value: Any, what: str) -> dict[str, float] | None:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"{what}: {k} must be a number, got {type(v).__name__} {v!r}")
         out[k] = float(v)
-    return out
+    # No thresholds is none at all: `{}` reads back from the registry as None.
+    return out or None
 
 
 def _monitoring_json(own: dict[str, float] | None, named: Iterable[tuple[str, dict[str, float] | None]]) -> dict | None:
@@ -175,6 +176,8 @@ class Entity(_Definition):
         keys: list[Field] = []
         for k in join_keys:
             if isinstance(k, Field):
+                if k.monitoring is not None:
+                    raise ValidationError(f"entity `{name}`, join key `{k.name}`: has monitoring (monitor features, not keys)")
                 keys.append(k)
             elif isinstance(k, str):
                 if value_type is None:
