@@ -138,13 +138,16 @@ async fn offline(repo: &Repo, defs: &Definitions, features: &[FeatureRef], since
     Ok(out)
 }
 
+/// A feature of a serving window: its name, type and profile so far.
+type Slot<'a> = (&'a str, DType, Profile);
+
 /// The profiles of what was served with request times in the window, from the serving
 /// log: every logged lookup of a feature counts, `NOT_FOUND` and `OUTSIDE_MAX_AGE`
 /// (served as null) among the nulls and in their own shares.
 async fn serving(repo: &Repo, defs: &Definitions, features: &[FeatureRef], since: i64, until: i64) -> Result<Profiles> {
     let window = || format!("serving:{}..{}", format_instant(since), format_instant(until));
     // Per view asked for: whether the window logged it, and its features' profiles.
-    let mut views: Vec<(&str, bool, Vec<(&str, DType, Profile)>)> = Vec::new();
+    let mut views: Vec<(&str, bool, Vec<Slot<'_>>)> = Vec::new();
     for f in features {
         let dtype = defs.feature_dtype(f).ok_or_else(|| Error::NotFound(format!("unknown feature `{f}`")))?;
         let at = match views.iter().position(|v| v.0 == f.view) {

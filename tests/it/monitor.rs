@@ -400,8 +400,8 @@ fn monitor_finds_skew_between_a_training_set_and_what_was_served() {
 
     // Values that moved online (pushed there only) and users the store lacks: skew.
     let mut moved = "user_id,ts,score,plan\n".to_string();
-    for u in 0..users {
-        writeln!(moved, "{u},2026-01-03T00:00:00Z,{},{}", scores[u] * 0.5 + 0.5, "pro").unwrap();
+    for (u, score) in scores.iter().enumerate() {
+        writeln!(moved, "{u},2026-01-03T00:00:00Z,{},pro", score * 0.5 + 0.5).unwrap();
     }
     std::fs::write(dir.join("moved.csv"), moved).unwrap();
     ok(dir, &["push", "s", "moved.csv", "--to", "online"]);
