@@ -164,13 +164,14 @@ impl Grid {
 }
 
 /// Equal-width cells over the points' range, each knowing the bins a value in it can
-/// fall in: a value's bin is a multiply, a load and most often no search at all (a
+/// fall in: a value's bin is a multiply, a load and a search of a few points at most (a
 /// binary search over 410 points for every served value was most of the cost).
 #[derive(Debug)]
 struct Cells {
     lo: f64,
     scale: f64,
-    /// Per cell: the bins of its values lie in `first..=last`.
+    /// Per cell: the bins of its values, and of its neighbours' (a value rounded into
+    /// the next cell still finds its bin), lie in `first..=last`.
     ranges: Vec<(u32, u32)>,
 }
 
@@ -178,13 +179,23 @@ impl Cells {
     const N: usize = 2048;
 
     fn of(points: &[f64]) -> Cells {
+        let len = u32::try_from(points.len()).unwrap_or(u32::MAX);
         let (lo, hi) = (points.first().copied().unwrap_or(0.0), points.last().copied().unwrap_or(0.0));
         let scale = Self::N as f64 / (hi - lo);
-        if points.len() < 2 || !scale.is_finite() {
-            return Cells { lo, scale: 0.0, ranges: vec![(0, u32::try_from(points.len()).unwrap_or(u32::MAX))] };
+        // Cells far wider than a float's rounding there, or none: one cell of every bin.
+        let coarse = (hi - lo) / Self::N as f64 > 1e6 * f64::EPSILON * lo.abs().max(hi.abs());
+        if points.len() < 2 || !scale.is_finite() || !coarse {
+            return Cells { lo, scale: 0.0, ranges: vec![(0, len)] };
         }
         let bin = |x: f64| u32::try_from(points.partition_point(|p| *p < x)).unwrap_or(u32::MAX);
-        let ranges = (0..Self::N).map(|c| (bin(lo + c as f64 / scale), bin(lo + (c + 1) as f64 / scale))).collect();
+        let edges: Vec<u32> = (0..=Self::N).map(|c| bin(lo + c as f64 / scale)).collect();
+        let ranges = (0..Self::N)
+            .map(|c| {
+                let first = if c == 0 { 0 } else { edges[c - 1] };
+                let last = if c + 1 == Self::N { len } else { edges[c + 2] };
+                (first, last)
+            })
+            .collect();
         Cells { lo, scale, ranges }
     }
 
@@ -193,9 +204,7 @@ impl Cells {
         let at = (x - self.lo) * self.scale;
         let cell = if at > 0.0 { (at as usize).min(self.ranges.len() - 1) } else { 0 };
         let (first, last) = (self.ranges[cell].0 as usize, self.ranges[cell].1 as usize);
-        let r = first + points[first..last].partition_point(|p| *p < x);
-        // Rounding at a cell's edge: checked, and searched in full when it misses.
-        if (r == 0 || points[r - 1] < x) && (r == points.len() || points[r] >= x) { r } else { points.partition_point(|p| *p < x) }
+        first + points[first..last].partition_point(|p| *p < x)
     }
 }
 
@@ -520,9 +529,18 @@ mod tests {
         points.sort_by(f64::total_cmp);
         points.dedup();
         let cells = Cells::of(&points);
-        let probes = points.iter().copied().chain((0..100_000).map(|_| (next() * 13.0).exp() - 2.0));
+        // On, just above and just below every cell's edge too.
+        let edges: Vec<f64> =
+            (0..=Cells::N).map(|c| cells.lo + c as f64 / cells.scale).flat_map(|e| [e, e.next_up(), e.next_down()]).collect();
+        let probes = points.iter().copied().chain(edges).chain((0..100_000).map(|_| (next() * 13.0).exp() - 2.0));
         for v in probes {
             assert_eq!(cells.bin(&points, v), points.partition_point(|p| *p < v), "{v}");
+        }
+        // Points packed far closer than a float's rounding at their size: one cell.
+        let near: Vec<f64> = (0..300).map(|i| 1e15 + f64::from(i) * 0.125).collect();
+        let cells = Cells::of(&near);
+        for v in near.iter().copied().chain([1e15 - 1.0, 1e15 + 17.06, 1e15 + 100.0]) {
+            assert_eq!(cells.bin(&near, v), near.partition_point(|p| *p < v), "{v}");
         }
         let one = [5.0];
         assert_eq!((Cells::of(&one).bin(&one, 4.0), Cells::of(&one).bin(&one, 5.0), Cells::of(&one).bin(&one, 6.0)), (0, 0, 1));
