@@ -204,13 +204,7 @@ impl Cells {
         let at = (x - self.lo) * self.scale;
         let cell = if at > 0.0 { (at as usize).min(self.ranges.len() - 1) } else { 0 };
         let (first, last) = (self.ranges[cell].0 as usize, self.ranges[cell].1 as usize);
-        let candidates = &points[first..last];
-        if candidates.len() <= 8 {
-            // Most cells hold a few points: a scan beats a search's set-up.
-            first + candidates.iter().take_while(|p| **p < x).count()
-        } else {
-            first + candidates.partition_point(|p| *p < x)
-        }
+        first + points[first..last].partition_point(|p| *p < x)
     }
 }
 
