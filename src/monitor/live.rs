@@ -11,8 +11,9 @@
 //! strings and bools its top categories and "other". PSI over the reference's deciles is
 //! then exact for the served values, and KS is taken at the reference's 401 points
 //! (within a quarter percent of rank, plus the reference sketch's error). A bin count is
-//! a binary search and an add, several times cheaper than a sketch update, which is
-//! what keeps the cost to serving low (docs/monitoring.md, bench/RESULTS.md).
+//! a cell's lookup, a search of its few points and an add, several times cheaper than a
+//! sketch update, which is what keeps the cost to serving low (docs/monitoring.md,
+//! bench/RESULTS.md).
 
 use std::collections::VecDeque;
 
