@@ -113,20 +113,7 @@ impl quiver_online::server::Insights for RepoInsights {
 
     async fn verify_reports(&self) -> Result<Value, String> {
         let dir = self.config.repo.join(crate::verify::REPORTS_DIR);
-        let mut files: Vec<std::path::PathBuf> = match std::fs::read_dir(&dir) {
-            Ok(entries) => {
-                entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect()
-            }
-            Err(_) => Vec::new(),
-        };
-        files.sort();
-        let mut reports = Vec::new();
-        for file in files {
-            // A report that cannot be read is skipped, never the page's failure.
-            if let Some(report) = std::fs::read(&file).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()) {
-                reports.push(report);
-            }
-        }
+        let reports: Vec<Value> = stored_reports(&dir).unwrap_or_default();
         Ok(json!({ "reports": reports }))
     }
 
@@ -134,6 +121,24 @@ impl quiver_online::server::Insights for RepoInsights {
         let reports = crate::monitor::stored(&self.config.repo).map_err(|e| e.to_string())?;
         Ok(json!({ "reports": reports }))
     }
+}
+
+/// The JSON reports stored in `dir` (`verify`'s, `monitor`'s), oldest first (their names
+/// start with their time); a report that cannot be read is skipped, never the page's
+/// failure. None when `dir` does not exist.
+///
+/// # Errors
+/// When `dir` exists and cannot be listed.
+pub(crate) fn stored_reports<T: serde::de::DeserializeOwned>(dir: &std::path::Path) -> Result<Vec<T>, crate::Error> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(crate::Error::io(dir, e)),
+    };
+    let mut paths: Vec<std::path::PathBuf> =
+        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+    paths.sort();
+    Ok(paths.iter().filter_map(|p| serde_json::from_slice(&std::fs::read(p).ok()?).ok()).collect())
 }
 
 /// Rows, and per feature its type, null count and rate, and for numbers the range and a

@@ -438,10 +438,7 @@ impl Live {
 
 /// The features a training set's manifest profiles.
 fn training_features(dir: &std::path::Path) -> Result<Vec<quiver_sdk::FeatureRef>> {
-    let path = dir.join("manifest.json");
-    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-    let manifest: crate::export::Manifest =
-        serde_json::from_slice(&bytes).map_err(|e| Error::Invalid(format!("{}: not a training set's manifest: {e}", path.display())))?;
+    let (_, manifest) = sources::read_manifest(dir)?;
     manifest
         .features
         .iter()

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use quiver_sdk::monitoring::Limits;
-use quiver_sdk::profile::{Bins, Profile, ks, psi_categories};
+use quiver_sdk::profile::{Bins, Profile, ks};
 use quiver_sdk::rows::format_instant;
 use serde::{Deserialize, Serialize};
 
@@ -167,7 +167,6 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
         }
         (None, Some(r), _) => {
             if let Some(c) = &current.categories {
-                psi = psi_categories(r, c);
                 let top = r.top();
                 let share = |n: u64, total: u64| n as f64 / total.max(1) as f64;
                 let mut rs: Vec<f64> = top.iter().map(|(_, n)| share(*n, r.total())).collect();
@@ -176,6 +175,8 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
                 cs.push((1.0 - cs.iter().sum::<f64>()).max(0.0));
                 let mut values: Vec<String> = top.into_iter().map(|(v, _)| v).collect();
                 values.push("(other)".into());
+                // As `psi_categories`: none when either side counted nothing.
+                psi = (r.total() > 0 && c.total() > 0).then(|| quiver_sdk::profile::psi(&rs, &cs));
                 categories = Some(CategoryShares { values, reference: rs, current: cs });
             }
             "categorical"
@@ -254,16 +255,7 @@ pub fn store(repo_dir: &Path, report: &MonitorReport) -> Result<PathBuf> {
 /// # Errors
 /// When the folder exists and cannot be listed.
 pub fn stored(repo_dir: &Path) -> Result<Vec<MonitorReport>> {
-    let dir = repo_dir.join(REPORTS_DIR);
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(&dir, e)),
-    };
-    let mut paths: Vec<PathBuf> =
-        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
-    paths.sort();
-    Ok(paths.iter().filter_map(|p| serde_json::from_slice(&std::fs::read(p).ok()?).ok()).collect())
+    crate::insights::stored_reports(&repo_dir.join(REPORTS_DIR))
 }
 
 /// Profiles keyed by `view:feature`.

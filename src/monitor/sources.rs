@@ -31,10 +31,7 @@ pub async fn profiles(repo: &Repo, defs: &Definitions, window: &Window, features
 
 /// The profile `export` wrote into `dir`'s manifest.
 fn training(dir: &Path, features: &[FeatureRef]) -> Result<Profiles> {
-    let path = dir.join("manifest.json");
-    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-    let manifest: Manifest =
-        serde_json::from_slice(&bytes).map_err(|e| Error::Invalid(format!("{}: not a training set's manifest: {e}", path.display())))?;
+    let (path, manifest) = read_manifest(dir)?;
     if manifest.profile.is_empty() {
         return Err(Error::Invalid(format!(
             "{}: the manifest has no profile (exported before export wrote profiles); export the training set again",
@@ -55,6 +52,18 @@ fn training(dir: &Path, features: &[FeatureRef]) -> Result<Profiles> {
         out.insert(name, profile);
     }
     Ok(out)
+}
+
+/// `dir`'s `manifest.json` (its path, for messages), read as a training set's.
+///
+/// # Errors
+/// When it cannot be read, or is not a manifest.
+pub(super) fn read_manifest(dir: &Path) -> Result<(std::path::PathBuf, Manifest)> {
+    let path = dir.join("manifest.json");
+    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+    let manifest =
+        serde_json::from_slice(&bytes).map_err(|e| Error::Invalid(format!("{}: not a training set's manifest: {e}", path.display())))?;
+    Ok((path, manifest))
 }
 
 /// The profiles of stored features over views' Delta rows with event times in the window.
