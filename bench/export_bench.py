@@ -2,14 +2,15 @@
 """Training-set export beside DuckDB's join + COPY, and the loader's speed (not a test).
 
     <sdk-venv>/bin/python bench/export_bench.py --quiver target/release/quiver
-        [--scale medium] [--shard-rows 1000000,500000,250000]
+        [--scale medium] [--shards 1,4,16,64] [--reps 3]
 
 (`./run bench-export` builds and runs this.) Needs the data and repository that
 `./run bench` leaves in $PITDATA (default /tmp/pitdata): `<scale>/` and
-`quiver_<scale>/`. Times `quiver export` at each shard size and the shared
-`peer_duckdb.py` (join + COPY to Parquet) on the same data under /usr/bin/time, checks
-the export equals DuckDB's result with the shared `check_equal.py`, then reads the
-last export back with `quiver.TrainingSet(...).iter_batches` for batches/s.
+`quiver_<scale>/`. Times `quiver export` into each number of shards and the shared
+`peer_duckdb.py` (join + COPY to Parquet) on the same data under /usr/bin/time, round
+robin, medians of `--reps`; checks the export equals DuckDB's result with the shared
+`check_equal.py`, then reads the last export back with `quiver.TrainingSet(...)` for
+the loaders' speed.
 """
 import argparse
 import os
@@ -39,7 +40,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quiver", required=True)
     ap.add_argument("--scale", default="medium")
-    ap.add_argument("--shard-rows", default="1000000,500000,250000")
+    ap.add_argument("--shards", default="1,4,16,64", help="numbers of shards to export into")
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--shared", default=os.environ.get("QUIVER_SHARED", os.path.join(ROOT, "..", "shared")))
     ap.add_argument("--python", default=os.path.expanduser("~/.cache/quiver/venv/bin/python"),
                     help="a Python with duckdb and pyarrow for the peer")
@@ -52,18 +54,36 @@ def main():
     work = tempfile.mkdtemp(prefix="quiver-export-bench.")
     rows = []
     try:
-        last = None
-        for n in [int(x) for x in args.shard_rows.split(",")]:
-            out = os.path.join(work, f"export_{n}")
-            wall, rss = timed([os.path.abspath(args.quiver), "export", "--service", "bench_all", "--spine", spine,
-                               "--out", out, "--shard-rows", str(n), "--engine", "cpu"], cwd=repo)
-            rows.append((f"quiver export, shards of {n:,}", wall, rss, size(out)))
-            print(f"quiver export --shard-rows {n}: {wall:.2f} s, peak {rss / 1e9:.2f} GB", flush=True)
-            last = out
+        import pyarrow.parquet as pq
+        import statistics
+        spine_rows = pq.ParquetFile(spine).metadata.num_rows
+        counts = [int(x) for x in args.shards.split(",")]
+        runs = {n: [] for n in counts}
+        runs["duckdb"] = []
         duck = os.path.join(work, "duckdb.parquet")
-        wall, rss = timed([args.python, os.path.join(args.shared, "bench", "peer_duckdb.py"), data, duck])
+        last = None
+        for rep in range(args.reps):
+            for n in counts:
+                out = os.path.join(work, f"export_{n}")
+                shutil.rmtree(out, ignore_errors=True)
+                per = -(-spine_rows // n)
+                runs[n].append(timed([os.path.abspath(args.quiver), "export", "--service", "bench_all", "--spine", spine,
+                                      "--out", out, "--shard-rows", str(per), "--engine", "cpu"], cwd=repo))
+                print(f"rep {rep + 1}: quiver export into {n} shards of {per:,}: {runs[n][-1][0]:.2f} s, "
+                      f"peak {runs[n][-1][1] / 1e9:.2f} GB", flush=True)
+                last = out
+            if os.path.exists(duck):
+                os.remove(duck)
+            runs["duckdb"].append(timed([args.python, os.path.join(args.shared, "bench", "peer_duckdb.py"), data, duck]))
+            print(f"rep {rep + 1}: duckdb: {runs['duckdb'][-1][0]:.2f} s, peak {runs['duckdb'][-1][1] / 1e9:.2f} GB", flush=True)
+        for n in counts:
+            wall, rss = statistics.median(w for w, _ in runs[n]), max(r for _, r in runs[n])
+            rows.append((f"quiver export, {n} shards of {-(-spine_rows // n):,} rows", wall, rss, size(os.path.join(work, f"export_{n}"))))
+        wall, rss = statistics.median(w for w, _ in runs["duckdb"]), max(r for _, r in runs["duckdb"])
         rows.append(("DuckDB join + COPY to Parquet", wall, rss, size(duck)))
-        print(f"duckdb: {wall:.2f} s, peak {rss / 1e9:.2f} GB", flush=True)
+        walls = [w for name, w, _, _ in rows if name.startswith("quiver")]
+        print(f"\nquiver export: slowest / fastest shard count {max(walls) / min(walls):.2f}x; "
+              f"slowest vs DuckDB {max(walls) / wall:.2f}x the time ({args.reps} reps, medians)", flush=True)
         # Same answer: the shared checker compares a file against the peer's.
         merged = os.path.join(work, "export_merged.parquet")
         subprocess.run([args.python, "-c", f"import glob, pyarrow.dataset as ds, pyarrow.parquet as pq; "
@@ -80,7 +100,6 @@ def main():
             n_batches += 1
         loader = n_batches / (time.perf_counter() - began)
         torch_lines = torch_loader(ts)
-        spine_rows = ts.num_rows
         print()
         print("| run | wall s | peak RSS | rows/s | output MB/s |")
         print("|---|---|---|---|---|")

@@ -1,9 +1,9 @@
 //! `export`: a training set as shards plus `manifest.json`, rebuildable exactly.
 //!
-//! The Delta version of every view is pinned when the export starts; the spine is cut
-//! into shards of `shard_rows` rows, each joined at the pinned versions
-//! ([`historical`] with pinned versions) and written atomically as it is done, so memory holds one shard's
-//! result at a time. `manifest.json` records the training-set id (a hash of the
+//! The Delta version of every view is pinned when the export starts; the spine is
+//! joined once at the pinned versions ([`join`]) and cut into shards of `shard_rows`
+//! rows, each assembled from the join and written atomically as it is due, so memory
+//! holds the join's working set and one shard, whatever the number of shards. `manifest.json` records the training-set id (a hash of the
 //! registry version, the pinned versions, the spine's content hash and the options),
 //! the feature references with their types, the schema, and each shard's rows and
 //! SHA-256. Rebuilding from a manifest reads the same versions (time travel) and must
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
 use quiver_gpu_join::AsOfKernel;
-use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, read_spine, resolve, table_versions};
+use quiver_offline::historical::{HistoricalOptions, SpineRows, join, read_spine, resolve, table_versions};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -234,7 +234,7 @@ pub struct Exported {
     /// Shards that were in the folder but damaged (their bytes no longer matched the
     /// manifest) and were written again.
     pub repaired: Vec<String>,
-    /// Shards joined in this run (the rest were already there, intact).
+    /// Shards assembled from this run's join (the rest were already there, intact).
     pub joined: usize,
 }
 
@@ -299,8 +299,19 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
     // finished export found again keeps its own.
     let mut profiles = (expected.is_none() && (manifest.profile.is_empty() || done.len() as u64 != n_shards))
         .then(|| TrainingProfile::new(&defs, &manifest.features));
+    let file_of = |k: u64| format!("part-{k:05}.{}", manifest.options.format.extension());
+    // One join for every shard still to write (none when all are there, intact).
+    let due = expected.is_some() || (0..n_shards).any(|k| !done.iter().any(|s| s.file == file_of(k)));
+    let options = HistoricalOptions {
+        created_cutoff: manifest.options.created_cutoff,
+        versions: manifest.delta_versions.clone(),
+        cluster: joiner.cluster.map(str::to_string),
+        ..Default::default()
+    };
+    let rows = SpineRows { source: &manifest.spine.path, rows: &spine };
+    let joined = if due { Some(join(&repo.config, &defs, rows, &requests, options, joiner.kernel, &|_, _| {}).await?) } else { None };
     for k in 0..n_shards {
-        let file = format!("part-{k:05}.{}", manifest.options.format.extension());
+        let file = file_of(k);
         if expected.is_none() && done.iter().any(|s| s.file == file) {
             if let Some(p) = profiles.as_mut() {
                 for batch in read_shard(&out.join(&file), manifest.options.format)? {
@@ -310,17 +321,9 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
             (hooks.progress)(k + 1, n_shards);
             continue;
         }
-        let start = k * per;
-        let slice = spine.slice(start as usize, per.min(n - start.min(n)) as usize);
-        let versions = manifest.delta_versions.clone();
-        let options = HistoricalOptions {
-            created_cutoff: manifest.options.created_cutoff,
-            versions,
-            cluster: joiner.cluster.map(str::to_string),
-            ..Default::default()
-        };
-        let rows = SpineRows { source: &manifest.spine.path, rows: &slice };
-        let joined = historical(&repo.config, &defs, rows, &requests, options, joiner.kernel, &|_, _| {}).await?;
+        let start = (k * per).min(n);
+        let end = (start + per).min(n);
+        let joined = joined.as_ref().expect("joined when a shard is due").rows(start as usize..end as usize)?;
         joined_now += 1;
         if manifest.schema.is_empty() {
             manifest.schema = joined.schema().fields().iter().map(|f| (f.name().clone(), f.data_type().to_string())).collect();

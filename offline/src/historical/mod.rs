@@ -301,41 +301,164 @@ pub async fn historical(
     kernel: &dyn AsOfKernel,
     progress: Progress<'_>,
 ) -> Result<RecordBatch> {
+    let rows = spine.rows.num_rows();
+    join(config, defs, spine, requests, options, kernel, progress).await?.rows(0..rows)
+}
+
+/// The point-in-time join of `spine`, done once, its output assembled by ranges of spine
+/// rows ([`Joined::rows`]): `export` writes each shard from it as the shard is due, with
+/// no second join (docs/export.md).
+///
+/// # Errors
+/// As [`historical`].
+pub async fn join<'a>(
+    config: &Config,
+    defs: &'a Definitions,
+    spine: SpineRows<'a>,
+    requests: &'a Resolved<'a>,
+    options: HistoricalOptions,
+    kernel: &'a dyn AsOfKernel,
+    progress: Progress<'a>,
+) -> Result<Joined<'a>> {
     let times = spine::spine_times(spine.source, spine.rows)?;
     requests.check_spine(defs, spine)?;
-    let mut joined: Vec<Option<(Field, ArrayRef)>> = vec![None; requests.joined];
-    let mut view_times: Vec<Option<(Field, ArrayRef)>> = Vec::with_capacity(requests.views.len());
+    let mut views = Vec::with_capacity(requests.views.len());
     let join = Join { defs, spine, times: &times, options: &options, kernel, progress };
     for request in &requests.views {
-        let view = match &options.cluster {
+        views.push(match &options.cluster {
             None => join.view(config, request).await?,
-            Some(cluster) => distributed::join_view(&join, config, cluster, request).await?,
+            Some(cluster) => Held::Gathered(distributed::join_view(&join, config, cluster, request).await?),
+        });
+    }
+    Ok(Joined { defs, spine, times, requests, options, kernel, progress, views })
+}
+
+/// A point-in-time join whose views are joined ([`join`]): each view's answer for every
+/// spine row is held, as gathered columns or as its scan and winning rows, whichever
+/// holds fewer rows, so peak memory is the join's working set whatever the ranges asked.
+pub struct Joined<'a> {
+    defs: &'a Definitions,
+    spine: SpineRows<'a>,
+    times: Vec<i64>,
+    requests: &'a Resolved<'a>,
+    options: HistoricalOptions,
+    kernel: &'a dyn AsOfKernel,
+    progress: Progress<'a>,
+    /// Per request of `requests.views`.
+    views: Vec<Held>,
+}
+
+impl std::fmt::Debug for Joined<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Joined").field("spine", &self.spine.source).field("rows", &self.times.len()).finish_non_exhaustive()
+    }
+}
+
+impl Joined<'_> {
+    /// The views whose columns the join holds gathered; the others are held as their
+    /// scans and winning rows, gathered by range.
+    pub fn gathered_views(&self) -> Vec<&str> {
+        self.requests
+            .views
+            .iter()
+            .zip(&self.views)
+            .filter(|(_, h)| matches!(h, Held::Gathered(_)))
+            .map(|(r, _)| r.view.name.as_str())
+            .collect()
+    }
+
+    /// Spine rows `range` of the join (in `0..spine rows`): those rows of the spine,
+    /// unchanged, then one `view__feature` column per requested feature in request
+    /// order, with the on-demand features computed for those rows. Any cut of the spine
+    /// into ranges gives, together, [`historical`]'s batch.
+    ///
+    /// # Errors
+    /// An on-demand computation's or a gather's error; a range past the spine's rows.
+    pub fn rows(&self, range: std::ops::Range<usize>) -> Result<RecordBatch> {
+        if range.start > range.end || range.end > self.times.len() {
+            return Err(Error::Request(format!("rows {range:?} of a join of {} spine rows", self.times.len())));
+        }
+        let rows = self.spine.rows.slice(range.start, range.len());
+        let spine = SpineRows { source: self.spine.source, rows: &rows };
+        let join = Join {
+            defs: self.defs,
+            spine,
+            times: &self.times[range.clone()],
+            options: &self.options,
+            kernel: self.kernel,
+            progress: self.progress,
         };
-        for (k, column) in view.features.into_iter().enumerate() {
-            joined[request.positions[k]] = Some(column);
+        let requests = self.requests;
+        let mut joined: Vec<Option<(Field, ArrayRef)>> = vec![None; requests.joined];
+        let mut view_times: Vec<Option<(Field, ArrayRef)>> = Vec::with_capacity(requests.views.len());
+        for (request, held) in requests.views.iter().zip(&self.views) {
+            let view = held.rows(self.kernel, request, range.clone())?;
+            for (k, column) in view.features.into_iter().enumerate() {
+                joined[request.positions[k]] = Some(column);
+            }
+            view_times.push(view.event_time);
         }
-        view_times.push(view.event_time);
+        if let Some(on_demand) = &requests.on_demand {
+            let computed = join.on_demand(on_demand, &joined, &view_times)?;
+            for (&position, column) in on_demand.positions.iter().zip(computed) {
+                joined[position] = Some(column);
+            }
+        }
+        let mut fields: Vec<Field> = rows.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut columns: Vec<ArrayRef> = rows.columns().to_vec();
+        // The asked features, then (when asked) the event times of the views they read.
+        let event_times = requests
+            .views
+            .iter()
+            .zip(view_times)
+            .filter(|(r, _)| self.options.event_times && r.positions.iter().any(|&p| p < requests.asked))
+            .filter_map(|(_, t)| t);
+        for (field, column) in joined.into_iter().take(requests.asked).flatten().chain(event_times) {
+            fields.push(field);
+            columns.push(canonical(column));
+        }
+        Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
     }
-    if let Some(on_demand) = &requests.on_demand {
-        let computed = join.on_demand(on_demand, &joined, &view_times)?;
-        for (&position, column) in on_demand.positions.iter().zip(computed) {
-            joined[position] = Some(column);
+}
+
+/// One view's answer for every spine row, between the join and its output.
+enum Held {
+    /// Its columns, gathered: an event log's aggregations, a cluster's answer, or a
+    /// view whose scan holds more rows than the spine.
+    Gathered(ViewJoined),
+    /// Its scan and each spine row's winning row, gathered by range: a view whose scan
+    /// holds fewer rows than the spine (the gathered columns would hold more).
+    Won(Won),
+}
+
+impl Held {
+    /// The view's columns for spine rows `range`.
+    fn rows(&self, kernel: &dyn AsOfKernel, request: &ViewRequest<'_>, range: std::ops::Range<usize>) -> Result<ViewJoined> {
+        match self {
+            Held::Gathered(v) => Ok(v.slice(range)),
+            Held::Won(w) => w.gather(kernel, request, range),
         }
     }
-    let mut fields: Vec<Field> = spine.rows.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
-    let mut columns: Vec<ArrayRef> = spine.rows.columns().to_vec();
-    // The asked features, then (when asked) the event times of the views they read.
-    let event_times = requests
-        .views
-        .iter()
-        .zip(view_times)
-        .filter(|(r, _)| options.event_times && r.positions.iter().any(|&p| p < requests.asked))
-        .filter_map(|(_, t)| t);
-    for (field, column) in joined.into_iter().take(requests.asked).flatten().chain(event_times) {
-        fields.push(field);
-        columns.push(canonical(column));
+}
+
+/// A plain view joined, not yet gathered: its scan (feature columns only), each spine
+/// row's winning row in it (`NO_ROW`: none) and the winners' event times if asked.
+struct Won {
+    scan: Scan,
+    types: Vec<DataType>,
+    winners: Vec<u32>,
+    event_time: Option<ArrayRef>,
+}
+
+impl Won {
+    /// The columns of spine rows `range`.
+    fn gather(&self, kernel: &dyn AsOfKernel, request: &ViewRequest<'_>, range: std::ops::Range<usize>) -> Result<ViewJoined> {
+        let phase = std::time::Instant::now();
+        let winners = &self.winners[range.clone()];
+        let gathered = gather::gather_features(kernel, &self.scan.batches, &self.scan.feature_columns, &self.types, winners)?;
+        tracing::debug!(view = %request.view.name, rows = winners.len(), secs = phase.elapsed().as_secs_f64(), "gathered");
+        Ok(ViewJoined::new(request, gathered, self.event_time.as_ref().map(|t| t.slice(range.start, range.len()))))
     }
-    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
 }
 
 /// The columns the join of `request` adds, as [`historical`] names and types them: one
@@ -386,6 +509,12 @@ struct ViewJoined {
 }
 
 impl ViewJoined {
+    /// Spine rows `range` of the columns (no copy).
+    fn slice(&self, range: std::ops::Range<usize>) -> ViewJoined {
+        let cut = |(f, a): &(Field, ArrayRef)| (f.clone(), a.slice(range.start, range.len()));
+        ViewJoined { features: self.features.iter().map(cut).collect(), event_time: self.event_time.as_ref().map(cut) }
+    }
+
     /// `request`'s columns, named and typed by [`joined_fields`].
     fn new(request: &ViewRequest<'_>, features: Vec<ArrayRef>, event_time: Option<ArrayRef>) -> ViewJoined {
         let mut fields = joined_fields(request, event_time.is_some()).into_iter();
@@ -466,8 +595,9 @@ impl Join<'_> {
         Ok(ScanNeed { columns: request.features.clone(), range })
     }
 
-    /// Scans, runs the kernel on and gathers one requested view.
-    async fn view(&self, config: &Config, request: &ViewRequest<'_>) -> Result<ViewJoined> {
+    /// Scans and runs the kernel on one requested view; holds the answer
+    /// gathered, or its scan and winners when the scan holds fewer rows than the spine.
+    async fn view(&self, config: &Config, request: &ViewRequest<'_>) -> Result<Held> {
         let view = request.view;
         let need = self.need(request)?;
         let index = EntityIndex::build(&self.spine_keys(view)?)?;
@@ -475,17 +605,30 @@ impl Join<'_> {
         let scan = scan_view_at(&config.view_table(view), self.defs, view, &need.columns, need.range).await?;
         (self.progress)(&format!("scanned {}", view.name), scan.rows as u64);
         tracing::debug!(view = %view.name, rows = scan.rows, secs = phase.elapsed().as_secs_f64(), "scanned");
-        self.scanned(request, index, scan)
+        if view.is_event_log() {
+            return Ok(Held::Gathered(self.aggregate(request, index, scan)?));
+        }
+        let won = self.won(request, index, scan)?;
+        if won.scan.rows < won.winners.len() {
+            return Ok(Held::Won(won));
+        }
+        Ok(Held::Gathered(won.gather(self.kernel, request, 0..won.winners.len())?))
     }
 
     /// Joins one requested view's scanned rows (`need`'s columns and rows, in any
     /// order) with the spine: what the local join does after its scan, and what each
     /// partition of a cluster join does with its share of the rows.
     fn scanned(&self, request: &ViewRequest<'_>, index: EntityIndex, scan: Scan) -> Result<ViewJoined> {
-        let view = request.view;
-        if view.is_event_log() {
+        if request.view.is_event_log() {
             return self.aggregate(request, index, scan);
         }
+        let won = self.won(request, index, scan)?;
+        won.gather(self.kernel, request, 0..won.winners.len())
+    }
+
+    /// Runs the kernel on a plain view's scanned rows: each spine row's winning row.
+    fn won(&self, request: &ViewRequest<'_>, index: EntityIndex, scan: Scan) -> Result<Won> {
+        let view = request.view;
         let ttl_us = view.ttl_us();
         let has_created = view.source.created_timestamp_field.is_some();
         let columns = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
@@ -502,11 +645,8 @@ impl Join<'_> {
         });
         drop(columns);
         (self.progress)(&format!("joined {}", view.name), winners.len() as u64);
-        let phase = std::time::Instant::now();
         let types: Vec<_> = request.features.iter().map(|f| arrow_type(view.feature(f).expect("resolved").dtype)).collect();
-        let gathered = gather::gather_features(self.kernel, &scan.batches, &scan.feature_columns, &types, &winners)?;
-        tracing::debug!(view = %view.name, secs = phase.elapsed().as_secs_f64(), "gathered");
-        Ok(ViewJoined::new(request, gathered, event_time))
+        Ok(Won { scan, types, winners, event_time })
     }
 }
 

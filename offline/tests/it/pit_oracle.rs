@@ -16,7 +16,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type};
 use quiver_gpu_join::CpuKernel;
-use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, resolve};
+use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, join, resolve};
 use quiver_offline::ingest::ingest;
 use quiver_sdk::yaml::parse_definitions;
 use quiver_sdk::{Config, Definitions, FeatureRef};
@@ -477,4 +477,38 @@ async fn historical_matches_the_row_by_row_oracle() {
         }
     }
     assert!(matched > 1000, "too few matches exercised: {matched}");
+
+    // Joined once, assembled by ranges (as `export` writes shards): the same rows as the
+    // whole join, whichever way each view is held. The spine as it is holds some views'
+    // columns gathered; five times over, it outnumbers every scan, so each view is held
+    // as its scan and winners and gathered by range.
+    let requests = resolve(&defs, &refs).unwrap();
+    let kernel = CpuKernel::new();
+    let whole = |spine| {
+        historical(
+            &config,
+            &defs,
+            SpineRows { source: "spine.parquet", rows: spine },
+            &requests,
+            HistoricalOptions::default(),
+            &kernel,
+            &noop,
+        )
+    };
+    let five = arrow::compute::concat_batches(&spine_batch.schema(), &vec![spine_batch.clone(); 5]).unwrap();
+    for (spine, gathered) in [(&spine_batch, true), (&five, false)] {
+        let expected = whole(spine).await.unwrap();
+        let rows = SpineRows { source: "spine.parquet", rows: spine };
+        let joined = join(&config, &defs, rows, &requests, HistoricalOptions::default(), &kernel, &noop).await.unwrap();
+        assert_eq!(!joined.gathered_views().is_empty(), gathered, "{:?}", joined.gathered_views());
+        let n = spine.num_rows();
+        let parts: Vec<RecordBatch> = (0..n.div_ceil(97)).map(|k| joined.rows(k * 97..((k + 1) * 97).min(n)).unwrap()).collect();
+        assert_eq!(arrow::compute::concat_batches(&expected.schema(), &parts).unwrap(), expected, "ranges of {n} rows");
+        assert_eq!(joined.rows(0..0).unwrap().num_rows(), 0);
+        assert!(joined.rows(n..n + 1).is_err(), "a range past the spine is refused");
+    }
+    // Five times over, the whole join is the first one's rows five times.
+    let once = whole(&spine_batch).await.unwrap();
+    let again = whole(&five).await.unwrap();
+    assert_eq!(again, arrow::compute::concat_batches(&once.schema(), &vec![once.clone(); 5]).unwrap());
 }
