@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
 use quiver_gpu_join::AsOfKernel;
-use quiver_offline::historical::{HistoricalOptions, SpineRows, join, read_spine, resolve, table_versions};
+use quiver_offline::historical::{HistoricalOptions, MadeSpine, SpineRows, join, read_spine, resolve, table_versions};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -94,11 +94,30 @@ pub struct Manifest {
 }
 
 /// Where the spine came from and what it held.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpineInfo {
+    /// The spine's file; for a made spine, how it was made (`--rows-of labels`).
     pub path: String,
+    /// Of the file's bytes; of a made spine's rows as an Arrow IPC stream.
     pub sha256: String,
     pub rows: u64,
+    /// How the spine was made from the offline store, when it was (docs/export.md):
+    /// `--reproduce` makes it again from the pinned versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made: Option<MadeSpine>,
+}
+
+/// The spine of an export: a file, or one made from the offline store.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SpineSource {
+    File(PathBuf),
+    Made(MadeSpine),
+}
+
+impl<T: Into<PathBuf>> From<T> for SpineSource {
+    fn from(path: T) -> SpineSource {
+        SpineSource::File(path.into())
+    }
 }
 
 /// Progress of an export that has not finished.
@@ -155,16 +174,34 @@ struct Plan {
     defs: Definitions,
 }
 
-async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Option<BTreeMap<String, u64>>) -> Result<Plan> {
+async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, pinned: Option<BTreeMap<String, u64>>) -> Result<Plan> {
+    let label = match source {
+        SpineSource::File(path) => path.display().to_string(),
+        SpineSource::Made(made) => made.describe(),
+    };
     if options.shard_rows == 0 {
-        return Err(out_err(spine_path, "--shard-rows must be at least 1"));
+        return Err(out_err(Path::new(&label), "--shard-rows must be at least 1"));
+    }
+    if let SpineSource::Made(made) = source {
+        made.check()?;
     }
     let doc = repo.applied()?;
     let registry_version = doc.version;
     let defs = &doc.definitions;
     let service = defs.find_service(&options.service).map_err(|e| Error::NotFound(e.0))?;
     let requests = resolve(defs, &service.features)?;
-    let views: Vec<_> = requests.iter().map(|r| r.view).collect();
+    let mut views: Vec<&quiver_sdk::FeatureView> = requests.iter().map(|r| r.view).collect();
+    // A `--rows-of` view is read at a pinned version too.
+    if let SpineSource::Made(made) = source
+        && let Some(name) = made.source_view()
+        && !views.iter().any(|v| v.name == name)
+    {
+        let view = defs.feature_view(name).ok_or_else(|| {
+            let known: Vec<&str> = defs.feature_views.iter().map(|v| v.name.as_str()).collect();
+            Error::NotFound(format!("--rows-of: unknown feature view `{name}` (known: {})", known.join(", ")))
+        })?;
+        views.push(view);
+    }
     let delta_versions = match pinned {
         Some(v) => v,
         None => {
@@ -180,9 +217,19 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
             out
         }
     };
-    let spine_bytes = std::fs::read(spine_path).map_err(|e| Error::io(spine_path, e))?;
     let key_types: Vec<(String, arrow::datatypes::DataType)> = requests.spine_types(defs);
-    let spine = read_spine(spine_path, &key_types)?;
+    let (spine, sha256, path) = match source {
+        SpineSource::File(path) => {
+            let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+            let spine = read_spine(path, &key_types)?;
+            (spine, sha256_hex(&bytes), std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()).display().to_string())
+        }
+        SpineSource::Made(made) => {
+            let joined: Vec<_> = requests.iter().map(|r| r.view).collect();
+            let spine = made.make(&repo.config, defs, &joined, &delta_versions).await?;
+            (spine.clone(), sha256_hex(&ipc_bytes(&spine)?), label.clone())
+        }
+    };
     let features: Vec<ManifestFeature> = service
         .features
         .iter()
@@ -192,11 +239,11 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
             dtype: defs.feature_dtype(r).map_or_else(String::new, |t| t.as_str().to_string()),
         })
         .collect();
-    let spine_info = SpineInfo {
-        path: std::fs::canonicalize(spine_path).unwrap_or_else(|_| spine_path.to_path_buf()).display().to_string(),
-        sha256: sha256_hex(&spine_bytes),
-        rows: spine.num_rows() as u64,
+    let made = match source {
+        SpineSource::Made(m) => Some(m.clone()),
+        SpineSource::File(_) => None,
     };
+    let spine_info = SpineInfo { path, sha256, rows: spine.num_rows() as u64, made };
     // The id: what determines the rows, and nothing else (not paths, not times).
     let identity = serde_json::json!({
         "project": repo.config.project,
@@ -225,6 +272,16 @@ async fn plan(repo: &Repo, spine_path: &Path, options: ExportOptions, pinned: Op
         spine,
         defs: doc.definitions,
     })
+}
+
+/// A made spine's rows as an Arrow IPC stream: what its SHA-256 is of.
+fn ipc_bytes(spine: &RecordBatch) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut buf, &spine.schema())?;
+    w.write(spine)?;
+    w.finish()?;
+    drop(w);
+    Ok(buf)
 }
 
 /// What [`export`] or [`reproduce`] did.
@@ -528,7 +585,7 @@ fn shard_schema(path: &Path, format: ShardFormat) -> Result<Vec<(String, String)
 /// another training set, or a failing join or write; finished shards stay for a resume.
 pub async fn export(
     repo: &Repo,
-    spine: &Path,
+    spine: &SpineSource,
     out: &Path,
     options: ExportOptions,
     joiner: Joiner<'_>,
@@ -549,10 +606,16 @@ pub async fn export(
 pub async fn reproduce(repo: &Repo, manifest_path: &Path, out: &Path, joiner: Joiner<'_>, hooks: Hooks<'_>) -> Result<Exported> {
     let original: Manifest = serde_json::from_slice(&std::fs::read(manifest_path).map_err(|e| Error::io(manifest_path, e))?)
         .map_err(|e| out_err(manifest_path, format!("unreadable manifest: {e}")))?;
-    let spine = PathBuf::from(&original.spine.path);
+    let spine = match &original.spine.made {
+        Some(made) => SpineSource::Made(made.clone()),
+        None => SpineSource::File(PathBuf::from(&original.spine.path)),
+    };
     let plan = plan(repo, &spine, original.options.clone(), Some(original.delta_versions.clone())).await?;
     if plan.manifest.spine.sha256 != original.spine.sha256 {
-        return Err(out_err(&spine, "the spine changed since the export (its SHA-256 differs from the manifest's)"));
+        return Err(out_err(
+            Path::new(&original.spine.path),
+            "the spine changed since the export (its SHA-256 differs from the manifest's)",
+        ));
     }
     if plan.manifest.training_set_id != original.training_set_id {
         return Err(out_err(

@@ -22,7 +22,7 @@ mod serving_log;
 mod verify;
 
 pub use error::{Error, Result};
-pub use export::{Exported, Manifest, ManifestFeature, Shard, ShardFormat, SpineInfo};
+pub use export::{Exported, Manifest, ManifestFeature, Shard, ShardFormat, SpineInfo, SpineSource};
 pub use init::{init, project_name};
 pub use materialize::ViewReport;
 pub use quiver_gpu_join as gpu_join;

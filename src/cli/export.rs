@@ -2,8 +2,9 @@
 
 use std::path::PathBuf;
 
-use quiver::ShardFormat;
+use quiver::{ShardFormat, SpineSource};
 
+use super::spine::{Chosen, SpineArgs};
 use super::{Ctx, EngineArg, progress_bar, runtime};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -18,15 +19,14 @@ pub struct Export {
     /// The feature service whose features the training set holds.
     #[arg(long, required_unless_present = "reproduce")]
     service: Option<String>,
-    /// The spine (Parquet or CSV): join keys, event_timestamp, labels.
-    #[arg(long, required_unless_present = "reproduce")]
-    spine: Option<PathBuf>,
+    #[command(flatten)]
+    spine: SpineArgs,
     /// The folder for the shards and manifest.json.
     #[arg(long)]
     out: PathBuf,
     #[arg(long, value_enum, default_value = "parquet")]
     format: ExportFormat,
-    /// Spine rows per shard (bounds memory: one shard's result at a time).
+    /// Spine rows per shard (the join runs once; each shard is written as it is due).
     #[arg(long, default_value_t = 500_000)]
     shard_rows: u64,
     #[arg(long, value_enum, default_value = "auto")]
@@ -35,7 +35,7 @@ pub struct Export {
     #[arg(long)]
     created_cutoff: bool,
     /// Rebuild the training set of this manifest.json (same Delta versions) into --out.
-    #[arg(long, conflicts_with_all = ["service", "spine"])]
+    #[arg(long, conflicts_with_all = ["service", "spine", "entities_at", "rows_of"])]
     reproduce: Option<PathBuf>,
     /// Join on a DataFusion Ballista cluster: df://HOST:PORT of its scheduler (see
     /// `quiver cluster`); `?partitions=N` sets the hash partitions (default 8).
@@ -65,13 +65,20 @@ impl Export {
         let progress = quiver::ops::Progress::new(move |phase, _| shown.set_message(phase.to_string()));
         let out = &self.out;
         let reproducing = self.reproduce.is_some();
+        let spine = match (reproducing, self.spine.chosen()) {
+            (true, _) => None,
+            (false, chosen) => Some(match chosen? {
+                Chosen::File(path) => SpineSource::File(path),
+                Chosen::Made(made) => SpineSource::Made(made),
+            }),
+        };
         let exported = rt.block_on(async {
             match self.reproduce {
                 Some(manifest) => {
                     repo.reproduce(manifest, out).with_engine(self.engine.into()).with_cluster(self.cluster).with_progress(progress).await
                 }
                 None => {
-                    repo.export(&self.service.expect("clap requires it"), self.spine.expect("clap requires it"), out)
+                    repo.export(&self.service.expect("clap requires it"), spine.expect("not reproducing"), out)
                         .with_format(match self.format {
                             ExportFormat::Parquet => ShardFormat::Parquet,
                             ExportFormat::Arrow => ShardFormat::Arrow,

@@ -4,14 +4,14 @@ use std::path::PathBuf;
 
 use quiver::ops::Spine;
 
+use super::spine::{Chosen, SpineArgs};
 use super::{Ctx, EngineArg, progress_bar, progress_on, runtime};
 
 /// Point-in-time join of a spine with features, to Parquet.
 #[derive(Debug, clap::Args)]
 pub struct Historical {
-    /// The entity dataframe: join keys, event_timestamp, any labels (Parquet or CSV).
-    #[arg(long)]
-    spine: PathBuf,
+    #[command(flatten)]
+    spine: SpineArgs,
     /// Features as view:feature, comma separated.
     #[arg(long, value_delimiter = ',', required_unless_present = "service", conflicts_with = "service")]
     features: Vec<String>,
@@ -37,8 +37,12 @@ impl Historical {
         let repo = ctx.open()?;
         let rt = runtime()?;
         let bar = progress_bar();
+        let spine = match self.spine.chosen()? {
+            Chosen::File(path) => Spine::File(path),
+            Chosen::Made(made) => Spine::Made(made),
+        };
         let mut op = repo
-            .historical(Spine::File(self.spine))
+            .historical(spine)
             .with_engine(self.engine.into())
             .with_created_cutoff(self.created_cutoff)
             .with_cluster(self.cluster)

@@ -13,6 +13,7 @@ pub mod monitor;
 pub mod online;
 pub mod registry;
 pub mod serve;
+pub mod spine;
 pub mod stream;
 pub mod verify;
 

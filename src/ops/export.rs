@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{Engine, Progress, no_progress, pick_engine};
 use crate::error::Result;
-use crate::export::{ExportOptions, Exported, Hooks, Joiner, ShardFormat};
+use crate::export::{ExportOptions, Exported, Hooks, Joiner, ShardFormat, SpineSource};
 use crate::repo::Repo;
 
 /// Exports a feature service's point-in-time join of a spine ([`Repo::export`]).
@@ -13,7 +13,7 @@ use crate::repo::Repo;
 #[must_use]
 pub struct Export<'a> {
     repo: &'a Repo,
-    spine: PathBuf,
+    spine: SpineSource,
     out: PathBuf,
     options: ExportOptions,
     engine: Engine,
@@ -45,9 +45,9 @@ pub struct Reproduce<'a> {
 }
 
 impl Repo {
-    /// Exports `service` joined with `spine` into the folder `out` (Parquet shards of
-    /// 500,000 spine rows unless set otherwise).
-    pub fn export(&self, service: &str, spine: impl Into<PathBuf>, out: impl Into<PathBuf>) -> Export<'_> {
+    /// Exports `service` joined with `spine` (a file, or a [`MadeSpine`](quiver_offline::historical::MadeSpine))
+    /// into the folder `out` (Parquet shards of 500,000 spine rows unless set otherwise).
+    pub fn export(&self, service: &str, spine: impl Into<SpineSource>, out: impl Into<PathBuf>) -> Export<'_> {
         Export {
             repo: self,
             spine: spine.into(),

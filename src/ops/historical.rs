@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::DataType;
-use quiver_offline::historical::{self, HistoricalOptions};
+use quiver_offline::historical::{self, HistoricalOptions, MadeSpine};
 use quiver_sdk::FeatureRef;
 
 use super::{Engine, Features, Progress, no_progress, pick_engine};
@@ -18,6 +18,9 @@ pub enum Spine {
     File(PathBuf),
     /// Rows in memory, and the name errors call them by (`entity_df`).
     Batch(RecordBatch, String),
+    /// Made from the offline store: every entity as of a time, or every row of a view
+    /// (docs/export.md#without-a-spine).
+    Made(MadeSpine),
 }
 
 impl Spine {
@@ -30,14 +33,24 @@ impl Spine {
         match self {
             Spine::File(p) => p.display().to_string(),
             Spine::Batch(_, name) => name.clone(),
+            Spine::Made(made) => made.describe(),
         }
     }
 
-    /// The rows, read as the join keys' types where the spine is a file.
-    fn read(self, key_types: &[(String, DataType)]) -> Result<RecordBatch> {
+    /// The rows, read as the join keys' types where the spine is a file, made from the
+    /// tables of `joined` (at `versions`) where it is made.
+    async fn read(
+        self,
+        repo: &Repo,
+        defs: &quiver_sdk::Definitions,
+        key_types: &[(String, DataType)],
+        joined: &[&quiver_sdk::FeatureView],
+        versions: &BTreeMap<String, u64>,
+    ) -> Result<RecordBatch> {
         match self {
             Spine::File(path) => Ok(historical::read_spine(&path, key_types)?),
             Spine::Batch(batch, _) => Ok(batch),
+            Spine::Made(made) => Ok(made.make(&repo.config, defs, joined, versions).await?),
         }
     }
 }
@@ -114,7 +127,8 @@ impl<'a> Historical<'a> {
         let requests = historical::resolve(&defs, &refs)?;
         let key_types: Vec<(String, DataType)> = requests.spine_types(&defs);
         let label = self.spine.label();
-        let spine = self.spine.read(&key_types)?;
+        let joined: Vec<_> = requests.iter().map(|r| r.view).collect();
+        let spine = self.spine.read(self.repo, &defs, &key_types, &joined, &self.versions).await?;
         let (kernel, engine_note) = pick_engine(self.engine, spine.num_rows())?;
         let progress = self.progress.clone();
         let mut options = self.options;

@@ -101,6 +101,7 @@ pub use historical::{Historical, Joined, Spine};
 pub use lookup::Lookup;
 pub use materialize::{Materialize, MaterializeIncremental};
 pub use monitor::{Monitor, Monitored};
+pub use quiver_offline::historical::MadeSpine;
 pub use serve::{Serve, Server};
 pub use stream::Stream;
 pub use verify::{VerifyLog, VerifySample};

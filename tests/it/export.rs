@@ -13,7 +13,7 @@ use arrow::array::RecordBatch;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sha2::{Digest, Sha256};
 
-fn demo() -> (tempfile::TempDir, PathBuf) {
+pub(crate) fn demo() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     ok(tmp.path(), &["init", "demo", "--demo"]);
     let repo = tmp.path().join("demo");
@@ -24,11 +24,11 @@ fn demo() -> (tempfile::TempDir, PathBuf) {
     (tmp, repo)
 }
 
-fn read(path: &Path) -> Vec<RecordBatch> {
+pub(crate) fn read(path: &Path) -> Vec<RecordBatch> {
     ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap().build().unwrap().map(Result::unwrap).collect()
 }
 
-fn manifest(dir: &Path) -> serde_json::Value {
+pub(crate) fn manifest(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap()
 }
 

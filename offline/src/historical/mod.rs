@@ -16,6 +16,7 @@ pub mod events;
 mod gather;
 mod kernel_input;
 pub mod latest;
+pub mod made;
 pub mod output;
 mod scan;
 pub mod spine;
@@ -39,6 +40,7 @@ use scan::{Scan, ScanRange, scan_view_at};
 
 pub use events::{EntityEvents, events_since};
 pub use latest::{Latest, Window, latest_per_entity};
+pub use made::MadeSpine;
 pub use output::write_parquet;
 pub use scan::{TableSummary, read_view, table_summary, table_versions, window_streams};
 pub use spine::{SPINE_TIMESTAMP, read_spine};
