@@ -130,26 +130,30 @@ enum Asked {
 /// `engine`: auto, cpu or gpu; `cluster`: `df://HOST:PORT` of a Ballista scheduler to
 /// join on.
 #[pyfunction]
-#[pyo3(signature = (repo, entity_df, asked, created_cutoff = false, engine = "auto", cluster = None))]
+#[pyo3(signature = (repo, entity_df, asked, created_cutoff = false, engine = "auto", cluster = None, made = None))]
+#[allow(clippy::too_many_arguments)]
 fn get_historical_features(
     py: Python<'_>,
     repo: String,
-    entity_df: &Bound<'_, PyAny>,
+    entity_df: Option<&Bound<'_, PyAny>>,
     asked: Asked,
     created_cutoff: bool,
     engine: &str,
     cluster: Option<String>,
+    made: Option<String>,
 ) -> PyResult<ArrowStream> {
     let engine: Engine = engine.parse().map_err(ValidationError::new_err)?;
-    let (schema, spine_batches) = read_table(entity_df, "entity_df")?;
+    let spine = match (entity_df, made) {
+        (Some(df), None) => {
+            let (schema, batches) = read_table(df, "entity_df")?;
+            Spine::Batch(concat_batches(&schema, &batches).map_err(|e| ValidationError::new_err(format!("entity_df: {e}")))?, "entity_df".into())
+        }
+        (None, Some(made)) => Spine::Made(made_spine(&made)?),
+        _ => return Err(ValidationError::new_err("give exactly one of entity_df, entities_at= and rows_of=")),
+    };
     let joined = run(py, async move {
         let repo = open(&repo)?;
-        let spine = concat_batches(&schema, &spine_batches)?;
-        let op = repo
-            .historical(Spine::Batch(spine, "entity_df".into()))
-            .with_engine(engine)
-            .with_created_cutoff(created_cutoff)
-            .with_cluster(cluster);
+        let op = repo.historical(spine).with_engine(engine).with_created_cutoff(created_cutoff).with_cluster(cluster);
         let op = match asked {
             Asked::Service(service) => op.with_service(service),
             Asked::Features(features) => op.with_features(features),
@@ -157,6 +161,14 @@ fn get_historical_features(
         Ok(op.await?.batch)
     })?;
     Ok(ArrowStream::new(joined))
+}
+
+/// A made spine from its manifest JSON (`{"kind": "entities_at", "at": ...}`), as the
+/// Python layer writes it.
+fn made_spine(json: &str) -> PyResult<quiver::ops::MadeSpine> {
+    let made: quiver::ops::MadeSpine = serde_json::from_str(json).map_err(|e| ValidationError::new_err(format!("spine: {e}")))?;
+    made.check().map_err(|e| ValidationError::new_err(e.to_string()))?;
+    Ok(made)
 }
 
 /// Loads the latest values with event time in [start, end] into the online store;
@@ -215,16 +227,23 @@ fn plan(py: Python<'_>, repo: String, definitions_json: String, remove: Vec<Stri
 /// Exports `service`'s training set for the spine file into `out` (sharded, with its
 /// manifest); returns the manifest as JSON.
 #[pyfunction]
-#[pyo3(signature = (repo, service, spine, out, shard_rows = None, created_cutoff = false))]
+#[pyo3(signature = (repo, service, spine, out, shard_rows = None, created_cutoff = false, made = None))]
+#[allow(clippy::too_many_arguments)]
 fn export(
     py: Python<'_>,
     repo: String,
     service: String,
-    spine: String,
+    spine: Option<String>,
     out: String,
     shard_rows: Option<u64>,
     created_cutoff: bool,
+    made: Option<String>,
 ) -> PyResult<String> {
+    let spine = match (spine, made) {
+        (Some(path), None) => quiver::SpineSource::File(path.into()),
+        (None, Some(made)) => quiver::SpineSource::Made(made_spine(&made)?),
+        _ => return Err(ValidationError::new_err("give exactly one of spine, entities_at= and rows_of=")),
+    };
     run(py, async move {
         let repo = open(&repo)?;
         let mut export = repo.export(&service, spine, out).with_created_cutoff(created_cutoff);

@@ -773,3 +773,47 @@ feature_views:
                          schema=[qv.Field("amount", qv.Float64, expr="CAST(cents AS DOUBLE) / 100")])
     with pytest.raises(qv.ValidationError, match="feature view `payments`, source filter: `cents`: computes int64, not a boolean"):
         s.apply([bad])
+
+
+def test_made_spines_equal_the_cli_and_their_oracle(store, tmp_path):
+    """entities_at= and rows_of= (docs/export.md#without-a-spine) give what the CLI gives,
+    and the entities one is every rider with a row by then (the oracle: the rows here)."""
+    at = NOW - timedelta(minutes=100)
+    got = store.get_historical_features(entities_at=at, features=["trips:fare"]).to_arrow()
+    riders = sorted({r["rider_id"] for r in rows() if r["event_timestamp"] <= at})
+    assert got.column("rider_id").to_pylist() == riders
+    assert set(got.column("event_timestamp").to_pylist()) == {at}
+    cli(store.repo_path, "historical", "--entities-at", at.isoformat(), "--features", "trips:fare",
+        "--out", str(tmp_path / "ea.parquet"))
+    assert got.equals(pq.read_table(tmp_path / "ea.parquet"))
+    # Every trip as a spine row, its own columns kept, a window and a sample.
+    window = (NOW - timedelta(minutes=150), NOW - timedelta(minutes=40))
+    got = store.get_historical_features(rows_of="trips", between=window, features=["trips:city"]).to_arrow()
+    inside = [r for r in rows() if window[0] <= r["event_timestamp"] < window[1]]
+    assert got.num_rows == len(inside)
+    assert sorted(got.column("fare").to_pylist()) == sorted(r["fare"] for r in inside)
+    assert got.column("event_timestamp").to_pylist() == sorted(got.column("event_timestamp").to_pylist())
+    cli(store.repo_path, "historical", "--rows-of", "trips", "--between", window[0].isoformat(), window[1].isoformat(),
+        "--features", "trips:city", "--out", str(tmp_path / "ro.parquet"))
+    assert got.equals(pq.read_table(tmp_path / "ro.parquet"))
+    a = store.get_historical_features(rows_of="trips", sample=0.5, seed=4, features=["trips:city"]).to_arrow()
+    b = store.get_historical_features(rows_of="trips", sample=0.5, seed=4, features=["trips:city"]).to_arrow()
+    assert a.equals(b) and 0 < a.num_rows < len(rows())
+    # An export of a made spine records it.
+    manifest = store.export("ranker", out=str(tmp_path / "ts"), rows_of="trips", sample=0.5, seed=4)
+    assert manifest["spine"]["made"] == {"kind": "rows_of", "view": "trips", "sample": 0.5, "seed": 4}
+    assert manifest["rows"] == a.num_rows
+    # Refusals, before anything runs.
+    for kwargs, words in [
+        (dict(entities_at=at, rows_of="trips"), "not both"),
+        (dict(entities_at=at.replace(tzinfo=None)), "time zone"),
+        (dict(sample=0.5), "go with rows_of"),
+        (dict(rows_of="trips", sample=3), "--sample must be"),
+        (dict(rows_of="trips", between=(NOW,)), "two times"),
+        (dict(rows_of="nope"), "unknown feature view `nope`"),
+        (dict(), "give exactly one of entity_df"),
+    ]:
+        with pytest.raises((qv.ValidationError, qv.NotFoundError), match=words):
+            store.get_historical_features(features=["trips:fare"], **kwargs)
+    with pytest.raises(qv.ValidationError, match="give exactly one of entity_df"):
+        store.get_historical_features(spine(), features=["trips:fare"], entities_at=at)

@@ -165,6 +165,42 @@ def _utc(t: datetime, what: str) -> datetime:
     return t.astimezone(timezone.utc)
 
 
+def _instant(value: datetime | str, where: str) -> str:
+    """An aware datetime or RFC 3339 text, as RFC 3339 text."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValidationError(f"{where}: a datetime needs a time zone, got {value!r}")
+        return value.isoformat()
+    if isinstance(value, str):
+        return value
+    raise ValidationError(f"{where}: expected an aware datetime or RFC 3339 text, got {type(value).__name__}")
+
+
+def _made_spine(entities_at: datetime | str | None, rows_of: str | None, between: Any, sample: float | None,
+                seed: int) -> str | None:
+    """The spine ``entities_at=`` or ``rows_of=`` ask for, as the manifest records it
+    (JSON), or None when neither is given."""
+    if entities_at is not None and rows_of is not None:
+        raise ValidationError("give one of entities_at= and rows_of=, not both")
+    if rows_of is None and (between is not None or sample is not None):
+        raise ValidationError("between= and sample= go with rows_of=")
+    if entities_at is not None:
+        return json.dumps({"kind": "entities_at", "at": _instant(entities_at, "entities_at")})
+    if rows_of is None:
+        return None
+    _expect(rows_of, str, "rows_of")
+    made: dict[str, Any] = {"kind": "rows_of", "view": rows_of, "seed": seed}
+    if between is not None:
+        if not isinstance(between, (tuple, list)) or len(between) != 2:
+            raise ValidationError("between= takes two times: (start, end)")
+        made["between"] = [_instant(between[0], "between"), _instant(between[1], "between")]
+    if sample is not None:
+        if isinstance(sample, bool) or not isinstance(sample, (int, float)):
+            raise ValidationError(f"sample= takes a rate above 0 and at most 1, got {sample!r}")
+        made["sample"] = float(sample)
+    return json.dumps(made)
+
+
 def _entity_value(value: Any, where: str) -> Any:
     """A value of an entity row as JSON takes it: a join key (an int or a string) or a
     request field's value (numbers, bools, strings, None, lists of them, aware
@@ -389,15 +425,26 @@ class FeatureStore:
                           "allow_duplicate=True appends it again", DuplicateIngestWarning, stacklevel=2)
         return version
 
-    def get_historical_features(self, entity_df: Any, features: Sequence[str] | FeatureService | None = None, *,
+    def get_historical_features(self, entity_df: Any = None, features: Sequence[str] | FeatureService | None = None, *,
                                 feature_service: str | FeatureService | None = None,
-                                created_cutoff: bool = False, engine: str = "auto", cluster: str | None = None) -> RetrievalJob:
+                                created_cutoff: bool = False, engine: str = "auto", cluster: str | None = None,
+                                entities_at: datetime | str | None = None, rows_of: str | None = None,
+                                between: tuple[datetime | str, datetime | str] | None = None,
+                                sample: float | None = None, seed: int = 0) -> RetrievalJob:
         """The point-in-time join (docs/offline.md) of ``entity_df`` with the features.
 
         Parameters
         ----------
         entity_df
             The spine: join keys and ``event_timestamp``, plus anything else (kept).
+            Or no spine (docs/export.md#without-a-spine), one of:
+        entities_at
+            Every entity with a row at or before this time (an aware ``datetime`` or RFC
+            3339 text) in the joined views, which must share one entity.
+        rows_of
+            Every row of this view (labels, events), its columns kept; with ``between=(T1,
+            T2)`` only event times from T1 up to T2, with ``sample=R`` (0 < R <= 1) each
+            row kept with probability R, the same rows for the same ``seed``.
         features
             ``view:feature`` references, or a ``FeatureService`` (used as given).
         feature_service
@@ -433,15 +480,23 @@ class FeatureStore:
         refs = _refs(features) if features is not None else None
         if (refs is None) == (feature_service is None):
             raise ValidationError("give exactly one of features=[...] and feature_service=...")
-        stream = _quiver.get_historical_features(self.repo_path, _table(entity_df, "entity_df"),
-                                                 refs if refs is not None else feature_service, created_cutoff, engine, cluster)
+        made = _made_spine(entities_at, rows_of, between, sample, seed)
+        if (entity_df is None) == (made is None):
+            raise ValidationError("give exactly one of entity_df, entities_at= and rows_of=")
+        spine = _table(entity_df, "entity_df") if entity_df is not None else None
+        stream = _quiver.get_historical_features(self.repo_path, spine, refs if refs is not None else feature_service,
+                                                 created_cutoff, engine, cluster, made)
         return RetrievalJob(pa.RecordBatchReader.from_stream(stream).read_all())
 
-    def export(self, feature_service: str, spine: str, out: str, *, shard_rows: int | None = None,
-               created_cutoff: bool = False) -> dict[str, Any]:
-        """Writes ``feature_service``'s training set for the spine file into ``out`` as
-        ``quiver export`` does (shards at pinned Delta versions and ``manifest.json``;
-        a rerun resumes). Read it with ``quiver.TrainingSet(out)``.
+    def export(self, feature_service: str, spine: str | None = None, out: str | None = None, *,
+               shard_rows: int | None = None, created_cutoff: bool = False,
+               entities_at: datetime | str | None = None, rows_of: str | None = None,
+               between: tuple[datetime | str, datetime | str] | None = None,
+               sample: float | None = None, seed: int = 0) -> dict[str, Any]:
+        """Writes ``feature_service``'s training set for the spine file (or the spine
+        ``entities_at=`` / ``rows_of=`` make, as in ``get_historical_features``) into
+        ``out`` as ``quiver export`` does (one join at pinned Delta versions, shards and
+        ``manifest.json``; a rerun resumes). Read it with ``quiver.TrainingSet(out)``.
 
         Returns
         -------
@@ -449,7 +504,13 @@ class FeatureStore:
             The manifest (``training_set_id``, ``rows``, ``shards``, ...).
         """
         _expect(feature_service, str, "feature_service")
-        return json.loads(_quiver.export(self.repo_path, feature_service, str(spine), str(out), shard_rows, created_cutoff))
+        if out is None:
+            raise ValidationError("export needs out=, the folder for the shards")
+        made = _made_spine(entities_at, rows_of, between, sample, seed)
+        if (spine is None) == (made is None):
+            raise ValidationError("give exactly one of spine, entities_at= and rows_of=")
+        return json.loads(_quiver.export(self.repo_path, feature_service, None if spine is None else str(spine), str(out),
+                                         shard_rows, created_cutoff, made))
 
     # --- online ---
 

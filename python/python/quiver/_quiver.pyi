@@ -41,11 +41,12 @@ def registry_json(repo: str) -> str: ...
 def ingest(repo: str, view: str, table: pa.Table, allow_duplicate: bool = False) -> Tuple[int, int, bool]: ...
 def get_historical_features(
     repo: str,
-    entity_df: pa.Table,
+    entity_df: Optional[pa.Table],
     asked: List[str] | str,
     created_cutoff: bool = False,
     engine: str = "auto",
     cluster: Optional[str] = None,
+    made: Optional[str] = None,
 ) -> ArrowStream: ...
 def materialize(repo: str, start: datetime, end: datetime, views: List[str] = ...) -> List[Tuple[str, int, int, int]]: ...
 def materialize_incremental(repo: str, end: datetime) -> List[Tuple[str, int, int, int]]: ...
@@ -62,10 +63,11 @@ def plan(repo: str, definitions_json: str, remove: List[str] = ...) -> Tuple[str
 def export(
     repo: str,
     service: str,
-    spine: str,
+    spine: Optional[str],
     out: str,
     shard_rows: Optional[int] = None,
     created_cutoff: bool = False,
+    made: Optional[str] = None,
 ) -> str: ...
 def verify_sample(repo: str, n: int) -> List[Tuple[str, int, int, int, int, List[str]]]: ...
 def monitor(repo: str, reference: str, current: str, features: List[str] = ..., service: Optional[str] = None) -> str: ...
