@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use arrow::array::RecordBatch;
+use arrow::array::{AsArray, RecordBatch};
 use quiver_gpu_join::AsOfKernel;
 use quiver_offline::historical::{HistoricalOptions, MadeSpine, SpineRows, join, read_spine, resolve, table_versions};
 use serde::{Deserialize, Serialize};
@@ -50,7 +50,18 @@ pub struct ExportOptions {
     pub format: ShardFormat,
     pub shard_rows: u64,
     pub created_cutoff: bool,
+    /// Rows per Parquet row group (per record batch of an Arrow file): the blocks the
+    /// loader reads and shuffles (docs/export.md#the-pytorch-loader). Absent from
+    /// manifests written before it was set: their shards are one group each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_rows: Option<u64>,
 }
+
+/// Rows per row group of a new export's shards.
+pub const GROUP_ROWS: u64 = 65_536;
+
+/// String columns with more distinct values than this get no vocabulary in the manifest.
+pub const VOCABULARY_LIMIT: usize = 100_000;
 
 /// One feature of the training set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,6 +102,10 @@ pub struct Manifest {
     /// manifests written before profiles were.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub profile: BTreeMap<String, ProfileDoc>,
+    /// Each string column's distinct values, sorted (those with at most
+    /// [`VOCABULARY_LIMIT`]): the loader gives a value as its position here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub vocabularies: BTreeMap<String, Vec<String>>,
 }
 
 /// Where the spine came from and what it held.
@@ -146,19 +161,31 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     quiver_sdk::files::write_atomic(path, bytes).map_err(|e| Error::io(path, e))
 }
 
-/// The shard's bytes; `path` is where they are going, for errors.
-fn encode(path: &Path, batch: &RecordBatch, format: ShardFormat) -> Result<Vec<u8>> {
+/// The shard's bytes, in groups of `group_rows` rows (`None`: one group, as manifests
+/// before groups were written); `path` is where they are going, for errors.
+fn encode(path: &Path, batch: &RecordBatch, format: ShardFormat, group_rows: Option<u64>) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     let parquet = |error| Error::Parquet { path: path.to_path_buf(), error };
     match format {
         ShardFormat::Parquet => {
-            let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), None).map_err(parquet)?;
+            let props = group_rows.map(|g| {
+                parquet::file::properties::WriterProperties::builder().set_max_row_group_row_count(Some(usize::try_from(g).unwrap_or(usize::MAX))).build()
+            });
+            let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), props).map_err(parquet)?;
             w.write(batch).map_err(parquet)?;
             w.close().map_err(parquet)?;
         }
         ShardFormat::Arrow => {
             let mut w = arrow::ipc::writer::FileWriter::try_new(&mut buf, &batch.schema())?;
-            w.write(batch)?;
+            let step = group_rows.map_or(batch.num_rows(), |g| usize::try_from(g).unwrap_or(usize::MAX)).max(1);
+            let mut at = 0;
+            loop {
+                w.write(&batch.slice(at, step.min(batch.num_rows() - at)))?;
+                at += step;
+                if at >= batch.num_rows() {
+                    break;
+                }
+            }
             w.finish()?;
         }
     }
@@ -268,6 +295,7 @@ async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, pinned:
             rows: 0,
             shards: Vec::new(),
             profile: BTreeMap::new(),
+            vocabularies: BTreeMap::new(),
         },
         spine,
         defs: doc.definitions,
@@ -385,7 +413,7 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
         if manifest.schema.is_empty() {
             manifest.schema = joined.schema().fields().iter().map(|f| (f.name().clone(), f.data_type().to_string())).collect();
         }
-        let bytes = encode(&out.join(&file), &joined, manifest.options.format)?;
+        let bytes = encode(&out.join(&file), &joined, manifest.options.format, manifest.options.group_rows)?;
         if let Some(p) = profiles.as_mut() {
             p.add(&joined);
         }
@@ -413,17 +441,20 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
         (hooks.shard_written)(written_now);
     }
     if let Some(p) = profiles {
-        manifest.profile = p.finish();
+        (manifest.profile, manifest.vocabularies) = p.finish();
     }
     let manifest = finish(out, manifest, done)?;
     Ok(Exported { manifest, repaired, joined: joined_now })
 }
 
-/// The profile of a training set's features, built shard by shard.
+/// The profile of a training set's features and the vocabularies of its string
+/// columns, built shard by shard.
 struct TrainingProfile {
     /// Per feature: its reference, output column and type (`None`: not profiled).
     columns: Vec<(String, String, Option<quiver_sdk::DType>)>,
     profiles: Vec<Profile>,
+    /// Per string column: its distinct values, `None` once past [`VOCABULARY_LIMIT`].
+    vocabularies: BTreeMap<String, Option<std::collections::BTreeSet<String>>>,
 }
 
 impl TrainingProfile {
@@ -435,7 +466,7 @@ impl TrainingProfile {
                 (f.reference.clone(), f.column.clone(), dtype)
             })
             .collect();
-        TrainingProfile { profiles: vec![Profile::default(); columns.len()], columns }
+        TrainingProfile { profiles: vec![Profile::default(); columns.len()], columns, vocabularies: BTreeMap::new() }
     }
 
     fn add(&mut self, batch: &RecordBatch) {
@@ -444,10 +475,34 @@ impl TrainingProfile {
                 profile.add_array(array.as_ref(), *dtype);
             }
         }
+        for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
+            let Some(strings) = array.as_string_opt::<i32>() else {
+                continue;
+            };
+            let entry = self.vocabularies.entry(field.name().clone()).or_insert_with(|| Some(Default::default()));
+            if let Some(set) = entry {
+                for value in strings.iter().flatten() {
+                    if !set.contains(value) {
+                        set.insert(value.to_string());
+                    }
+                }
+                if set.len() > VOCABULARY_LIMIT {
+                    *entry = None;
+                }
+            }
+        }
     }
 
-    fn finish(self) -> BTreeMap<String, ProfileDoc> {
-        self.columns.into_iter().zip(self.profiles).filter(|((_, _, t), _)| t.is_some()).map(|((r, _, _), p)| (r, (&p).into())).collect()
+    fn finish(self) -> (BTreeMap<String, ProfileDoc>, BTreeMap<String, Vec<String>>) {
+        let profile = self
+            .columns
+            .into_iter()
+            .zip(self.profiles)
+            .filter(|((_, _, t), _)| t.is_some())
+            .map(|((r, _, _), p)| (r, (&p).into()))
+            .collect();
+        let vocabularies = self.vocabularies.into_iter().filter_map(|(c, v)| Some((c, v?.into_iter().collect()))).collect();
+        (profile, vocabularies)
     }
 }
 
@@ -484,6 +539,7 @@ fn listed_shards(out: &Path, manifest: &mut Manifest, reproducing: bool) -> Resu
         if !reproducing {
             manifest.schema = existing.schema.clone();
             manifest.profile = existing.profile;
+            manifest.vocabularies = existing.vocabularies;
         }
         return Ok(existing.shards);
     }
@@ -628,6 +684,7 @@ pub async fn reproduce(repo: &Repo, manifest_path: &Path, out: &Path, joiner: Jo
     }
     let mut plan = plan;
     plan.manifest.profile = original.profile.clone();
+    plan.manifest.vocabularies = original.vocabularies.clone();
     let rebuilt = run(repo, plan, out, joiner, hooks, Some(&original.shards)).await?;
     if original.shards != rebuilt.manifest.shards {
         return Err(out_err(

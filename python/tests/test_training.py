@@ -2,6 +2,7 @@
 import itertools
 import os
 import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -105,42 +106,209 @@ def _rows(columns, n):
     return [tuple(cell(columns[c][i]) for c in sorted(columns)) for i in range(n)]
 
 
-def test_torch_loader_yields_every_row_once_across_ranks_and_workers(exported):
+def _sets(exported, tmp_path_factory):
+    """The demo's training set exported in 1, 4 and 100 shards."""
+    out = {}
+    for shards in (1, 4, 100):
+        path = tmp_path_factory.mktemp(f"shards{shards}") / "ts"
+        cli(exported, "export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", str(path),
+            "--shard-rows", str(-(-500 // shards)))
+        out[shards] = qv.TrainingSet(str(path))
+        assert len(out[shards].files) == shards
+    return out
+
+
+@pytest.fixture(scope="module")
+def sets(exported, tmp_path_factory):
+    return _sets(exported, tmp_path_factory)
+
+
+def _loaded(batches, names):
+    """The rows of a sequence of batches, as tuples (see `_rows`)."""
+    rows = []
+    for b in batches:
+        n = len(next(iter(b.values()))) if b else 0
+        rows += _rows({c: b[c].tolist() for c in names}, n)
+    return rows
+
+
+def _loaded_table(ts, names, lo, hi):
+    """Rows lo..hi of the set's files, in order, as the loader gives them."""
+    table = ts.to_arrow().slice(lo, hi - lo)
+    return _convert(ts, table, names)
+
+
+def _convert(ts, table, names):
+    cols = {}
+    for c in names:
+        col = table.column(c)
+        if pa.types.is_string(col.type):
+            vocab = {v: i for i, v in enumerate(ts.manifest["vocabularies"][c])}
+            cols[c] = [vocab[v] for v in col.to_pylist()]
+        elif pa.types.is_timestamp(col.type):
+            cols[c] = col.cast(pa.int64()).to_pylist()
+        else:
+            cols[c] = col.to_pylist()
+    return _rows(cols, table.num_rows)
+
+
+def _expected(ts, names):
+    """Every row of the set, from its files (the oracle), with strings as the manifest's
+    codes and times as microseconds, as the loader gives them."""
+    return sorted(_convert(ts, ts.to_arrow(), names))
+
+
+def test_loader_parts_are_disjoint_complete_equal_and_shuffled(sets):
+    """3 ranks x 0, 2, 3 workers over sets of 1, 4 and 100 shards: every row once, the
+    same number of batches on every rank, rows shuffled, (seed, epoch) reproducible."""
     torch = _torch()
-    from torch.utils.data import DataLoader
-    ts = qv.TrainingSet(str(exported / "ts"))
-    whole = pq.read_table(exported / "whole.parquet")
-    numeric = [n for n in whole.column_names if n not in ("customer_id", "event_timestamp")]
-    want = sorted(_rows({c: whole.column(c).to_pylist() for c in numeric}, whole.num_rows))
-    for world, workers in ((1, 0), (2, 2), (3, 1)):
-        seen = []
+    for shards, ts in sets.items():
+        names = list(next(iter(ts.to_torch(batch_size=7))))
+        assert "customer_id" in names and "event_timestamp" in names, names
+        want = _expected(ts, names)
+        for workers in (0, 2, 3):
+            seen, counts, orders = [], [], []
+            for rank in range(3):
+                data = ts.to_torch(batch_size=16, shuffle=True, seed=5, rank=rank, world_size=3, window_rows=64)
+                batches = list(data.loader(num_workers=workers))
+                counts.append(len(batches))
+                assert len(batches) == len(data) == 11  # ceil(ceil(500 / 3) / 16)
+                assert all(len(b["driver_id"]) <= 16 for b in batches)
+                assert all(b["event_timestamp"].dtype == torch.int64 and b["customer_id"].dtype == torch.int64 for b in batches)
+                rows = _loaded(batches, names)
+                orders.append(rows)
+                seen += rows
+            assert sorted(seen) == want, (shards, workers)
+            assert len(set(counts)) == 1, counts
+        # Shuffled rows: rank 0 does not read its rows in the file order, nor in whole
+        # shards; the same seed and epoch give the same order, another epoch another.
+        plain = _loaded(ts.to_torch(batch_size=16, rank=0, world_size=3), names)
+        first = _loaded(ts.to_torch(batch_size=16, shuffle=True, seed=5, rank=0, world_size=3), names)
+        again = _loaded(ts.to_torch(batch_size=16, shuffle=True, seed=5, rank=0, world_size=3), names)
+        other = _loaded(ts.to_torch(batch_size=16, shuffle=True, seed=5, rank=0, world_size=3, epoch=1), names)
+        assert first == again and first != plain and first != other
+        # Unshuffled, rank 0 reads the set's first third in file order.
+        assert plain == _loaded_table(ts, names, 0, 500 // 3)
+
+
+def test_loader_resumes_mid_epoch_exactly(sets):
+    """A state taken after some batches (under 2 workers) resumes under 0 and 3 workers:
+    the rest of the epoch, nothing repeated or skipped."""
+    _torch()
+    ts = sets[4]
+    names = list(next(iter(ts.to_torch(batch_size=7))))
+    for workers_after in (0, 3):
+        data = ts.to_torch(batch_size=8, shuffle=True, seed=3, rank=1, world_size=3, epoch=2, window_rows=24)
+        full = _loaded(list(ts.to_torch(batch_size=8, shuffle=True, seed=3, rank=1, world_size=3, epoch=2,
+                                        window_rows=24)), names)
+        head = []
+        for k, batch in enumerate(data.loader(num_workers=2)):
+            head.append(batch)
+            if k == 6:
+                break
+        state = data.state_dict()
+        resumed = ts.to_torch(batch_size=8, shuffle=True, seed=3, rank=1, world_size=3, window_rows=24)
+        resumed.load_state_dict(state)
+        assert resumed.epoch == 2
+        tail = list(resumed.loader(num_workers=workers_after))
+        assert len(head) + len(tail) == len(data)
+        assert sorted(_loaded(head, names) + _loaded(tail, names)) == sorted(full), workers_after
+        # A second state taken mid-way of the resumed run resumes too.
+        again = ts.to_torch(batch_size=8, shuffle=True, seed=3, rank=1, world_size=3, window_rows=24)
+        again.load_state_dict(state)
+        part = []
+        for k, batch in enumerate(again):
+            part.append(batch)
+            if k == 2:
+                break
+        last = ts.to_torch(batch_size=8, shuffle=True, seed=3, rank=1, world_size=3, window_rows=24)
+        last.load_state_dict(again.state_dict())
+        rest = list(last)
+        assert sorted(_loaded(head + part + rest, names)) == sorted(full)
+    with pytest.raises(qv.ValidationError, match="seed=3"):
+        ts.to_torch(batch_size=8, shuffle=True, seed=4, rank=1, world_size=3).load_state_dict(state)
+
+
+def test_loader_plan_for_any_blocks_and_sizes():
+    """The plan alone (no files), over many shapes: every row once across ranks, equal
+    batch counts, batches of the size asked for but each rank's last."""
+    from quiver.loader import Plan
+    import random
+    rng = random.Random(1)
+    for _ in range(300):
+        blocks = [rng.choice([0, 1, 5, 64, 100]) for _ in range(rng.choice([1, 4, 100]))]
+        n = sum(blocks)
+        world, size = rng.randint(1, 5), rng.choice([1, 3, 16, 1000])
+        shuffle = rng.random() < 0.5
+        covered, counts = [], []
         for rank in range(world):
-            ds = ts.to_torch(batch_size=16, shuffle_shards=True, seed=5, rank=rank, world_size=world)
-            for batch in DataLoader(ds, batch_size=None, num_workers=workers):
-                assert list(batch) == numeric, list(batch)
-                assert all(len(t) <= 16 for t in batch.values())
-                seen += _rows({c: batch[c].tolist() for c in numeric}, len(batch["driver_id"]))
-        assert sorted(seen) == want, (world, workers)
+            plan = Plan(blocks, size, rank, world, shuffle, 9, 1, window_rows=rng.choice([1, 50, 262_144]))
+            for block, lo, hi in plan.segments:
+                covered += [(block, r) for r in range(lo, hi)]
+            assert sum(plan.batch_sizes) == plan.rows
+            assert all(s == size for s in plan.batch_sizes[:-2])
+            counts.append(len(plan.batch_sizes))
+            # An empty batch only where a batch of one row cannot be split.
+            assert all(s > 0 for s in plan.batch_sizes) or size == 1 or n < world
+        assert sorted(covered) == [(b, r) for b, k in enumerate(blocks) for r in range(k)], (blocks, world, size)
+        assert len(set(counts)) == 1
 
 
-def test_torch_tensors_hold_the_tables_values_and_types(exported):
+def test_loader_columns_are_returned_or_refused(sets, tmp_path):
     torch = _torch()
-    ts = qv.TrainingSet(str(exported / "ts"))
-    whole = pq.read_table(exported / "whole.parquet")
-    first = next(iter(ts.to_torch(batch_size=37)))  # the first shard, whole
-    table = whole.slice(0, 37)
+    ts = sets[4]
+    whole = ts.to_arrow()
+    first = next(iter(ts.to_torch(batch_size=500)))
     assert first["driver_id"].dtype == torch.int64 and first["accepted"].dtype == torch.bool
     assert first["driver_hourly__conv_rate"].dtype == torch.float64
-    assert first["customer_profile__embedding"].dtype == torch.float32
-    assert tuple(first["customer_profile__embedding"].shape) == (37, 4)
-    for name, tensor in first.items():
-        want = table.column(name).to_pylist()
-        got = tensor.tolist()
-        assert _rows({"x": got}, len(got)) == _rows({"x": want}, len(want)), name
-    # Strings and timestamps are left out; `columns` chooses.
-    assert "customer_id" not in first and "event_timestamp" not in first
-    only = next(iter(ts.to_torch(batch_size=8, columns=["accepted", "driver_id"])))
-    assert sorted(only) == ["accepted", "driver_id"] and len(only["accepted"]) == 8
+    assert tuple(first["customer_profile__embedding"].shape) == (500, 4)
+    vocab = ts.manifest["vocabularies"]["customer_id"]
+    assert vocab == sorted(set(whole.column("customer_id").to_pylist()))
+    assert [vocab[c] for c in first["customer_id"].tolist()] == whole.column("customer_id").to_pylist()
+    assert first["event_timestamp"].tolist() == whole.column("event_timestamp").cast(pa.int64()).to_pylist()
+    only = next(iter(ts.to_torch(batch_size=8, columns=["customer_id", "event_timestamp"])))
+    assert list(only) == ["customer_id", "event_timestamp"]
+    with pytest.raises(qv.ValidationError, match="unknown column `nope` \\(the training set has: driver_id"):
+        ts.to_torch(columns=["nope"])
+    with pytest.raises(qv.ValidationError, match="batch_size"):
+        ts.to_torch(batch_size=0)
+    with pytest.raises(qv.ValidationError, match="rank 3"):
+        ts.to_torch(rank=3, world_size=3)
+    # A ragged list column, asked for, is refused naming it.
+    from quiver.loader import Columns
+    table = pa.table({"r": pa.array([[1.0], [2.0, 3.0]], pa.list_(pa.float64())), "b": pa.array([b"x", b"y"])})
+    with pytest.raises(qv.ValidationError, match="column `r`: ragged lists"):
+        Columns(table.schema, {}, {}, ["r"]).arrays(table)
+    with pytest.raises(qv.ValidationError, match="column `b` of type binary has no tensor form"):
+        Columns(table.schema, {}, {}, ["b"])
+
+
+def test_torchrun_trains_two_processes_over_a_training_set(sets, tmp_path):
+    """docs/export.md's DDP example under torchrun, 2 processes on CPU (gloo), two
+    epochs: no hang, each process its share, together every row each epoch."""
+    _torch()
+    guide = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "export.md")).read()
+    script = guide.split("```python ddp\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "train_ddp.py").write_text(script)
+    ts = sets[4]
+    env = dict(os.environ, TRAINING_SET=ts.path, OUT=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(_free_port()), str(tmp_path / "train_ddp.py")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    import json
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for epoch in ("0", "1"):
+        assert seen[0][epoch]["batches"] == seen[1][epoch]["batches"]
+        assert seen[0][epoch]["rows"] + seen[1][epoch]["rows"] == ts.num_rows
+        assert not set(seen[0][epoch]["ids"]) & set(seen[1][epoch]["ids"])
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_job_to_torch_on_cpu_matches_the_table(exported):
@@ -158,18 +326,6 @@ def test_job_to_torch_on_cpu_matches_the_table(exported):
     if not torch.cuda.is_available():
         with pytest.raises(qv.ValidationError, match="no CUDA device"):
             job.to_torch(device="cuda")
-
-
-def test_the_guides_torch_loop_runs(exported, tmp_path, monkeypatch, capsys):
-    _torch()
-    guide = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "export.md")).read()
-    block = guide.split("```py\n", 1)[1].split("```", 1)[0]
-    cli(exported, "export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet",
-        "--out", str(tmp_path / "train_v1"), "--shard-rows", "100")
-    monkeypatch.chdir(tmp_path)
-    exec(compile(block, "docs/export.md", "exec"), {"__name__": "__main__"})
-    out = capsys.readouterr().out
-    assert "epoch 0: 500 rows" in out and "epoch 1: 500 rows" in out, out
 
 
 def test_to_tensors_types_nulls_and_packing():

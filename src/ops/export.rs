@@ -57,6 +57,7 @@ impl Repo {
                 format: ShardFormat::Parquet,
                 shard_rows: 500_000,
                 created_cutoff: false,
+                group_rows: Some(crate::export::GROUP_ROWS),
             },
             engine: Engine::Auto,
             progress: no_progress(),

@@ -2,12 +2,12 @@
 
     ts = qv.TrainingSet("train_v1")
     ts.to_arrow_dataset(); ts.to_pandas()
-    loader = ts.to_torch(batch_size=1024, shuffle_shards=True, seed=7, rank=r, world_size=n)
+    data = ts.to_torch(batch_size=1024, shuffle=True, seed=7)   # rank, world size from torch.distributed
 
 The shards listed in ``manifest.json`` are checked against their SHA-256 on request
-(``verify()``). ``to_torch`` streams shards in an order fixed by ``seed`` and gives each
-(rank, data-loader worker) a disjoint subset of shards, so every row is read exactly once
-per epoch across the whole job.
+(``verify()``). ``to_torch`` is the loader for data-parallel training (``loader.py``):
+each (rank, data-loader worker) reads a disjoint part, every row once per epoch, the same
+number of batches on every rank, rows shuffled, resumable mid-epoch.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.dataset as ds
 
 from ._quiver import NotFoundError, ValidationError
+from .loader import WINDOW_ROWS, layout, torch_data
 
 
 def shard_plan(n_shards: int, seed: int, shuffle: bool, rank: int, world_size: int,
@@ -89,27 +90,35 @@ class TrainingSet:
             shard = ds.dataset(self.files[k], format=fmt)
             yield from shard.to_batches(columns=list(columns) if columns else None, batch_size=batch_size)
 
-    def to_torch(self, batch_size: int = 1024, columns: Optional[Sequence[str]] = None, shuffle_shards: bool = False,
-                 seed: int = 0, rank: int = 0, world_size: int = 1):
-        """A ``torch.utils.data.IterableDataset`` of dicts of tensors, split across ranks
-        and data-loader workers by shard; use it with ``DataLoader(ds, batch_size=None)``.
-        Columns become tensors as ``to_tensors`` says. Needs PyTorch."""
-        try:
-            import torch
-            from torch.utils.data import IterableDataset, get_worker_info
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ValidationError("to_torch needs PyTorch (pip install torch)") from e
-        ts = self
+    def to_torch(self, batch_size: int = 1024, columns: Optional[Sequence[str]] = None, shuffle: bool = False,
+                 seed: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None, epoch: int = 0, *,
+                 shuffle_shards: Optional[bool] = None, window_rows: int = WINDOW_ROWS):
+        """A ``torch.utils.data.IterableDataset`` of dicts of tensors for one rank of a
+        data-parallel job (docs/export.md#the-pytorch-loader); iterate it directly or with
+        ``.loader(num_workers=...)`` (a ``DataLoader(ds, batch_size=None)`` that counts
+        for ``state_dict()``).
 
-        class _Shards(IterableDataset):  # type: ignore[misc]
-            def __iter__(self):
-                info = get_worker_info()
-                worker, workers = (info.id, info.num_workers) if info else (0, 1)
-                for batch in ts.iter_batches(batch_size, columns, shuffle_shards, seed, rank, world_size, worker, workers):
-                    # In a worker the batch crosses to the trainer: fewer buffers, faster.
-                    yield to_tensors(batch, torch, pack=info is not None)
+        Every (rank, worker) reads a disjoint part and together they read every row once
+        per epoch; every rank yields ``len(ds)`` batches; ``shuffle`` shuffles rows (the
+        set's blocks in a seeded order, then rows within windows of ``window_rows``),
+        differently for each ``epoch`` (``set_epoch``), the same for a seed;
+        ``state_dict()`` / ``load_state_dict()`` resume mid-epoch. ``rank`` and
+        ``world_size`` default to ``torch.distributed``'s when it is initialised.
+        ``columns`` asked for by name are returned or refused: numbers as they are (an
+        integer or bool column with nulls as floats with NaN), timestamps as int64
+        microseconds, strings as int64 codes into the manifest's ``vocabularies`` (-1:
+        null), lists of one length as 2-D. ``shuffle_shards`` is the older name of
+        ``shuffle``. Needs PyTorch."""
+        if shuffle_shards is not None:
+            shuffle = shuffle or shuffle_shards
+        return torch_data(self, batch_size, columns, shuffle, seed, rank, world_size, epoch, window_rows)
 
-        return _Shards()
+    def _layout(self):
+        """The blocks, their rows, the columns with nulls and the schema (loader.layout),
+        read once."""
+        if getattr(self, "_cached_layout", None) is None:
+            self._cached_layout = layout(self.files, self.format)
+        return self._cached_layout
 
 
 def to_tensors(table: Any, torch: Any, device: str = "cpu", pack: bool = False) -> Dict[str, Any]:
