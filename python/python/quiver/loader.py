@@ -252,11 +252,48 @@ def window_arrays(plan: Plan, j: int, reader: Reader, columns: Columns) -> Dict[
         at += n
         if at >= hi:
             break
-    arrays = {name: (np.concatenate([p[name] for p in parts]) if parts else np.zeros(0)) for name in columns.names}
-    if plan.shuffle and hi - lo > 1:
-        perm = np.random.default_rng([plan.seed, plan.epoch, plan.rank, j]).permutation(hi - lo)
-        arrays = {name: arr[perm] for name, arr in arrays.items()}
-    return arrays
+    if not (plan.shuffle and hi - lo > 1):
+        return {name: (np.concatenate([p[name] for p in parts]) if parts else np.zeros(0)) for name in columns.names}
+    # Row k of the window goes to place[k] (the inverse of the permutation that gives
+    # out = rows[perm]): each part is scattered once, with no concatenated copy first.
+    perm = np.random.default_rng([plan.seed, plan.epoch, plan.rank, j]).permutation(hi - lo)
+    place = np.empty_like(perm)
+    place[perm] = np.arange(hi - lo)
+    out: Dict[str, np.ndarray] = {}
+    for name in columns.names:
+        first_part = parts[0][name]
+        arr = np.empty((hi - lo,) + first_part.shape[1:], dtype=np.result_type(*(p[name].dtype for p in parts)))
+        at = 0
+        for p in parts:
+            n = len(p[name])
+            arr[place[at:at + n]] = p[name]
+            at += n
+        out[name] = arr
+    return out
+
+
+def window_tensors(arrays: Dict[str, np.ndarray], torch: Any, packed: bool) -> Dict[str, Any]:
+    """A window's arrays as tensors (batches are slices of them). ``packed`` (in a
+    data-loader worker): the 1-D columns of one dtype as rows of one array, so every batch
+    of the window crosses to the trainer as views of one shared-memory block, not a
+    segment per column and batch."""
+    if not packed:
+        return {n: torch.from_numpy(a) for n, a in arrays.items()}
+    out: Dict[str, Any] = {}
+    groups: Dict[Any, List[str]] = {}
+    for name, arr in arrays.items():
+        if arr.ndim == 1:
+            groups.setdefault(arr.dtype, []).append(name)
+        else:
+            out[name] = torch.from_numpy(arr)
+    for dtype, names in groups.items():
+        block = np.empty((len(names), len(arrays[names[0]])), dtype=dtype)
+        for i, name in enumerate(names):
+            block[i] = arrays[name]
+        shared = torch.from_numpy(block)
+        for i, name in enumerate(names):
+            out[name] = shared[i]
+    return {n: out[n] for n in arrays}
 
 
 def default_rank(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
@@ -397,12 +434,12 @@ def _torch_class() -> Any:
             for j, (lo, hi) in enumerate(plan.windows()):
                 if j % workers != worker or all(b in skip for b in range(lo, hi)):
                     continue
-                arrays = window_arrays(plan, j, reader, self.columns)
+                tensors = window_tensors(window_arrays(plan, j, reader, self.columns), torch, packed=not main)
                 offset = 0
                 for b in range(lo, hi):
                     size = plan.batch_sizes[b]
                     if b not in skip:
-                        batch = {n: torch.from_numpy(a[offset:offset + size]) for n, a in arrays.items()}
+                        batch = {n: t[offset:offset + size] for n, t in tensors.items()}
                         if main:
                             self.consumed += 1
                         yield batch
