@@ -169,7 +169,9 @@ fn encode(path: &Path, batch: &RecordBatch, format: ShardFormat, group_rows: Opt
     match format {
         ShardFormat::Parquet => {
             let props = group_rows.map(|g| {
-                parquet::file::properties::WriterProperties::builder().set_max_row_group_row_count(Some(usize::try_from(g).unwrap_or(usize::MAX))).build()
+                parquet::file::properties::WriterProperties::builder()
+                    .set_max_row_group_row_count(Some(usize::try_from(g).unwrap_or(usize::MAX)))
+                    .build()
             });
             let mut w = parquet::arrow::ArrowWriter::try_new(&mut buf, batch.schema(), props).map_err(parquet)?;
             w.write(batch).map_err(parquet)?;

@@ -146,7 +146,10 @@ fn get_historical_features(
     let spine = match (entity_df, made) {
         (Some(df), None) => {
             let (schema, batches) = read_table(df, "entity_df")?;
-            Spine::Batch(concat_batches(&schema, &batches).map_err(|e| ValidationError::new_err(format!("entity_df: {e}")))?, "entity_df".into())
+            Spine::Batch(
+                concat_batches(&schema, &batches).map_err(|e| ValidationError::new_err(format!("entity_df: {e}")))?,
+                "entity_df".into(),
+            )
         }
         (None, Some(made)) => Spine::Made(made_spine(&made)?),
         _ => return Err(ValidationError::new_err("give exactly one of entity_df, entities_at= and rows_of=")),

@@ -354,3 +354,28 @@ def test_to_tensors_types_nulls_and_packing():
     packed, loose = qv.to_tensors(table, torch, pack=True), qv.to_tensors(table, torch)
     same = lambda t: t["x"].untyped_storage().data_ptr() == t["flag_or_null"].untyped_storage().data_ptr()  # noqa: E731
     assert same(packed) and not same(loose)
+
+
+def test_job_to_torch_streams_batches_of_the_join(exported):
+    """`get_historical_features(...).to_torch(batch_size=...)`: the join's rows in order,
+    in batches, converted as the loader converts them, no files."""
+    torch = _torch()
+    store = qv.FeatureStore(str(exported))
+    spine = pq.read_table(exported / "sample_data" / "spine.parquet")
+    job = store.get_historical_features(entity_df=spine, feature_service="ranker_v1")
+    table = job.to_arrow()
+    batches = list(job.to_torch(batch_size=64))
+    assert [len(b["driver_id"]) for b in batches] == [64] * 7 + [500 - 7 * 64]
+    names = list(batches[0])
+    assert "customer_id" in names and batches[0]["event_timestamp"].dtype == torch.int64
+    vocab = sorted(set(table.column("customer_id").to_pylist()))
+    got = [vocab[c] for b in batches for c in b["customer_id"].tolist()]
+    assert got == table.column("customer_id").to_pylist()
+    conv = [x for b in batches for x in b["driver_hourly__conv_rate"].tolist()]
+    assert _rows({"x": conv}, 500) == _rows({"x": table.column("driver_hourly__conv_rate").to_pylist()}, 500)
+    only = next(iter(job.to_torch(batch_size=8, columns=["accepted"])))
+    assert list(only) == ["accepted"]
+    with pytest.raises(qv.ValidationError, match="unknown column `nope`"):
+        job.to_torch(batch_size=8, columns=["nope"])
+    with pytest.raises(qv.ValidationError, match="batch_size"):
+        job.to_torch(batch_size=0)

@@ -110,17 +110,23 @@ class RetrievalJob:
 
         return pl.from_arrow(self._table)
 
-    def to_torch(self, device: str = "cpu") -> dict[str, Any]:
-        """The columns a model can take as PyTorch tensors on ``device``.
+    def to_torch(self, device: str = "cpu", batch_size: int | None = None,
+                 columns: Sequence[str] | None = None) -> Any:
+        """The result as PyTorch tensors on ``device``, with no files in between.
 
-        See ``quiver.training.to_tensors``: numbers, booleans, fixed-length numeric lists.
-        The join runs on the host (or returns to it), so ``cuda`` copies once to the
-        device; a zero-copy DLPack hand-over from the GPU join is not there yet.
+        Without ``batch_size``: one dict of the columns a model can take (see
+        ``quiver.training.to_tensors``: numbers, booleans, fixed-length numeric lists).
+        With ``batch_size``: an iterator of dicts of ``batch_size`` rows in result order,
+        columns converted as ``TrainingSet.to_torch`` converts them (``columns`` asked
+        for by name returned or refused; strings as codes into the result's sorted
+        distinct values, timestamps as int64 microseconds). The join's result is held
+        in memory; the join runs on the host, so ``cuda`` copies each batch once.
 
         Raises
         ------
         ValidationError
-            Without PyTorch, or for ``cuda`` without a usable GPU.
+            Without PyTorch, for ``cuda`` without a usable GPU, for a bad batch size or
+            a column that has no tensor form.
         """
         try:
             import torch
@@ -128,7 +134,25 @@ class RetrievalJob:
             raise ValidationError(f"to_torch(device={device!r}) needs PyTorch (pip install torch)") from e
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             raise ValidationError(f"to_torch(device={device!r}): PyTorch sees no CUDA device on this machine")
-        return to_tensors(self._table, torch, device)
+        if batch_size is None:
+            if columns is not None:
+                raise ValidationError("to_torch: columns= goes with batch_size=")
+            return to_tensors(self._table, torch, device)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
+        from .loader import Columns
+        table = self._table
+        vocabularies = {f.name: sorted(set(v for v in table.column(f.name).to_pylist() if v is not None))
+                        for f in table.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)}
+        nulls = {name: table.column(name).null_count > 0 for name in table.column_names}
+        cols = Columns(table.schema, vocabularies, nulls, columns)
+        arrays = cols.arrays(table)
+
+        def batches():
+            for start in range(0, table.num_rows, batch_size):
+                yield {n: torch.from_numpy(a[start:start + batch_size]).to(device) for n, a in arrays.items()}
+
+        return batches()
 
 
 class OnlineResponse:
