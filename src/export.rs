@@ -478,12 +478,19 @@ impl TrainingProfile {
             }
         }
         for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
-            let Some(strings) = array.as_string_opt::<i32>() else {
+            // Every string layout a spine may bring (Utf8, LargeUtf8, Utf8View).
+            let strings: Box<dyn Iterator<Item = Option<&str>>> = if let Some(s) = array.as_string_opt::<i32>() {
+                Box::new(s.iter())
+            } else if let Some(s) = array.as_string_opt::<i64>() {
+                Box::new(s.iter())
+            } else if let Some(s) = array.as_string_view_opt() {
+                Box::new(s.iter())
+            } else {
                 continue;
             };
             let entry = self.vocabularies.entry(field.name().clone()).or_insert_with(|| Some(Default::default()));
             if let Some(set) = entry {
-                for value in strings.iter().flatten() {
+                for value in strings.flatten() {
                     if !set.contains(value) {
                         set.insert(value.to_string());
                     }

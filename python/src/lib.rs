@@ -166,6 +166,15 @@ fn get_historical_features(
     Ok(ArrowStream::new(joined))
 }
 
+/// A time as the CLI takes it (RFC 3339, a date, `now`, a duration before now such as
+/// `7d`), as RFC 3339 text; an error names `what`.
+#[pyfunction]
+fn parse_time(what: &str, text: &str) -> PyResult<String> {
+    quiver::ops::parse_time(what, text, quiver::sdk::Timestamp::now())
+        .map(|t| t.to_string())
+        .map_err(|e| ValidationError::new_err(e.to_string()))
+}
+
 /// A made spine from its manifest JSON (`{"kind": "entities_at", "at": ...}`), as the
 /// Python layer writes it.
 fn made_spine(json: &str) -> PyResult<quiver::ops::MadeSpine> {
@@ -452,6 +461,7 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(export, m)?)?;
     m.add_function(wrap_pyfunction!(verify_sample, m)?)?;
     m.add_function(wrap_pyfunction!(monitor, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_time, m)?)?;
     m.add_function(wrap_pyfunction!(_sleep, m)?)?;
     Ok(())
 }

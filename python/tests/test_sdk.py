@@ -799,6 +799,13 @@ def test_made_spines_equal_the_cli_and_their_oracle(store, tmp_path):
     a = store.get_historical_features(rows_of="trips", sample=0.5, seed=4, features=["trips:city"]).to_arrow()
     b = store.get_historical_features(rows_of="trips", sample=0.5, seed=4, features=["trips:city"]).to_arrow()
     assert a.equals(b) and 0 < a.num_rows < len(rows())
+    # Times as the CLI takes them: a date, `now`, a duration before now.
+    every = store.get_historical_features(rows_of="trips", features=["trips:city"]).to_arrow()
+    texts = store.get_historical_features(rows_of="trips", between=("2000-01-01", "now"),
+                                          features=["trips:city"]).to_arrow()
+    assert texts.equals(every)
+    recent = store.get_historical_features(rows_of="trips", between=("100m", "now"), features=["trips:city"]).to_arrow()
+    assert recent.num_rows == sum(1 for r in rows() if r["event_timestamp"] >= NOW - timedelta(minutes=100))
     # An export of a made spine records it.
     manifest = store.export("ranker", out=str(tmp_path / "ts"), rows_of="trips", sample=0.5, seed=4)
     assert manifest["spine"]["made"] == {"kind": "rows_of", "view": "trips", "sample": 0.5, "seed": 4}
@@ -811,6 +818,8 @@ def test_made_spines_equal_the_cli_and_their_oracle(store, tmp_path):
         (dict(rows_of="trips", sample=3), "--sample must be"),
         (dict(rows_of="trips", between=(NOW,)), "two times"),
         (dict(rows_of="nope"), "unknown feature view `nope`"),
+        (dict(rows_of="trips", between=("30x", "now")), "between `30x`: expected an RFC 3339 time"),
+        (dict(entities_at="yesterday-ish"), "entities_at `yesterday-ish`"),
         (dict(), "give exactly one of entity_df"),
     ]:
         with pytest.raises((qv.ValidationError, qv.NotFoundError), match=words):

@@ -379,3 +379,102 @@ def test_job_to_torch_streams_batches_of_the_join(exported):
         job.to_torch(batch_size=8, columns=["nope"])
     with pytest.raises(qv.ValidationError, match="batch_size"):
         job.to_torch(batch_size=0)
+
+
+def test_loader_workers_start_by_spawn(sets):
+    """Workers started by spawn (macOS, forkserver on newer Pythons) unpickle the dataset
+    by importing quiver afresh: the same batches as in-process."""
+    _torch()
+    ts = sets[4]
+    names = list(next(iter(ts.to_torch(batch_size=7))))
+    data = ts.to_torch(batch_size=16, shuffle=True, seed=2, window_rows=64)
+    here = _loaded(list(data), names)
+    spawned = _loaded(list(data.loader(num_workers=2, multiprocessing_context="spawn")), names)
+    assert sorted(spawned) == sorted(here) and len(spawned) == 500
+
+
+def test_loader_state_is_checked_and_survives_set_epoch(sets):
+    _torch()
+    ts = sets[4]
+    names = list(next(iter(ts.to_torch(batch_size=7))))
+    make = lambda **kw: ts.to_torch(batch_size=8, shuffle=True, seed=3, **kw)  # noqa: E731
+    data = make(epoch=1, window_rows=24)
+    head = []
+    for k, batch in enumerate(data):
+        head.append(batch)
+        if k == 4:
+            break
+    state = data.state_dict()
+    full = _loaded(list(make(epoch=1, window_rows=24)), names)
+    # The guide's loop calls set_epoch at the top of each epoch: right after a load of
+    # that epoch it keeps the state; the next epoch starts from its first batch.
+    resumed = make(window_rows=24)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    tail = list(resumed)
+    assert sorted(_loaded(head, names) + _loaded(tail, names)) == sorted(full)
+    resumed.set_epoch(2)
+    assert len(list(resumed)) == len(resumed)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    list(resumed)
+    resumed.set_epoch(1)  # after iterating, set_epoch starts the epoch again
+    assert len(list(resumed)) == len(resumed)
+    # A state of another shuffle window or another set is refused, naming what differs.
+    with pytest.raises(qv.ValidationError, match="window_rows=24"):
+        make(window_rows=64).load_state_dict(state)
+    with pytest.raises(qv.ValidationError, match="blocks=4"):
+        sets[1].to_torch(batch_size=8, shuffle=True, seed=3, window_rows=24).load_state_dict(state)
+    with pytest.raises(qv.ValidationError, match="persistent_workers=True"):
+        data.loader(num_workers=2, persistent_workers=True)
+    with pytest.raises(qv.ValidationError, match="in_order=False"):
+        data.loader(num_workers=2, in_order=False)
+
+
+def test_loader_times_text_lists_and_files(tmp_path, exported):
+    """Timestamps of any unit as microseconds; large and view strings coded from the
+    manifest; a list of another length in a later block refused by name; a column name
+    with a dot read for nulls; at most MAX_OPEN shard files open."""
+    _torch()
+    from quiver import loader
+    from quiver.loader import Columns, Reader, layout
+    t = pa.table({"ns": pa.array([1_500_000_123_456_789, None], pa.timestamp("ns", "UTC")),
+                  "s": pa.array([2, 3], pa.timestamp("s"))})
+    cols = Columns(t.schema, {}, {"ns": True}, None)
+    got = cols.arrays(t)
+    assert got["ns"][0] == 1_500_000_123_456 and got["ns"][1] != got["ns"][1]
+    assert got["s"].tolist() == [2_000_000, 3_000_000]
+    # Lists: the first block fixes the length.
+    one = pa.table({"e": pa.array([[1.0, 2.0]], pa.list_(pa.float64()))})
+    other = pa.table({"e": pa.array([[1.0, 2.0, 3.0]], pa.list_(pa.float64()))})
+    cols = Columns(one.schema, {}, {}, ["e"])
+    cols.fix_widths(one)
+    assert cols.arrays(one)["e"].shape == (1, 2)
+    with pytest.raises(qv.ValidationError, match="column `e`: ragged lists \\(length 3 here, 2 in the first block\\)"):
+        cols.arrays(other)
+    # A column named with a dot: its nulls are seen (so its integers come as floats).
+    path = tmp_path / "dots.parquet"
+    pq.write_table(pa.table({"label.v2": pa.array([1, None], pa.int64()), "x": pa.array([1, 2], pa.int64())}), path)
+    _, _, nulls, _ = layout([str(path)], "parquet")
+    assert nulls == {"label.v2": True, "x": False}
+    # Large strings on the spine get a vocabulary and come as codes.
+    spine = pq.read_table(exported / "sample_data/spine.parquet")
+    tags = pa.array([f"t{i % 3}" for i in range(spine.num_rows)], pa.large_string())
+    pq.write_table(spine.append_column("tag", tags), tmp_path / "spine.parquet")
+    cli(exported, "export", "--service", "ranker_v1", "--spine", str(tmp_path / "spine.parquet"), "--out",
+        str(tmp_path / "ts"), "--shard-rows", "100")
+    ts = qv.TrainingSet(str(tmp_path / "ts"))
+    assert pq.read_schema(ts.files[0]).field("tag").type == pa.large_string()
+    assert ts.manifest["vocabularies"]["tag"] == ["t0", "t1", "t2"]
+    coded = next(iter(ts.to_torch(batch_size=1000, columns=["tag"])))["tag"].tolist()
+    assert coded == [i % 3 for i in range(spine.num_rows)]
+    # Open files: the least recently used closes past MAX_OPEN, values unchanged.
+    old, loader.MAX_OPEN = loader.MAX_OPEN, 2
+    try:
+        blocks, _, _, _ = ts._layout()
+        reader = Reader(ts.files, ts.format, blocks, ["tag"])
+        read = [reader._read(b).column("tag").to_pylist() for b in range(len(blocks))]
+        assert len(reader.open) == 2
+        assert sum(read, []) == [f"t{i % 3}" for i in range(spine.num_rows)]
+    finally:
+        loader.MAX_OPEN = old

@@ -35,7 +35,7 @@ pub struct Export {
     #[arg(long)]
     created_cutoff: bool,
     /// Rebuild the training set of this manifest.json (same Delta versions) into --out.
-    #[arg(long, conflicts_with_all = ["service", "spine", "entities_at", "rows_of"])]
+    #[arg(long, conflicts_with_all = ["service", "spine", "entities_at", "rows_of", "between", "sample", "seed"])]
     reproduce: Option<PathBuf>,
     /// Join on a DataFusion Ballista cluster: df://HOST:PORT of its scheduler (see
     /// `quiver cluster`); `?partitions=N` sets the hash partitions (default 8).

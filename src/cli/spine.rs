@@ -27,9 +27,9 @@ pub struct SpineArgs {
     /// the same --seed.
     #[arg(long, value_name = "R")]
     pub sample: Option<f64>,
-    /// The sample's seed.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// The sample's seed (default 0).
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
 }
 
 /// The spine the options name.
@@ -49,6 +49,9 @@ impl SpineArgs {
         if self.rows_of.is_none() && (self.sample.is_some() || !self.between.is_empty()) {
             anyhow::bail!("--between and --sample go with --rows-of VIEW");
         }
+        if self.seed.is_some() && self.sample.is_none() {
+            anyhow::bail!("--seed goes with --sample R");
+        }
         if let Some(path) = self.spine {
             return Ok(Chosen::File(path));
         }
@@ -62,7 +65,7 @@ impl SpineArgs {
             [a, b] => Some((parse_time("--between", a, now)?.micros(), parse_time("--between", b, now)?.micros())),
             _ => None,
         };
-        let made = MadeSpine::RowsOf { view, between, sample: self.sample, seed: self.seed };
+        let made = MadeSpine::RowsOf { view, between, sample: self.sample, seed: self.seed.unwrap_or(0) };
         made.check()?;
         Ok(Chosen::Made(made))
     }

@@ -255,6 +255,16 @@ fn made_spines_refuse_what_cannot_be_made() {
         1,
         &["go with --rows-of"],
     );
+    fails_alone(
+        &repo,
+        &join(&["--rows-of", "driver_customer", "--seed", "3", "--features", "driver_hourly:conv_rate"]),
+        1,
+        &["--seed goes with --sample R"],
+    );
+    // Spine options beside --reproduce: a usage error, not silently ignored.
+    let beside = quiver(&repo, &["export", "--reproduce", "ts/manifest.json", "--sample", "0.5", "--out", "again"], &[]);
+    assert_eq!(beside.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&beside.stderr).contains("'--reproduce <REPRODUCE>' cannot be used with '--sample <R>'"));
     // Two spines at once: a usage error.
     let two = quiver(
         &repo,

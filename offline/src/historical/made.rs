@@ -256,12 +256,63 @@ fn cast(column: &ArrayRef, to: &arrow::datatypes::DataType) -> Result<ArrayRef> 
 /// `columns` (keys, event time, ingestion order: what makes it that row) falls under
 /// the rate, so the same rows are kept whichever files or order they come in.
 fn sampled(batch: &RecordBatch, columns: &[usize], rate: f64, seed: u64) -> Result<BooleanArray> {
-    let fields: Vec<SortField> = columns.iter().map(|&i| SortField::new(batch.column(i).data_type().clone())).collect();
-    let converter = RowConverter::new(fields)?;
-    let rows = converter.convert_columns(&columns.iter().map(|&i| batch.column(i).clone()).collect::<Vec<_>>())?;
+    let encoded = columns.iter().map(|&i| Encoded::new(batch.column(i))).collect::<Result<Vec<_>>>()?;
     // `rate` of the hashes' range; 1 keeps every row.
     let limit = if rate >= 1.0 { u64::MAX } else { (rate * 2f64.powi(64)) as u64 };
-    Ok((0..rows.num_rows()).map(|i| Some(row_hash(seed, rows.row(i).as_ref()) <= limit)).collect())
+    let mut bytes = Vec::new();
+    Ok((0..batch.num_rows())
+        .map(|row| {
+            bytes.clear();
+            for column in &encoded {
+                column.write(row, &mut bytes);
+            }
+            Some(row_hash(seed, &bytes) <= limit)
+        })
+        .collect())
+}
+
+/// A column as the sample hashes it, in an encoding this crate fixes (not Arrow's row
+/// format, which may change between releases): a null is the byte 0; an integer, a time
+/// (microseconds) or a date is 1 and the value as a little-endian i64; anything else is 2,
+/// the length of its text as a little-endian u64, and the text's UTF-8 bytes.
+enum Encoded {
+    Int(arrow::array::Int64Array),
+    Text(arrow::array::StringArray),
+}
+
+impl Encoded {
+    fn new(column: &ArrayRef) -> Result<Encoded> {
+        use arrow::datatypes::{DataType, TimeUnit};
+        let t = column.data_type();
+        let as_int = |c: &ArrayRef| -> Result<Encoded> {
+            let ints = arrow::compute::cast(c, &DataType::Int64)?;
+            Ok(Encoded::Int(ints.as_any().downcast_ref::<arrow::array::Int64Array>().expect("cast to Int64").clone()))
+        };
+        if t.is_integer() || matches!(t, DataType::Date32 | DataType::Date64) {
+            as_int(column)
+        } else if let DataType::Timestamp(_, tz) = t {
+            as_int(&arrow::compute::cast(column, &DataType::Timestamp(TimeUnit::Microsecond, tz.clone()))?)
+        } else {
+            let text = arrow::compute::cast(column, &DataType::Utf8)?;
+            Ok(Encoded::Text(text.as_any().downcast_ref::<arrow::array::StringArray>().expect("cast to Utf8").clone()))
+        }
+    }
+
+    fn write(&self, row: usize, out: &mut Vec<u8>) {
+        match self {
+            Encoded::Int(a) if a.is_valid(row) => {
+                out.push(1);
+                out.extend_from_slice(&a.value(row).to_le_bytes());
+            }
+            Encoded::Text(a) if a.is_valid(row) => {
+                let text = a.value(row).as_bytes();
+                out.push(2);
+                out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+                out.extend_from_slice(text);
+            }
+            _ => out.push(0),
+        }
+    }
 }
 
 /// FNV-1a over the bytes, seeded, then SplitMix64's finalizer: stable across builds and
@@ -354,6 +405,34 @@ mod tests {
         // A smaller rate keeps a subset of a larger one's rows (one hash per row).
         let b = kept(0.05, 1);
         assert!((0..20_000).all(|i| !b.value(i) || a.value(i)));
+    }
+
+    /// The sample's hash is pinned: these values were computed by a separate Python
+    /// implementation of the documented encoding, FNV-1a and SplitMix64's finalizer, so a
+    /// change to either (which would draw other rows than a manifest recorded) fails here.
+    #[test]
+    fn the_sample_hash_is_pinned_to_its_documented_encoding() {
+        use arrow::array::{Int64Array, StringArray};
+        let t = 1_700_000_000_000_000i64;
+        let ints: ArrayRef = Arc::new(Int64Array::from(vec![Some(1001), None]));
+        let texts: ArrayRef = Arc::new(StringArray::from(vec!["driver-7", "x"]));
+        let times: ArrayRef = Arc::new(TimestampMicrosecondArray::from(vec![t, -1]).with_timezone("UTC"));
+        let seqs: ArrayRef = Arc::new(Int64Array::from(vec![0, 42]));
+        let hash = |columns: &[&ArrayRef], row: usize, seed: u64| {
+            let mut bytes = Vec::new();
+            for c in columns {
+                Encoded::new(c).unwrap().write(row, &mut bytes);
+            }
+            row_hash(seed, &bytes)
+        };
+        assert_eq!(hash(&[&ints, &times, &seqs], 0, 3), 0xdeff_6282_1dd4_725f);
+        assert_eq!(hash(&[&texts, &times, &seqs], 0, 3), 0x5615_c546_b3e1_4cb8);
+        assert_eq!(hash(&[&ints, &times, &seqs], 1, 0), 0x5938_0139_cacc_159d);
+        // A key of another integer width or a string view hashes as the same value.
+        let narrow: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![Some(1001), None]));
+        assert_eq!(hash(&[&narrow, &times, &seqs], 0, 3), 0xdeff_6282_1dd4_725f);
+        let view: ArrayRef = Arc::new(arrow::array::StringViewArray::from(vec!["driver-7", "x"]));
+        assert_eq!(hash(&[&view, &times, &seqs], 0, 3), 0x5615_c546_b3e1_4cb8);
     }
 
     #[test]

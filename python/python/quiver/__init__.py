@@ -140,10 +140,10 @@ class RetrievalJob:
             return to_tensors(self._table, torch, device)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
-        from .loader import Columns
+        from .loader import Columns, is_text
         table = self._table
         vocabularies = {f.name: sorted(set(v for v in table.column(f.name).to_pylist() if v is not None))
-                        for f in table.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)}
+                        for f in table.schema if is_text(f.type)}
         nulls = {name: table.column(name).null_count > 0 for name in table.column_names}
         cols = Columns(table.schema, vocabularies, nulls, columns)
         arrays = cols.arrays(table)
@@ -190,14 +190,15 @@ def _utc(t: datetime, what: str) -> datetime:
 
 
 def _instant(value: datetime | str, where: str) -> str:
-    """An aware datetime or RFC 3339 text, as RFC 3339 text."""
+    """An aware datetime, or text as the CLI takes it (RFC 3339, a date, ``now``, a
+    duration before now such as ``7d``), as RFC 3339 text; errors name ``where``."""
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ValidationError(f"{where}: a datetime needs a time zone, got {value!r}")
         return value.isoformat()
     if isinstance(value, str):
-        return value
-    raise ValidationError(f"{where}: expected an aware datetime or RFC 3339 text, got {type(value).__name__}")
+        return _quiver.parse_time(where, value)
+    raise ValidationError(f"{where}: expected an aware datetime or a time as text, got {type(value).__name__}")
 
 
 def _made_spine(entities_at: datetime | str | None, rows_of: str | None, between: Any, sample: float | None,

@@ -23,6 +23,8 @@ resume mid-epoch.
 from __future__ import annotations
 
 import math
+import warnings
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,6 +36,16 @@ from ._quiver import ValidationError
 
 #: Rows per shuffle window (rounded up to whole batches).
 WINDOW_ROWS = 262_144
+
+#: Shard files a reader keeps open at once (a set of thousands of shards stays under the
+#: open-file limit).
+MAX_OPEN = 64
+
+
+def is_text(t: pa.DataType) -> bool:
+    """A string column in any of Arrow's layouts."""
+    view = getattr(pa.types, "is_string_view", None)
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or bool(view and view(t))
 
 
 class Plan:
@@ -129,6 +141,9 @@ class Columns:
                  columns: Optional[Sequence[str]]):
         self.kinds: Dict[str, str] = {}
         self.vocab: Dict[str, Dict[str, int]] = {}
+        # A list column's length, fixed by the first block read (see ``fix_widths``).
+        self.width: Dict[str, int] = {}
+        self.tz: Dict[str, Optional[str]] = {}
         names = schema.names
         if columns is not None:
             if isinstance(columns, str):
@@ -147,7 +162,8 @@ class Columns:
                 kind = "bool_nan" if has_nulls.get(name) else "bool"
             elif pa.types.is_timestamp(t):
                 kind = "time_nan" if has_nulls.get(name) else "time"
-            elif pa.types.is_string(t) or pa.types.is_large_string(t):
+                self.tz[name] = t.tz
+            elif is_text(t):
                 if name in vocabularies:
                     kind = "code"
                     self.vocab[name] = {v: i for i, v in enumerate(vocabularies[name])}
@@ -177,24 +193,37 @@ class Columns:
             elif kind == "bool_nan":
                 out[name] = col.cast(pa.float32()).to_numpy(zero_copy_only=False)
             elif kind == "time":
-                out[name] = col.cast(pa.int64()).to_numpy(zero_copy_only=False)
+                out[name] = _micros(col, self.tz[name]).to_numpy(zero_copy_only=False)
             elif kind == "time_nan":
-                out[name] = col.cast(pa.int64()).cast(pa.float64()).to_numpy(zero_copy_only=False)
+                out[name] = _micros(col, self.tz[name]).cast(pa.float64()).to_numpy(zero_copy_only=False)
             elif kind == "code":
                 vocab = self.vocab[name]
                 values = col.to_pylist()
                 out[name] = np.fromiter((-1 if v is None else vocab.get(v, -1) for v in values), dtype=np.int64,
                                         count=len(values))
             else:  # list
-                out[name] = _matrix(name, col)
+                out[name] = _matrix(name, col, self.width.get(name))
         return out
 
+    def fix_widths(self, first: Optional[pa.Table]) -> None:
+        """Fixes each list column's length from ``first`` (the set's first block), so a
+        block whose lists are of another length is refused by name, not batched at
+        another width."""
+        for name, kind in self.kinds.items():
+            if kind == "list" and first is not None and first.num_rows:
+                self.width[name] = _matrix(name, first.column(name).combine_chunks(), None).shape[1]
 
-def _matrix(name: str, col: pa.Array) -> np.ndarray:
-    """A list column of one length and no nulls as a 2-D array; anything else is refused,
-    naming the column."""
+
+def _micros(col: pa.Array, tz: Optional[str]) -> pa.Array:
+    """A timestamp column as int64 microseconds since the epoch, whatever its unit."""
+    return pc.cast(col, pa.timestamp("us", tz), safe=False).cast(pa.int64())
+
+
+def _matrix(name: str, col: pa.Array, width: Optional[int]) -> np.ndarray:
+    """A list column of one length (``width`` where fixed) and no nulls as a 2-D array;
+    anything else is refused, naming the column."""
     if len(col) == 0:
-        return np.zeros((0, 0))
+        return np.zeros((0, width or 0))
     if col.null_count:
         raise ValidationError(f"column `{name}`: null lists have no tensor form")
     lengths = pc.list_value_length(col)
@@ -202,6 +231,9 @@ def _matrix(name: str, col: pa.Array) -> np.ndarray:
     if span["min"] != span["max"]:
         raise ValidationError(f"column `{name}`: ragged lists (lengths {span['min']} to {span['max']}) have no tensor "
                               f"form; pad them to one length before the export")
+    if width is not None and span["max"] != width:
+        raise ValidationError(f"column `{name}`: ragged lists (length {span['max']} here, {width} in the first block) "
+                              f"have no tensor form; pad them to one length before the export")
     values = pc.list_flatten(col)
     if values.null_count:
         raise ValidationError(f"column `{name}`: lists with null elements have no tensor form")
@@ -213,7 +245,7 @@ class Reader:
 
     def __init__(self, files: List[str], fmt: str, blocks: List[Tuple[int, int]], columns: List[str]):
         self.files, self.fmt, self.blocks, self.columns = files, fmt, blocks, columns
-        self.open: Dict[int, Any] = {}
+        self.open: "OrderedDict[int, Any]" = OrderedDict()
         # The last block read: a block that straddles two windows is read once.
         self.last: Optional[Tuple[int, pa.Table]] = None
 
@@ -228,11 +260,18 @@ class Reader:
         shard, group = self.blocks[b]
         handle = self.open.get(shard)
         if handle is None:
+            if len(self.open) >= MAX_OPEN:  # the least recently used goes
+                _, old = self.open.popitem(last=False)
+                close = getattr(old, "close", None)
+                if close is not None:
+                    close()
             if self.fmt == "arrow":
                 handle = pa.ipc.open_file(pa.memory_map(self.files[shard]))
             else:
                 handle = pq.ParquetFile(self.files[shard])
             self.open[shard] = handle
+        else:
+            self.open.move_to_end(shard)
         if self.fmt == "arrow":
             batch = handle.get_batch(group)
             return pa.Table.from_batches([batch]).select(self.columns)
@@ -337,6 +376,7 @@ def layout(files: List[str], fmt: str) -> Tuple[List[Tuple[int, int]], List[int]
         else:
             meta = pq.ParquetFile(path)
             schema = schema or meta.schema_arrow
+            top = sorted(meta.schema_arrow.names, key=len, reverse=True)
             md = meta.metadata
             for g in range(md.num_row_groups):
                 group = md.row_group(g)
@@ -344,7 +384,9 @@ def layout(files: List[str], fmt: str) -> Tuple[List[Tuple[int, int]], List[int]
                 rows.append(group.num_rows)
                 for c in range(group.num_columns):
                     chunk = group.column(c)
-                    name = chunk.path_in_schema.split(".")[0]
+                    # The top-level column this leaf belongs to (a name may hold dots).
+                    leaf = chunk.path_in_schema
+                    name = next((n for n in top if leaf == n or leaf.startswith(n + ".")), leaf)
                     stats = chunk.statistics
                     # No statistics: assume nulls (the float form holds every value).
                     has = True if stats is None or not stats.has_null_count else stats.null_count > 0
@@ -362,9 +404,17 @@ def torch_data(ts: Any, batch_size: int, columns: Optional[Sequence[str]], shuff
     rank, world_size = default_rank(rank, world_size)
     blocks, rows, nulls, schema = ts._layout()
     cols = Columns(schema, ts.manifest.get("vocabularies", {}), nulls, columns)
+    if "list" in cols.kinds.values():
+        first = next((b for b, n in enumerate(rows) if n), None)
+        reader = Reader(ts.files, ts.format, blocks, [n for n, k in cols.kinds.items() if k == "list"])
+        cols.fix_widths(None if first is None else reader.block(first))
     data = _torch_class()(ts.files, ts.format, blocks, rows, cols, batch_size, rank, world_size, shuffle, seed, epoch,
                           window_rows)
-    data.plan()  # refuses a bad batch size or rank now, not in a worker
+    plan = data.plan()  # refuses a bad batch size or rank now, not in a worker
+    if 0 in plan.batch_sizes:
+        warnings.warn(f"to_torch: rank {rank}'s last batch is empty ({sum(rows)} rows over {world_size} ranks in "
+                      f"batches of {batch_size}); skip empty batches in the training step (a mean loss over none is "
+                      f"NaN)", stacklevel=3)
     return data
 
 
@@ -392,6 +442,8 @@ def _torch_class() -> Any:
             # many, by how many workers.
             self.done: set = set()
             self.consumed, self.workers = 0, 1
+            # A state was loaded and nothing iterated since: set_epoch of its epoch keeps it.
+            self.loaded = False
 
         def plan(self) -> Plan:
             return Plan(self.block_rows, self.batch_size, self.rank, self.world_size, self.shuffle, self.seed,
@@ -401,26 +453,34 @@ def _torch_class() -> Any:
             return batches_total(sum(self.block_rows), self.batch_size, self.world_size)
 
         def set_epoch(self, epoch: int) -> None:
-            """Starts epoch ``epoch`` (its own order), from its first batch."""
-            self.epoch, self.done, self.consumed, self.workers = epoch, set(), 0, 1
+            """Starts epoch ``epoch`` (its own order), from its first batch; right after
+            ``load_state_dict`` of that epoch, from where the state was taken."""
+            if self.loaded and epoch == self.epoch:
+                self.loaded = False
+                return
+            self.epoch, self.done, self.consumed, self.workers, self.loaded = epoch, set(), 0, 1, False
+
+        def _fingerprint(self) -> Dict[str, Any]:
+            return {"seed": self.seed, "batch_size": self.batch_size, "rank": self.rank,
+                    "world_size": self.world_size, "shuffle": self.shuffle, "window_rows": self.window_rows,
+                    "rows": sum(self.block_rows), "blocks": len(self.block_rows)}
 
         def state_dict(self) -> Dict[str, Any]:
             """Where this rank is in the epoch: the batches handed out so far (counted
             when iterated directly or through ``loader()``)."""
             done = self.done | handed_out(self.plan(), self.workers, self.done, self.consumed)
-            return {"epoch": self.epoch, "seed": self.seed, "batch_size": self.batch_size, "rank": self.rank,
-                    "world_size": self.world_size, "shuffle": self.shuffle, "done": to_ranges(done)}
+            return {"epoch": self.epoch, **self._fingerprint(), "done": to_ranges(done)}
 
         def load_state_dict(self, state: Dict[str, Any]) -> None:
             """Resumes where ``state_dict()`` was taken: the next iteration yields the
             batches not yet handed out, whatever the number of workers now."""
-            for key in ("seed", "batch_size", "rank", "world_size", "shuffle"):
-                if state.get(key) != getattr(self, key):
+            for key, value in self._fingerprint().items():
+                if state.get(key) != value:
                     raise ValidationError(f"load_state_dict: the state is of a loader with {key}={state.get(key)!r}, "
-                                          f"this one has {getattr(self, key)!r}")
+                                          f"this one has {value!r}")
             self.epoch = state["epoch"]
             self.done = {b for first, last in state["done"] for b in range(first, last + 1)}
-            self.consumed, self.workers = 0, 1
+            self.consumed, self.workers, self.loaded = 0, 1, True
 
         def __iter__(self):
             info = get_worker_info()
@@ -429,7 +489,7 @@ def _torch_class() -> Any:
             skip = self.done
             main = info is None
             if main:
-                self.consumed, self.workers = 0, 1
+                self.consumed, self.workers, self.loaded = 0, 1, False
             reader = Reader(self.files, self.fmt, self.blocks, list(self.columns.names))
             for j, (lo, hi) in enumerate(plan.windows()):
                 if j % workers != worker or all(b in skip for b in range(lo, hi)):
@@ -449,6 +509,11 @@ def _torch_class() -> Any:
             """A ``DataLoader`` over this dataset (``batch_size=None``) that counts the
             batches it hands out, for ``state_dict()``."""
             data = self
+            if kwargs.get("persistent_workers"):
+                raise ValidationError("loader(persistent_workers=True): persistent workers keep the epoch and state "
+                                      "they started with; make a loader() per epoch instead")
+            if kwargs.get("in_order", True) is False:
+                raise ValidationError("loader(in_order=False): the order batches come in is what state_dict() counts")
             dl = DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
 
             class Counted:
@@ -460,7 +525,7 @@ def _torch_class() -> Any:
                     if num_workers == 0:  # the dataset, iterated here, counts itself
                         yield from it
                         return
-                    data.consumed, data.workers = 0, num_workers
+                    data.consumed, data.workers, data.loaded = 0, num_workers, False
                     for batch in it:
                         data.consumed += 1
                         yield batch
@@ -472,3 +537,11 @@ def _torch_class() -> Any:
     globals()["TorchData"] = TorchData
     _CLASS = TorchData
     return TorchData
+
+
+def __getattr__(name: str) -> Any:
+    """``TorchData``, made on first use: a worker started by spawn or forkserver imports
+    this module afresh and asks for the class by name to unpickle the dataset."""
+    if name == "TorchData":
+        return _torch_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
