@@ -20,6 +20,7 @@ __all__ = [
     "materialize",
     "materialize_incremental",
     "monitor",
+    "parse_time",
     "plan",
     "push",
     "registry_json",

@@ -306,21 +306,26 @@ def window_tensors(arrays: Dict[str, np.ndarray], torch: Any, packed: bool) -> D
     segment per column and batch."""
     if not packed:
         return {n: torch.from_numpy(a) for n, a in arrays.items()}
+    out = {name: torch.from_numpy(arr) for name, arr in arrays.items() if arr.ndim != 1}
+    out.update(pack_by_dtype({name: arr for name, arr in arrays.items() if arr.ndim == 1}, torch))
+    return {n: out[n] for n in arrays}
+
+
+def pack_by_dtype(flat: Dict[str, np.ndarray], torch: Any) -> Dict[str, Any]:
+    """1-D arrays as tensors, those of one dtype rows of one shared array (a worker then
+    hands them over as one shared-memory segment, not one per column)."""
     out: Dict[str, Any] = {}
     groups: Dict[Any, List[str]] = {}
-    for name, arr in arrays.items():
-        if arr.ndim == 1:
-            groups.setdefault(arr.dtype, []).append(name)
-        else:
-            out[name] = torch.from_numpy(arr)
+    for name, arr in flat.items():
+        groups.setdefault(arr.dtype, []).append(name)
     for dtype, names in groups.items():
-        block = np.empty((len(names), len(arrays[names[0]])), dtype=dtype)
+        block = np.empty((len(names), len(flat[names[0]])), dtype=dtype)
         for i, name in enumerate(names):
-            block[i] = arrays[name]
+            block[i] = flat[name]
         shared = torch.from_numpy(block)
         for i, name in enumerate(names):
             out[name] = shared[i]
-    return {n: out[n] for n in arrays}
+    return out
 
 
 def default_rank(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:

@@ -22,7 +22,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.dataset as ds
 
 from ._quiver import NotFoundError, ValidationError
-from .loader import WINDOW_ROWS, layout, torch_data
+from .loader import WINDOW_ROWS, layout, pack_by_dtype, torch_data
 
 
 def shard_plan(n_shards: int, seed: int, shuffle: bool, rank: int, world_size: int,
@@ -131,7 +131,6 @@ def to_tensors(table: Any, torch: Any, device: str = "cpu", pack: bool = False) 
     With ``pack``, columns of one dtype share one buffer (each tensor a contiguous row of
     it), so a DataLoader worker hands a batch over in a few shared-memory segments, not
     one per column (the tensors then keep each other's memory alive)."""
-    import numpy as np
 
     flat: Dict[str, Any] = {}  # name -> 1-D numpy array
     out: Dict[str, Any] = {}
@@ -158,16 +157,7 @@ def to_tensors(table: Any, torch: Any, device: str = "cpu", pack: bool = False) 
         for name, arr in flat.items():
             out[name] = torch.from_numpy(arr.copy() if not arr.flags.writeable else arr)
         flat = {}
-    by_dtype: Dict[Any, List[str]] = {}
-    for name, arr in flat.items():
-        by_dtype.setdefault(arr.dtype, []).append(name)
-    for dtype, names in by_dtype.items():
-        packed = np.empty((len(names), len(flat[names[0]])), dtype=dtype)
-        for i, name in enumerate(names):
-            packed[i] = flat[name]
-        shared = torch.from_numpy(packed)
-        for i, name in enumerate(names):
-            out[name] = shared[i]
+    out.update(pack_by_dtype(flat, torch))
     out = {name: out[name] for name in table.schema.names if name in out}
     if str(device) != "cpu":
         out = {k: v.to(device) for k, v in out.items()}
