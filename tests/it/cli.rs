@@ -541,6 +541,14 @@ fn scores(repo: &Path, extra: &[&str]) -> Vec<Option<f64>> {
     let out = read_parquet(&repo.join("out.parquet"));
     let labels: Vec<&str> = (0..out.num_rows()).map(|i| out.column(2).as_string::<i32>().value(i)).collect();
     assert_eq!(labels, ["a", "b", "c", "d", "e", "f", "g"], "spine order and columns kept");
+    // A CSV spine's times come out as times (UTC microseconds), not as its text.
+    let times = out.column(1).as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
+    assert_eq!(times.value(0), 1_704_103_199_000_000, "2024-01-01T09:59:59Z");
+    assert!(
+        matches!(out.schema().field(1).data_type(), arrow::datatypes::DataType::Timestamp(_, Some(tz)) if tz.as_ref() == "UTC"),
+        "{}",
+        out.schema().field(1)
+    );
     let s = out.column(3).as_primitive::<arrow::datatypes::Float64Type>();
     (0..s.len()).map(|i| s.is_valid(i).then(|| s.value(i))).collect()
 }

@@ -15,8 +15,8 @@ use crate::input::to_utc_micros;
 pub const SPINE_TIMESTAMP: &str = "event_timestamp";
 
 /// Reads a spine (Parquet, or CSV with a header) into one batch. In CSV, the
-/// `key_types` columns get their key types and `event_timestamp` is read as text (then
-/// parsed as RFC 3339 by the join); other CSV columns are inferred.
+/// `key_types` columns get their key types and `event_timestamp` is read as text and
+/// parsed as RFC 3339 into UTC microsecond times; other CSV columns are inferred.
 ///
 /// # Errors
 /// [`Error::Input`] naming the file.
@@ -70,7 +70,21 @@ pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<Recor
         Some(b) => b.schema(),
         None => return Err(Error::input(path.display(), "the spine has no rows")),
     };
-    Ok(concat_batches(&schema, &batches)?)
+    let spine = concat_batches(&schema, &batches)?;
+    if ext == "csv" { Ok(timed(spine)?) } else { Ok(spine) }
+}
+
+/// A CSV spine's `event_timestamp` text as UTC microsecond times, so the join's output
+/// (a training set's column) holds times, as from a Parquet spine. Text that does not
+/// parse stays, for the join to refuse naming its row.
+fn timed(spine: RecordBatch) -> Result<RecordBatch> {
+    let Some(at) = spine.schema().index_of(SPINE_TIMESTAMP).ok() else { return Ok(spine) };
+    let Ok(times) = to_utc_micros(spine.column(at)) else { return Ok(spine) };
+    let mut fields: Vec<Field> = spine.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields[at] = Field::new(SPINE_TIMESTAMP, times.data_type().clone(), true);
+    let mut columns = spine.columns().to_vec();
+    columns[at] = times;
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
 }
 
 /// The spine's points in time, as UTC microseconds (exact: zone-less or sub-microsecond
