@@ -53,8 +53,11 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     // A column the view needs must be there (a typo would otherwise push nulls).
     let latest = (state.clock)().saturating_add(state.limits.max_future_skew_us);
     // A view with write-time expressions takes its raw rows (docs/transformations.md#write-time).
-    let transform = quiver_sdk::write_time::WriteTransform::new(&defs, view).map_err(|e| bad(format!("feature view `{name}`: {e}")))?;
-    let reads = transform.as_ref().map_or(view, |t| t.raw_view());
+    let transform = state
+        .registry
+        .write_transform(&defs, &view.name, || quiver_sdk::write_time::WriteTransform::new(&defs, view))
+        .map_err(|e| bad(format!("feature view `{name}`: {e}")))?;
+    let reads = transform.as_deref().map_or(view, |t| t.raw_view());
     let reader = quiver_sdk::rows::RowReader::new(&defs, reads);
     let mut needed: Vec<&str> = reader.keys.iter().map(|k| k.name.as_str()).collect();
     needed.push(&view.source.timestamp_field);

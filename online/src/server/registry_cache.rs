@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use quiver_sdk::write_time::WriteTransform;
 use quiver_sdk::{Definitions, FileRegistry};
 
 use crate::lookup::Plan;
@@ -25,7 +26,7 @@ const MAX_PLAN_KEY: usize = 16 << 10;
 ///
 /// It also keeps the lookup [`Plan`]s built from the definitions in use, by the
 /// feature list a request names, so a server resolves each distinct list once per
-/// registry version.
+/// registry version; and each view's compiled write-time expressions, for `/push`.
 #[derive(Debug)]
 pub struct RegistryCache {
     registry: FileRegistry,
@@ -36,6 +37,7 @@ pub struct RegistryCache {
     born: Instant,
     checked_ms: AtomicU64,
     plans: RwLock<Plans>,
+    transforms: RwLock<Transforms>,
 }
 
 #[derive(Debug)]
@@ -124,6 +126,14 @@ struct Plans {
     by_key: hashbrown::HashMap<PlanKey, Arc<Plan>>,
 }
 
+/// Write-time transforms of one set of definitions, by view (`None`: a view without
+/// write-time expressions).
+#[derive(Debug, Default)]
+struct Transforms {
+    defs: Option<Arc<Definitions>>,
+    by_view: hashbrown::HashMap<String, Option<Arc<WriteTransform>>>,
+}
+
 impl RegistryCache {
     /// # Errors
     /// When the registry exists and cannot be read (at start, there is no last good).
@@ -139,6 +149,7 @@ impl RegistryCache {
             born: Instant::now(),
             checked_ms: AtomicU64::new(0),
             plans: RwLock::default(),
+            transforms: RwLock::default(),
         })
     }
 
@@ -187,6 +198,32 @@ impl RegistryCache {
             plans.by_key.insert(probe.key(), plan.clone());
         }
         Ok(plan)
+    }
+
+    /// View `view`'s write-time transform under `defs`: compiled by `build` once per
+    /// view and set of definitions (an expression is planned once, not per push).
+    ///
+    /// # Errors
+    /// `build`'s; an error is not kept.
+    pub fn write_transform<E>(
+        &self,
+        defs: &Arc<Definitions>,
+        view: &str,
+        build: impl FnOnce() -> Result<Option<WriteTransform>, E>,
+    ) -> Result<Option<Arc<WriteTransform>>, E> {
+        {
+            let kept = self.transforms.read().expect("transforms lock");
+            if let Some(found) = kept.defs.as_ref().filter(|d| Arc::ptr_eq(d, defs)).and_then(|_| kept.by_view.get(view)) {
+                return Ok(found.clone());
+            }
+        }
+        let built = build()?.map(Arc::new);
+        let mut kept = self.transforms.write().expect("transforms lock");
+        if !kept.defs.as_ref().is_some_and(|d| Arc::ptr_eq(d, defs)) {
+            *kept = Transforms { defs: Some(defs.clone()), ..Transforms::default() };
+        }
+        kept.by_view.insert(view.to_string(), built.clone());
+        Ok(built)
     }
 
     /// The registry's applies, oldest first (version, time, changes), read from the
@@ -269,6 +306,33 @@ mod tests {
 
     use super::{Asked, RegistryCache};
     use crate::lookup::Plan;
+
+    /// A view's write-time transform is built once per set of definitions.
+    #[test]
+    fn write_transforms_are_kept_by_view_and_definitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = RegistryCache::new(dir.path().join("registry.json"), "p").unwrap();
+        let defs = cache.current();
+        let builds = std::cell::Cell::new(0);
+        let get = |defs: &Arc<quiver_sdk::Definitions>, view: &str| {
+            cache
+                .write_transform(defs, view, || {
+                    builds.set(builds.get() + 1);
+                    Ok::<_, String>(None)
+                })
+                .unwrap()
+        };
+        assert!(get(&defs, "a").is_none() && get(&defs, "a").is_none());
+        assert_eq!(builds.get(), 1, "built once for the same view and definitions");
+        get(&defs, "b");
+        assert_eq!(builds.get(), 2, "another view");
+        let other = Arc::new((*defs).clone());
+        get(&other, "a");
+        assert_eq!(builds.get(), 3, "other definitions (an apply)");
+        assert!(cache.write_transform(&other, "c", || Err("bad")).is_err());
+        get(&other, "a");
+        assert_eq!(builds.get(), 3, "an error is not kept, nor does it drop the others");
+    }
 
     /// A plan is kept per (what was asked, naming, definitions) and built again for
     /// anything else, lists that run together included.
