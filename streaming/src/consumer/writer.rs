@@ -159,12 +159,12 @@ impl Writer {
     fn write_view(&self, batch: &mut Batch, i: usize) -> Result<Written> {
         let view = batch.view(i).clone();
         let rows = std::mem::take(&mut batch.rows[i]);
-        let rows = self.shape(batch, i, rows, true);
+        let (rows, shaped) = self.shape(batch, i, rows);
         if view.is_event_log() {
-            return self.write_event_log(batch, i, &view, rows);
+            return self.write_event_log(batch, i, &view, rows, shaped);
         }
         let replayed = std::mem::take(&mut batch.replayed[i]);
-        let replayed = self.shape(batch, i, replayed, false);
+        let (replayed, _) = self.shape(batch, i, replayed);
         let began = Instant::now();
         let batch = &*batch;
         let ((offline, offline_took), online) = std::thread::scope(|scope| {
@@ -175,26 +175,33 @@ impl Writer {
         });
         let online_took = online.map(|(_, took)| took);
         tracing::debug!(view = %view.name, rows = rows.len(), replayed = replayed.len(), online = ?online_took, offline = ?offline_took, "batch written");
-        match offline? {
+        let offline = offline?;
+        if matches!(offline, Written::All) {
+            self.count_shaped(shaped);
+        }
+        match offline {
             _ if online.is_some_and(|(written, _)| written.is_none()) => Ok(Written::Interrupted),
             outcome => Ok(outcome),
         }
     }
 
     /// View `i`'s raw rows shaped by its write-time expressions (docs/transformations.md#write-time):
-    /// those failing its filter dropped, its features computed; counted with `count`
-    /// (new rows, not replayed ones). Rows of a view without them, as they are.
-    fn shape(&self, batch: &Batch, i: usize, rows: Vec<ViewRow>, count: bool) -> Vec<ViewRow> {
-        let Some(transform) = batch.transforms.get(i).and_then(Option::as_ref) else { return rows };
+    /// those failing its filter dropped, its features computed; with the counts of rows
+    /// dropped and values not computed. Rows of a view without them, as they are.
+    fn shape(&self, batch: &Batch, i: usize, rows: Vec<ViewRow>) -> (Vec<ViewRow>, (usize, u64)) {
+        let Some(transform) = batch.transforms.get(i).and_then(Option::as_ref) else { return (rows, (0, 0)) };
         if rows.is_empty() {
-            return rows;
+            return (rows, (0, 0));
         }
         let (stored, dropped, uncomputed) = transform.apply_rows(&batch.defs, &rows);
-        if count {
-            Metrics::add(&self.metrics.filtered, dropped);
-            Metrics::add(&self.metrics.uncomputed, uncomputed as usize);
-        }
-        stored
+        (stored, (dropped, uncomputed))
+    }
+
+    /// Counts a batch's shaped rows once its offline append committed them: a batch
+    /// that was fenced or interrupted is read again, and counted then.
+    fn count_shaped(&self, (dropped, uncomputed): (usize, u64)) {
+        Metrics::add(&self.metrics.filtered, dropped);
+        Metrics::add(&self.metrics.uncomputed, uncomputed as usize);
     }
 
     /// The online half of [`Writer::write_view`]: the batch's new rows and the rows read
@@ -225,18 +232,26 @@ impl Writer {
     /// those read again — rebuilt from the table. A record is a function of the
     /// table, so a crash anywhere, and the replay after it, never counts an event
     /// twice or loses one.
-    fn write_event_log(&self, batch: &mut Batch, i: usize, view: &FeatureView, rows: Vec<ViewRow>) -> Result<Written> {
+    fn write_event_log(
+        &self,
+        batch: &mut Batch,
+        i: usize,
+        view: &FeatureView,
+        rows: Vec<ViewRow>,
+        shaped: (usize, u64),
+    ) -> Result<Written> {
         if !rows.is_empty() {
             match self.append_offline(batch, i, view, &rows)? {
                 Written::All => {}
                 other => return Ok(other),
             }
         }
+        self.count_shaped(shaped);
         if !view.takes_online_writes() {
             return Ok(Written::All);
         }
         let replayed = std::mem::take(&mut batch.replayed[i]);
-        let replayed = self.shape(batch, i, replayed, false);
+        let (replayed, _) = self.shape(batch, i, replayed);
         let entities: Vec<Vec<quiver_sdk::encoding::KeyValue>> = rows.iter().chain(&replayed).map(|r| r.keys.clone()).collect();
         let (rt, store, config, defs) = (&self.rt, &self.store, &self.config, &batch.defs);
         let refresh = || rt.block_on(crate::write::refresh_event_log(config, defs, view, &entities, store.as_ref()));
