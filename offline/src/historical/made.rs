@@ -104,10 +104,7 @@ impl MadeSpine {
         match self {
             MadeSpine::EntitiesAt { at } => self.entities_at(config, defs, joined, *at, versions).await,
             MadeSpine::RowsOf { view, between, sample, seed } => {
-                let view = defs.feature_view(view).ok_or_else(|| {
-                    let known: Vec<&str> = defs.feature_views.iter().map(|v| v.name.as_str()).collect();
-                    Error::NotFound(format!("--rows-of: unknown feature view `{view}` (known: {})", known.join(", ")))
-                })?;
+                let view = defs.find_view(view).map_err(|e| Error::NotFound(format!("--rows-of: {}", e.0)))?;
                 self.rows_of(config, defs, view, *between, *sample, *seed, versions).await
             }
         }

@@ -22,6 +22,7 @@ resume mid-epoch.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections import OrderedDict
@@ -86,6 +87,8 @@ class Plan:
             if sizes_[-1] == 0 and count > 1 and batch_size > 1:
                 sizes_[-2], sizes_[-1] = batch_size - 1, 1
         self.batch_sizes: List[int] = sizes_
+        # Rows before each batch (and after the last), for windows' row ranges.
+        self.offsets: List[int] = [0, *itertools.accumulate(sizes_)]
         self.rows = rows
         self.window_batches = max(1, -(-window_rows // batch_size))
 
@@ -96,9 +99,9 @@ class Plan:
 
     def window_rows(self, j: int) -> Tuple[int, int]:
         """The rows (of this rank's range) window ``j`` holds."""
-        lo, hi = self.windows()[j]
-        before = sum(self.batch_sizes[:lo])
-        return before, before + sum(self.batch_sizes[lo:hi])
+        lo = j * self.window_batches
+        hi = min(lo + self.window_batches, len(self.batch_sizes))
+        return self.offsets[lo], self.offsets[hi]
 
 
 def handed_out(plan: Plan, num_workers: int, done: set, consumed: int) -> set:
@@ -140,7 +143,7 @@ class Columns:
     def __init__(self, schema: pa.Schema, vocabularies: Dict[str, List[str]], has_nulls: Dict[str, bool],
                  columns: Optional[Sequence[str]]):
         self.kinds: Dict[str, str] = {}
-        self.vocab: Dict[str, Dict[str, int]] = {}
+        self.vocab: Dict[str, pa.Array] = {}
         # A list column's length, fixed by the first block read (see ``fix_widths``).
         self.width: Dict[str, int] = {}
         self.tz: Dict[str, Optional[str]] = {}
@@ -166,7 +169,7 @@ class Columns:
             elif is_text(t):
                 if name in vocabularies:
                     kind = "code"
-                    self.vocab[name] = {v: i for i, v in enumerate(vocabularies[name])}
+                    self.vocab[name] = pa.array(vocabularies[name], pa.string())
                 elif columns is not None:
                     raise ValidationError(f"column `{name}`: strings without a vocabulary in the manifest (more than "
                                           f"100,000 distinct values, or a set exported before vocabularies): encode "
@@ -196,11 +199,9 @@ class Columns:
                 out[name] = _micros(col, self.tz[name]).to_numpy(zero_copy_only=False)
             elif kind == "time_nan":
                 out[name] = _micros(col, self.tz[name]).cast(pa.float64()).to_numpy(zero_copy_only=False)
-            elif kind == "code":
-                vocab = self.vocab[name]
-                values = col.to_pylist()
-                out[name] = np.fromiter((-1 if v is None else vocab.get(v, -1) for v in values), dtype=np.int64,
-                                        count=len(values))
+            elif kind == "code":  # a value's place in the vocabulary; -1 for null or unknown
+                codes = pc.index_in(col.cast(pa.string()), value_set=self.vocab[name]).fill_null(-1)
+                out[name] = codes.to_numpy(zero_copy_only=False).astype(np.int64)
             else:  # list
                 out[name] = _matrix(name, col, self.width.get(name))
         return out

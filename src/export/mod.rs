@@ -13,17 +13,23 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::RecordBatch;
 use quiver_gpu_join::AsOfKernel;
 use quiver_offline::historical::{HistoricalOptions, MadeSpine, SpineRows, join, read_spine, resolve, table_versions};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use quiver_sdk::Definitions;
-use quiver_sdk::profile::{Profile, ProfileDoc};
+use quiver_sdk::profile::ProfileDoc;
 
 use crate::Repo;
 use crate::error::{Error, Result};
+
+mod folder;
+mod profile;
+
+use folder::{check_folder, check_reproduces, finish, intact, listed_shards, read_shard};
+use profile::TrainingProfile;
 
 /// The file format of the shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,10 +231,7 @@ async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, pinned:
         && let Some(name) = made.source_view()
         && !views.iter().any(|v| v.name == name)
     {
-        let view = defs.feature_view(name).ok_or_else(|| {
-            let known: Vec<&str> = defs.feature_views.iter().map(|v| v.name.as_str()).collect();
-            Error::NotFound(format!("--rows-of: unknown feature view `{name}` (known: {})", known.join(", ")))
-        })?;
+        let view = defs.find_view(name).map_err(|e| Error::NotFound(format!("--rows-of: {}", e.0)))?;
         views.push(view);
     }
     let delta_versions = match pinned {
@@ -447,200 +450,6 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
     }
     let manifest = finish(out, manifest, done)?;
     Ok(Exported { manifest, repaired, joined: joined_now })
-}
-
-/// The profile of a training set's features and the vocabularies of its string
-/// columns, built shard by shard.
-struct TrainingProfile {
-    /// Per feature: its reference, output column and type (`None`: not profiled).
-    columns: Vec<(String, String, Option<quiver_sdk::DType>)>,
-    profiles: Vec<Profile>,
-    /// Per string column: its distinct values, `None` once past [`VOCABULARY_LIMIT`].
-    vocabularies: BTreeMap<String, Option<std::collections::BTreeSet<String>>>,
-}
-
-impl TrainingProfile {
-    fn new(defs: &Definitions, features: &[ManifestFeature]) -> TrainingProfile {
-        let columns: Vec<_> = features
-            .iter()
-            .map(|f| {
-                let dtype = f.reference.parse().ok().and_then(|r| defs.feature_dtype(&r));
-                (f.reference.clone(), f.column.clone(), dtype)
-            })
-            .collect();
-        TrainingProfile { profiles: vec![Profile::default(); columns.len()], columns, vocabularies: BTreeMap::new() }
-    }
-
-    fn add(&mut self, batch: &RecordBatch) {
-        for ((_, column, dtype), profile) in self.columns.iter().zip(&mut self.profiles) {
-            if let (Some(dtype), Some(array)) = (dtype, batch.column_by_name(column)) {
-                profile.add_array(array.as_ref(), *dtype);
-            }
-        }
-        for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
-            // Every string layout a spine may bring (Utf8, LargeUtf8, Utf8View).
-            let strings: Box<dyn Iterator<Item = Option<&str>>> = if let Some(s) = array.as_string_opt::<i32>() {
-                Box::new(s.iter())
-            } else if let Some(s) = array.as_string_opt::<i64>() {
-                Box::new(s.iter())
-            } else if let Some(s) = array.as_string_view_opt() {
-                Box::new(s.iter())
-            } else {
-                continue;
-            };
-            let entry = self.vocabularies.entry(field.name().clone()).or_insert_with(|| Some(Default::default()));
-            if let Some(set) = entry {
-                for value in strings.flatten() {
-                    if !set.contains(value) {
-                        set.insert(value.to_string());
-                    }
-                }
-                if set.len() > VOCABULARY_LIMIT {
-                    *entry = None;
-                }
-            }
-        }
-    }
-
-    fn finish(self) -> (BTreeMap<String, ProfileDoc>, BTreeMap<String, Vec<String>>) {
-        let profile = self
-            .columns
-            .into_iter()
-            .zip(self.profiles)
-            .filter(|((_, _, t), _)| t.is_some())
-            .map(|((r, _, _), p)| (r, (&p).into()))
-            .collect();
-        let vocabularies = self.vocabularies.into_iter().filter_map(|(c, v)| Some((c, v?.into_iter().collect()))).collect();
-        (profile, vocabularies)
-    }
-}
-
-/// A written shard's rows.
-fn read_shard(path: &Path, format: ShardFormat) -> Result<Vec<RecordBatch>> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    match format {
-        ShardFormat::Parquet => parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-            .and_then(|b| b.build())
-            .map_err(|e| Error::Parquet { path: path.to_path_buf(), error: e })?
-            .map(|b| b.map_err(Error::from))
-            .collect(),
-        ShardFormat::Arrow => arrow::ipc::reader::FileReader::try_new(file, None)?.map(|b| b.map_err(Error::from)).collect(),
-    }
-}
-
-/// Whether the shard's file in `out` is there with the content it records.
-fn intact(out: &Path, shard: &Shard) -> bool {
-    std::fs::read(out.join(&shard.file)).is_ok_and(|b| sha256_hex(&b) == shard.sha256)
-}
-
-/// The shards `out` lists as finished for this training set: its manifest's, or an
-/// unfinished run's progress record's. A folder of another training set is refused.
-/// An export (not a reproduction) takes the schema of a manifest already there.
-fn listed_shards(out: &Path, manifest: &mut Manifest, reproducing: bool) -> Result<Vec<Shard>> {
-    let (manifest_path, progress_path) = (out.join(MANIFEST), out.join(PROGRESS));
-    let id = &manifest.training_set_id;
-    if manifest_path.exists() {
-        let existing: Manifest = serde_json::from_slice(&std::fs::read(&manifest_path).map_err(|e| Error::io(&manifest_path, e))?)
-            .map_err(|e| out_err(&manifest_path, format!("unreadable manifest: {e}")))?;
-        if existing.training_set_id != *id {
-            return Err(out_err(out, format!("holds another training set ({}); export into an empty folder", existing.training_set_id)));
-        }
-        if !reproducing {
-            manifest.schema = existing.schema.clone();
-            manifest.profile = existing.profile;
-            manifest.vocabularies = existing.vocabularies;
-        }
-        return Ok(existing.shards);
-    }
-    match std::fs::read(&progress_path) {
-        Ok(bytes) => match serde_json::from_slice::<Progress>(&bytes) {
-            Ok(p) if p.training_set_id == *id => Ok(p.shards),
-            Ok(p) => Err(out_err(
-                out,
-                format!("holds an unfinished export of another training set ({}); export into an empty folder", p.training_set_id),
-            )),
-            Err(e) => Err(out_err(&progress_path, format!("unreadable: {e}"))),
-        },
-        Err(_) => Ok(Vec::new()),
-    }
-}
-
-/// A reproduction's shard must be the manifest's, byte for byte (by SHA-256).
-fn check_reproduces(out: &Path, expected: &[Shard], shard: &Shard) -> Result<()> {
-    let Some(want) = expected.iter().find(|s| s.file == shard.file) else {
-        return Err(out_err(out, format!("cannot reproduce: {} is not in the manifest (a different number of shards)", shard.file)));
-    };
-    if want != shard {
-        return Err(out_err(
-            &out.join(&shard.file),
-            format!("does not reproduce {} (sha256 {} vs {}); nothing written", want.file, shard.sha256, want.sha256),
-        ));
-    }
-    Ok(())
-}
-
-/// Writes the manifest of the finished shards (and drops the progress record).
-fn finish(out: &Path, mut manifest: Manifest, mut done: Vec<Shard>) -> Result<Manifest> {
-    done.sort_by(|a, b| a.file.cmp(&b.file));
-    if manifest.schema.is_empty() {
-        // Every shard came from an earlier run: read the schema back from the first.
-        if let Some(first) = done.first() {
-            manifest.schema = shard_schema(&out.join(&first.file), manifest.options.format)?;
-        }
-    }
-    manifest.rows = done.iter().map(|s| s.rows).sum();
-    manifest.shards = done;
-    write_atomic(&out.join(MANIFEST), &serde_json::to_vec_pretty(&manifest).expect("manifest serialises"))?;
-    let _ = std::fs::remove_file(out.join(PROGRESS));
-    Ok(manifest)
-}
-
-fn check_folder(out: &Path, listed: &[Shard]) -> Result<()> {
-    let entries = match std::fs::read_dir(out) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
-            return Err(out_err(out, "is a file, not a folder"));
-        }
-        Err(e) => return Err(Error::io(out, e)),
-    };
-    let mut foreign = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io(out, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') && name.ends_with(".tmp") {
-            let _ = std::fs::remove_file(entry.path());
-            continue;
-        }
-        if name == MANIFEST || name == PROGRESS || listed.iter().any(|s| s.file == name) {
-            continue;
-        }
-        foreign.push(name);
-    }
-    if foreign.is_empty() {
-        return Ok(());
-    }
-    foreign.sort();
-    let more = if foreign.len() > 3 { format!(" and {} more", foreign.len() - 3) } else { String::new() };
-    Err(out_err(
-        out,
-        format!(
-            "is not empty and holds no export of this training set (found {}{more}); export into an empty folder, nothing written",
-            foreign.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
-        ),
-    ))
-}
-
-fn shard_schema(path: &Path, format: ShardFormat) -> Result<Vec<(String, String)>> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let schema = match format {
-        ShardFormat::Parquet => parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-            .map_err(|e| Error::Parquet { path: path.to_path_buf(), error: e })?
-            .schema()
-            .clone(),
-        ShardFormat::Arrow => arrow::ipc::reader::FileReader::try_new(file, None)?.schema(),
-    };
-    Ok(schema.fields().iter().map(|f| (f.name().clone(), f.data_type().to_string())).collect())
 }
 
 /// Exports the point-in-time join of `spine` with `options.service` into `out`.
