@@ -4,6 +4,8 @@
 //! Exit codes, from the error's kind ([`exit_code`]): 0 success; 1 an error (bad input,
 //! an unknown name, a refused change, a failure); 2 a usage error; 3 a store, broker or
 //! server that could not be reached (retrying may help). The error is one line.
+//! `quiver monitor` keeps 1 for a threshold crossed, so its other errors exit 2
+//! ([`monitor_exit_code`]).
 
 mod cli;
 
@@ -96,6 +98,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let ctx = cli::Ctx { repo: args.repo };
+    let monitor = matches!(args.command, Command::Monitor(_));
     let result = match args.command {
         Command::Init(c) => c.run(&ctx),
         Command::Plan(c) => c.run(&ctx),
@@ -121,8 +124,23 @@ fn main() -> ExitCode {
         Err(err) => {
             // One line: the whole chain, outermost first.
             eprintln!("error: {err:#}");
-            ExitCode::from(exit_code(err.chain().find_map(quiver::Error::kind_of)))
+            let code = exit_code(err.chain().find_map(quiver::Error::kind_of));
+            ExitCode::from(if monitor { monitor_exit_code(&err, code) } else { code })
         }
+    }
+}
+
+/// `quiver monitor`'s exit code for `err`, whose kind's code is `code`: 1 for a
+/// comparison that found a threshold crossed ([`cli::monitor::Breach`]); an error that
+/// stopped the comparison keeps its kind's code, except that 1 becomes 2, so a breach
+/// is never mistaken for an error (nor an error for a breach) — `diff`'s convention.
+fn monitor_exit_code(err: &anyhow::Error, code: u8) -> u8 {
+    if err.downcast_ref::<cli::monitor::Breach>().is_some() {
+        1
+    } else if code == 1 {
+        2
+    } else {
+        code
     }
 }
 

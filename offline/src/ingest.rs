@@ -27,10 +27,12 @@ use crate::schema::{table_schema, view_columns};
 /// What an ingest did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IngestReport {
+    /// Rows appended (for a duplicate, the rows of the content already there).
     pub rows: usize,
     /// The table version the append committed (for a duplicate, the version that
-    /// holds the same content).
-    pub version: u64,
+    /// holds the same content); `None` when the view's source filter dropped every
+    /// row, so nothing was appended (not an error: docs/transformations.md#write-time).
+    pub version: Option<u64>,
     pub seconds: f64,
     /// The same content was appended before, at `version`, so nothing was appended
     /// ([`AppendOptions::with_content`]).
@@ -71,8 +73,11 @@ pub async fn ingest(
 /// [`append`] of [`shape`]d rows, the report counting what the filter dropped and the
 /// values not computed.
 ///
+/// When the filter dropped every row (a day of only failed payments) nothing is
+/// appended and the report says so: no rows, no version, the rows dropped.
+///
 /// # Errors
-/// As [`append`]; [`Error::Input`] when the filter dropped every row (nothing written).
+/// As [`append`].
 pub async fn append_shaped(
     location: &StoreLocation,
     defs: &Definitions,
@@ -82,17 +87,12 @@ pub async fn append_shaped(
     options: AppendOptions,
     progress: Progress<'_>,
 ) -> Result<IngestReport> {
-    if shaped.batches.is_empty() && shaped.dropped > 0 {
-        return Err(Error::input(source, format!("{}: nothing to ingest", all_dropped(view, shaped.dropped))));
-    }
     let (dropped, uncomputed) = (shaped.dropped, shaped.uncomputed);
+    if shaped.batches.is_empty() && dropped > 0 {
+        return Ok(IngestReport { rows: 0, version: None, seconds: 0.0, duplicate: false, dropped, uncomputed });
+    }
     let report = append(location, defs, view, source, shaped.batches, options, progress).await?;
     Ok(IngestReport { dropped, uncomputed, ..report })
-}
-
-/// Every one of `rows` rows failing `view`'s source filter, said so.
-pub fn all_dropped(view: &FeatureView, rows: usize) -> String {
-    format!("all {rows} rows fail the source filter `{}`", view.source.filter.as_deref().unwrap_or_default())
 }
 
 /// An application's progress recorded in the same Delta commit as its rows (a Delta
@@ -272,7 +272,7 @@ pub async fn append(
             Err(CommitError::Duplicate(version)) => {
                 return Ok(IngestReport {
                     rows,
-                    version,
+                    version: Some(version),
                     seconds: start.elapsed().as_secs_f64(),
                     duplicate: true,
                     dropped: 0,
@@ -289,7 +289,7 @@ pub async fn append(
         }
     };
     progress("written", rows as u64);
-    Ok(IngestReport { rows, version, seconds: start.elapsed().as_secs_f64(), duplicate: false, dropped: 0, uncomputed: 0 })
+    Ok(IngestReport { rows, version: Some(version), seconds: start.elapsed().as_secs_f64(), duplicate: false, dropped: 0, uncomputed: 0 })
 }
 
 /// How often an append starts over after other writers committed first (concurrent

@@ -164,7 +164,7 @@ fn is_time(t: &DataType) -> bool {
 /// view's types (timestamps stay text: [`conform`] reads them; an empty field is
 /// null). `row0`: the rows before this batch, for the message naming the first value
 /// that does not parse, its row (from 1, after the header), column and the type wanted.
-fn type_csv_batch(batch: &RecordBatch, wanted: &[Wanted], row0: usize) -> std::result::Result<RecordBatch, String> {
+pub(crate) fn type_csv_batch(batch: &RecordBatch, wanted: &[Wanted], row0: usize) -> std::result::Result<RecordBatch, String> {
     let schema = batch.schema();
     let mut fields = Vec::with_capacity(batch.num_columns());
     let mut columns = Vec::with_capacity(batch.num_columns());

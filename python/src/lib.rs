@@ -106,10 +106,17 @@ fn registry_json(py: Python<'_>, repo: String) -> PyResult<String> {
 
 /// Appends a table of `view`'s rows to its Delta table in one commit, unless the table
 /// already holds the same content (and not `allow_duplicate`); returns (rows, table
-/// version, whether it was a duplicate and nothing was appended).
+/// version (`None` when the source filter dropped every row), whether it was a
+/// duplicate and nothing was appended).
 #[pyfunction]
 #[pyo3(signature = (repo, view, table, allow_duplicate = false))]
-fn ingest(py: Python<'_>, repo: String, view: String, table: &Bound<'_, PyAny>, allow_duplicate: bool) -> PyResult<(usize, u64, bool)> {
+fn ingest(
+    py: Python<'_>,
+    repo: String,
+    view: String,
+    table: &Bound<'_, PyAny>,
+    allow_duplicate: bool,
+) -> PyResult<(usize, Option<u64>, bool)> {
     let (_, batches) = read_table(table, "table")?;
     run(py, async move {
         let repo = open(&repo)?;
@@ -361,7 +368,8 @@ fn get_online_features(
         let columns = result
             .into_iter()
             .map(|c| {
-                // The server's JSON of each value (floats keep their point, non-finite ones are null).
+                // The server's JSON of each value (floats keep their point; NaN and the infinities
+                // are the strings "NaN", "Infinity", "-Infinity", which results.py reads back).
                 let values: Vec<String> = c.values.iter().map(quiver::online::server::json::value_json).collect();
                 (c.name, format!("[{}]", values.join(",")), c.statuses.iter().map(|s| s.as_str().to_string()).collect())
             })

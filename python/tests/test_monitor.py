@@ -165,3 +165,30 @@ def test_monitor_statistics_equal_numpy_over_the_same_rows(tmp_path):
         store.monitor(reference=WINDOWS["reference"], current="serving:1h..now", features=["big:x"])
     with pytest.raises(qv.NotFoundError, match="big:nope"):
         store.monitor(**WINDOWS, features=["big:nope"])
+
+
+def test_current_values_are_counted_exactly_and_nan_and_infinities_are_values(tmp_path):
+    """Past the sketch's capacity the current window's bin shares are still exact (its
+    values counted into the reference's bins), so PSI equals numpy's over the report's
+    bins to 1e-9; NaN and the infinities are values (not nulls), in no bin, counted
+    apart in ``non_finite_rate``."""
+    store = qv.FeatureStore(str(new_repo(tmp_path / "repo")))
+    store.apply(definitions())
+    rng = np.random.default_rng(9)
+    n = 6000
+    x_jan, x_feb = rng.normal(0, 1, n), rng.normal(0.2, 1.1, n)
+    x_feb[:30], x_feb[30:40], x_feb[40:45] = np.nan, np.inf, -np.inf
+    feb = pa.array([None if i == 45 else float(v) for i, v in enumerate(x_feb)], pa.float64())
+    c = rng.choice(["a", "b"], n)
+    store.ingest("big", table(JAN, n, rng, x=x_jan, c=c))
+    store.ingest("big", table(FEB, n, rng, x=feb, c=c))
+
+    x = store.monitor(**WINDOWS, features=["big:x"])["features"][0]
+    present = x_feb[np.isfinite(x_feb) & (np.arange(n) != 45)]
+    edges = np.array(x["bins"]["edges"])
+    assert "current_error" not in x["bins"], x["bins"]
+    assert np.allclose(x["bins"]["current"], shares(present, edges), atol=1e-12, rtol=0)
+    assert abs(x["psi"] - psi(np.array(x["bins"]["reference"]), shares(present, edges))) <= 1e-9
+    assert x["null_rate"] == {"reference": 0.0, "current": 1 / n}
+    assert x["non_finite_rate"] == {"reference": 0.0, "current": 45 / n}
+    assert x["count"] == {"reference": n, "current": n}

@@ -745,6 +745,11 @@ feature_views:
         return {"amount": None if cents is None else cents / 100, "items": items, "per_item": per}
 
     kept = [(r, computed(r)) for r in raw if computed(r) is not None]
+    # Rows that all fail the filter are not an error: nothing written, the drop counted.
+    failed = [r for r in raw if r["status"] != "ok"]
+    assert s.ingest("payments", pa.Table.from_pylist(failed, schema=schema)) is None
+    out = s.push("payments", pa.Table.from_pylist(failed, schema=schema))
+    assert (out["rows"], out["dropped"], out["offline_version"]) == (0, len(failed), None), out
     out = s.push("payments", pa.Table.from_pylist(raw, schema=schema))
     assert out["rows"] == len(kept) and out["dropped"] == len(raw) - len(kept), out
     assert out["uncomputed"] == sum(1 for r, c in kept if r["cents"] is not None and r["items"] == 0), out
@@ -826,3 +831,63 @@ def test_made_spines_equal_the_cli_and_their_oracle(store, tmp_path):
             store.get_historical_features(features=["trips:fare"], **kwargs)
     with pytest.raises(qv.ValidationError, match="give exactly one of entity_df"):
         store.get_historical_features(spine(), features=["trips:fare"], entities_at=at)
+
+
+def test_nan_and_infinities_are_served_as_the_floats_the_training_set_holds(store):
+    """NaN and the infinities are values: pushed as floats, served PRESENT (the server
+    answers them "NaN", "Infinity", "-Infinity") and read back as floats by the client,
+    in scalars and list items, equal to what the offline join gives; a string feature's
+    "NaN" stays a string."""
+    import math
+    t = NOW - timedelta(minutes=1)
+    ts = pa.timestamp("us", tz="UTC")
+    nan, inf = float("nan"), float("inf")
+    fresh = pa.table({
+        "rider_id": pa.array([11, 12, 13], pa.int64()),
+        "event_timestamp": pa.array([t] * 3, ts), "created_timestamp": pa.array([t] * 3, ts),
+        "fare": pa.array([nan, inf, -inf], pa.float64()),
+        "city": pa.array(["NaN", "Infinity", "x"], pa.string()),
+        "embedding": pa.array([[nan, 1.5], [-inf, inf], [0.25]], pa.list_(pa.float32())),
+    })
+    assert store.push("trips", fresh)["online_written"] == 3
+    resp = store.get_online_features(["trips:fare", "trips:city", "trips:embedding"], [{"rider_id": r} for r in (11, 12, 13)])
+    got = resp.to_dict()
+    assert all(isinstance(v, float) for v in got["fare"]), got
+    assert math.isnan(got["fare"][0]) and got["fare"][1:] == [inf, -inf], got
+    assert resp.statuses["fare"] == ["PRESENT"] * 3 and resp.statuses["embedding"] == ["PRESENT"] * 3
+    assert got["city"] == ["NaN", "Infinity", "x"]
+    assert math.isnan(got["embedding"][0][0]) and got["embedding"][0][1] == 1.5, got
+    assert got["embedding"][1:] == [[-inf, inf], [0.25]], got
+    # The typed table holds the same floats, none of them null.
+    fare = resp.to_arrow().column("fare")
+    assert fare.null_count == 0 and math.isnan(fare[0].as_py()) and fare.to_pylist()[1:] == [inf, -inf]
+    # What a training set holds for the same rows.
+    spine_ = pa.table({"rider_id": pa.array([11, 12, 13], pa.int64()), "event_timestamp": pa.array([NOW] * 3, ts)})
+    offline = store.get_historical_features(entity_df=spine_, features=["trips:fare"]).to_arrow().column("trips__fare").to_pylist()
+    assert math.isnan(offline[0]) and offline[1:] == got["fare"][1:]
+
+
+def test_entity_rows_take_the_join_keys_and_the_request_fields_read(store):
+    """Issue 53, one rule with the server and the CLI (docs/online.md#request-fields):
+    only the request fields the features asked for read are needed, any other name is
+    a ValidationError naming the names allowed, and `None` is a null request value."""
+    rider, trips, svc = definitions()
+    scoring = qv.OnDemandFeatureView(
+        name="scoring", inputs=[trips], request=[qv.Field("amount", qv.Float64), qv.Field("channel", qv.String)],
+        features=[qv.Field("fare_ratio", qv.Float64, expr="amount / NULLIF(trips.fare, 0)"),
+                  qv.Field("channel_norm", qv.String, expr="lower(channel)")])
+    store.apply([rider, trips, svc, scoring])
+    store.materialize(NOW - timedelta(days=1), NOW + timedelta(seconds=1))
+    # Before: `channel_norm` demanded `amount` too.
+    got = store.get_online_features(["scoring:channel_norm"], [{"rider_id": 1, "channel": "WEB"}]).to_dict()
+    assert got == {"rider_id": [1], "channel_norm": ["web"]}, got
+    # A null request value is read as NULL.
+    resp = store.get_online_features(["scoring:fare_ratio"], [{"rider_id": 1, "amount": None}, {"rider_id": 1, "amount": 2.0}])
+    assert resp.to_dict()["fare_ratio"][0] is None and resp.statuses["fare_ratio"] == ["NULL_VALUE", "PRESENT"], resp
+    # Before: a declared field not read, or an unknown int, was taken without a word; an
+    # unknown float was refused as an entity.
+    for name, value in (("amount", 2.0), ("other", 5), ("other", 1.5)):
+        with pytest.raises(qv.ValidationError) as err:
+            store.get_online_features(["scoring:channel_norm"], [{"rider_id": 1, "channel": "x", name: value}])
+        want = f"`{name}` is neither a join key nor a request field of the features asked for (allowed: `rider_id`, `channel`)"
+        assert want in str(err.value), str(err.value)

@@ -5,7 +5,9 @@
 //! its event time (and created time, when the view has one) is RFC 3339 text with a
 //! zone, and every feature present has the feature's type. Absent or `null` features are
 //! null values; fields the view does not know are ignored. Numbers are never narrowed
-//! with loss: `1.5` is not an int64, and an int64 beyond 2^53 is not a float64.
+//! with loss: `1.5` is not an int64, and an int64 beyond 2^53 is not a float64. A float
+//! (or a float list's item) may also be the text `"NaN"`, `"Infinity"` or `"-Infinity"`,
+//! the forms the server answers them in ([`non_finite`]); any other text is refused.
 //! The reason a row is refused names the field and what was expected.
 
 use serde_json::{Map, Value as Json};
@@ -157,7 +159,11 @@ impl RowReader {
         let mut values = Vec::with_capacity(self.view.features.len());
         for f in &self.view.features {
             let v = get(&f.name).unwrap_or(&Json::Null);
-            values.push(from_json(v, f.dtype).ok_or_else(|| format!("feature `{}` must be {}, got {}", f.name, f.dtype, short(v)))?);
+            values.push(from_json(v, f.dtype).ok_or_else(|| {
+                // A write-time view reads its raw columns here too: name them as such.
+                let what = if self.view.source.raw.iter().any(|r| r.name == f.name) { "raw column" } else { "feature" };
+                format!("{what} `{}` must be {}, got {}", f.name, f.dtype, short(v))
+            })?);
         }
         Ok(ViewRow { keys, event_ts, created_ts, values })
     }
@@ -193,10 +199,12 @@ pub fn from_json(v: &Json, dtype: DType) -> Option<Value> {
         return Some(Value::Null);
     }
     let int = |v: &Json| v.as_i64().filter(|_| v.is_i64() || v.is_u64());
-    // A float column takes any number; an integer only while it is exact.
+    // A float column takes any number; an integer only while it is exact; and NaN and
+    // the infinities in the text JSON writes them as.
     let float = |v: &Json| match v {
         Json::Number(n) if n.is_f64() => n.as_f64(),
         Json::Number(n) => n.as_i64().filter(|i| i.unsigned_abs() <= 1 << 53).map(|i| i as f64),
+        Json::String(s) => non_finite(s),
         _ => None,
     };
     Some(match dtype {
@@ -217,6 +225,18 @@ pub fn from_json(v: &Json, dtype: DType) -> Option<Value> {
             Value::ListString(v.as_array()?.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<_>>()?)
         }
     })
+}
+
+/// A float JSON numbers cannot hold, from the text the server answers it as (protobuf's
+/// JSON mapping, as Feast's server writes them; docs/online.md): `"NaN"`, `"Infinity"`,
+/// `"-Infinity"`, exactly so spelled. `None` for any other text.
+pub fn non_finite(text: &str) -> Option<f64> {
+    match text {
+        "NaN" => Some(f64::NAN),
+        "Infinity" => Some(f64::INFINITY),
+        "-Infinity" => Some(f64::NEG_INFINITY),
+        _ => None,
+    }
 }
 
 /// UTC microseconds as RFC 3339 text with as many fraction digits as it needs
@@ -379,6 +399,47 @@ mod tests {
             let err = r.from_slice(input).unwrap_err();
             assert!(err.contains(want), "{}: {err}", String::from_utf8_lossy(input));
         }
+    }
+
+    /// NaN and the infinities, as the server answers them, are read back for float
+    /// features and float list items, of both widths; other text for a float, a
+    /// lowercase `nan` or `inf` included, and the same text for other types are refused.
+    #[test]
+    fn non_finite_floats_are_read_from_their_json_text() {
+        let defs = defs();
+        let r = RowReader::new(&defs, &defs.feature_views[0]);
+        let row = |fields: &str| format!(r#"{{"driver_id": 7, "event_timestamp": "2024-01-01T00:00:00Z", {fields}}}"#);
+        for (text, want) in [("NaN", f64::NAN), ("Infinity", f64::INFINITY), ("-Infinity", f64::NEG_INFINITY)] {
+            let line = row(&format!(r#""rate": "{text}", "emb": ["{text}", 1.5]"#));
+            let got = r.from_slice(line.as_bytes()).unwrap();
+            let map: Map<String, Json> = serde_json::from_str(&line).unwrap();
+            // The typed path and the path through a JSON object alike.
+            for values in [got.values, r.from_object(&map).unwrap().values] {
+                let (Value::Float64(rate), Value::ListFloat32(emb)) = (&values[0], &values[3]) else { panic!("{values:?}") };
+                assert_eq!(rate.to_bits(), want.to_bits(), "{text}: {rate}");
+                assert_eq!((emb[0].to_bits(), emb[1]), ((want as f32).to_bits(), 1.5), "{text}: {emb:?}");
+            }
+        }
+        assert_eq!(from_json(&Json::from("NaN"), DType::Float32).map(|v| matches!(v, Value::Float32(x) if x.is_nan())), Some(true));
+        assert_eq!(from_json(&Json::from("-Infinity"), DType::List(ListElement::Float64)), None, "not a list");
+        let cases = [
+            (row(r#""rate": "nan""#), "feature `rate` must be float64, got \"nan\""),
+            (row(r#""rate": "inf""#), "feature `rate` must be float64"),
+            (row(r#""rate": "+Infinity""#), "feature `rate` must be float64"),
+            (row(r#""rate": " NaN""#), "feature `rate` must be float64"),
+            (row(r#""rate": "1.5""#), "feature `rate` must be float64"),
+            (row(r#""emb": ["Infinity", "x"]"#), "feature `emb` must be list<float32>"),
+            (row(r#""trips": "NaN""#), "feature `trips` must be int64, got \"NaN\""),
+            (row(r#""small": "Infinity""#), "feature `small` must be int32"),
+        ];
+        for (line, want) in cases {
+            let err = r.from_slice(line.as_bytes()).unwrap_err();
+            assert!(err.contains(want), "{line}: {err}");
+        }
+        assert_eq!(non_finite("NaN").map(f64::is_nan), Some(true));
+        assert_eq!(non_finite("Infinity"), Some(f64::INFINITY));
+        assert_eq!(non_finite("-Infinity"), Some(f64::NEG_INFINITY));
+        assert_eq!(non_finite("Inf"), None);
     }
 
     #[test]

@@ -98,6 +98,17 @@ impl Definitions {
                     return Err(bad(reason));
                 }
             }
+            // An input's rows' event time is `input.event_timestamp` in an expression.
+            for input in &view.inputs {
+                if let Some(v) = self.feature_view(input)
+                    && !v.is_event_log()
+                    && v.served_feature(crate::on_demand::EVENT_TIMESTAMP).is_some()
+                {
+                    return Err(bad(format!(
+                        "input `{input}` has a feature named `event_timestamp`, the name of its rows' event time in an expression (rename the feature)"
+                    )));
+                }
+            }
             no_duplicates("request field", &scope, view.request.iter().map(|f| f.name.as_str()))?;
             let keys = crate::on_demand::keys(self, view);
             for field in &view.request {
@@ -105,11 +116,14 @@ impl Definitions {
                 if field.name == crate::on_demand::REQUEST_TIME {
                     return Err(bad("a request field cannot be called `request_time` (the request's own time has that name)".into()));
                 }
+            }
+            // A request field may share a name with an input's feature (`amount` beside
+            // `stats.amount`: the bare name is the field), never with a join key, its own
+            // or one of an on-demand view it reads.
+            for field in crate::on_demand::request_fields(self, view) {
                 if keys.iter().any(|k| k.name == field.name) {
                     return Err(bad(format!("request field `{}` is a join key of its inputs", field.name)));
                 }
-            }
-            for field in crate::on_demand::request_fields(self, view) {
                 if let Some(other) = view.request.iter().find(|f| f.name == field.name && f.dtype != field.dtype) {
                     return Err(bad(format!(
                         "request field `{}` is {} here but {} in an on-demand view it reads",
@@ -300,9 +314,11 @@ impl Definitions {
                     "raw column `{name}` has an `expr` (raw columns are read as they come; compute a feature instead)"
                 )));
             }
-            if view.features.iter().any(|f| f.name == name) {
+            // A feature computed from a raw column may have its name (`country:
+            // lower(country)`); one stored as it comes is read from its own column.
+            if view.features.iter().any(|f| f.name == name && f.expr.is_empty()) {
                 return Err(bad(format!(
-                    "raw column `{name}` is named like a feature (a feature without `expr` is read from its own column: leave it out of `raw`)"
+                    "raw column `{name}` is named like a feature without `expr` (such a feature is read from its own column: leave it out of `raw`)"
                 )));
             }
             if keys.iter().any(|k| k.name == name) {

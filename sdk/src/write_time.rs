@@ -238,7 +238,7 @@ mod tests {
         assert!(err.contains("feature view `payments`, source filter: `cents + 1`: computes int64, not a boolean"), "{err}");
         let err = refused(raw, "[{name: amount, dtype: int64, expr: \"CAST(cents AS DOUBLE) / 100\"}]");
         assert!(
-            err.contains("feature `amount`: `CAST(cents AS DOUBLE) / 100`: computes float64, which a int64 feature cannot hold"),
+            err.contains("feature `amount`: `CAST(cents AS DOUBLE) / 100`: computes float64, which an int64 feature cannot hold"),
             "{err}"
         );
         let err = refused(
@@ -309,5 +309,43 @@ mod tests {
             ]
         );
         assert_eq!(stored.iter().map(|r| r.event_ts).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    /// Issue 53: a column normalized in place — `raw: [country]`, feature `country:
+    /// lower(country)` — is accepted: in the view's expressions and filter the name is
+    /// the raw column, and what is stored under it is the computed value.
+    #[test]
+    fn a_feature_computed_from_a_raw_column_may_take_its_name() {
+        let defs = parse_definitions(&view(
+            "{filter: \"country <> 'XX'\", raw: [{name: country, dtype: string}, {name: amount, dtype: int64}]}",
+            "[{name: country, dtype: string, expr: \"lower(country)\"}, {name: amount, dtype: float64, expr: \"CAST(amount AS DOUBLE) / 100\"}, \
+             {name: is_fr, dtype: bool, expr: \"country = 'FR'\"}]",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let transform = WriteTransform::new(&defs, &defs.feature_views[0]).unwrap().expect("it has expressions");
+        let raw = transform.raw_view();
+        assert_eq!(
+            raw.features.iter().map(|f| (f.name.as_str(), f.dtype)).collect::<Vec<_>>(),
+            [("country", crate::DType::String), ("amount", crate::DType::Int64)]
+        );
+        let batch = RecordBatch::try_from_iter([
+            ("customer_id", Arc::new(StringArray::from(vec!["a", "b", "c"])) as ArrayRef),
+            ("event_timestamp", Arc::new(TimestampMicrosecondArray::from(vec![1, 2, 3]).with_timezone("UTC"))),
+            ("country", Arc::new(StringArray::from(vec![Some("FR"), Some("XX"), Some("De")]))),
+            ("amount", Arc::new(Int64Array::from(vec![Some(1250), Some(1), None]))),
+        ])
+        .unwrap();
+        let applied = transform.apply(&batch).unwrap();
+        assert_eq!(applied.dropped, 1, "the filter reads the raw `XX`");
+        let b = &applied.batch;
+        let names: Vec<&str> = b.schema_ref().fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["customer_id", "event_timestamp", "country", "amount", "is_fr"]);
+        assert_eq!(b.column(2).as_string::<i32>().iter().collect::<Vec<_>>(), [Some("fr"), Some("de")]);
+        assert_eq!(b.column(3).as_any().downcast_ref::<Float64Array>().unwrap().iter().collect::<Vec<_>>(), [Some(12.5), None]);
+        assert_eq!(b.column(4).as_boolean().iter().collect::<Vec<_>>(), [Some(true), Some(false)], "`country` is the raw column");
+        // A feature stored as it comes still cannot share its name with a raw column.
+        let err =
+            refused("{raw: [{name: country, dtype: string}]}", "[{name: country, dtype: string}, {name: n, dtype: int64, expr: \"1\"}]");
+        assert!(err.contains("raw column `country` is named like a feature without `expr`"), "{err}");
     }
 }

@@ -98,6 +98,16 @@ impl Export {
             eprintln!("repaired {}: it no longer matched the manifest; written again from the reproduced rows", out.join(file).display());
         }
         let manifest = &exported.manifest;
+        if !reproducing && exported.joined == 0 && exported.repaired.is_empty() {
+            println!(
+                "training set {} was already in {}: {} rows in {} shards, every shard intact; nothing written",
+                manifest.training_set_id,
+                out.display(),
+                manifest.rows,
+                manifest.shards.len()
+            );
+            return Ok(());
+        }
         println!(
             "{} training set {}: {} rows in {} shards to {} in {:.2} s{}",
             if reproducing { "reproduced" } else { "exported" },

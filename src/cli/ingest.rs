@@ -31,15 +31,20 @@ impl Ingest {
         if report.duplicate {
             println!(
                 "{file}: already ingested into {} (table version {} holds the same content): nothing appended; --allow-duplicate appends it again",
-                self.view, report.version
+                self.view,
+                report.version.expect("a duplicate is held by a version")
             );
             return Ok(());
         }
+        let Some(version) = report.version else {
+            // The source filter dropped every row: nothing appended, and not an error.
+            println!("ingested no rows into {}: {} in {:.2} s; nothing appended", self.view, filtered(report.dropped), report.seconds);
+            return Ok(());
+        };
         println!(
-            "ingested {} rows into {} (table version {}) in {:.2} s{}",
-            report.rows,
+            "ingested {} into {} (table version {version}) in {:.2} s{}",
+            rows(report.rows),
             self.view,
-            report.version,
             report.seconds,
             shaped_note(report.dropped, report.uncomputed)
         );
@@ -84,9 +89,19 @@ impl Push {
         if let Some(w) = report.online_written {
             parts.push(format!("online: {w} written, {} older than the stored rows", report.rows - w));
         }
+        if report.rows == 0 {
+            // The source filter dropped every row: nothing written, and not an error.
+            println!(
+                "pushed no rows into {}: {} in {:.2} s; nothing written",
+                self.view,
+                filtered(report.dropped),
+                began.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
         println!(
-            "pushed {} rows into {} ({}) in {:.2} s{}",
-            report.rows,
+            "pushed {} into {} ({}) in {:.2} s{}",
+            rows(report.rows),
             self.view,
             parts.join("; "),
             began.elapsed().as_secs_f64(),
@@ -101,10 +116,20 @@ impl Push {
 pub(super) fn shaped_note(dropped: usize, uncomputed: u64) -> String {
     let mut parts = Vec::new();
     if dropped > 0 {
-        parts.push(format!("{dropped} rows dropped by the source filter"));
+        parts.push(filtered(dropped));
     }
     if uncomputed > 0 {
         parts.push(format!("{uncomputed} values could not be computed (stored null)"));
     }
     if parts.is_empty() { String::new() } else { format!("; {}", parts.join(", ")) }
+}
+
+/// `n` rows, said as a reader would: `1 row`, `2 rows`.
+pub(super) fn rows(n: usize) -> String {
+    if n == 1 { "1 row".to_string() } else { format!("{n} rows") }
+}
+
+/// `n` rows the source filter dropped.
+fn filtered(n: usize) -> String {
+    format!("{} dropped by the source filter", rows(n))
 }

@@ -1,5 +1,5 @@
-//! `quiver online --features ... --entity KEY=VALUE... [--request NAME=VALUE...]`: one
-//! lookup from the shell.
+//! `quiver online --features ... --entity KEY=VALUE... [--request NAME=VALUE...]
+//! [--request-null NAME...]`: one lookup from the shell.
 
 use quiver::sdk::encoding::{KeyValue, Value};
 
@@ -22,6 +22,10 @@ pub struct Online {
     /// a string field, JSON otherwise); repeat for each.
     #[arg(long = "request")]
     request: Vec<String>,
+    /// A request field sent as null (for a string field, `--request NAME=null` sends
+    /// the text "null"); repeat for each.
+    #[arg(long = "request-null", value_name = "NAME")]
+    request_null: Vec<String>,
 }
 
 impl Online {
@@ -33,6 +37,9 @@ impl Online {
             let Some((name, text)) = e.split_once('=') else {
                 anyhow::bail!("--entity `{e}`: expected KEY=VALUE");
             };
+            if columns.iter().any(|(given, _)| given == name) {
+                anyhow::bail!("--entity `{name}` is given twice");
+            }
             let key_type = defs
                 .feature_views
                 .iter()
@@ -48,10 +55,14 @@ impl Online {
             };
             columns.push((name.to_string(), vec![value]));
         }
-        let mut fields = Vec::new();
-        for r in &self.request {
-            let Some((name, text)) = r.split_once('=') else {
-                anyhow::bail!("--request `{r}`: expected NAME=VALUE");
+        let mut fields: Vec<(String, Vec<serde_json::Value>)> = Vec::new();
+        let given =
+            self.request.iter().map(|r| ("--request", r.as_str())).chain(self.request_null.iter().map(|n| ("--request-null", n.as_str())));
+        for (option, r) in given {
+            let (name, text) = match (option, r.split_once('=')) {
+                ("--request", Some((name, text))) => (name, Some(text)),
+                ("--request", None) => anyhow::bail!("--request `{r}`: expected NAME=VALUE"),
+                _ => (r, None),
             };
             let dtype = defs
                 .on_demand_views
@@ -59,12 +70,16 @@ impl Online {
                 .flat_map(|v| &v.request)
                 .find(|f| f.name == name)
                 .map(|f| f.dtype)
-                .ok_or_else(|| anyhow::anyhow!("--request `{r}`: `{name}` is not a request field of any on-demand view"))?;
+                .ok_or_else(|| anyhow::anyhow!("{option} `{r}`: `{name}` is not a request field of any on-demand view"))?;
+            if fields.iter().any(|(given, _)| given == name) {
+                anyhow::bail!("{option} `{name}` is given twice");
+            }
             // Text that is not JSON is a string; a wrong type is refused by the lookup,
             // in the words every front end uses.
-            let value = match dtype {
-                quiver::sdk::DType::String => serde_json::Value::String(text.to_string()),
-                _ => serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_string())),
+            let value = match (text, dtype) {
+                (None, _) => serde_json::Value::Null,
+                (Some(text), quiver::sdk::DType::String) => serde_json::Value::String(text.to_string()),
+                (Some(text), _) => serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_string())),
             };
             fields.push((name.to_string(), vec![value]));
         }

@@ -4,7 +4,7 @@
 //! joined once at the pinned versions ([`join`]) and cut into shards of `shard_rows`
 //! rows, each assembled from the join and written atomically as it is due, so memory
 //! holds the join's working set and one shard, whatever the number of shards. `manifest.json` records the training-set id (a hash of the
-//! registry version, the pinned versions, the spine's content hash and the options),
+//! definitions read, the pinned versions, the spine's content hash and the options),
 //! the feature references with their types, the schema, and each shard's rows and
 //! SHA-256. Rebuilding from a manifest reads the same versions (time travel) and must
 //! give byte-identical shards. An interrupted export resumes after the last complete
@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 
 mod folder;
 mod profile;
+mod read;
 
 use folder::{check_folder, check_reproduces, finish, intact, listed_shards, read_shard};
 use profile::TrainingProfile;
@@ -112,6 +113,12 @@ pub struct Manifest {
     /// [`VOCABULARY_LIMIT`]): the loader gives a value as its position here.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub vocabularies: BTreeMap<String, Vec<String>>,
+    /// The definitions the training set read, each one's digest by `kind:name`
+    /// (`feature_view:driver_hourly`; docs/export.md#reproducing-a-training-set):
+    /// `--reproduce` refuses a change to one of them and to nothing else. Absent from
+    /// manifests written before it was: those reproduce at their registry version only.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub definitions: BTreeMap<String, String>,
 }
 
 /// Where the spine came from and what it held.
@@ -209,7 +216,9 @@ struct Plan {
     defs: Definitions,
 }
 
-async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, pinned: Option<BTreeMap<String, u64>>) -> Result<Plan> {
+/// What [`export`] plans; `original`, for a reproduction, pins the Delta versions and
+/// the id's form (a manifest without `definitions` has the registry version in its id).
+async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, original: Option<&Manifest>) -> Result<Plan> {
     let label = match source {
         SpineSource::File(path) => path.display().to_string(),
         SpineSource::Made(made) => made.describe(),
@@ -227,15 +236,21 @@ async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, pinned:
     let requests = resolve(defs, &service.features)?;
     let mut views: Vec<&quiver_sdk::FeatureView> = requests.iter().map(|r| r.view).collect();
     // A `--rows-of` view is read at a pinned version too.
-    if let SpineSource::Made(made) = source
-        && let Some(name) = made.source_view()
-        && !views.iter().any(|v| v.name == name)
+    let rows_of = match source {
+        SpineSource::Made(made) => match made.source_view() {
+            Some(name) => Some(defs.find_view(name).map_err(|e| Error::NotFound(format!("--rows-of: {}", e.0)))?),
+            None => None,
+        },
+        SpineSource::File(_) => None,
+    };
+    if let Some(view) = rows_of
+        && !views.iter().any(|v| v.name == view.name)
     {
-        let view = defs.find_view(name).map_err(|e| Error::NotFound(format!("--rows-of: {}", e.0)))?;
         views.push(view);
     }
-    let delta_versions = match pinned {
-        Some(v) => v,
+    let definitions = read::definitions_read(defs, service, &requests, rows_of);
+    let delta_versions = match original {
+        Some(m) => m.delta_versions.clone(),
         None => {
             let mut out = BTreeMap::new();
             for (view, version) in table_versions(&repo.config, &views).await? {
@@ -276,15 +291,21 @@ async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, pinned:
         SpineSource::File(_) => None,
     };
     let spine_info = SpineInfo { path, sha256, rows: spine.num_rows() as u64, made };
-    // The id: what determines the rows, and nothing else (not paths, not times).
-    let identity = serde_json::json!({
+    // The id: what determines the rows, and nothing else (not paths, not times, not
+    // definitions the training set does not read). Manifests written before
+    // `definitions` was recorded have the registry's version in their id instead.
+    let mut identity = serde_json::json!({
         "project": repo.config.project,
-        "registry_version": registry_version,
         "delta_versions": delta_versions,
         "spine_sha256": spine_info.sha256,
         "features": service.features.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "options": options,
     });
+    if original.is_some_and(|m| m.definitions.is_empty()) {
+        identity["registry_version"] = registry_version.into();
+    } else {
+        identity["definitions"] = serde_json::to_value(&definitions).expect("a map of strings");
+    }
     let training_set_id = sha256_hex(identity.to_string().as_bytes())[..32].to_string();
     Ok(Plan {
         manifest: Manifest {
@@ -301,6 +322,7 @@ async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, pinned:
             shards: Vec::new(),
             profile: BTreeMap::new(),
             vocabularies: BTreeMap::new(),
+            definitions,
         },
         spine,
         defs: doc.definitions,
@@ -475,8 +497,9 @@ pub async fn export(
 /// are left as they are and damaged ones are written again (reported as repaired).
 ///
 /// # Errors
-/// As [`export`], plus a spine that changed, a registry at another version, or a
-/// shard that does not reproduce (nothing of it written).
+/// As [`export`], plus a spine that changed, a definition the export read that changed
+/// since (each named; for a manifest without `definitions`, a registry at another
+/// version), or a shard that does not reproduce (nothing of it written).
 pub async fn reproduce(repo: &Repo, manifest_path: &Path, out: &Path, joiner: Joiner<'_>, hooks: Hooks<'_>) -> Result<Exported> {
     let original: Manifest = serde_json::from_slice(&std::fs::read(manifest_path).map_err(|e| Error::io(manifest_path, e))?)
         .map_err(|e| out_err(manifest_path, format!("unreadable manifest: {e}")))?;
@@ -484,21 +507,34 @@ pub async fn reproduce(repo: &Repo, manifest_path: &Path, out: &Path, joiner: Jo
         Some(made) => SpineSource::Made(made.clone()),
         None => SpineSource::File(PathBuf::from(&original.spine.path)),
     };
-    let plan = plan(repo, &spine, original.options.clone(), Some(original.delta_versions.clone())).await?;
+    let plan = plan(repo, &spine, original.options.clone(), Some(&original)).await?;
     if plan.manifest.spine.sha256 != original.spine.sha256 {
         return Err(out_err(
             Path::new(&original.spine.path),
             "the spine changed since the export (its SHA-256 differs from the manifest's)",
         ));
     }
-    if plan.manifest.training_set_id != original.training_set_id {
+    let changed = read::changed(&original.definitions, &plan.manifest.definitions);
+    if !original.definitions.is_empty() && !changed.is_empty() {
         return Err(out_err(
             manifest_path,
             format!(
-                "cannot reproduce: the registry is at version {}, the export read version {}",
-                plan.manifest.registry_version, original.registry_version
+                "cannot reproduce: {} changed since the export read {} (registry version {} then, {} now)",
+                changed.join(", "),
+                if changed.len() == 1 { "it" } else { "them" },
+                original.registry_version,
+                plan.manifest.registry_version
             ),
         ));
+    }
+    if plan.manifest.training_set_id != original.training_set_id {
+        let why = if original.definitions.is_empty() {
+            // A manifest from before `definitions`: its id holds the registry version.
+            format!("the registry is at version {}, the export read version {}", plan.manifest.registry_version, original.registry_version)
+        } else {
+            format!("its id is {}, the manifest's {}", plan.manifest.training_set_id, original.training_set_id)
+        };
+        return Err(out_err(manifest_path, format!("cannot reproduce: {why}")));
     }
     let mut plan = plan;
     plan.manifest.profile = original.profile.clone();

@@ -14,6 +14,12 @@
 //! a cell's lookup, a search of its few points and an add, several times cheaper than a
 //! sketch update, which is what keeps the cost to serving low (docs/monitoring.md,
 //! bench/RESULTS.md).
+//!
+//! PSI is `quiver monitor`'s computation: the reference's bins and shares from
+//! `quiver_sdk::profile` ([`decile_edges`], [`sketch_shares`], [`category_bins`]), the
+//! served values' decile counts turned into shares by [`shares`] and compared by
+//! [`psi`], so the gauge and the report over the same served rows are one number. NaN
+//! and the infinities are values, in no bin, counted apart.
 
 use std::collections::VecDeque;
 
@@ -27,7 +33,7 @@ use quiver_online::serving_log::Served;
 use quiver_sdk::encoding::Value;
 use quiver_sdk::metrics::{Exposition, Kind};
 use quiver_sdk::monitoring::Limits;
-use quiver_sdk::profile::{Numbers, Profile, decile_edges};
+use quiver_sdk::profile::{Numbers, Profile, category_bins, decile_edges, psi, shares, sketch_shares};
 
 use super::{Window, sources};
 use crate::error::{Error, Result};
@@ -83,6 +89,19 @@ enum Grid {
     None,
 }
 
+/// The decile counts of the counts per point bin (`points` bins): decile bin `k` adds up
+/// the point bins after the previous decile's position, up to its own (`deciles`).
+fn decile_counts(point_bins: &[u64], deciles: &[usize]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(deciles.len() + 1);
+    let mut start = 0;
+    for &d in deciles {
+        out.push(point_bins[start..=d].iter().sum());
+        start = d + 1;
+    }
+    out.push(point_bins[start..].iter().sum());
+    out
+}
+
 impl Grid {
     fn of(reference: &Profile) -> Grid {
         let numbers = |n: &Numbers, lengths: bool| -> Grid {
@@ -96,23 +115,18 @@ impl Grid {
             let reference_cdf: Vec<f64> = points.iter().map(|p| n.cdf(*p).unwrap_or(0.0)).collect();
             let deciles: Vec<usize> = edges.iter().map(|e| points.partition_point(|p| p < e)).collect();
             let cells = Cells::of(&points);
-            let mut reference_shares = Vec::with_capacity(deciles.len() + 1);
-            let mut below = 0.0;
-            for &d in &deciles {
-                reference_shares.push(reference_cdf[d] - below);
-                below = reference_cdf[d];
-            }
-            reference_shares.push(1.0 - below);
+            // As `quiver monitor`'s (`Bins::counted`).
+            let Some(reference_shares) = sketch_shares(n, &edges) else {
+                return Grid::None;
+            };
             Grid::Numbers { points, cells, lengths, reference_cdf, deciles, reference_shares }
         };
         match (&reference.numbers, &reference.categories, &reference.lengths) {
             (Some(n), _, _) => numbers(n, false),
             (None, None, Some(n)) => numbers(n, true),
             (None, Some(c), _) if c.total() > 0 => {
-                let top = c.top();
-                let mut reference_shares: Vec<f64> = top.iter().map(|(_, k)| *k as f64 / c.total() as f64).collect();
-                reference_shares.push((1.0 - reference_shares.iter().sum::<f64>()).max(0.0));
-                let index = top.into_iter().enumerate().map(|(i, (v, _))| (v, i)).collect();
+                let (values, reference_shares) = category_bins(c);
+                let index = values.into_iter().enumerate().map(|(i, v)| (v, i)).collect();
                 Grid::Categories { index, reference_shares }
             }
             _ => Grid::None,
@@ -127,7 +141,8 @@ impl Grid {
         }
     }
 
-    /// The bin of `value`, if it has one (nulls, NaN and other kinds have none).
+    /// The bin of `value`, if it has one (nulls, NaN, the infinities and other kinds
+    /// have none).
     fn bin(&self, value: &Value) -> Option<usize> {
         match self {
             Grid::Numbers { points, cells, lengths, .. } => {
@@ -142,7 +157,7 @@ impl Grid {
                     (Value::ListString(l), true) => l.len() as f64,
                     _ => return None,
                 };
-                // NaN and infinities: null, as served.
+                // NaN and the infinities: values, in no bin (counted apart).
                 x.is_finite().then(|| cells.bin(points, x))
             }
             Grid::Categories { index, .. } => {
@@ -202,7 +217,8 @@ impl Cells {
         Cells { lo, scale, top: (Self::N - 1) as f64, ranges }
     }
 
-    /// The bin of `x` (finite): the number of points below it.
+    /// The bin of `x` (finite): the number of points below it, as
+    /// `quiver_sdk::profile::bin` finds it (`quiver monitor`'s count).
     fn bin(&self, points: &[f64], x: f64) -> usize {
         let at = (x - self.lo) * self.scale;
         // Clamped by comparisons (a NaN, from an overflowed difference times a scale of
@@ -228,10 +244,10 @@ fn other_number(value: &Value) -> f64 {
     }
 }
 
-/// Whether the server answered `value` as null (a NaN or an infinity is written so).
-fn is_null(value: &Value) -> bool {
+/// Whether `value` is a NaN or an infinity: a value (the server answers `"NaN"`,
+/// `"Infinity"`, `"-Infinity"`), not a null, and in no bin.
+fn is_non_finite(value: &Value) -> bool {
     match value {
-        Value::Null => true,
         Value::Float32(x) => !x.is_finite(),
         Value::Float64(x) => !x.is_finite(),
         _ => false,
@@ -244,6 +260,8 @@ struct Tally {
     count: u64,
     nulls: u64,
     not_found: u64,
+    /// NaN and infinite values.
+    non_finite: u64,
     bins: Vec<u64>,
 }
 
@@ -252,6 +270,7 @@ impl Tally {
         self.count += other.count;
         self.nulls += other.nulls;
         self.not_found += other.not_found;
+        self.non_finite += other.non_finite;
         if self.bins.len() < other.bins.len() {
             self.bins.resize(other.bins.len(), 0);
         }
@@ -267,13 +286,15 @@ struct Stats {
     ks: Option<f64>,
     null_rate: f64,
     not_found_rate: f64,
+    /// Of plain numbers: the share of NaN and infinite values.
+    non_finite_rate: Option<f64>,
     breach: bool,
 }
 
 impl Slot {
     fn stats(&self, t: &Tally) -> Stats {
         let binned: u64 = t.bins.iter().sum();
-        let (mut psi, mut ks) = (None, None);
+        let (mut psi_value, mut ks) = (None, None);
         if binned > 0 {
             let share = |k: u64| k as f64 / binned as f64;
             match &self.grid {
@@ -284,28 +305,22 @@ impl Slot {
                         below += b;
                         cdf.push(share(below));
                     }
-                    let mut current = Vec::with_capacity(deciles.len() + 1);
-                    let mut prior = 0.0;
-                    for &d in deciles {
-                        current.push(cdf[d] - prior);
-                        prior = cdf[d];
-                    }
-                    current.push(1.0 - prior);
-                    psi = Some(quiver_sdk::profile::psi(reference_shares, &current));
+                    // The decile bins' counts, as `quiver monitor` counts them.
+                    psi_value = shares(&decile_counts(&t.bins, deciles)).map(|current| psi(reference_shares, &current));
                     ks = Some(reference_cdf.iter().zip(&cdf).map(|(r, c)| (r - c).abs()).fold(0.0, f64::max));
                 }
                 Grid::Categories { reference_shares, .. } => {
-                    let current: Vec<f64> = t.bins.iter().map(|b| share(*b)).collect();
-                    psi = Some(quiver_sdk::profile::psi(reference_shares, &current));
+                    psi_value = shares(&t.bins).map(|current| psi(reference_shares, &current));
                 }
                 Grid::None => {}
             }
         }
         let rate = |k: u64| k as f64 / t.count as f64;
         let (null_rate, not_found_rate) = (rate(t.nulls), rate(t.not_found));
+        let non_finite_rate = matches!(self.grid, Grid::Numbers { lengths: false, .. }).then(|| rate(t.non_finite));
         let rates = super::Rates { reference: self.reference_null_rate, current: Some(null_rate) };
-        let breach = !super::breaches(psi, ks, rates, Some(not_found_rate), self.limits).is_empty();
-        Stats { psi, ks, null_rate, not_found_rate, breach }
+        let breach = !super::breaches(psi_value, ks, rates, Some(not_found_rate), self.limits).is_empty();
+        Stats { psi: psi_value, ks, null_rate, not_found_rate, non_finite_rate, breach }
     }
 }
 
@@ -406,9 +421,11 @@ impl Live {
                         };
                         if x.is_finite() {
                             tally.bins[cells.bin(points, x)] += 1;
-                        } else if is_null(value) {
+                        } else if matches!(value, Value::Null) {
                             tally.nulls += 1;
                             tally.not_found += not_found(j);
+                        } else if is_non_finite(value) {
+                            tally.non_finite += 1;
                         }
                     }
                 }
@@ -416,10 +433,11 @@ impl Live {
                     for (j, value) in column.values.iter().enumerate() {
                         match grid.bin(value) {
                             Some(b) => tally.bins[b] += 1,
-                            None if is_null(value) => {
+                            None if matches!(value, Value::Null) => {
                                 tally.nulls += 1;
                                 tally.not_found += not_found(j);
                             }
+                            None if is_non_finite(value) => tally.non_finite += 1,
                             None => {}
                         }
                     }
@@ -442,11 +460,12 @@ impl Live {
         let stats: Vec<(&Slot, Stats)> =
             self.features.iter().zip(&current).filter(|(_, t)| t.count > 0).map(|(s, t)| (s, s.stats(t))).collect();
         type Stat = fn(&Stats) -> Option<f64>;
-        let families: [(&str, &str, Stat); 5] = [
+        let families: [(&str, &str, Stat); 6] = [
             ("quiver_feature_psi", "population stability index of the serving window against the reference", |s| s.psi),
             ("quiver_feature_ks", "Kolmogorov-Smirnov distance of the serving window from the reference", |s| s.ks),
             ("quiver_feature_null_rate", "share of null values served in the window", |s| Some(s.null_rate)),
             ("quiver_feature_not_found_rate", "share of lookups in the window that found no row", |s| Some(s.not_found_rate)),
+            ("quiver_feature_non_finite_rate", "share of NaN or infinite values served in the window", |s| s.non_finite_rate),
             ("quiver_feature_breach", "1 when a statistic crosses its threshold, else 0", |s| Some(f64::from(u8::from(s.breach)))),
         ];
         for (name, help, stat) in families {
@@ -558,13 +577,13 @@ mod tests {
         let extremes = [f64::MAX, f64::MIN, f64::MIN_POSITIVE, -f64::MIN_POSITIVE, 0.0, -0.0, 1e300, -1e300];
         let probes = points.iter().copied().chain(edges).chain(extremes).chain((0..100_000).map(|_| (next() * 13.0).exp() - 2.0));
         for v in probes {
-            assert_eq!(cells.bin(&points, v), points.partition_point(|p| *p < v), "{v}");
+            assert_eq!(cells.bin(&points, v), quiver_sdk::profile::bin(&points, v), "{v}");
         }
         // Points packed far closer than a float's rounding at their size: one cell.
         let near: Vec<f64> = (0..300).map(|i| 1e15 + f64::from(i) * 0.125).collect();
         let cells = Cells::of(&near);
         for v in near.iter().copied().chain([1e15 - 1.0, 1e15 + 17.06, 1e15 + 100.0, f64::MAX, f64::MIN]) {
-            assert_eq!(cells.bin(&near, v), near.partition_point(|p| *p < v), "{v}");
+            assert_eq!(cells.bin(&near, v), quiver_sdk::profile::bin(&near, v), "{v}");
         }
         let one = [5.0];
         let bins: Vec<usize> = [f64::MIN, 4.0, 5.0, 6.0, f64::MAX].into_iter().map(|v| Cells::of(&one).bin(&one, v)).collect();
@@ -573,7 +592,106 @@ mod tests {
         let wide = [f64::MIN, 0.0, f64::MAX];
         let cells = Cells::of(&wide);
         for v in [f64::MIN, -1.0, 0.0, 1.0, f64::MAX] {
-            assert_eq!(cells.bin(&wide, v), wide.partition_point(|p| *p < v), "{v}");
+            assert_eq!(cells.bin(&wide, v), quiver_sdk::profile::bin(&wide, v), "{v}");
         }
+    }
+
+    /// The same served answers, counted by the live window (its `/metrics` gauge) and
+    /// as `quiver monitor` reads them back from the serving log's JSON (`compare` over
+    /// a profile counting into the reference's bins): one PSI, to 1e-9, equal to PSI
+    /// written out here over the report's bins — values on the edges, past every edge,
+    /// NaN, the infinities and nulls among them, more values than the sketches hold.
+    #[test]
+    fn the_gauge_and_the_report_give_one_psi_for_the_same_served_values() {
+        use quiver_online::lookup::Column;
+        use quiver_sdk::{DType, Definitions, Entity, FeatureView, KeyType};
+        let mut reference = Profile::default();
+        (0..2000).for_each(|i| reference.add_value(&Value::Float64(f64::from((i * 7919) % 2000) / 7.0)));
+        let edges = decile_edges(reference.numbers.as_ref().unwrap()).unwrap();
+        let mut served: Vec<Value> = (0..3000).map(|i| Value::Float64(f64::from((i * 104_729) % 3000) / 9.0 + 40.0)).collect();
+        served.extend(edges.iter().flat_map(|e| std::iter::repeat_n(Value::Float64(*e), 3)));
+        served.extend([Value::Float64(f64::NAN), Value::Float64(f64::INFINITY), Value::Float64(f64::NEG_INFINITY), Value::Null]);
+        let n = served.len();
+        let statuses = served.iter().map(|v| if matches!(v, Value::Null) { Status::NotFound } else { Status::Present }).collect();
+        let now = 1_767_225_600_000_000;
+        let answer = Served {
+            request_time: now,
+            defs: std::sync::Arc::new(
+                Definitions::default()
+                    .with_entity(Entity::new("user").with_join_key("user_id", KeyType::Int64))
+                    .with_feature_view(FeatureView::new("v").with_entity("user").with_feature("f", DType::Float64)),
+            ),
+            refs: vec!["v:f".parse().unwrap()],
+            n_keys: 1,
+            fields: Vec::new(),
+            columns: vec![
+                Column {
+                    name: "user_id".into(),
+                    values: (0..n as i64).map(Value::Int64).collect(),
+                    statuses: vec![Status::Present; n],
+                    event_ts: vec![None; n],
+                },
+                Column { name: "f".into(), values: served.clone(), statuses, event_ts: vec![Some(now); n] },
+            ],
+        };
+
+        // The gauge.
+        let mut slots: HashMap<String, HashMap<String, usize>> = HashMap::new();
+        slots.entry("v".to_string()).or_default().insert("f".to_string(), 0);
+        let live = Live {
+            reference_name: "training:t".into(),
+            window_us: 3_600_000_000,
+            bucket_us: 300_000_000,
+            slots,
+            features: vec![slot(&reference)],
+            buckets: Mutex::new(VecDeque::new()),
+        };
+        live.add(&answer);
+        let mut out = Exposition::new();
+        live.render(&mut out, now);
+        let text = out.finish();
+        let gauge = |name: &str| -> f64 {
+            let prefix = format!("{name}{{view=\"v\",feature=\"f\",reference=\"training:t\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| panic!("no {name} in {text}")).parse().unwrap()
+        };
+
+        // The report, from the values as the serving log holds them.
+        let mut log = crate::serving_log::LogColumns::default();
+        crate::serving_log::append_log_rows(&answer, "r-1", &mut log);
+        assert_eq!(log.len(), n);
+        let mut current = Profile::counting(std::sync::Arc::new(quiver_sdk::profile::Binning::of(&reference).unwrap()));
+        for r in 0..log.len() {
+            let values: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&log.row(r).values).unwrap();
+            current.add_json(&values["f"], DType::Float64).unwrap();
+        }
+        let report = super::super::compare("v:f", &reference, &current, Limits::DEFAULT, true);
+        let bins = report.bins.clone().unwrap();
+        assert_eq!(bins.edges, edges);
+        assert_eq!(bins.current_error, None, "counted, not read off a sketch");
+
+        // PSI written out: each finite value in the first bin whose edge is at or above it.
+        let mut counts = vec![0u64; edges.len() + 1];
+        for v in &served {
+            let Value::Float64(x) = v else { continue };
+            if !x.is_finite() {
+                continue;
+            }
+            counts[edges.iter().position(|e| x <= e).unwrap_or(edges.len())] += 1;
+        }
+        let total: u64 = counts.iter().sum();
+        assert_eq!(total as usize, n - 4);
+        let mut direct = 0.0;
+        for (r, k) in bins.reference.iter().zip(&counts) {
+            let (r, c) = (r.max(1e-4), (*k as f64 / total as f64).max(1e-4));
+            direct += (c - r) * (c / r).ln();
+        }
+        let (gauge_psi, report_psi) = (gauge("quiver_feature_psi"), report.psi.unwrap());
+        assert!((gauge_psi - report_psi).abs() <= 1e-9, "gauge {gauge_psi} vs report {report_psi}");
+        assert!((report_psi - direct).abs() <= 1e-9, "report {report_psi} vs direct {direct}");
+        // NaN and the infinities: values, not nulls, counted apart on both sides.
+        assert_eq!(gauge("quiver_feature_null_rate"), 1.0 / n as f64);
+        assert_eq!(report.null_rate.current, Some(1.0 / n as f64));
+        assert_eq!(gauge("quiver_feature_non_finite_rate"), 3.0 / n as f64);
+        assert_eq!(report.non_finite_rate.and_then(|r| r.current), Some(3.0 / n as f64));
     }
 }

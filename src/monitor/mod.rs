@@ -1,7 +1,9 @@
 //! Monitoring (docs/monitoring.md): profiles of a reference and a current window
 //! compared feature by feature — PSI over the reference's deciles or categories, the
 //! Kolmogorov–Smirnov distance, the null rate's change, the `NOT_FOUND` rate — against
-//! each feature's limits, into a [`MonitorReport`] stored under `.quiver/monitor/`.
+//! each feature's limits, into a [`MonitorReport`] stored under `.quiver/monitor/`. The
+//! current window's values are counted exactly into the reference's bins, as the
+//! server's gauges count what they serve ([`live`]), so both give one PSI.
 //!
 //! Where profiles come from is [`sources`]: a training set's manifest, a view's Delta
 //! rows by event time, the serving log by request time. The statistics themselves are
@@ -14,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use quiver_sdk::monitoring::Limits;
-use quiver_sdk::profile::{Bins, Profile, ks};
+use quiver_sdk::profile::{Binning, Bins, Counted, Profile, category_bins, ks, shares, sketch_category_shares};
 use quiver_sdk::rows::format_instant;
 use serde::{Deserialize, Serialize};
 
@@ -35,9 +37,9 @@ pub enum Window {
 }
 
 impl Window {
-    /// `training:DIR`, `offline:T1..T2` or `serving:T1..T2`, each time in the one time
-    /// grammar ([`crate::ops::parse_time`]: RFC 3339, a date, `now`, `2h` before now).
-    /// `what` names the argument in errors.
+    /// `training:DIR`, `offline:T1..T2` or `serving:T1..T2` ([`Window::KINDS`]), each
+    /// time in the one time grammar ([`crate::ops::parse_time`]: RFC 3339, a date, `now`,
+    /// `2h` before now). `what` names the argument in errors.
     ///
     /// # Errors
     /// [`Error::Invalid`] naming `what` and the text.
@@ -50,7 +52,8 @@ impl Window {
     /// assert!(Window::parse("--current", "serving:2026-01-02..2026-01-01", Timestamp(0)).is_err());
     /// ```
     pub fn parse(what: &str, text: &str, now: quiver_sdk::Timestamp) -> Result<Window> {
-        let expected = "expected training:DIR, offline:T1..T2 or serving:T1..T2";
+        let expected = format!("expected {}", Window::KINDS);
+        let expected = expected.as_str();
         let bad = |m: String| Error::Invalid(format!("{what} `{text}`: {m}"));
         let (kind, rest) = text.split_once(':').ok_or_else(|| bad(expected.into()))?;
         if kind == "training" {
@@ -70,6 +73,9 @@ impl Window {
         }
         Ok(if kind == "offline" { Window::Offline { since, until } } else { Window::Serving { since, until } })
     }
+
+    /// Every kind of window, as `--help` and errors name them.
+    pub const KINDS: &str = "training:DIR, offline:T1..T2 or serving:T1..T2";
 
     /// As written in reports: `training:/abs/dir`, `offline:2026-...Z..2026-...Z`.
     pub fn describe(&self) -> String {
@@ -119,6 +125,10 @@ pub struct FeatureDrift {
     /// Of a serving window: the share of lookups whose row was past the view's TTL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outside_max_age_rate: Option<f64>,
+    /// Of numbers: each side's share of NaN and infinite values (values, not nulls, and
+    /// in no bin of PSI nor in KS), without a threshold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub non_finite_rate: Option<Rates>,
     /// Values profiled on each side (nulls included).
     pub count: Counts,
     pub limits: Limits,
@@ -149,35 +159,63 @@ pub struct CategoryShares {
     pub values: Vec<String>,
     pub reference: Vec<f64>,
     pub current: Vec<f64>,
+    /// As [`Bins::current_error`]: absent when the current values were counted, else
+    /// how far each named value's share read off the frequent items sketch may be off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_error: Option<f64>,
+}
+
+/// The bins each feature's current values are counted into ([`Profile::counting`]):
+/// the reference profile's ([`Binning::of`]), by `view:feature`; features whose
+/// reference has no values to bin are left out.
+pub fn binnings(reference: &Profiles) -> BTreeMap<String, std::sync::Arc<Binning>> {
+    reference.iter().filter_map(|(name, p)| Some((name.clone(), std::sync::Arc::new(Binning::of(p)?)))).collect()
 }
 
 /// Compares one feature's reference and current profiles against `limits`; `served`:
 /// the current profile is of a serving window (lookups, with their `NOT_FOUND` rate).
+///
+/// PSI's current shares are the current values counted into the reference's bins when
+/// the current profile counted them ([`Profile::counting`], an offline or serving
+/// window), else read off its sketches (a training set), with their error bound.
 pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Limits, served: bool) -> FeatureDrift {
     let (mut psi, mut ks_distance, mut bins, mut categories) = (None, None, None, None);
+    let counted = current.counted.as_ref();
     let kind = match (&reference.numbers, &reference.categories, &reference.lengths) {
         (Some(_), _, _) | (None, None, Some(_)) => {
-            let numbers = |p: &Profile| if reference.numbers.is_some() { p.numbers.clone() } else { p.lengths.clone() };
-            if let (Some(r), Some(c)) = (numbers(reference), numbers(current)) {
-                bins = Bins::deciles(&r, &c);
+            let (r, c) = if reference.numbers.is_some() {
+                (reference.numbers.as_ref(), current.numbers.as_ref())
+            } else {
+                (reference.lengths.as_ref(), current.lengths.as_ref())
+            };
+            if let Some(r) = r {
+                bins = match counted {
+                    Some(counted) => Bins::counted(r, counted),
+                    None => c.and_then(|c| Bins::deciles(r, c)),
+                };
                 psi = bins.as_ref().map(Bins::psi);
-                ks_distance = ks(&r, &c);
+                ks_distance = c.and_then(|c| ks(r, c));
             }
             if reference.numbers.is_some() { "numeric" } else { "list" }
         }
         (None, Some(r), _) => {
-            if let Some(c) = &current.categories {
-                let top = r.top();
-                let share = |n: u64, total: u64| n as f64 / total.max(1) as f64;
-                let mut rs: Vec<f64> = top.iter().map(|(_, n)| share(*n, r.total())).collect();
-                let mut cs: Vec<f64> = top.iter().map(|(v, _)| share(c.count(v), c.total())).collect();
-                rs.push((1.0 - rs.iter().sum::<f64>()).max(0.0));
-                cs.push((1.0 - cs.iter().sum::<f64>()).max(0.0));
-                let mut values: Vec<String> = top.into_iter().map(|(v, _)| v).collect();
+            let (mut values, rs) = category_bins(r);
+            let current_shares = match counted {
+                Some(Counted { binning, counts }) if matches!(**binning, Binning::Categories { .. }) => shares(counts).map(|cs| (cs, None)),
+                Some(_) => None,
+                None => current
+                    .categories
+                    .as_ref()
+                    .filter(|c| c.total() > 0)
+                    .map(|c| (sketch_category_shares(&values, c), Some(c.share_error()))),
+            };
+            // None when either side counted nothing.
+            if let Some((cs, current_error)) = current_shares
+                && r.total() > 0
+            {
                 values.push("(other)".into());
-                // As `psi_categories`: none when either side counted nothing.
-                psi = (r.total() > 0 && c.total() > 0).then(|| quiver_sdk::profile::psi(&rs, &cs));
-                categories = Some(CategoryShares { values, reference: rs, current: cs });
+                psi = Some(quiver_sdk::profile::psi(&rs, &cs));
+                categories = Some(CategoryShares { values, reference: rs, current: cs, current_error });
             }
             "categorical"
         }
@@ -193,6 +231,7 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
     let share = |n: u64| (served && lookups > 0).then(|| n as f64 / lookups as f64);
     let (not_found_rate, outside_max_age_rate) = (share(current.not_found), share(current.outside_max_age));
     let null_rate = Rates { reference: reference.null_rate(), current: current.null_rate() };
+    let non_finite_rate = (kind == "numeric").then(|| Rates { reference: reference.non_finite_rate(), current: current.non_finite_rate() });
     let breaches = breaches(psi, ks_distance, null_rate, not_found_rate, limits);
     FeatureDrift {
         feature: feature.to_string(),
@@ -202,6 +241,7 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
         null_rate,
         not_found_rate,
         outside_max_age_rate,
+        non_finite_rate,
         count: Counts { reference: reference.count, current: current.count },
         limits,
         breaches,

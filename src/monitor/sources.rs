@@ -1,12 +1,14 @@
 //! Where profiles come from: a training set's manifest, a view's Delta rows by event
 //! time (partitions profiled on every core, then merged), the serving log by request
-//! time (each logged value as the server wrote it).
+//! time (each logged value as the server wrote it; NaN and the infinities as the strings
+//! `"NaN"`, `"Infinity"`, `"-Infinity"`, read back as floats).
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use futures::StreamExt;
-use quiver_sdk::profile::{Profile, ProfileDoc};
+use quiver_sdk::profile::{Binning, Profile, ProfileDoc};
 use quiver_sdk::rows::format_instant;
 use quiver_sdk::{DType, Definitions, FeatureRef};
 
@@ -22,10 +24,28 @@ use crate::repo::Repo;
 /// without a profile or without a feature, a feature an offline window cannot profile;
 /// the stores' errors.
 pub async fn profiles(repo: &Repo, defs: &Definitions, window: &Window, features: &[FeatureRef]) -> Result<Profiles> {
+    profiles_counting(repo, defs, window, features, &BTreeMap::new()).await
+}
+
+/// As [`profiles`], each feature's values also counted exactly into the bins `bins`
+/// gives it by `view:feature` ([`Profile::counting`]): of an offline or a serving
+/// window. A training set's profile is its manifest's, whose values are not at hand:
+/// it counts none.
+///
+/// # Errors
+/// As [`profiles`].
+pub async fn profiles_counting(
+    repo: &Repo,
+    defs: &Definitions,
+    window: &Window,
+    features: &[FeatureRef],
+    bins: &BTreeMap<String, Arc<Binning>>,
+) -> Result<Profiles> {
+    let empty = |f: &FeatureRef| bins.get(&f.to_string()).map_or_else(Profile::default, |b| Profile::counting(b.clone()));
     match window {
         Window::Training(dir) => training(dir, features),
-        Window::Offline { since, until } => offline(repo, defs, features, *since, *until).await,
-        Window::Serving { since, until } => serving(repo, defs, features, *since, *until).await,
+        Window::Offline { since, until } => offline(repo, defs, features, *since, *until, &empty).await,
+        Window::Serving { since, until } => serving(repo, defs, features, *since, *until, &empty).await,
     }
 }
 
@@ -66,8 +86,16 @@ pub(super) fn read_manifest(dir: &Path) -> Result<(std::path::PathBuf, Manifest)
     Ok((path, manifest))
 }
 
-/// The profiles of stored features over views' Delta rows with event times in the window.
-async fn offline(repo: &Repo, defs: &Definitions, features: &[FeatureRef], since: i64, until: i64) -> Result<Profiles> {
+/// The profiles of stored features over views' Delta rows with event times in the window,
+/// each begun as `empty` makes it.
+async fn offline(
+    repo: &Repo,
+    defs: &Definitions,
+    features: &[FeatureRef],
+    since: i64,
+    until: i64,
+    empty: &(dyn Fn(&FeatureRef) -> Profile + Sync),
+) -> Result<Profiles> {
     let window = || format!("offline:{}..{}", format_instant(since), format_instant(until));
     let mut by_view: BTreeMap<&str, Vec<(&FeatureRef, DType)>> = BTreeMap::new();
     for f in features {
@@ -90,6 +118,7 @@ async fn offline(repo: &Repo, defs: &Definitions, features: &[FeatureRef], since
         let view = defs.feature_view(name).expect("found above");
         let names: Vec<&str> = wanted.iter().map(|(f, _)| f.feature.as_str()).collect();
         let dtypes: Vec<DType> = wanted.iter().map(|(_, t)| *t).collect();
+        let empties: Vec<Profile> = wanted.iter().map(|&(f, _)| empty(f)).collect();
         let Some((streams, columns)) = quiver_offline::historical::window_streams(&repo.config, view, &names, since, until).await? else {
             return Err(Error::Invalid(format!(
                 "{}: feature view `{name}` has no Delta table yet (ingest or stream into it first)",
@@ -100,9 +129,8 @@ async fn offline(repo: &Repo, defs: &Definitions, features: &[FeatureRef], since
         let tasks: Vec<_> = streams
             .into_iter()
             .map(|mut stream| {
-                let (columns, dtypes, table) = (columns.clone(), dtypes.clone(), table.clone());
+                let (columns, dtypes, table, mut profiles) = (columns.clone(), dtypes.clone(), table.clone(), empties.clone());
                 tokio::spawn(async move {
-                    let mut profiles = vec![Profile::default(); columns.len()];
                     while let Some(batch) = stream.next().await {
                         let batch = batch.map_err(|e| quiver_offline::Error::query(&table, e))?;
                         for ((column, dtype), profile) in columns.iter().zip(&dtypes).zip(&mut profiles) {
@@ -130,7 +158,7 @@ async fn offline(repo: &Repo, defs: &Definitions, features: &[FeatureRef], since
                 })
             })
             .collect();
-        let mut merged = vec![Profile::default(); columns.len()];
+        let mut merged = empties;
         for task in tasks {
             let profiles = task.await.map_err(|e| Error::Invalid(format!("profiling feature view `{name}`: {e}")))??;
             for (m, p) in merged.iter_mut().zip(&profiles) {
@@ -153,7 +181,14 @@ type Slot<'a> = (&'a str, DType, Profile);
 /// The profiles of what was served with request times in the window, from the serving
 /// log: every logged lookup of a feature counts, `NOT_FOUND` and `OUTSIDE_MAX_AGE`
 /// (served as null) among the nulls and in their own shares.
-async fn serving(repo: &Repo, defs: &Definitions, features: &[FeatureRef], since: i64, until: i64) -> Result<Profiles> {
+async fn serving(
+    repo: &Repo,
+    defs: &Definitions,
+    features: &[FeatureRef],
+    since: i64,
+    until: i64,
+    empty: &(dyn Fn(&FeatureRef) -> Profile + Sync),
+) -> Result<Profiles> {
     let window = || format!("serving:{}..{}", format_instant(since), format_instant(until));
     // Per view asked for: whether the window logged it, and its features' profiles.
     let mut views: Vec<(&str, bool, Vec<Slot<'_>>)> = Vec::new();
@@ -166,7 +201,7 @@ async fn serving(repo: &Repo, defs: &Definitions, features: &[FeatureRef], since
                 views.len() - 1
             }
         };
-        views[at].2.push((f.feature.as_str(), dtype, Profile::default()));
+        views[at].2.push((f.feature.as_str(), dtype, empty(f)));
     }
     let location = &repo.config.serving_log.location;
     let batches = crate::serving_log::read(location, quiver_sdk::Timestamp(since)..quiver_sdk::Timestamp(until)).await?;

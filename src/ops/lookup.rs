@@ -39,7 +39,8 @@ impl<'a> Lookup<'a> {
     }
 
     /// More entity columns, as JSON: join keys, and the request fields of the on-demand
-    /// features asked for (Feast's `entities`), told apart by those features.
+    /// features asked for (Feast's `entities`), told apart by those features; any other
+    /// name is refused ([`quiver_online::lookup::Plan::given`]).
     pub fn with_columns(mut self, given: Vec<(String, Vec<serde_json::Value>)>) -> Self {
         self.given.extend(given);
         self
@@ -60,9 +61,15 @@ impl<'a> Lookup<'a> {
         // The request's own checks before the store is opened: a lookup that cannot be
         // answered is refused as such, not as a store that cannot be reached.
         let plan = quiver_online::lookup::Plan::new(&defs, refs.clone(), self.full_names).map_err(request)?;
+        // Each name once: two columns of one name would be answered under names the
+        // caller maps to the other's values.
+        let names: Vec<&str> = self.entities.iter().map(|(n, _)| n).chain(self.given.iter().map(|(n, _)| n)).map(String::as_str).collect();
+        if let Some((_, name)) = names.iter().enumerate().find(|&(i, n)| names[..i].contains(n)) {
+            return Err(Error::Invalid(format!("`{name}` is given twice")));
+        }
         let mut fields = RequestFields::new();
         for (name, values) in std::mem::take(&mut self.given) {
-            match plan.request_fields().iter().find(|f| f.name == name) {
+            match plan.given(&name).map_err(request)? {
                 Some(field) => fields.push((name, request_values(field, &values).map_err(request)?)),
                 None => {
                     let keys = values
@@ -76,6 +83,7 @@ impl<'a> Lookup<'a> {
                 }
             }
         }
+        plan.check_given((&self.entities, &fields)).map_err(request)?;
         let store = self.repo.open_store().await?;
         let now = self.now.unwrap_or_else(|| Timestamp::now().0);
         quiver_online::lookup::get_online_features(

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::Features;
 use crate::error::Result;
-use crate::monitor::{MonitorReport, Window, compare, sources, store};
+use crate::monitor::{MonitorReport, Window, binnings, compare, sources, store};
 use crate::repo::Repo;
 
 /// Compares two windows' profiles ([`Repo::monitor`]).
@@ -58,7 +58,9 @@ impl Monitor<'_> {
             _ => None,
         };
         let reference = sources::profiles(self.repo, &defs, &self.reference, &refs).await?;
-        let current = sources::profiles(self.repo, &defs, &self.current, &refs).await?;
+        // The current values counted exactly into the reference's bins, as the server's
+        // gauges count them: one PSI for the same rows (docs/monitoring.md).
+        let current = sources::profiles_counting(self.repo, &defs, &self.current, &refs, &binnings(&reference)).await?;
         let served = matches!(self.current, Window::Serving { .. });
         let features = refs
             .iter()

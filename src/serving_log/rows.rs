@@ -310,6 +310,44 @@ mod tests {
         assert_eq!(value_json(&Value::Float32(0.1)), serde_json::to_string(&f64::from(0.1f32)).unwrap());
     }
 
+    /// NaN and the infinities are logged as they are answered (`"NaN"`, `"Infinity"`,
+    /// `"-Infinity"`), never as `null`, so that `verify` tells a served NaN from a served
+    /// null (docs/consistency.md); the logged text reads back as the float.
+    #[test]
+    fn non_finite_floats_are_logged_as_answered() {
+        use quiver_sdk::ListElement;
+        let emb = DType::List(ListElement::Float32);
+        let defs = Definitions::default()
+            .with_entity(Entity::new("item").with_join_key("item_id", KeyType::Int64))
+            .with_feature_view(FeatureView::new("w").with_entity("item").with_feature("x", DType::Float64).with_feature("e", emb));
+        let nulls = vec![Status::Present, Status::NullValue, Status::NullValue];
+        let served = Served {
+            request_time: 42,
+            defs: Arc::new(defs),
+            refs: vec!["w:x".parse().unwrap(), "w:e".parse().unwrap()],
+            n_keys: 1,
+            fields: Vec::new(),
+            columns: vec![
+                column("item_id", vec![Value::Int64(1), Value::Int64(2), Value::Int64(3)], vec![Status::Present; 3], vec![None; 3]),
+                column(
+                    "x",
+                    vec![Value::Float64(f64::NAN), Value::Float64(f64::INFINITY), Value::Null],
+                    vec![Status::Present, Status::Present, Status::NullValue],
+                    vec![Some(5); 3],
+                ),
+                column("e", vec![Value::ListFloat32(vec![f32::NEG_INFINITY, 0.5]), Value::Null, Value::Null], nulls, vec![Some(5); 3]),
+            ],
+        };
+        let mut columns = LogColumns::default();
+        append_log_rows(&served, "r-3", &mut columns);
+        let values: Vec<String> = (0..columns.len()).map(|i| columns.row(i).values).collect();
+        assert_eq!(values, [r#"{"x":"NaN","e":["-Infinity",0.5]}"#, r#"{"x":"Infinity","e":null}"#, r#"{"x":null,"e":null}"#]);
+        let parsed: serde_json::Value = serde_json::from_str(&values[0]).unwrap();
+        let x = quiver_sdk::rows::from_json(&parsed["x"], DType::Float64);
+        assert!(matches!(x, Some(Value::Float64(x)) if x.is_nan()), "{x:?}");
+        assert_eq!(quiver_sdk::rows::from_json(&parsed["e"], emb), Some(Value::ListFloat32(vec![f32::NEG_INFINITY, 0.5])));
+    }
+
     /// An event log's row keeps each aggregation's own time (none for an empty window);
     /// the row's time is the latest of them.
     #[test]

@@ -105,9 +105,25 @@ pub struct LogReport {
 }
 
 /// Floats that agree to 1e-9 relative (docs/aggregations.md: an aggregation's float sums are added
-/// in another order online than offline).
+/// in another order online than offline). An infinity agrees with the same infinity
+/// only, a NaN with a NaN only (docs/consistency.md).
 pub(crate) fn floats_close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+    if a.is_finite() && b.is_finite() { (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) } else { a == b || (a.is_nan() && b.is_nan()) }
+}
+
+/// Whether two values are the same, as the server would answer them: `==`, except that
+/// a NaN (a float's, or a float list item's) is the same as a NaN (the server answers
+/// both `"NaN"`; docs/consistency.md). A NaN and a null, or a NaN and an infinity, differ.
+pub(crate) fn same_value(a: &Value, b: &Value) -> bool {
+    let f64s = |x: f64, y: f64| x == y || (x.is_nan() && y.is_nan());
+    let f32s = |x: &f32, y: &f32| f64s(f64::from(*x), f64::from(*y));
+    match (a, b) {
+        (Value::Float64(x), Value::Float64(y)) => f64s(*x, *y),
+        (Value::Float32(x), Value::Float32(y)) => f32s(x, y),
+        (Value::ListFloat64(x), Value::ListFloat64(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| f64s(*x, *y)),
+        (Value::ListFloat32(x), Value::ListFloat32(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| f32s(x, y)),
+        _ => a == b,
+    }
 }
 
 /// Whether `view` reads an event log's aggregations, directly or through the on-demand
@@ -144,4 +160,39 @@ pub(crate) fn spine_batch(
     fields.push(Field::new(quiver_offline::historical::SPINE_TIMESTAMP, ts.data_type().clone(), false));
     columns.push(Arc::new(ts));
     Ok(arrow::array::RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use quiver_sdk::encoding::Value;
+
+    /// A NaN is the same as a NaN (the server answers both `"NaN"`), never as a null, an
+    /// infinity or a number; an infinity only as the same infinity, in scalars and in
+    /// list items, at both widths, and within the 1e-9 allowance too.
+    #[test]
+    fn a_nan_is_the_same_as_a_nan_only() {
+        use super::{floats_close, same_value};
+        let (nan, inf) = (f64::NAN, f64::INFINITY);
+        assert!(same_value(&Value::Float64(nan), &Value::Float64(-nan)));
+        assert!(same_value(&Value::Float32(f32::NAN), &Value::Float32(f32::NAN)));
+        assert!(same_value(&Value::ListFloat64(vec![1.0, nan]), &Value::ListFloat64(vec![1.0, nan])));
+        assert!(same_value(&Value::ListFloat32(vec![f32::NAN, f32::INFINITY]), &Value::ListFloat32(vec![f32::NAN, f32::INFINITY])));
+        assert!(same_value(&Value::Float64(inf), &Value::Float64(inf)));
+        assert!(same_value(&Value::String("NaN".into()), &Value::String("NaN".into())));
+        for (a, b) in [
+            (Value::Float64(nan), Value::Null),
+            (Value::Float64(nan), Value::Float64(inf)),
+            (Value::Float64(inf), Value::Float64(-inf)),
+            (Value::Float64(nan), Value::Float64(0.0)),
+            (Value::Float32(f32::NAN), Value::Null),
+            (Value::ListFloat64(vec![nan]), Value::ListFloat64(vec![nan, nan])),
+            (Value::ListFloat64(vec![nan, 1.0]), Value::ListFloat64(vec![nan, 2.0])),
+            (Value::ListFloat32(vec![f32::NAN]), Value::ListFloat32(vec![f32::NEG_INFINITY])),
+        ] {
+            assert!(!same_value(&a, &b) && !same_value(&b, &a), "{a:?} vs {b:?}");
+        }
+        assert!(floats_close(nan, nan) && floats_close(inf, inf) && floats_close(-inf, -inf));
+        assert!(floats_close(1.0, 1.0 + 1e-12));
+        assert!(!floats_close(nan, 1.0) && !floats_close(inf, -inf) && !floats_close(inf, f64::MAX) && !floats_close(nan, inf));
+    }
 }

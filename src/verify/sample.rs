@@ -12,7 +12,7 @@ use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, JoinKey, OnDemand
 use rand::SeedableRng;
 use rand::seq::index::sample;
 
-use super::{EXAMPLES, FeatureReport, floats_close, show};
+use super::{EXAMPLES, FeatureReport, floats_close, same_value, show};
 use crate::error::Result;
 
 /// Compares up to `n` sampled entities per online view at `now` (UTC microseconds).
@@ -118,8 +118,8 @@ async fn sample_on_demand(
             report.compared += 1;
             let same = match (&got.1, &expected.1) {
                 (Value::Float64(a), Value::Float64(b)) if !exact => got.0 == expected.0 && floats_close(*a, *b),
-                (Value::Float64(a), Value::Float64(b)) => got.0 == expected.0 && a.to_bits() == b.to_bits(),
-                _ => got == expected,
+                (Value::Float64(a), Value::Float64(b)) => got.0 == expected.0 && (a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())),
+                _ => got.0 == expected.0 && same_value(&got.1, &expected.1),
             };
             if same {
                 report.matches += 1;
@@ -188,7 +188,7 @@ async fn sample_event_log(
                 (Value::Float64(a), Value::Float64(b)) => got.0 == expected.0 && floats_close(*a, *b),
                 _ => false,
             };
-            if got == expected || close {
+            if (got.0 == expected.0 && same_value(&got.1, &expected.1)) || close {
                 report.matches += 1;
                 continue;
             }
@@ -242,7 +242,8 @@ impl Sampled<'_> {
             let got = (column.statuses[j], column.values[j].clone());
             report.compared += 1;
             let entity = || self.entities.iter().map(|(name, v)| format!("{name}={}", v[j])).collect::<Vec<_>>().join(",");
-            if got == expected {
+            // A NaN online and offline agree (docs/consistency.md).
+            if got.0 == expected.0 && same_value(&got.1, &expected.1) {
                 report.matches += 1;
             } else if got.0 == Status::NotFound {
                 report.missing_online += 1;

@@ -139,11 +139,11 @@ pub async fn push_batches(
     let latest = config.event_horizon(chrono::Utc::now().timestamp_micros());
     let transform = quiver_offline::ingest::write_transform(defs, view, source)?;
     let shaped = quiver_offline::ingest::shape(defs, transform.as_ref(), source, batches, Some(latest))?;
-    if shaped.batches.is_empty() && shaped.dropped > 0 {
-        let message = format!("{}: nothing to push", quiver_offline::ingest::all_dropped(view, shaped.dropped));
-        return Err(Error::Offline(quiver_offline::Error::Input { what: source.to_string(), message }));
-    }
     let (dropped, uncomputed) = (shaped.dropped, shaped.uncomputed);
+    // Every row filtered out: nothing to write, and not an error (docs/transformations.md#write-time).
+    if shaped.batches.is_empty() && dropped > 0 {
+        return Ok(PushReport { rows: 0, online_written: target.online().then_some(0), offline_version: None, dropped, uncomputed });
+    }
     // Shaped rows are the view's rows already; others are checked here, once.
     let conformed = if transform.is_some() {
         shaped.batches
@@ -153,7 +153,7 @@ pub async fn push_batches(
     let rows = conformed.iter().map(RecordBatch::num_rows).sum();
     // An event log's online records come from its table: its events go there first.
     let offline_version = if target.offline() || view.is_event_log() {
-        Some(append(&config.view_table(view), defs, view, source, conformed.clone(), AppendOptions::new(None), &|_, _| {}).await?.version)
+        append(&config.view_table(view), defs, view, source, conformed.clone(), AppendOptions::new(None), &|_, _| {}).await?.version
     } else {
         None
     };
@@ -250,7 +250,7 @@ impl quiver_online::server::OfflineWriter for DeltaWriter {
     async fn append(&self, defs: &Definitions, view: &FeatureView, rows: &[ViewRow]) -> std::result::Result<u64, String> {
         write_offline(&self.config, defs, view, "/push request", rows, AppendOptions::new(None))
             .await
-            .map(|r| r.version)
+            .map(|r| r.version.expect("an append of rows commits a version"))
             .map_err(|e| e.to_string())
     }
 

@@ -793,7 +793,10 @@ fn bad_historical_requests_are_refused_and_write_nothing() {
     ok(&repo, &["ingest", "score", "scores.csv"]);
     std::fs::write(repo.join("nokeys.csv"), "uid,event_timestamp\n1,2024-01-01T10:00:00Z\n").unwrap();
     std::fs::write(repo.join("naive.csv"), "user_id,event_timestamp\n1,2024-01-01T10:00:00\n").unwrap();
-    let cases: [(&[&str], &[&str]); 5] = [
+    // Issue 53: a key that does not parse is named by its row and column, as ingest names it.
+    std::fs::write(repo.join("badkey.csv"), "user_id,event_timestamp\n1,2024-01-01T10:00:00Z\nx7,2024-01-01T10:00:00Z\n").unwrap();
+    let cases: [(&[&str], &[&str]); 6] = [
+        (&["--spine", "badkey.csv", "--features", "score:score"], &["badkey.csv", "row 2: column `user_id`: `x7` does not parse as int64"]),
         (
             &["--spine", "nokeys.csv", "--features", "score:score"],
             &["nokeys.csv", "missing join key column `user_id` needed by feature view `score`"],

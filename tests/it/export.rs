@@ -82,7 +82,8 @@ fn export_writes_shards_and_a_manifest_that_rebuilds_them_exactly() {
     assert_eq!(m["spine"]["sha256"].as_str().unwrap(), sha256(&repo.join(spine)));
 
     // Exporting the same again into the same folder is a no-op; another set is refused.
-    ok(&repo, &["export", "--service", "ranker_v1", "--spine", spine, "--out", "ts1", "--shard-rows", "100"]);
+    let again = ok(&repo, &["export", "--service", "ranker_v1", "--spine", spine, "--out", "ts1", "--shard-rows", "100"]);
+    assert!(again.contains("was already in ts1") && again.contains("nothing written"), "{again}");
     fails_alone(
         &repo,
         &["export", "--service", "ranker_v1", "--spine", spine, "--out", "ts1", "--shard-rows", "50"],
@@ -157,6 +158,40 @@ fn export_refuses_what_cannot_be_done() {
     ok(&repo, &["export", "--service", "ranker_v1", "--spine", "spine2.parquet", "--out", "ts", "--shard-rows", "500"]);
     std::fs::copy(repo.join("sample_data/driver_hourly.parquet"), repo.join("spine2.parquet")).unwrap();
     fails_alone(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "ts2"], 1, &["the spine changed since the export"]);
+}
+
+/// Issue 53: `--reproduce` compares what the training set read, not the registry's
+/// version: an apply of something else reproduces byte for byte; a change to a view it
+/// read is refused, naming the view, and nothing is written.
+#[test]
+fn reproduce_survives_an_unrelated_apply_and_names_a_change_to_what_it_read() {
+    let (_tmp, repo) = demo();
+    ok(&repo, &["export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "ts", "--shard-rows", "200"]);
+    let yaml = std::fs::read_to_string(repo.join("features.yaml")).unwrap();
+    assert!(yaml.trim_end().ends_with("customer_rides:fare_sum_1h"), "the services come last: {yaml}");
+    // Another service, and a new description of a view the set reads: nothing it read.
+    let unrelated = yaml.replace("description: Hourly driver quality statistics.", "description: Hourly driver statistics.")
+        + "  - name: other\n    features: [driver_customer:avg_rating]\n";
+    std::fs::write(repo.join("features.yaml"), &unrelated).unwrap();
+    ok(&repo, &["apply"]);
+    let out = ok(&repo, &["export", "--reproduce", "ts/manifest.json", "--out", "ts2"]);
+    assert!(out.contains("every shard identical to the manifest"), "{out}");
+    let m = manifest(&repo.join("ts"));
+    assert_eq!(manifest(&repo.join("ts2"))["training_set_id"], m["training_set_id"]);
+    for s in m["shards"].as_array().unwrap() {
+        let f = s["file"].as_str().unwrap();
+        assert_eq!(std::fs::read(repo.join("ts").join(f)).unwrap(), std::fs::read(repo.join("ts2").join(f)).unwrap(), "{f}");
+    }
+    // The ttl of a view it read: refused by name.
+    std::fs::write(repo.join("features.yaml"), unrelated.replace("ttl: 2h", "ttl: 3h")).unwrap();
+    ok(&repo, &["apply", "--force"]);
+    fails_alone(
+        &repo,
+        &["export", "--reproduce", "ts/manifest.json", "--out", "ts3"],
+        1,
+        &["cannot reproduce: feature view `driver_hourly` changed since the export read it (registry version 1 then, 3 now)"],
+    );
+    assert!(!repo.join("ts3").exists(), "nothing written");
 }
 
 /// Issue 14: `--reproduce` into the original folder rebuilds every shard and checks it

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use rand::{Rng, SeedableRng};
 
-use crate::common::{self, fails, ok};
+use crate::common::{self, fails, fails_with, ok};
 
 const FEATURES: &str = r#"entities:
   - {name: user, join_keys: [{name: user_id, dtype: int64}]}
@@ -281,9 +281,15 @@ fn monitor_finds_injected_drift_and_stays_quiet_on_stable_windows() {
     fn with<'a>(features: &'a str, range: &[&'a str]) -> Vec<&'a str> {
         [&["monitor", "--features", features][..], range].concat()
     }
-    fails(dir, &with("m:nope", &range), &["m:nope"]);
-    fails(dir, &with("ev:x_sum_1d", &range), &["`ev:x_sum_1d` is an aggregation of an event log", "offline:2026-01-01T00:00:00Z.."]);
-    fails(
+    // Each exits 2: a comparison that could not run, told from a breach (1).
+    fails_with(dir, &with("m:nope", &range), 2, &["m:nope"]);
+    fails_with(
+        dir,
+        &with("ev:x_sum_1d", &range),
+        2,
+        &["`ev:x_sum_1d` is an aggregation of an event log", "offline:2026-01-01T00:00:00Z.."],
+    );
+    fails_with(
         dir,
         &[
             "monitor",
@@ -294,9 +300,10 @@ fn monitor_finds_injected_drift_and_stays_quiet_on_stable_windows() {
             "--current",
             "offline:2026-02-01..2026-03-01",
         ],
+        2,
         &["offline:2025-01-01T00:00:00Z..2025-02-01T00:00:00Z: no rows of feature view `m` have event times in the window"],
     );
-    fails(
+    fails_with(
         dir,
         &[
             "monitor",
@@ -307,21 +314,25 @@ fn monitor_finds_injected_drift_and_stays_quiet_on_stable_windows() {
             "--current",
             "offline:2026-02-01..2026-03-01",
         ],
+        2,
         &["--reference `offline:2026-02-01..2026-01-01`", "is not before"],
     );
-    fails(
+    fails_with(
         dir,
         &["monitor", "--features", "m:stable", "--reference", "yesterday", "--current", "serving:1h..now"],
+        2,
         &["--reference `yesterday`", "expected training:DIR, offline:T1..T2 or serving:T1..T2"],
     );
-    fails(
+    fails_with(
         dir,
         &["monitor", "--features", "m:stable", "--reference", "training:nowhere", "--current", "serving:1h..now"],
+        2,
         &["nowhere/manifest.json"],
     );
-    fails(
+    fails_with(
         dir,
         &["monitor", "--features", "m:stable", "--reference", "offline:2026-01-01..2026-02-01", "--current", "serving:1h..now"],
+        2,
         &["nothing logged for view `m`"],
     );
     assert_eq!(std::fs::read_dir(dir.join(".quiver/monitor")).unwrap().count(), 3, "a refused run stores nothing");
@@ -450,10 +461,10 @@ fn monitor_finds_skew_between_a_training_set_and_what_was_served() {
     };
     stop(child);
     // The served scores are the trained ones moved into (0.5, 1): KS 0.5, and PSI as
-    // `quiver monitor` computed it from the log (the server counts exactly into the
-    // reference's bins; the report's current side is a sketch).
+    // `quiver monitor` computed it from the log of the same answers (both count the
+    // served values exactly into the reference's bins).
     let live_psi = gauge(&metrics, "quiver_feature_psi", "score").unwrap();
-    assert!((live_psi - score["psi"].as_f64().unwrap()).abs() < 0.2, "{live_psi} vs {score}");
+    assert!((live_psi - score["psi"].as_f64().unwrap()).abs() <= 1e-9, "{live_psi} vs {score}");
     assert!((gauge(&metrics, "quiver_feature_ks", "score").unwrap() - 0.5).abs() <= 0.02, "{metrics}");
     assert_eq!(gauge(&metrics, "quiver_feature_null_rate", "score"), score["null_rate"]["current"].as_f64(), "{metrics}");
     assert_eq!(gauge(&metrics, "quiver_feature_breach", "score"), Some(1.0), "{metrics}");
@@ -475,18 +486,200 @@ fn monitor_finds_skew_between_a_training_set_and_what_was_served() {
     old.as_object_mut().unwrap().remove("profile");
     std::fs::create_dir_all(dir.join("old")).unwrap();
     std::fs::write(dir.join("old/manifest.json"), old.to_string()).unwrap();
-    fails(
+    fails_with(
         dir,
         &["monitor", "--service", "model", "--reference", "training:old", "--current", &served],
+        2,
         &["old/manifest.json: the manifest has no profile", "export the training set again"],
     );
     let mut partial = manifest.clone();
     partial["profile"].as_object_mut().unwrap().remove("s:plan");
     std::fs::create_dir_all(dir.join("partial")).unwrap();
     std::fs::write(dir.join("partial/manifest.json"), partial.to_string()).unwrap();
-    fails(
+    fails_with(
         dir,
         &["monitor", "--service", "model", "--reference", "training:partial", "--current", &served],
+        2,
         &["has no feature `s:plan` (it holds: s:score)"],
     );
+}
+
+/// `quiver monitor`'s exit code tells a breach (1) from a comparison that could not run
+/// (2, where every other command's bad input exits 1): an unknown feature, an empty
+/// window, a bad window, neither `--service` nor `--features` (which names both). Its
+/// `--help` names every window kind for either window.
+#[test]
+fn monitor_exits_1_on_a_breach_and_2_on_an_error_and_its_help_names_every_window() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    repo(dir, FEATURES);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let (jan, feb) = (month(&mut rng, JAN, 3000, false), month(&mut rng, FEB, 3000, true));
+    std::fs::write(dir.join("jan.jsonl"), jsonl(&jan)).unwrap();
+    std::fs::write(dir.join("feb.jsonl"), jsonl(&feb)).unwrap();
+    ok(dir, &["ingest", "m", "jan.jsonl"]);
+    ok(dir, &["ingest", "m", "feb.jsonl"]);
+    let (jan_w, feb_w) = ("offline:2026-01-01..2026-02-01", "offline:2026-02-01..2026-03-01");
+
+    let (code, report) = monitor(dir, &["--features", "m:shifted", "--reference", jan_w, "--current", feb_w]);
+    assert_eq!(code, Some(1), "a breach: {report}");
+    assert_eq!(breaches(feature(&report, "m:shifted")), ["psi", "ks"]);
+    let (code, report) = monitor(dir, &["--features", "m:stable", "--reference", jan_w, "--current", feb_w]);
+    assert_eq!(code, Some(0), "{report}");
+
+    fails_with(dir, &["monitor", "--features", "m:nope", "--reference", jan_w, "--current", feb_w], 2, &["m:nope"]);
+    fails_with(
+        dir,
+        &["monitor", "--features", "m:stable", "--reference", "offline:2025-01-01..2025-02-01", "--current", feb_w],
+        2,
+        &["no rows of feature view `m` have event times in the window"],
+    );
+    fails_with(
+        dir,
+        &["monitor", "--features", "m:stable", "--reference", "last month", "--current", feb_w],
+        2,
+        &["--reference `last month`"],
+    );
+    // Neither names the features: a usage error (2) naming both.
+    let out = common::quiver(dir, &["monitor", "--reference", jan_w, "--current", feb_w], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--service") && err.contains("--features"), "{err}");
+
+    let help = ok(dir, &["monitor", "--help"]);
+    let at = |flag: &str| help.rfind(flag).unwrap_or_else(|| panic!("no {flag} in {help}"));
+    let (reference, current) =
+        (&help[at("--reference <REFERENCE>")..at("--current <CURRENT>")], &help[at("--current <CURRENT>")..at("--json")]);
+    for kind in ["training:DIR", "offline:T1..T2", "serving:T1..T2"] {
+        assert!(reference.contains(kind), "--reference's help lacks {kind}: {reference}");
+        assert!(current.contains(kind), "--current's help lacks {kind}: {current}");
+    }
+}
+
+/// The same served rows, NaN and the infinities among them, through the server's live
+/// window (`/metrics`) and through `quiver monitor` over the serving log: one PSI, to
+/// 1e-9, equal to PSI computed here over the report's bins by a plain loop; NaN and
+/// infinities are values (served as `"NaN"`, `"Infinity"`, `"-Infinity"`), not nulls,
+/// counted apart on both sides and in the training set's profile.
+#[test]
+fn the_gauge_and_the_report_give_one_psi_for_the_same_served_rows() {
+    use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    repo(dir, SERVED);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let plans = ["free", "pro", "team"];
+    let users = 1000usize;
+    let mut scores: Vec<Option<f64>> = (0..users).map(|_| Some(rng.random::<f64>())).collect();
+    scores[..4].copy_from_slice(&[Some(f64::NAN), Some(f64::INFINITY), Some(f64::NEG_INFINITY), None]);
+    let batch = RecordBatch::try_from_iter([
+        ("user_id", Arc::new(Int64Array::from_iter_values(0..users as i64)) as ArrayRef),
+        ("ts", Arc::new(TimestampMicrosecondArray::from_iter_values((0..users).map(|_| JAN)).with_timezone("UTC"))),
+        ("score", Arc::new(Float64Array::from(scores.clone()))),
+        ("plan", Arc::new(StringArray::from_iter_values((0..users).map(|u| plans[u % 3])))),
+    ])
+    .unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(dir.join("s.parquet")).unwrap(), batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    ok(dir, &["ingest", "s", "s.parquet"]);
+    let mut spine = "user_id,event_timestamp\n".to_string();
+    for u in 0..users {
+        writeln!(spine, "{u},2026-01-02T00:00:00Z").unwrap();
+    }
+    std::fs::write(dir.join("spine.csv"), spine).unwrap();
+    ok(dir, &["export", "--service", "model", "--spine", "spine.csv", "--out", "train"]);
+    ok(dir, &["materialize", "2025-12-01T00:00:00Z", "2026-02-01T00:00:00Z"]);
+    // Users from 10 on served moved values (pushed online only), the first ten as trained.
+    let mut moved = "user_id,ts,score,plan\n".to_string();
+    let mut served: Vec<Option<f64>> = scores.clone();
+    for u in 10..users {
+        let x = scores[u].unwrap() * 0.5 + 0.5;
+        served[u] = Some(x);
+        writeln!(moved, "{u},2026-01-03T00:00:00Z,{x},pro").unwrap();
+    }
+    std::fs::write(dir.join("moved.csv"), moved).unwrap();
+    ok(dir, &["push", "s", "moved.csv", "--to", "online"]);
+
+    let config = std::fs::read_to_string(dir.join("quiver.yaml")).unwrap();
+    std::fs::write(dir.join("quiver.yaml"), format!("{config}monitoring:\n  reference: training:train\n  window: 1h\n")).unwrap();
+    let began = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+    let (child, port) = common::spawn_serve(dir);
+    let ask = |ids: &[usize]| {
+        let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        let body = format!(r#"{{"entities": {{"user_id": [{}]}}, "feature_service": "model"}}"#, ids.join(","));
+        let (status, answer) = common::http(port, "POST", "/get-online-features", &body);
+        assert_eq!(status, "HTTP/1.1 200 OK", "{answer}");
+    };
+    for chunk in (0..users).collect::<Vec<_>>().chunks(100) {
+        ask(chunk);
+    }
+    ask(&(5000..5200).collect::<Vec<_>>());
+    let gauge = |text: &str, name: &str, feature: &str| -> Option<f64> {
+        let prefix = format!("{name}{{view=\"s\",feature=\"{feature}\",reference=\"training:train\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap())
+    };
+    let lookups = 1200.0;
+    let started = std::time::Instant::now();
+    let metrics = loop {
+        let (_, text) = common::http(port, "GET", "/metrics", "");
+        if gauge(&text, "quiver_feature_not_found_rate", "score").is_some_and(|r| (r - 200.0 / lookups).abs() < 1e-12) {
+            break text;
+        }
+        assert!(started.elapsed().as_secs() < 20, "no gauges: {text}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+
+    let window = format!("serving:{}..now", began.to_rfc3339());
+    let (code, report) = monitor(dir, &["--service", "model", "--reference", "training:train", "--current", &window]);
+    assert_eq!(code, Some(1), "{report}");
+    let score = feature(&report, "s:score");
+    assert_eq!(score["count"]["current"], 1200, "{score}");
+    assert!(score["bins"].get("current_error").is_none(), "counted, not read off a sketch: {score}");
+    let report_psi = score["psi"].as_f64().unwrap();
+    let live_psi = gauge(&metrics, "quiver_feature_psi", "score").unwrap();
+    assert!((live_psi - report_psi).abs() <= 1e-9, "gauge {live_psi} vs report {report_psi}");
+    let plan_psi = feature(&report, "s:plan")["psi"].as_f64().unwrap();
+    assert!((gauge(&metrics, "quiver_feature_psi", "plan").unwrap() - plan_psi).abs() <= 1e-9, "{metrics}");
+
+    // PSI over the report's bins, by hand: every finite served value in the first bin
+    // whose edge is at or above it, else the last.
+    let numbers = |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+    let (edges, reference) = (numbers(&score["bins"]["edges"]), numbers(&score["bins"]["reference"]));
+    let mut counts = vec![0usize; edges.len() + 1];
+    for x in served.iter().flatten().filter(|x| x.is_finite()) {
+        let mut k = edges.len();
+        for (i, e) in edges.iter().enumerate() {
+            if x <= e {
+                k = i;
+                break;
+            }
+        }
+        counts[k] += 1;
+    }
+    let total: usize = counts.iter().sum();
+    assert_eq!(total, users - 4);
+    let direct: f64 = reference
+        .iter()
+        .zip(&counts)
+        .map(|(r, k)| {
+            let (r, c) = (r.max(1e-4), (*k as f64 / total as f64).max(1e-4));
+            (c - r) * (c / r).ln()
+        })
+        .sum();
+    assert!((report_psi - direct).abs() <= 1e-9, "report {report_psi} vs direct {direct}");
+
+    // NaN and the infinities: values on every side, counted apart; the one null and the
+    // 200 lookups that found nothing are the nulls.
+    assert_eq!(score["non_finite_rate"], serde_json::json!({"reference": 3.0 / 1000.0, "current": 3.0 / lookups}), "{score}");
+    assert_eq!(score["null_rate"], serde_json::json!({"reference": 1.0 / 1000.0, "current": 201.0 / lookups}), "{score}");
+    assert_eq!(gauge(&metrics, "quiver_feature_non_finite_rate", "score"), Some(3.0 / lookups), "{metrics}");
+    assert_eq!(gauge(&metrics, "quiver_feature_null_rate", "score"), Some(201.0 / lookups), "{metrics}");
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("train/manifest.json")).unwrap()).unwrap();
+    let trained = &manifest["profile"]["s:score"];
+    let counted = (trained["nulls"].as_u64(), trained["numbers"]["nan"].as_u64(), trained["numbers"]["infinite"].as_u64());
+    assert_eq!(counted, (Some(1), Some(1), Some(2)), "{trained}");
 }

@@ -458,12 +458,14 @@ async fn raw_rows_are_checked_as_their_columns_say() {
         format!("customer_id,event_timestamp,amount_cents,status,country_raw,items\nc1,{t},1,failed,FR,1\nc2,{t},1,,FR,1\n"),
     )
     .unwrap();
-    fails(
-        &dir,
-        &["ingest", "payments", "failed.csv"],
-        &["failed.csv", "all 2 rows fail the source filter `status = 'ok'`", "nothing to ingest"],
-    );
-    fails(&dir, &["push", "payments", "failed.csv"], &["all 2 rows fail the source filter", "nothing to push"]);
+    // Issue 53: a file whose every row fails the filter (a day of only failed payments)
+    // is not an error: nothing is written, and the summary says what was dropped.
+    let out = ok(&dir, &["ingest", "payments", "failed.csv"]);
+    assert!(out.contains("ingested no rows into payments: 2 rows dropped by the source filter"), "{out}");
+    assert!(out.contains("nothing appended"), "{out}");
+    let out = ok(&dir, &["push", "payments", "failed.csv"]);
+    assert!(out.contains("pushed no rows into payments: 2 rows dropped by the source filter"), "{out}");
+    assert!(delta_rows(&dir).await.is_empty(), "nothing was written");
     // `/push`: a raw value of the wrong type is a 400 naming the row and the column;
     // a push whose every row fails the filter writes nothing and says so.
     let mut df = raw_df(&raw_rows(3, 5));
@@ -500,7 +502,8 @@ async fn a_late_row_failing_the_filter_never_replaces_one_that_passed() {
     write_jsonl(&dir.join("early.jsonl"), &[row(T0, 500, "ok")]);
     write_jsonl(&dir.join("late.jsonl"), &[row(T0 + HOUR, 999_999, "failed")]);
     ok(&dir, &["push", "payments", "early.jsonl"]);
-    fails(&dir, &["push", "payments", "late.jsonl"], &["all 1 rows fail the source filter"]);
+    let out = ok(&dir, &["push", "payments", "late.jsonl"]);
+    assert!(out.contains("pushed no rows into payments: 1 row dropped by the source filter"), "{out}");
     let online = online_row(&dir, "c1").await.unwrap();
     assert_eq!((online.ts, online.amount), (T0, Some(5.0)));
     assert_eq!(delta_rows(&dir).await.len(), 1);
@@ -510,4 +513,51 @@ async fn a_late_row_failing_the_filter_never_replaces_one_that_passed() {
     let batch =
         parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap().build().unwrap().next().unwrap().unwrap();
     assert_eq!(batch.column_by_name("payments__amount").unwrap().as_primitive::<Float64Type>().value(0), 5.0);
+}
+
+/// Issue 53: a column normalized in place — `raw: [country]` and the feature `country:
+/// lower(country)`, as `SELECT lower(country) AS country` — applies, and what `ingest`
+/// and `quiver push` store under the name is the computed value: the join and the
+/// online store answer it.
+#[test]
+fn a_raw_column_is_normalized_in_place() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("quiver.yaml"),
+        "project: shaped\nregistry: registry.json\noffline_store:\n  path: data\nonline_store:\n  type: embedded\n  path: online.db\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("features.yaml"),
+        r#"entities:
+  - {name: customer, join_keys: [{name: customer_id, dtype: string}]}
+feature_views:
+  - name: customers
+    entities: [customer]
+    source: {timestamp_field: event_timestamp, raw: [{name: country, dtype: string}]}
+    features:
+      - {name: country, dtype: string, expr: "lower(country)"}
+"#,
+    )
+    .unwrap();
+    ok(&dir, &["apply"]);
+    let t = rfc3339(T0);
+    std::fs::write(dir.join("a.csv"), format!("customer_id,event_timestamp,country\nc1,{t},FR\nc2,{t},De\n")).unwrap();
+    let out = ok(&dir, &["ingest", "customers", "a.csv"]);
+    assert!(out.contains("ingested 2 rows into customers"), "{out}");
+    std::fs::write(dir.join("b.jsonl"), format!("{{\"customer_id\": \"c3\", \"event_timestamp\": \"{t}\", \"country\": \"ES\"}}\n"))
+        .unwrap();
+    ok(&dir, &["push", "customers", "b.jsonl"]);
+    let later = rfc3339(T0 + HOUR);
+    std::fs::write(dir.join("spine.csv"), format!("customer_id,event_timestamp\nc1,{later}\nc2,{later}\nc3,{later}\n")).unwrap();
+    ok(&dir, &["historical", "--spine", "spine.csv", "--features", "customers:country", "--out", "out.parquet"]);
+    let file = File::open(dir.join("out.parquet")).unwrap();
+    let batch =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap().build().unwrap().next().unwrap().unwrap();
+    let country = arrow::compute::cast(batch.column_by_name("customers__country").unwrap(), &arrow::datatypes::DataType::Utf8).unwrap();
+    assert_eq!(country.as_string::<i32>().iter().collect::<Vec<_>>(), [Some("fr"), Some("de"), Some("es")]);
+    let out = ok(&dir, &["online", "--features", "customers:country", "--entity", "customer_id=c3"]);
+    assert!(out.lines().any(|l| l.starts_with("customers__country") && l.contains("\"es\"") && l.contains("PRESENT")), "{out}");
 }

@@ -2,16 +2,18 @@
 //! functions an expression may use, and its size bound. Checked on the parsed
 //! expression, before it is planned.
 
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion, TreeNodeVisitor};
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::logical_expr::{Expr, Operator};
+
+use crate::chain;
 
 /// The longest expression text: a bound checked before parsing, so a pathological
 /// expression is refused at once.
 pub const MAX_EXPR_CHARS: usize = 10_000;
 
-/// The most nodes (names, literals, operators, calls) one expression may have.
-pub const MAX_EXPR_NODES: usize = 1_000;
+/// The most terms — names, literals, operators and function calls — one expression may
+/// have: a linear score of 1,000 weighted features has about 4,000.
+pub const MAX_EXPR_NODES: usize = 5_000;
 
 /// The functions of the language, by DataFusion's name for them (their aliases, such as
 /// `length`, `pow`, `substring`, `extract`, `dot_product`, parse to these; a list
@@ -48,64 +50,87 @@ pub const FUNCTIONS: &[&str] = &[
     "quiver_float_remainder",
 ];
 
-/// Refuses an expression text longer than [`MAX_EXPR_CHARS`].
+/// The functions of the language as an expression writes them, aliases included.
+pub(crate) const WRITTEN: &str = "abs, array_distance, array_element, array_length, ceil, character_length, coalesce, concat, \
+    cosine_distance, date_part, dot_product, exp, extract, floor, greatest, inner_product, least, length, ln, log10, lower, \
+    nullif, pow, power, round, sqrt, starts_with, substr, substring, upper";
+
+/// Refuses an empty expression text, and one longer than [`MAX_EXPR_CHARS`].
 pub(crate) fn size(text: &str) -> Result<(), String> {
     if text.trim().is_empty() {
         return Err("empty expression".into());
     }
-    if text.len() > MAX_EXPR_CHARS {
-        return Err(format!("the expression is {} characters long; at most {MAX_EXPR_CHARS} are allowed", text.len()));
+    let chars = text.chars().count();
+    if chars > MAX_EXPR_CHARS {
+        return Err(format!("the expression is {chars} characters long; at most {MAX_EXPR_CHARS} are allowed"));
     }
     Ok(())
 }
 
-/// Refuses any construct outside the language, more than [`MAX_EXPR_NODES`] nodes and
-/// nesting deeper than [`MAX_EXPR_DEPTH`].
-pub(crate) fn language(expr: &Expr) -> Result<(), String> {
-    let mut check = Check { nodes: 0, depth: 0, refused: None };
-    let _ = expr.visit(&mut check);
-    check.refused.map_or(Ok(()), Err)
+/// Refuses any construct outside the language (`text` is the expression as written,
+/// for the names of its functions), more than [`MAX_EXPR_NODES`] terms and nesting
+/// deeper than [`MAX_EXPR_DEPTH`].
+pub(crate) fn language(expr: &Expr, text: &str) -> Result<(), String> {
+    Check { nodes: 0, text }.walk(expr, 1)
 }
 
-/// The deepest an expression may nest (`a + b + c` is two deep): evaluation recurses
-/// once per level, on the server's threads too.
+/// The deepest an expression may nest: each operand, argument or `CASE` part is one
+/// level below its operator, function or `CASE`, except that a chain of one operator
+/// (`a + b - c + ...`, `a * b * c`, `p AND q AND r`) is one level however long it is.
+/// Evaluation recurses once per level, on the server's threads too (a chain is
+/// computed in a loop, `chain::Chain`).
 pub const MAX_EXPR_DEPTH: usize = 100;
 
-struct Check {
-    nodes: usize,
-    depth: usize,
-    refused: Option<String>,
+/// Why an expression nesting deeper than [`MAX_EXPR_DEPTH`] is refused.
+pub(crate) fn too_deep() -> String {
+    format!(
+        "the expression nests more than {MAX_EXPR_DEPTH} levels deep (each operand, argument or CASE part is a level below \
+         its operator, function or CASE; a chain of one operator, `a + b - c + ...`, is one level)"
+    )
 }
 
-impl<'n> TreeNodeVisitor<'n> for Check {
-    type Node = Expr;
+struct Check<'t> {
+    nodes: usize,
+    text: &'t str,
+}
 
-    fn f_down(&mut self, e: &'n Expr) -> Result<TreeNodeRecursion> {
-        self.nodes += 1;
-        self.depth += 1;
-        let refused = if self.nodes > MAX_EXPR_NODES {
-            Err(format!("the expression has more than {MAX_EXPR_NODES} terms"))
-        } else if self.depth > MAX_EXPR_DEPTH {
-            Err(format!("the expression nests more than {MAX_EXPR_DEPTH} deep"))
-        } else {
-            allowed(e)
-        };
-        match refused {
-            Ok(()) => Ok(TreeNodeRecursion::Continue),
-            Err(reason) => {
-                self.refused = Some(reason);
-                Ok(TreeNodeRecursion::Stop)
+impl Check<'_> {
+    /// `e`, at nesting level `depth`, and all it holds; a chain of one operator (a
+    /// left-deep tree as parsed) walked down its left side without recursing.
+    fn walk(&mut self, e: &Expr, depth: usize) -> Result<(), String> {
+        let mut e = e;
+        loop {
+            self.node(e, depth)?;
+            let Expr::BinaryExpr(b) = e else { break };
+            let Some(g) = chain::group(&b.op) else { break };
+            self.walk(&b.right, depth + 1)?;
+            match b.left.as_ref() {
+                Expr::BinaryExpr(left) if chain::group(&left.op) == Some(g) => e = b.left.as_ref(),
+                left => return self.walk(left, depth + 1),
             }
         }
+        let mut result = Ok(());
+        e.apply_children(|child| {
+            result = self.walk(child, depth + 1);
+            Ok(if result.is_ok() { TreeNodeRecursion::Continue } else { TreeNodeRecursion::Stop })
+        })
+        .expect("walking does not fail");
+        result
     }
 
-    fn f_up(&mut self, _e: &'n Expr) -> Result<TreeNodeRecursion, DataFusionError> {
-        self.depth -= 1;
-        Ok(TreeNodeRecursion::Continue)
+    fn node(&mut self, e: &Expr, depth: usize) -> Result<(), String> {
+        self.nodes += 1;
+        if self.nodes > MAX_EXPR_NODES {
+            return Err(format!("the expression has more than {MAX_EXPR_NODES} terms (names, literals, operators and function calls)"));
+        }
+        if depth > MAX_EXPR_DEPTH {
+            return Err(too_deep());
+        }
+        allowed(e, self.text)
     }
 }
 
-fn allowed(e: &Expr) -> Result<(), String> {
+fn allowed(e: &Expr, text: &str) -> Result<(), String> {
     let refuse = |what: &str| Err(format!("{what} is not part of the expression language (see docs/transformations.md)"));
     match e {
         Expr::Column(_) | Expr::Literal(..) | Expr::Not(_) | Expr::IsNull(_) | Expr::IsNotNull(_) | Expr::Negative(_) => Ok(()),
@@ -132,7 +157,11 @@ fn allowed(e: &Expr) -> Result<(), String> {
         Expr::Like(_) => refuse("ILIKE"),
         Expr::ScalarFunction(f) => {
             let name = f.func.name();
-            if FUNCTIONS.contains(&name) { Ok(()) } else { refuse(&format!("the function `{name}`")) }
+            if FUNCTIONS.contains(&name) {
+                Ok(())
+            } else {
+                Err(format!("the function `{}` is not part of the expression language (its functions: {WRITTEN})", written(text, name)))
+            }
         }
         Expr::AggregateFunction(f) => Err(format!("the aggregate `{}` is not allowed: an expression reads one row", f.func.name())),
         Expr::WindowFunction(_) => Err("window functions are not allowed: an expression reads one row".into()),
@@ -148,4 +177,22 @@ fn allowed(e: &Expr) -> Result<(), String> {
         }
         other => refuse(&format!("`{}`", other.variant_name())),
     }
+}
+
+/// The name `text` calls DataFusion's function `name` by, as written (`trim` for
+/// `btrim`, an alias); `name` when no call in `text` resolves to it.
+fn written(text: &str, name: &str) -> String {
+    use datafusion::execution::FunctionRegistry;
+    let calls = |word: &str| crate::SESSION.udf(word).is_ok_and(|f| f.name() == name);
+    let mut rest = text;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        let tail = &rest[start..];
+        let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        let (word, after) = tail.split_at(end);
+        if after.trim_start().starts_with('(') && (calls(word) || calls(&word.to_lowercase())) {
+            return word.to_string();
+        }
+        rest = after;
+    }
+    name.to_string()
 }

@@ -23,6 +23,8 @@ use datafusion::logical_expr::{ColumnarValue, Operator};
 use datafusion::physical_expr::expressions::{BinaryExpr, CaseExpr, CastExpr, Column, NegativeExpr};
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 
+use crate::chain::Chain;
+
 thread_local! {
     /// During one evaluation of a whole expression: its batch's rows, and those a
     /// [`Lenient`] part could not compute.
@@ -38,8 +40,15 @@ pub(crate) fn marking<T>(rows: usize, evaluate: impl FnOnce() -> T) -> (T, Optio
     (out, marked)
 }
 
-/// Wraps every part of `expr` that may fail and that every row reaches in a [`Lenient`].
+/// Wraps every part of `expr` that may fail and that every row reaches in a [`Lenient`]
+/// (a chain's links: lenient themselves, [`Chain`]).
 pub(crate) fn wrap(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
+    if let Some(chain) = expr.downcast_ref::<Chain>() {
+        if chain.chooses() {
+            return Ok(expr);
+        }
+        return Ok(Arc::new(chain.leniently(|part| wrap(part, schema))?));
+    }
     let chooses = expr.downcast_ref::<CaseExpr>().is_some()
         || expr.downcast_ref::<BinaryExpr>().is_some_and(|b| matches!(b.op(), Operator::And | Operator::Or));
     let children = expr.children();
@@ -60,6 +69,17 @@ fn may_fail(expr: &Arc<dyn PhysicalExpr>) -> bool {
         || expr.downcast_ref::<CastExpr>().is_some()
         || expr.downcast_ref::<ScalarFunctionExpr>().is_some()
         || expr.downcast_ref::<NegativeExpr>().is_some()
+}
+
+/// `part` — an operation every row of `batch` reaches, a link of a [`Chain`] — over
+/// `batch`, as a [`Lenient`] part computes it: null for the rows it cannot compute, and
+/// those rows marked.
+pub(crate) fn evaluate_part(part: Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Result<ColumnarValue, DataFusionError> {
+    let error = match part.evaluate(batch) {
+        Ok(value) => return Ok(value),
+        Err(e) => e,
+    };
+    Lenient::new(part, batch.schema_ref())?.recovered(batch, error)
 }
 
 /// A part of an expression that gives null for the rows it cannot compute, and marks
@@ -186,18 +206,10 @@ impl PhysicalExpr for Lenient {
     }
 
     fn evaluate(&self, batch: &RecordBatch) -> datafusion::common::Result<ColumnarValue> {
-        let error = match self.inner.evaluate(batch) {
-            Ok(value) => return Ok(value),
-            Err(e) => e,
-        };
-        let mut failed = Vec::new();
-        let Some(out) = self.recover(batch, &mut failed) else { return Err(error) };
-        MARKED.with(|m| {
-            if let Some((_, marked)) = m.borrow_mut().as_mut() {
-                marked.extend(failed);
-            }
-        });
-        Ok(ColumnarValue::Array(out))
+        match self.inner.evaluate(batch) {
+            Ok(value) => Ok(value),
+            Err(error) => self.recovered(batch, error),
+        }
     }
 
     fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
@@ -215,6 +227,19 @@ impl PhysicalExpr for Lenient {
 }
 
 impl Lenient {
+    /// After `inner` failed with `error` over `batch`: its value with the rows it cannot
+    /// compute null, those rows marked; `error` when it cannot tell them.
+    fn recovered(&self, batch: &RecordBatch, error: DataFusionError) -> datafusion::common::Result<ColumnarValue> {
+        let mut failed = Vec::new();
+        let Some(out) = self.recover(batch, &mut failed) else { return Err(error) };
+        MARKED.with(|m| {
+            if let Some((_, marked)) = m.borrow_mut().as_mut() {
+                marked.extend(failed);
+            }
+        });
+        Ok(ColumnarValue::Array(out))
+    }
+
     fn clone_parts(&self) -> Lenient {
         Lenient {
             inner: Arc::clone(&self.inner),

@@ -16,7 +16,7 @@ use std::sync::{Arc, LazyLock};
 
 use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, RecordBatchOptions, new_null_array};
 use arrow::compute::{cast, concat};
-use arrow::datatypes::{DataType, Field, FieldRef, SchemaRef};
+use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DFSchema, DataFusionError, TableReference};
 use datafusion::logical_expr::expr::ScalarFunction;
@@ -29,6 +29,7 @@ use datafusion::physical_expr::expressions::BinaryExpr;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
+mod chain;
 mod check;
 mod lenient;
 
@@ -36,6 +37,9 @@ pub use check::{FUNCTIONS, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_NODES};
 
 /// A column an expression may read: `qualifier.name` (an input view's feature or its
 /// `event_timestamp`) or a bare `name` (a request field, a join key, `request_time`).
+/// A bare name in an expression is the bare column of that name when there is one, even
+/// where a qualified column has the same name (`amount` beside `stats.amount`); else the
+/// one qualified column of that name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Column {
     pub qualifier: Option<String>,
@@ -69,7 +73,8 @@ pub struct Output {
     pub expr: String,
 }
 
-/// Why an expression was refused, naming the feature and the expression.
+/// Why an expression was refused, naming the feature and the expression (its first 80
+/// characters when it is longer than 100, [`shown`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("feature `{feature}`: `{expr}`: {reason}")]
 pub struct ExprError {
@@ -106,10 +111,14 @@ pub struct Evaluated {
 }
 
 /// The session expressions are planned in: DataFusion's functions plus the float
-/// division that refuses a zero divisor, names case-sensitive as written.
+/// division that refuses a zero divisor, names case-sensitive as written, and a parser
+/// that nests deeper than any expression within [`MAX_EXPR_DEPTH`] needs (its limit is
+/// refused as nesting too deep).
 static SESSION: LazyLock<SessionContext> = LazyLock::new(|| {
     let mut config = SessionConfig::new();
     config.options_mut().sql_parser.enable_ident_normalization = false;
+    config.options_mut().sql_parser.recursion_limit =
+        datafusion::common::config::ConfigNonZeroUsize::try_new(PARSE_DEPTH).expect("a positive parser depth");
     let session = SessionContext::new_with_config(config);
     session.register_udf(ScalarUDF::new_from_impl(FloatDivision::new(false)));
     session.register_udf(ScalarUDF::new_from_impl(FloatDivision::new(true)));
@@ -140,37 +149,39 @@ impl Program {
     }
 
     fn compile_here(columns: &[Column], outputs: &[Output]) -> Result<Program, ExprError> {
-        let fields: Vec<(Option<TableReference>, Arc<Field>)> = columns
-            .iter()
-            .map(|c| (c.qualifier.as_deref().map(TableReference::bare), Arc::new(Field::new(&c.name, c.dtype.clone(), true))))
-            .collect();
-        let refuse = |o: &Output, reason: String| ExprError { feature: o.name.clone(), expr: o.expr.clone(), reason };
-        let df_schema = DFSchema::new_with_metadata(fields, Default::default()).map_err(|e| ExprError {
-            feature: String::new(),
-            expr: String::new(),
-            reason: format!("input columns: {e}"),
+        let refuse = |o: &Output, reason: String| ExprError { feature: o.name.clone(), expr: shown(&o.expr), reason };
+        let schema: SchemaRef =
+            Arc::new(Schema::new(columns.iter().map(|c| Field::new(&c.name, c.dtype.clone(), true)).collect::<Vec<_>>()));
+        // Definitions that passed validation give names a schema holds; any other, the
+        // first output is refused naming them.
+        let (df_schema, positions) = planning_schema(columns).map_err(|e| match outputs.first() {
+            Some(output) => refuse(output, format!("its input columns: {}", plain(&e))),
+            None => ExprError { feature: String::new(), expr: String::new(), reason: format!("input columns: {}", plain(&e)) },
         })?;
-        let schema: SchemaRef = Arc::new(df_schema.as_arrow().clone());
         let mut compiled = Vec::with_capacity(outputs.len());
         for output in outputs {
             check::size(&output.expr).map_err(|r| refuse(output, r))?;
-            let logical = SESSION.parse_sql_expr(&output.expr, &df_schema).map_err(|e| refuse(output, parse_reason(&e, columns)))?;
-            check::language(&logical).map_err(|r| refuse(output, r))?;
-            let logical = rewrite_functions(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
-            // Typed as they will be computed, so the rewrite below sees each operand's type.
             let logical =
-                ExprSimplifier::new(simplify_context(&df_schema)).coerce(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
-            let logical = safe_float_division(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
-            let physical = SESSION.create_physical_expr(logical, &df_schema).map_err(|e| refuse(output, plain(&e)))?;
-            let physical = fail_on_overflow(physical).map_err(|e| refuse(output, plain(&e)))?;
-            let physical = fold_constants(physical, &schema).map_err(|e| refuse(output, plain(&e)))?;
-            let physical = settle_arguments(physical, &schema).map_err(|e| refuse(output, plain(&e)))?;
-            let physical = lenient::wrap(physical, &schema).map_err(|e| refuse(output, plain(&e)))?;
-            let got = physical.data_type(&schema).map_err(|e| refuse(output, plain(&e)))?;
+                SESSION.parse_sql_expr(&output.expr, &df_schema).map_err(|e| refuse(output, parse_reason(&e, &output.expr, columns)))?;
+            check::language(&logical, &output.expr).map_err(|r| refuse(output, r))?;
+            let logical = rewrite_functions(logical, &df_schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            // Typed as they will be computed, so the rewrite below sees each operand's type.
+            let logical = ExprSimplifier::new(simplify_context(&df_schema))
+                .coerce(logical, &df_schema)
+                .map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let logical = safe_float_division(logical, &df_schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let physical = SESSION.create_physical_expr(logical, &df_schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let physical = reindex(physical, &positions).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let physical = fail_on_overflow(physical).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let physical = chain::flatten(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let physical = fold_constants(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let physical = settle_arguments(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let physical = lenient::wrap(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let got = physical.data_type(&schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             if !holds(&output.dtype, &got) {
                 return Err(refuse(
                     output,
-                    format!("computes {}, which a {} feature cannot hold", type_name(&got), type_name(&output.dtype)),
+                    format!("computes {}, which {} feature cannot hold", type_name(&got), with_article(&type_name(&output.dtype))),
                 ));
             }
             compiled.push(Compiled { name: output.name.clone(), dtype: output.dtype.clone(), expr: physical });
@@ -274,6 +285,53 @@ fn holds(declared: &DataType, got: &DataType) -> bool {
         || matches!((declared, got), (List(a), List(b) | LargeList(b)) if a.data_type() == b.data_type())
 }
 
+/// The schema expressions are planned against, and per column of it the column's
+/// position in `columns`: the bare columns first, then the qualified ones. DataFusion
+/// resolves a bare name to the one unqualified column of that name where qualified ones
+/// share it, and finds a column's position by the first of its name: so a bare name is
+/// the bare column (`amount`, a request field), `view.name` the qualified one
+/// (`stats.amount`). Its check that refuses such pairs as ambiguous is not run (a
+/// merge does not run it).
+fn planning_schema(columns: &[Column]) -> Result<(DFSchema, Vec<usize>), DataFusionError> {
+    let (bare, qualified): (Vec<usize>, Vec<usize>) = (0..columns.len()).partition(|&i| columns[i].qualifier.is_none());
+    let field = |i: usize| Arc::new(Field::new(&columns[i].name, columns[i].dtype.clone(), true));
+    let mut schema = DFSchema::new_with_metadata(bare.iter().map(|&i| (None, field(i))).collect(), Default::default())?;
+    let named: Vec<(Option<TableReference>, Arc<Field>)> =
+        qualified.iter().map(|&i| (columns[i].qualifier.as_deref().map(TableReference::bare), field(i))).collect();
+    schema.merge(&DFSchema::new_with_metadata(named, Default::default())?);
+    Ok((schema, bare.into_iter().chain(qualified).collect()))
+}
+
+/// `expr` planned against [`planning_schema`]'s order, reading the columns where
+/// `columns` has them (`positions[i]`: the position of the planning schema's column `i`).
+fn reindex(expr: Arc<dyn PhysicalExpr>, positions: &[usize]) -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
+    use datafusion::physical_expr::expressions::Column as ColumnExpr;
+    expr.transform_up(|e| {
+        let Some(c) = e.downcast_ref::<ColumnExpr>() else { return Ok(Transformed::no(e)) };
+        let at =
+            positions.get(c.index()).copied().ok_or_else(|| DataFusionError::Internal(format!("column {} out of range", c.index())))?;
+        Ok(Transformed::yes(Arc::new(ColumnExpr::new(c.name(), at)) as Arc<dyn PhysicalExpr>))
+    })
+    .map(|t| t.data)
+}
+
+/// An expression as a refusal shows it: whole up to 100 characters, else its first 80
+/// and `…` (a refusal of a 26,000-character expression does not repeat it).
+pub fn shown(expr: &str) -> String {
+    if expr.chars().count() <= 100 {
+        return expr.to_string();
+    }
+    let mut cut: String = expr.chars().take(80).collect();
+    cut.push('…');
+    cut
+}
+
+/// `name` (a type as users write it) after its article: `an int64`, `a float64`.
+pub fn with_article(name: &str) -> String {
+    let vowel = name.starts_with(['a', 'e', 'i', 'o', 'u']);
+    format!("{} {name}", if vowel { "an" } else { "a" })
+}
+
 /// A type as users write it.
 pub fn type_name(t: &DataType) -> String {
     match t {
@@ -302,9 +360,25 @@ fn plain(e: &DataFusionError) -> String {
     text.lines().next().unwrap_or(text).trim().to_string()
 }
 
-/// A parse or name error, with the names an expression may use when a name is unknown.
-fn parse_reason(e: &DataFusionError, columns: &[Column]) -> String {
+/// A parse or name error as a sentence: where the text does not parse (line and
+/// column), an unknown function (with the language's), an unknown name (with the names
+/// an expression may use), an ambiguous one (with the names it may mean).
+fn parse_reason(e: &DataFusionError, text: &str, columns: &[Column]) -> String {
+    use datafusion::sql::sqlparser::parser::ParserError;
+    if let DataFusionError::SQL(error, _) = e.find_root() {
+        return match error.as_ref() {
+            ParserError::RecursionLimitExceeded => check::too_deep(),
+            ParserError::TokenizerError(message) | ParserError::ParserError(message) => unparsed(message, text),
+        };
+    }
     let reason = plain(e);
+    if let Some(rest) = reason.strip_prefix("Invalid function '") {
+        let name = rest.split('\'').next().unwrap_or(rest);
+        return format!("unknown function `{name}` (the functions of the expression language: {})", check::WRITTEN);
+    }
+    if let Some(ambiguous) = ambiguous(&reason, columns) {
+        return ambiguous;
+    }
     if reason.contains("No field named") || reason.contains("not found") {
         let known: Vec<String> = columns.iter().map(Column::reference).collect();
         let name = reason.split("No field named ").nth(1).and_then(|r| r.split(". ").next()).unwrap_or("").trim_end_matches(['.', ':']);
@@ -313,6 +387,59 @@ fn parse_reason(e: &DataFusionError, columns: &[Column]) -> String {
     }
     reason
 }
+
+/// A planning error as a sentence: a bare name more than one input has a feature of
+/// (with the names it may mean), else DataFusion's message.
+fn planning_reason(e: &DataFusionError, columns: &[Column]) -> String {
+    let reason = plain(e);
+    ambiguous(&reason, columns).unwrap_or(reason)
+}
+
+/// A bare name that DataFusion finds ambiguous, with the qualified names it may mean.
+fn ambiguous(reason: &str, columns: &[Column]) -> Option<String> {
+    let rest = reason.split("Ambiguous reference to unqualified field ").nth(1)?;
+    let name = rest.trim_end_matches(['.', ' ']);
+    let meant: Vec<String> = columns.iter().filter(|c| c.name == name).map(|c| format!("`{}`", c.reference())).collect();
+    Some(format!("`{name}` is a feature of more than one input: write {}", meant.join(" or ")))
+}
+
+/// The parser's `message` (`Expected: X, found: Y at Line: 1, Column: 5`) as a sentence
+/// with the line and column where `text` stops parsing (its end when the message gives
+/// none).
+fn unparsed(message: &str, text: &str) -> String {
+    let (message, place) = match message.rsplit_once(" at Line: ") {
+        Some((m, at)) => {
+            let mut numbers = at.split(", Column: ").map(|n| n.trim().parse::<usize>().ok());
+            match (numbers.next().flatten(), numbers.next().flatten()) {
+                (Some(line), Some(column)) => (m, (line, column)),
+                _ => (message, end_of(text)),
+            }
+        }
+        None => (message, end_of(text)),
+    };
+    let (line, column) = place;
+    let detail = match message.strip_prefix("Expected: ").and_then(|m| m.split_once(", found: ")) {
+        Some((expected, "EOF")) => format!("expected {expected}, found the end of the expression"),
+        Some((expected, found)) => format!("expected {expected}, found `{found}`"),
+        None => {
+            let mut chars = message.chars();
+            chars.next().map_or_else(String::new, |c| c.to_lowercase().chain(chars).collect())
+        }
+    };
+    format!("it does not parse at line {line}, column {column}: {detail}")
+}
+
+/// The line and column just after `text`'s last character (both from 1).
+fn end_of(text: &str) -> (usize, usize) {
+    let line = text.split('\n').count();
+    let column = text.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+/// The deepest the parser recurses: an expression within [`MAX_EXPR_DEPTH`] needs a few
+/// levels of it per level of its own (parentheses, operands, arguments); beyond it, the
+/// text nests deeper than [`MAX_EXPR_DEPTH`].
+const PARSE_DEPTH: usize = 10 * MAX_EXPR_DEPTH;
 
 /// The stack expressions are compiled on.
 const COMPILE_STACK: usize = 256 << 20;

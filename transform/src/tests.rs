@@ -143,7 +143,7 @@ fn what_is_outside_the_language_is_refused_naming_it() {
     refused(DataType::Int64, "(SELECT 1)", "subqueries");
     refused(DataType::Float64, "v.nope + 1", "unknown name");
     refused(DataType::Float64, "v.nope + 1", "known: v.a, v.b, v.x");
-    refused(DataType::Int64, "v.x * 2", "computes float64, which a int64 feature cannot hold");
+    refused(DataType::Int64, "v.x * 2", "computes float64, which an int64 feature cannot hold");
     refused(DataType::Boolean, "v.s", "computes string");
     refused(DataType::Utf8, "v.s ILIKE 'p%'", "ILIKE");
     refused(DataType::Int64, "TRY_CAST(v.s AS BIGINT)", "TRY_CAST");
@@ -154,12 +154,12 @@ fn what_is_outside_the_language_is_refused_naming_it() {
     let start = std::time::Instant::now();
     refused(DataType::Int64, &huge, "characters long");
     assert!(start.elapsed() < std::time::Duration::from_secs(1));
-    let deep = vec!["v.a"; 2_400].join("+");
-    refused(DataType::Int64, &deep, "nests more than 100 deep");
-    let wide = format!("greatest({})", vec!["v.a"; 1_200].join(","));
-    refused(DataType::Int64, &wide, "more than 1000 terms");
+    let deep = format!("{}v.a{}", "v.a + (".repeat(150), ")".repeat(150));
+    refused(DataType::Int64, &deep, "nests more than 100 levels deep");
+    let wide = vec!["1"; 3_000].join("+");
+    refused(DataType::Int64, &wide, "more than 5000 terms");
     let nested = format!("{}v.a{}", "(".repeat(3_000), ")".repeat(3_000));
-    refused(DataType::Int64, &nested, "");
+    refused(DataType::Int64, &nested, "nests more than 100 levels deep");
 }
 
 #[test]
@@ -415,4 +415,161 @@ fn dense_failures_are_null_for_their_rows_alone() {
         assert_eq!(whole.failed[0], failed, "{expr}: values not computed");
         assert!(failed > 0 || expr.starts_with("COALESCE"), "{expr}: the data makes some rows fail");
     }
+}
+
+/// Columns `x0` to `x9` (float64), `n` (int64) and `k` (int64), all bare.
+fn short_columns() -> Vec<Column> {
+    let mut out: Vec<Column> = (0..10).map(|i| Column::bare(format!("x{i}"), DataType::Float64)).collect();
+    out.push(Column::bare("n", DataType::Int64));
+    out.push(Column::bare("k", DataType::Int64));
+    out
+}
+
+/// A batch of [`short_columns`]: `x{i}` is `rows[r] * (i + 1)`, `n` is `rows[r]` as an
+/// integer, `k` from `k`.
+fn short_batch(program: &Program, rows: &[f64], k: &[i64]) -> RecordBatch {
+    let mut arrays: Vec<ArrayRef> =
+        (0..10).map(|i| Arc::new(Float64Array::from(rows.iter().map(|r| r * (i + 1) as f64).collect::<Vec<_>>())) as ArrayRef).collect();
+    arrays.push(Arc::new(Int64Array::from(rows.iter().map(|r| *r as i64).collect::<Vec<_>>())));
+    arrays.push(Arc::new(Int64Array::from(k.to_vec())));
+    RecordBatch::try_new(program.input_schema().clone(), arrays).unwrap()
+}
+
+/// Issue 53: a chain of one operator is one level, however long: a 1,000-term linear
+/// score and a 2,000-term sum compile, and compute in a loop — on a thread with a small
+/// stack, bit for bit the left-to-right sum a hand evaluation gives.
+#[test]
+fn long_chains_of_one_operator_compile_and_compute_in_a_loop() {
+    // Weights of a quarter each, from -2.5 to 2.5: `0.125+1.75*x0-2.25*x1+...`.
+    let weights: Vec<f64> = (0..1_000).map(|t| ((t * 37) % 21) as f64 / 4.0 - 2.5).collect();
+    let score = std::iter::once("0.125".to_string())
+        .chain(weights.iter().enumerate().map(|(t, w)| format!("{w:?}*x{}", t % 10)))
+        .collect::<Vec<_>>()
+        .join("+")
+        .replace("+-", "-");
+    assert!(score.len() <= MAX_EXPR_CHARS, "{} characters", score.len());
+    let sum = vec!["n"; 2_000].join("+");
+    let ands = std::iter::once("k <> 0 AND 10 / k > 1".to_string())
+        .chain((0..700).map(|_| "k < 99".to_string()))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let program = Program::compile(
+        &short_columns(),
+        &[out("score", DataType::Float64, &score), out("sum", DataType::Int64, &sum), out("ands", DataType::Boolean, &ands)],
+    )
+    .unwrap_or_else(|e| panic!("{}", e.reason));
+    let rows = [1.5, -2.0, 0.0, 1e300];
+    let batch = short_batch(&program, &rows, &[0, 5, 20, 3]);
+    // 1 MiB of stack: a tree 2,000 deep evaluated by recursion needs more.
+    let done = std::thread::Builder::new().stack_size(1 << 20).spawn(move || program.evaluate(&batch).unwrap()).unwrap().join().unwrap();
+    for (r, row) in rows.iter().enumerate() {
+        let mut want = 0.125f64;
+        for (t, w) in weights.iter().enumerate() {
+            // `a - w*x` where the text says `- w*x` for a negative weight: the same value.
+            let x = row * ((t % 10) + 1) as f64;
+            want = if *w < 0.0 { want - (-w) * x } else { want + w * x };
+        }
+        let got = floats(&done.columns[0])[r].unwrap();
+        assert_eq!(got.to_bits(), want.to_bits(), "row {r}: {got} against {want}");
+    }
+    // 2,000 times `n`; i64::MAX (1e300 as an integer) overflows: null, counted.
+    assert_eq!(ints(&done.columns[1]), [Some(2_000), Some(-4_000), Some(0), None]);
+    assert_eq!(done.failed[1], 1);
+    // An AND computes its right side only where its left does not decide: `10 / k` of
+    // k = 0 is never computed, so no row fails.
+    let ands: Vec<Option<bool>> = done.columns[2].as_any().downcast_ref::<BooleanArray>().unwrap().iter().collect();
+    assert_eq!(ands, [Some(false), Some(true), Some(false), Some(true)]);
+    assert_eq!(done.failed[2], 0);
+}
+
+/// Issue 53: nesting is bounded by levels, not by the parser: 50 parentheses and 40
+/// nested CASE compile; 101 levels are refused in one sentence, without repeating the
+/// expression.
+#[test]
+fn nesting_is_refused_past_its_bound_in_one_sentence() {
+    let parens = format!("{}v.a + 1{}", "(".repeat(50), ")".repeat(50));
+    let b = batch(&[Some(1), Some(2)], &[None; 2], &[None; 2], &[None; 2], &[None; 2]);
+    assert_eq!(ints(&one(DataType::Int64, &parens, &b).0), [Some(2), Some(3)]);
+    let case = |depth: usize| format!("{}v.a{}", "CASE WHEN v.a > 0 THEN ".repeat(depth), " ELSE 0 END".repeat(depth));
+    assert_eq!(ints(&one(DataType::Int64, &case(40), &b).0), [Some(1), Some(2)]);
+    for deep in [case(100), format!("{}v.a{}", "abs(".repeat(150), ")".repeat(150)), format!("{}1{}", "(".repeat(3_000), ")".repeat(3_000))]
+    {
+        let err = compile(DataType::Int64, &deep).map(|_| ()).unwrap_err();
+        assert!(err.reason.starts_with("the expression nests more than 100 levels deep ("), "{}", err.reason);
+        assert!(!err.reason.contains("RecursionLimit") && !err.reason.contains("ParserError"), "{}", err.reason);
+        assert!(err.to_string().len() < 400, "the refusal repeats the expression: {err}");
+        assert!(err.expr.ends_with('…') && err.expr.chars().count() == 81, "{}", err.expr);
+    }
+    let long = vec!["v.a"; 6_500].join("+");
+    let err = compile(DataType::Int64, &long).map(|_| ()).unwrap_err();
+    assert_eq!(err.reason, "the expression is 25999 characters long; at most 10000 are allowed");
+    assert!(err.to_string().len() < 300, "{err}");
+}
+
+/// Issue 53: a request field named like an input's feature — `amount` beside
+/// `stats.amount` — is the bare name; the qualified one is the stored feature; a bare
+/// name no bare column has is the one feature of that name, and one that more than one
+/// input has is refused naming both.
+#[test]
+fn a_bare_name_is_the_bare_column_beside_a_qualified_one_of_that_name() {
+    let columns = [
+        Column::qualified("stats", "amount", DataType::Int64),
+        Column::qualified("stats", "rate", DataType::Float64),
+        Column::qualified("other", "amount", DataType::Int64),
+        Column::bare("amount", DataType::Float64),
+        Column::bare("request_time", ts()),
+    ];
+    let program = Program::compile(
+        &columns,
+        &[
+            out("request", DataType::Float64, "amount * 2"),
+            out("stored", DataType::Int64, "stats.amount + 1"),
+            out("both", DataType::Float64, "amount - stats.amount - other.amount + rate"),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{}: {}", e.feature, e.reason));
+    let arrays: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(vec![10, 20])),
+        Arc::new(Float64Array::from(vec![0.5, 0.25])),
+        Arc::new(Int64Array::from(vec![100, 200])),
+        Arc::new(Float64Array::from(vec![1.5, 2.5])),
+        Arc::new(TimestampMicrosecondArray::from(vec![0i64, 0]).with_timezone("UTC")),
+    ];
+    let batch = RecordBatch::try_new(program.input_schema().clone(), arrays).unwrap();
+    let done = program.evaluate(&batch).unwrap();
+    assert_eq!(floats(&done.columns[0]), [Some(3.0), Some(5.0)]);
+    assert_eq!(ints(&done.columns[1]), [Some(11), Some(21)]);
+    assert_eq!(floats(&done.columns[2]), [Some(1.5 - 10.0 - 100.0 + 0.5), Some(2.5 - 20.0 - 200.0 + 0.25)]);
+    // Each output reads what it names, by its position in the columns given.
+    assert_eq!((program.reads(0), program.reads(1), program.reads(2)), (vec![3], vec![0], vec![0, 1, 2, 3]));
+    let without_bare = &columns[..3];
+    let err = Program::compile(without_bare, &[out("f", DataType::Int64, "amount + 1")]).map(|_| ()).unwrap_err();
+    assert_eq!((err.feature.as_str(), err.expr.as_str()), ("f", "amount + 1"));
+    assert!(err.reason.contains("`amount` is a feature of more than one input: write `stats.amount` or `other.amount`"), "{}", err.reason);
+}
+
+/// Issue 53: refusals of the text are sentences — where it stops parsing, a function
+/// named as written with the language's own, an article that agrees.
+#[test]
+fn refusals_of_the_text_are_sentences() {
+    let reason = |expr: &str| compile(DataType::Int64, expr).map(|_| ()).unwrap_err().reason;
+    let err = reason("v.a v.b");
+    assert!(err.starts_with("it does not parse at line 1, column 5: expected end of expression, found `v"), "{err}");
+    let err = reason("v.a +\n  ");
+    assert!(err.starts_with("it does not parse at line 2, column ") && err.contains("found the end of the expression"), "{err}");
+    let err = reason("'open");
+    assert!(err.starts_with("it does not parse at line 1, column "), "{err}");
+    for err in [reason("v.a v.b"), reason("v.a +"), reason("'open")] {
+        assert!(!err.contains("ParserError") && !err.contains("\"") && !err.contains("Line:"), "{err}");
+    }
+    let err = reason("frobnicate(v.a)");
+    assert!(err.starts_with("unknown function `frobnicate` (the functions of the expression language: abs, "), "{err}");
+    assert!(!err.contains("Invalid function"), "{err}");
+    let err = compile(DataType::Utf8, "trim(v.s)").map(|_| ()).unwrap_err().reason;
+    assert!(err.starts_with("the function `trim` is not part of the expression language (its functions: abs, "), "{err}");
+    assert!(!err.contains("btrim"), "{err}");
+    let err = compile(DataType::Utf8, "TRIM(v.s)").map(|_| ()).unwrap_err().reason;
+    assert!(err.starts_with("the function `TRIM` is not part"), "{err}");
+    assert_eq!(reason("v.x * 2"), "computes float64, which an int64 feature cannot hold");
+    assert_eq!(compile(DataType::Float64, "v.s").map(|_| ()).unwrap_err().reason, "computes string, which a float64 feature cannot hold");
 }

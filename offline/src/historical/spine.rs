@@ -15,11 +15,13 @@ use crate::input::to_utc_micros;
 pub const SPINE_TIMESTAMP: &str = "event_timestamp";
 
 /// Reads a spine (Parquet, or CSV with a header) into one batch. In CSV, the
-/// `key_types` columns get their key types and `event_timestamp` is read as text and
-/// parsed as RFC 3339 into UTC microsecond times; other CSV columns are inferred.
+/// `key_types` columns are read as text and typed as ingest types a CSV file's, a value
+/// that does not parse named by its row and column; `event_timestamp` is read as text
+/// and parsed as RFC 3339 into UTC microsecond times; other CSV columns are inferred.
 ///
 /// # Errors
-/// [`Error::Input`] naming the file.
+/// [`Error::Input`] naming the file (and the row and column of a value that does not
+/// parse).
 pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<RecordBatch> {
     let fail = |e: &dyn std::fmt::Display| Error::input(path.display(), e.to_string());
     let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
@@ -44,23 +46,25 @@ pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<Recor
                 .fields()
                 .iter()
                 .map(|f| {
-                    let dtype = if f.name() == SPINE_TIMESTAMP {
-                        DataType::Utf8
-                    } else if let Some((_, t)) = key_types.iter().find(|(n, _)| n == f.name()) {
-                        t.clone()
-                    } else {
-                        f.data_type().clone()
-                    };
-                    Field::new(f.name(), dtype, true)
+                    // The columns the join reads are typed below, from their text.
+                    let typed_later = f.name() == SPINE_TIMESTAMP || key_types.iter().any(|(n, _)| n == f.name());
+                    Field::new(f.name(), if typed_later { DataType::Utf8 } else { f.data_type().clone() }, true)
                 })
                 .collect();
-            arrow::csv::ReaderBuilder::new(Arc::new(Schema::new(fields)))
+            let text: Vec<RecordBatch> = arrow::csv::ReaderBuilder::new(Arc::new(Schema::new(fields)))
                 .with_header(true)
                 .with_batch_size(64 * 1024)
                 .build(file)
                 .map_err(|e| fail(&e))?
                 .collect::<std::result::Result<_, _>>()
-                .map_err(|e| fail(&e))?
+                .map_err(|e| fail(&e))?;
+            let mut row0 = 0;
+            let mut typed = Vec::with_capacity(text.len());
+            for batch in text {
+                typed.push(typed_columns(&batch, key_types, row0).map_err(|m| Error::input(path.display(), m))?);
+                row0 += batch.num_rows();
+            }
+            typed
         }
         _ => {
             return Err(Error::input(path.display(), format!("unknown spine file type `.{ext}` (expected .parquet or .csv)")));
@@ -72,6 +76,25 @@ pub fn read_spine(path: &Path, key_types: &[(String, DataType)]) -> Result<Recor
     };
     let spine = concat_batches(&schema, &batches)?;
     if ext == "csv" { Ok(timed(spine)?) } else { Ok(spine) }
+}
+
+/// A CSV spine batch read as text with its `key_types` columns typed: numbers and
+/// booleans as ingest types them (a value that does not parse named by its row, from 1
+/// after the header, and column), other types cast from their text.
+fn typed_columns(batch: &RecordBatch, key_types: &[(String, DataType)], row0: usize) -> std::result::Result<RecordBatch, String> {
+    let wanted: Vec<crate::input::Wanted> =
+        key_types.iter().map(|(name, t)| (Field::new(name, t.clone(), true), crate::schema::Role::Feature)).collect();
+    let batch = crate::input::type_csv_batch(batch, &wanted, row0)?;
+    let mut fields: Vec<Field> = batch.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut columns = batch.columns().to_vec();
+    for (i, field) in fields.iter_mut().enumerate() {
+        let Some((_, t)) = key_types.iter().find(|(n, _)| n == field.name()) else { continue };
+        if field.data_type() != t {
+            columns[i] = arrow::compute::cast(&columns[i], t).map_err(|e| format!("column `{}`: {e}", field.name()))?;
+            *field = Field::new(field.name(), t.clone(), true);
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| e.to_string())
 }
 
 /// A CSV spine's `event_timestamp` text as UTC microsecond times, so the join's output

@@ -393,7 +393,7 @@ on_demand_views:
     /// `Plan::lookup`, the server's writer before it, itself tested against serde):
     /// byte-identical over random rows of every kind of value — nulls, TTL-expired rows,
     /// rows under an unknown layout, missing keys, aggregations, on-demand features
-    /// (with values that cannot be computed) — for feature lists with views
+    /// (with values that cannot be computed), NaN and infinities — for feature lists with views
     /// interleaved, a feature asked twice, and 0 to 30 entity rows, each list answered
     /// after others on the same thread (the reused buffers).
     #[tokio::test]
@@ -412,8 +412,15 @@ on_demand_views:
                 values
             };
             if rng.random_bool(0.8) {
+                // Now and then a NaN or an infinity: `"NaN"`, `"Infinity"`, `"-Infinity"` in
+                // both answers, stored and computed from (`derived:scaled`).
+                let rate = if rng.random_bool(0.2) {
+                    [f64::NAN, f64::INFINITY, f64::NEG_INFINITY][rng.random_range(0..3)]
+                } else {
+                    rng.random_range(-1e6..1e6)
+                };
                 let values = vec![
-                    Value::Float64(rng.random_range(-1e6..1e6)),
+                    Value::Float64(rate),
                     Value::Int64(rng.random()),
                     Value::ListFloat32(vec![rng.random(), f32::NAN, 1.0]),
                     Value::String(text(&mut rng)),
@@ -483,7 +490,7 @@ on_demand_views:
             &["derived:age", "derived:fares"],
         ];
         let mut compared = 0;
-        let (mut computed, mut uncomputed_total) = (0, 0);
+        let (mut computed, mut uncomputed_total, mut non_finite) = (0, 0, 0);
         for round in 0..3 {
             for (l, list) in lists.iter().enumerate() {
                 let refs: Vec<FeatureRef> = list.iter().map(|f| f.parse().unwrap()).collect();
@@ -505,7 +512,9 @@ on_demand_views:
                 let columns = plan.lookup(&store, "p", &defs, (&entities, &fields), NOW, &mut phases).await.unwrap();
                 assert_eq!(phases.uncomputed, 2 * uncomputed, "list {l}: both paths count the same values uncomputed");
                 let want = response_json(&columns);
-                assert_eq!(String::from_utf8(direct).unwrap(), String::from_utf8(want).unwrap(), "list {l}, {n} rows");
+                let direct = String::from_utf8(direct).unwrap();
+                non_finite += direct.matches(r#""NaN""#).count() + direct.matches(r#"Infinity""#).count();
+                assert_eq!(direct, String::from_utf8(want).unwrap(), "list {l}, {n} rows");
                 compared += columns.iter().map(|c| c.values.len()).sum::<usize>();
                 computed += columns
                     .iter()
@@ -519,6 +528,7 @@ on_demand_views:
         assert!(compared > 500, "{compared} values compared");
         assert!(computed > 50, "{computed} on-demand values computed");
         assert!(uncomputed_total > 0, "some amounts of 1 divide by zero");
+        assert!(non_finite > 5, "{non_finite} NaN and infinities answered");
     }
 
     /// Records written before `apply` added an aggregation (and changed another) answer

@@ -73,7 +73,8 @@ pub type EntityColumns = Vec<(String, Vec<KeyValue>)>;
 ///
 /// # Errors
 /// [`Error::NotFound`] for an unknown view or feature; [`Error::Request`] for a missing
-/// or mistyped join key, or key columns of different lengths; [`Error::Unavailable`] from the store.
+/// or mistyped join key, a name the features asked for do not take ([`Plan::given`]),
+/// or key columns of different lengths; [`Error::Unavailable`] from the store.
 pub async fn get_online_features(
     store: &dyn OnlineStore,
     project: &str,
@@ -85,6 +86,7 @@ pub async fn get_online_features(
 ) -> Result<Vec<Column>> {
     check_lengths(asked.0)?;
     let plan = Plan::new(defs, refs.to_vec(), full_names)?;
+    plan.check_given(asked)?;
     plan.lookup(store, project, defs, asked, now, &mut LookupPhases::default()).await
 }
 
@@ -164,6 +166,9 @@ pub struct Plan {
     names_json: Vec<u8>,
     /// The views read, in order of first request; one store key per (view, row).
     views: Vec<ViewPlan>,
+    /// The join keys a request may give ([`Plan::given`]): those of the views read and
+    /// of the inputs of the on-demand views asked for, each once.
+    keys: Vec<String>,
     /// The on-demand features asked for, computed from what the views read (answer
     /// positions past `refs` are read for them only, never answered).
     on_demand: Option<OnDemandPlan>,
@@ -218,6 +223,13 @@ impl Plan {
             }
         }
         let on_demand = if wanted.is_empty() { None } else { Some(OnDemandPlan::new(defs, &wanted, &mut views, &mut names)?) };
+        let mut keys: Vec<String> = Vec::new();
+        let taken = views.iter().flat_map(|v| v.join_keys.clone());
+        for key in taken.chain(wanted.iter().flat_map(|(view, _, _)| quiver_sdk::on_demand::keys(defs, view))) {
+            if !keys.contains(&key.name) {
+                keys.push(key.name);
+            }
+        }
         for v in &mut views {
             v.shared = v.wanted.iter().enumerate().map(|(i, (_, k))| v.wanted[i + 1..].iter().any(|(_, l)| l == k)).collect();
         }
@@ -226,12 +238,52 @@ impl Plan {
             names_json.push(b',');
             crate::server::json::json_str(&mut names_json, name);
         }
-        Ok(Plan { refs, names, names_json, views, on_demand })
+        Ok(Plan { refs, names, names_json, views, keys, on_demand })
     }
 
-    /// The request fields the on-demand features asked for need, each once.
+    /// The request fields the on-demand features asked for read (directly or through
+    /// the on-demand features they read), each once.
     pub fn request_fields(&self) -> &[quiver_sdk::Feature] {
         self.on_demand.as_ref().map_or(&[], |o| o.request_fields())
+    }
+
+    /// What `name`, given in a request's `entities` (`quiver online --entity` or
+    /// `--request`, a key of Python's `entity_rows`), is to this plan: a request field
+    /// the features asked for read (`Some`), or a join key of a view they read (`None`).
+    /// The one rule of every front end (docs/online.md#request-fields).
+    ///
+    /// # Errors
+    /// [`Error::Request`] for any other name, naming it and the names allowed.
+    pub fn given(&self, name: &str) -> Result<Option<&quiver_sdk::Feature>> {
+        if let Some(field) = self.request_fields().iter().find(|f| f.name == name) {
+            return Ok(Some(field));
+        }
+        if self.keys.iter().any(|k| k == name) {
+            return Ok(None);
+        }
+        let fields = self.request_fields().iter().map(|f| f.name.as_str());
+        let allowed: Vec<String> = self.keys.iter().map(String::as_str).chain(fields).map(|n| format!("`{n}`")).collect();
+        let allowed = if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") };
+        Err(Error::Request(format!("`{name}` is neither a join key nor a request field of the features asked for (allowed: {allowed})")))
+    }
+
+    /// [`Plan::given`] for every name of `asked`: each join key one the plan takes,
+    /// each request field one the features asked for read.
+    ///
+    /// # Errors
+    /// [`Error::Request`] naming the first name that is not.
+    pub fn check_given(&self, (entities, fields): Entities<'_>) -> Result<()> {
+        for (name, _) in entities {
+            if self.given(name)?.is_some() {
+                return Err(Error::Request(format!("`{name}` is a request field, given as a join key")));
+            }
+        }
+        for (name, _) in fields {
+            if self.given(name)?.is_none() {
+                return Err(Error::Request(format!("`{name}` is a join key, given as a request field")));
+            }
+        }
+        Ok(())
     }
 
     /// Reads the plan's features for every entity row at time `now` (UTC microseconds)
@@ -306,22 +358,6 @@ impl Plan {
         Ok((n, stored, read))
     }
 
-    /// The entity columns no view of the plan takes, as a note for a missing join key
-    /// (a misspelt key is the usual cause): ` (the request has `userid`, which no
-    /// requested feature view takes)`, or nothing.
-    fn unknown_keys(&self, entities: &EntityColumns) -> String {
-        let unknown: Vec<String> = entities
-            .iter()
-            .filter(|(name, _)| !self.views.iter().any(|v| v.join_keys.iter().any(|k| k.name == *name)))
-            .filter(|(name, _)| !self.request_fields().iter().any(|f| f.name == *name))
-            .map(|(name, _)| format!("`{name}`"))
-            .collect();
-        if unknown.is_empty() {
-            return String::new();
-        }
-        format!(" (the request has {}, which no requested feature view takes)", unknown.join(", "))
-    }
-
     /// One store key per (view, row), views in plan order, after checking that every
     /// view's join keys are given with the right types.
     fn store_keys(&self, project: &str, defs: &Definitions, entities: &EntityColumns, n: usize) -> Result<Vec<String>> {
@@ -334,7 +370,7 @@ impl Plan {
             columns.clear();
             for key in &planned.join_keys {
                 let Some((_, values)) = entities.iter().find(|(k, _)| *k == key.name) else {
-                    return Err(bad(format!("missing join key `{}` for feature view `{name}`{}", key.name, self.unknown_keys(entities))));
+                    return Err(bad(format!("missing join key `{}` for feature view `{name}`", key.name)));
                 };
                 if let Some(v) = values
                     .iter()

@@ -41,8 +41,10 @@ pub(super) struct OnDemandPlan {
     sources: Vec<Supply>,
     /// Per on-demand feature asked for: its answer position.
     positions: Vec<usize>,
-    /// The request fields every request must carry.
+    /// The request fields every request must carry: those the features asked for read.
     fields: Vec<Feature>,
+    /// Per request field: the features asked for that read it, for messages.
+    needed_by: Vec<String>,
     /// Names of the features asked for, for messages.
     asked: Vec<String>,
 }
@@ -72,8 +74,8 @@ impl OnDemandPlan {
         let computation = Computation::new(defs, &pairs).map_err(|e| Error::Request(e.to_string()))?;
         let asked: Vec<String> = wanted.iter().map(|(v, f, _)| format!("{}:{f}", v.name)).collect();
         let mut sources = Vec::with_capacity(computation.inputs().len());
-        let mut fields = Vec::new();
-        for input in computation.inputs() {
+        let (mut fields, mut needed_by) = (Vec::new(), Vec::new());
+        for (i, input) in computation.inputs().iter().enumerate() {
             sources.push(match input {
                 Input::Feature { view, feature, dtype } => {
                     let v = defs.feature_view(view).expect("validated");
@@ -94,13 +96,16 @@ impl OnDemandPlan {
                 }
                 Input::Key(key) => Supply::Key(key.clone()),
                 Input::Request(field) => {
+                    let by: Vec<&str> =
+                        (0..asked.len()).filter(|&k| computation.reads(k).contains(&i)).map(|k| asked[k].as_str()).collect();
+                    needed_by.push(by.join("`, `"));
                     fields.push(field.clone());
                     Supply::Request(fields.len() - 1)
                 }
                 Input::RequestTime => Supply::Now,
             });
         }
-        Ok(OnDemandPlan { computation, sources, positions: wanted.iter().map(|w| w.2).collect(), fields, asked })
+        Ok(OnDemandPlan { computation, sources, positions: wanted.iter().map(|w| w.2).collect(), fields, needed_by, asked })
     }
 
     pub(super) fn request_fields(&self) -> &[Feature] {
@@ -111,13 +116,11 @@ impl OnDemandPlan {
     /// entity row.
     pub(super) fn check(&self, entities: &EntityColumns, fields: &super::RequestFields) -> Result<()> {
         let n = entities.first().map_or(0, |(_, v)| v.len());
-        for field in &self.fields {
+        for (field, by) in self.fields.iter().zip(&self.needed_by) {
             let Some((_, values)) = fields.iter().find(|(name, _)| *name == field.name) else {
                 return Err(Error::Request(format!(
-                    "missing request field `{}` ({}, needed by `{}`, goes beside the join keys in `entities`)",
-                    field.name,
-                    field.dtype,
-                    self.asked.join("`, `")
+                    "missing request field `{}` ({}, needed by `{by}`, goes beside the join keys in `entities`)",
+                    field.name, field.dtype
                 )));
             };
             if values.len() != n {

@@ -5,7 +5,8 @@
 //! tree), and when that fails, into `serde_json::Value`s, whose checks name what is
 //! wrong. The features asked for are resolved once per distinct list and registry
 //! version ([`RegistryCache::plan`]), so a steady stream of the same request parses no
-//! feature reference and searches no definitions.
+//! feature reference and searches no definitions. A body in which an object repeats a
+//! key is refused by both readings, and named by [`unique_keys`] (docs/online.md).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,7 +20,7 @@ use serde_json::Value as Json_;
 
 use super::json::response_json;
 use super::registry_cache::{Asked, RegistryCache};
-use super::{ApiError, Metrics, ServerState, bad};
+use super::{ApiError, Metrics, ServerState, Unique, bad, repeated, twice, unique_keys};
 use crate::lookup::{EntityColumns, LookupPhases, Plan, RequestFields, check_size, request_values};
 use crate::serving_log::Served;
 
@@ -29,6 +30,17 @@ use crate::serving_log::Served;
 enum Given {
     Key(KeyValue),
     Other(Json_),
+}
+
+impl Given {
+    /// The value as JSON.
+    fn json(&self) -> Json_ {
+        match self {
+            Given::Key(KeyValue::Int(i)) => Json_::from(*i),
+            Given::Key(KeyValue::Str(s)) => Json_::String(s.clone()),
+            Given::Other(j) => j.clone(),
+        }
+    }
 }
 
 /// The `entities` columns as read, in the client's order.
@@ -52,23 +64,66 @@ enum Features<'a> {
 }
 
 /// The fast reading: every field typed. Fields it does not know are ignored, never
-/// rejected (Feast clients send `include_feature_view_version_metadata` and more).
-#[derive(Debug, serde::Deserialize)]
+/// rejected (Feast clients send `include_feature_view_version_metadata` and more), but
+/// read to refuse a repeated key in them, as a repeated field is refused.
+#[derive(Debug)]
 struct TypedRequest<'a> {
     /// Each value an integer that fits `i64` or a string.
-    #[serde(default)]
     entities: Option<Ordered<Vec<TypedKey>>>,
-    #[serde(default, borrow)]
     features: Option<Vec<&'a str>>,
-    #[serde(default)]
-    feature_service: Option<Json_>,
+    /// A scalar (a list or an object is left to the checked reading).
+    feature_service: Option<TypedKey>,
     /// Anything but a boolean (or null) is left to the checked reading to refuse.
-    #[serde(default)]
     full_feature_names: Option<bool>,
 }
 
-/// One `entities` value of the fast reading: a scalar (lists and objects are left to
-/// the checked reading).
+impl<'de: 'a, 'a> serde::Deserialize<'de> for TypedRequest<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = TypedRequest<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a request object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TypedRequest<'a>, A::Error> {
+                let mut r = TypedRequest { entities: None, features: None, feature_service: None, full_feature_names: None };
+                // The fields met (nothing allocated unless the body has others); keys
+                // with escapes are left to the checked reading.
+                let (mut met, mut others) = ([false; 4], Vec::<&'de str>::new());
+                while let Some(key) = map.next_key::<&'de str>()? {
+                    let field = match key {
+                        "entities" => 0,
+                        "features" => 1,
+                        "feature_service" => 2,
+                        "full_feature_names" => 3,
+                        _ => {
+                            map.next_value_seed(Unique { within: Some(key) })?;
+                            others.push(key);
+                            continue;
+                        }
+                    };
+                    if std::mem::replace(&mut met[field], true) {
+                        return Err(serde::de::Error::custom(twice(key, None)));
+                    }
+                    match field {
+                        0 => r.entities = map.next_value()?,
+                        1 => r.features = map.next_value()?,
+                        2 => r.feature_service = map.next_value()?,
+                        _ => r.full_feature_names = map.next_value()?,
+                    }
+                }
+                match repeated(others.iter().copied()) {
+                    Some(key) => Err(serde::de::Error::custom(twice(key, None))),
+                    None => Ok(r),
+                }
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+/// One `entities` value (or the `feature_service`) of the fast reading: a scalar (lists
+/// and objects are left to the checked reading).
 #[derive(Debug)]
 struct TypedKey(Given);
 
@@ -106,8 +161,9 @@ impl<'de> serde::Deserialize<'de> for TypedKey {
     }
 }
 
-/// A JSON object's entries in the order written (the answer echoes the join keys in
-/// the client's order, as Feast does), duplicates kept.
+/// The `entities` object's entries in the order written (the answer echoes the join
+/// keys in the client's order, as Feast does); a name written twice is refused (one
+/// column would be answered under a name the client maps to the other's values).
 #[derive(Debug, Default)]
 struct Ordered<V>(Vec<(String, V)>);
 
@@ -120,11 +176,14 @@ impl<'de, V: serde::Deserialize<'de>> serde::Deserialize<'de> for Ordered<V> {
                 f.write_str("a map of join key to values")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Ordered<V>, A::Error> {
-                let mut out = Vec::new();
+                let mut out: Vec<(String, V)> = Vec::new();
                 while let Some(entry) = map.next_entry::<String, V>()? {
                     out.push(entry);
                 }
-                Ok(Ordered(out))
+                match repeated(out.iter().map(|(name, _)| name.as_str())) {
+                    Some(name) => Err(serde::de::Error::custom(twice(name, Some("entities")))),
+                    None => Ok(Ordered(out)),
+                }
             }
         }
         d.deserialize_map(Visit(std::marker::PhantomData))
@@ -170,7 +229,7 @@ impl<'a> Parsed<'a> {
         Some(Parsed {
             entities: r.entities.map(|e| e.0.into_iter().map(|(name, given)| (name, given.into_iter().map(|k| k.0).collect())).collect()),
             features: r.features.map(Features::List),
-            service: service_of(r.feature_service),
+            service: service_of(r.feature_service.map(|s| s.0.json())),
             full_names: r.full_feature_names.unwrap_or(false),
         })
     }
@@ -239,6 +298,8 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
     let request = match Parsed::typed(&body) {
         Some(request) => request,
         None => {
+            // The fast reading refuses a repeated key too: this names it.
+            unique_keys(&body)?;
             checked = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid request: {e}")))?;
             Parsed::checked(&checked, &state.metrics)?
         }
@@ -289,20 +350,13 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
 }
 
 /// The `entities` columns split into the join keys and the request fields of the
-/// on-demand features `plan` asks for (typed: a 400 naming a field of the wrong type).
+/// on-demand features `plan` asks for (typed: a 400 naming a field of the wrong type);
+/// any other name is a 400 naming those allowed ([`Plan::given`]).
 fn split(given: &GivenColumns, plan: &Plan) -> Result<(EntityColumns, RequestFields), ApiError> {
-    let wanted = plan.request_fields();
     let (mut keys, mut fields) = (EntityColumns::with_capacity(given.len()), RequestFields::new());
     for (name, values) in given {
-        if let Some(field) = wanted.iter().find(|f| f.name == *name) {
-            let json: Vec<Json_> = values
-                .iter()
-                .map(|v| match v {
-                    Given::Key(KeyValue::Int(i)) => Json_::from(*i),
-                    Given::Key(KeyValue::Str(s)) => Json_::String(s.clone()),
-                    Given::Other(j) => j.clone(),
-                })
-                .collect();
+        if let Some(field) = plan.given(name).map_err(|e| ApiError::of(&e))? {
+            let json: Vec<Json_> = values.iter().map(Given::json).collect();
             fields.push((name.clone(), request_values(field, &json).map_err(|e| ApiError::of(&e))?));
             continue;
         }
@@ -341,7 +395,7 @@ mod tests {
             r#"{"features": "a:x", "entities": {"k": [1]}}"#,
             r#"{"features": ["a:x", 3], "entities": {"k": [1]}}"#,
             r#"{"feature_service": 7, "entities": {"k": [1]}}"#,
-            r#"{"feature_service": null, "entities": {"k": [1], "k": [2]}, "full_feature_names": "yes"}"#,
+            r#"{"feature_service": null, "entities": {"k": [1], "j": [2]}, "full_feature_names": "yes"}"#,
             r#"{"entities": {"k": [1]}}"#,
         ];
         let mut fast = 0;
@@ -371,5 +425,54 @@ mod tests {
         let checked: CheckedRequest = serde_json::from_str(body).unwrap();
         let refused = Parsed::checked(&checked, &metrics).unwrap_err();
         assert_eq!((refused.0, refused.1.as_str()), (StatusCode::BAD_REQUEST, r#"`full_feature_names` must be true or false, got "yes""#));
+    }
+
+    /// Issue 53: a body in which an object repeats a key is refused by the fast reading
+    /// and named by the check after it, wherever the object is; the same key in two
+    /// objects is no repeat.
+    #[test]
+    fn a_repeated_key_is_refused_naming_it() {
+        let many: String = (0..40).map(|i| format!(r#""k{i}": [1], "#)).collect();
+        let cases = [
+            (
+                r#"{"entities": {"customer_id": ["C05"], "customer_id": ["C06"]}, "features": ["a:x"]}"#.to_string(),
+                r#"request body: key "customer_id" appears twice in "entities""#,
+            ),
+            (
+                r#"{"features": ["a:x"], "entities": {"k": [1]}, "features": ["b:y"]}"#.to_string(),
+                r#"request body: key "features" appears twice"#,
+            ),
+            (r#"{"entities": {"k": [1]}, "features": ["a:x"], "x": 1, "x": 2}"#.to_string(), r#"request body: key "x" appears twice"#),
+            (
+                r#"{"entities": {"k": [1]}, "features": ["a:x"], "extra": [{"a": 1, "b": {"c": 1, "c": 2}}]}"#.to_string(),
+                r#"request body: key "c" appears twice in "b""#,
+            ),
+            (
+                r#"{"entities": {"k": [1]}, "feature_service": {"a": 1, "a": 2}}"#.to_string(),
+                r#"request body: key "a" appears twice in "feature_service""#,
+            ),
+            // Past the few a scan reads: hashed.
+            (
+                format!(r#"{{"entities": {{{many}"k7": [2]}}, "features": ["a:x"]}}"#),
+                r#"request body: key "k7" appears twice in "entities""#,
+            ),
+            // An escaped key is the same key.
+            (
+                r#"{"entities": {"k": [1], "\u006b": [2]}, "features": ["a:x"]}"#.to_string(),
+                r#"request body: key "k" appears twice in "entities""#,
+            ),
+        ];
+        for (body, want) in cases {
+            assert!(Parsed::typed(body.as_bytes()).is_none(), "{body}");
+            let refused = unique_keys(body.as_bytes()).unwrap_err();
+            assert_eq!(refused.0, StatusCode::BAD_REQUEST);
+            assert!(refused.1.starts_with(want), "{body}: {}", refused.1);
+        }
+        let fine =
+            r#"{"entities": {"k": [1], "j": ["x"]}, "features": ["a:x"], "extra": {"k": 1, "j": {"k": 2}}, "more": [{"k": 1}, {"k": 2}]}"#;
+        assert!(Parsed::typed(fine.as_bytes()).is_some());
+        assert!(unique_keys(fine.as_bytes()).is_ok());
+        // Not JSON: left to the reading after it, which says so.
+        assert!(unique_keys(b"{not json").is_ok());
     }
 }

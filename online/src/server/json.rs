@@ -88,13 +88,20 @@ pub fn json_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// One value as JSON. Floats always carry a decimal point (`50.0`), as Feast's client
-/// infers the type from the JSON form; non-finite floats become `null`.
+/// infers the type from the JSON form; NaN and the infinities, which JSON numbers cannot
+/// hold, are the strings `"NaN"`, `"Infinity"` and `"-Infinity"` (protobuf's JSON
+/// mapping, as Feast's server answers them; docs/online.md), never `null`: a NaN is a
+/// value, not a missing one.
 pub fn write_value(out: &mut Vec<u8>, v: &Value) {
     fn float(out: &mut Vec<u8>, x: f64) {
         if x.is_finite() {
             serde_json::to_writer(&mut *out, &x).expect("writing to a Vec cannot fail");
+        } else if x.is_nan() {
+            out.extend_from_slice(br#""NaN""#);
+        } else if x > 0.0 {
+            out.extend_from_slice(br#""Infinity""#);
         } else {
-            out.extend_from_slice(b"null");
+            out.extend_from_slice(br#""-Infinity""#);
         }
     }
     fn list<T>(out: &mut Vec<u8>, items: &[T], mut each: impl FnMut(&mut Vec<u8>, &T)) {
@@ -129,8 +136,9 @@ pub fn write_value(out: &mut Vec<u8>, v: &Value) {
     }
 }
 
-/// A value as the server writes it in JSON (floats keep a decimal point; non-finite
-/// floats are `null`): the form the serving log holds, and what `verify` compares.
+/// A value as the server writes it in JSON (floats keep a decimal point; NaN and the
+/// infinities are `"NaN"`, `"Infinity"`, `"-Infinity"`): the form the serving log holds,
+/// and what `verify` compares.
 pub fn value_json(v: &Value) -> String {
     let mut out = Vec::new();
     write_value(&mut out, v);
@@ -182,8 +190,8 @@ mod tests {
         let f = |x: f64| json!(x);
         let result = |times: &[Option<i64>]| {
             json!({
-                "values": [null, -7, i64::MIN, f(f64::from(0.1f32)), 50.0, null, true, "quote\" and \u{e9}\n",
-                           [0, 255], "2024-02-29T12:34:56.123Z", [1, -2], [1.0, 0.5], [2.0, null], ["a", "b\""]],
+                "values": [null, -7, i64::MIN, f(f64::from(0.1f32)), 50.0, "NaN", true, "quote\" and \u{e9}\n",
+                           [0, 255], "2024-02-29T12:34:56.123Z", [1, -2], [1.0, 0.5], [2.0, "Infinity"], ["a", "b\""]],
                 "statuses": (0..n).map(|i| ALL[i % 4].as_str()).collect::<Vec<_>>(),
                 "event_timestamps": times.iter().map(|t| quiver_sdk::rows::format_instant(t.unwrap_or(0))).collect::<Vec<_>>(),
             })
@@ -195,5 +203,30 @@ mod tests {
         });
         assert_eq!(parsed, want);
         assert!(text.contains("50.0") && text.contains("[1.0,0.5]"), "{text}");
+    }
+
+    /// NaN and the infinities, of both float widths and inside lists, are the strings of
+    /// protobuf's JSON mapping (what Feast's server answers), not `null`; -0.0 and the
+    /// largest floats stay numbers.
+    #[test]
+    fn non_finite_floats_are_written_as_protobuf_json_strings() {
+        use super::{Value, value_json};
+        let cases = [
+            (Value::Float64(f64::NAN), r#""NaN""#),
+            (Value::Float64(-f64::NAN), r#""NaN""#),
+            (Value::Float64(f64::INFINITY), r#""Infinity""#),
+            (Value::Float64(f64::NEG_INFINITY), r#""-Infinity""#),
+            (Value::Float32(f32::NAN), r#""NaN""#),
+            (Value::Float32(f32::INFINITY), r#""Infinity""#),
+            (Value::Float32(f32::NEG_INFINITY), r#""-Infinity""#),
+            (Value::Float64(-0.0), "-0.0"),
+            (Value::Float64(f64::MAX), "1.7976931348623157e+308"),
+            (Value::ListFloat32(vec![f32::NAN, 1.5, f32::NEG_INFINITY]), r#"["NaN",1.5,"-Infinity"]"#),
+            (Value::ListFloat64(vec![f64::INFINITY, f64::NAN, 2.0]), r#"["Infinity","NaN",2.0]"#),
+            (Value::Null, "null"),
+        ];
+        for (value, want) in cases {
+            assert_eq!(value_json(&value), want, "{value:?}");
+        }
     }
 }

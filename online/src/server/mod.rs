@@ -143,6 +143,125 @@ fn bad(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())
 }
 
+/// Refuses a request body in which an object repeats a key, anywhere in it: a JSON
+/// reader keeps one of the values, or both, without a word, and the answer would go
+/// under names the client maps to other values (docs/online.md). Reads the body without
+/// building its values. `/push` runs it first; `/get-online-features` only for a body
+/// its fast reading refused (that reading refuses a repeated key itself, see
+/// [`Unique`]), so a good request is read once.
+///
+/// # Errors
+/// A 400 naming the key and the key whose value repeats it: `request body: key
+/// "customer_id" appears twice in "entities" at line 1 column 60`.
+fn unique_keys(body: &[u8]) -> Result<(), ApiError> {
+    use serde::de::DeserializeSeed;
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    match (Unique { within: None }).deserialize(&mut reader) {
+        Err(e) if e.is_data() => Err(bad(format!("request body: {e}"))),
+        // Anything else wrong with the body is for the handler's reading to say.
+        _ => Ok(()),
+    }
+}
+
+/// A JSON value read only to refuse an object in it that repeats a key; `within`: the
+/// key whose value it is (`None`: the whole body).
+#[derive(Debug, Clone, Copy)]
+struct Unique<'k> {
+    within: Option<&'k str>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Unique<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Unique<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(self)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut keys: Vec<std::borrow::Cow<'de, str>> = Vec::new();
+        while let Some(key) = map.next_key_seed(Key)? {
+            map.next_value_seed(Unique { within: Some(&*key) })?;
+            keys.push(key);
+        }
+        match repeated(keys.iter().map(|k| &**k)) {
+            Some(key) => Err(serde::de::Error::custom(twice(key, self.within))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// An object's key, borrowed from the body unless it holds an escape.
+struct Key;
+
+impl<'de> serde::de::DeserializeSeed<'de> for Key {
+    type Value = std::borrow::Cow<'de, str>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Key {
+    type Value = std::borrow::Cow<'de, str>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Borrowed(v))
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(std::borrow::Cow::Owned(v.to_string()))
+    }
+}
+
+/// The first of an object's `keys` (in order) met twice: scanned while few, hashed past
+/// that, so a body of many keys is not read in quadratic time.
+fn repeated<'k>(mut keys: impl Iterator<Item = &'k str> + Clone) -> Option<&'k str> {
+    if keys.clone().nth(16).is_none() {
+        return keys.clone().enumerate().find(|&(i, k)| keys.clone().take(i).any(|m| m == k)).map(|(_, k)| k);
+    }
+    let mut met = std::collections::HashSet::new();
+    keys.find(|k| !met.insert(*k))
+}
+
+/// The refusal of `key` repeated in the value of `within` (`None`: in the body).
+fn twice(key: &str, within: Option<&str>) -> String {
+    match within {
+        Some(within) => format!("key {key:?} appears twice in {within:?}"),
+        None => format!("key {key:?} appears twice"),
+    }
+}
+
 /// The router, without binding a socket (tests call it directly).
 pub fn router(state: Arc<ServerState>) -> Router {
     Router::new()

@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value as Json_, json};
 
-use super::{ApiError, Limit, MAX_ENTITY_ROWS, ServerState, bad};
+use super::{ApiError, Limit, MAX_ENTITY_ROWS, ServerState, bad, unique_keys};
 
 /// A `/push` request: rows of one view, column-major.
 #[derive(Debug, serde::Deserialize)]
@@ -28,6 +28,8 @@ struct PushRequest {
 /// through the guarded online write, as `to` asks (default: both stores, offline only
 /// for a view with `online: false`, as every front end pushes).
 pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Json<Json_>, ApiError> {
+    // A column written twice in `df` (or any repeated key) is refused, never half read.
+    unique_keys(&body)?;
     let request: PushRequest = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
     let asked: Option<quiver_sdk::rows::Target> = request.to.as_deref().map(str::parse).transpose().map_err(bad)?;
     let defs = state.registry.current();
@@ -64,7 +66,9 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     needed.extend(view.source.created_timestamp_field.as_deref());
     needed.extend(reads.features.iter().map(|f| f.name.as_str()));
     if let Some(c) = needed.iter().find(|c| !request.df.contains_key(**c)) {
-        return Err(bad(format!("df lacks column `{c}` of feature view `{name}`")));
+        // A view with write-time expressions reads raw columns, which are not features.
+        let what = if view.source.raw.iter().any(|r| r.name == *c) { "raw column" } else { "column" };
+        return Err(bad(format!("df lacks {what} `{c}` of feature view `{name}`")));
     }
     let mut rows = Vec::with_capacity(n);
     for i in 0..n {

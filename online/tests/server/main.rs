@@ -17,6 +17,7 @@ use serde_json::{Value as Json, json};
 use tower::ServiceExt;
 
 mod listener;
+mod requests;
 
 const DEFS: &str = r#"
 entities:
@@ -248,11 +249,11 @@ async fn bad_requests_get_clear_errors() {
         (json!({"entities": {"driver_id": [1]}}), StatusCode::BAD_REQUEST, "needs `features` or `feature_service`"),
         (json!({"features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "needs `entities`"),
         (json!({"entities": {"customer_id": ["c1"]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "missing join key `driver_id`"),
-        // A misspelt key is named beside the missing one.
+        // A misspelt key is named with the names allowed.
         (
             json!({"entities": {"driverid": [1]}, "features": ["stats:rate"]}),
             StatusCode::BAD_REQUEST,
-            "missing join key `driver_id` for feature view `stats` (the request has `driverid`, which no requested feature view takes)",
+            "`driverid` is neither a join key nor a request field of the features asked for (allowed: `driver_id`)",
         ),
         // A field of the wrong type is refused, not read as its default.
         (
@@ -531,4 +532,31 @@ async fn push_writes_online_through_the_guarded_write() {
         assert_eq!(status, code, "{body}: {answer}");
         assert!(answer["error"].as_str().unwrap().contains(part), "{answer} lacks {part:?}");
     }
+}
+
+/// NaN and the infinities are values: answered `PRESENT` as the strings of protobuf's
+/// JSON mapping (`"NaN"`, `"Infinity"`, `"-Infinity"`, as Feast's server answers them),
+/// alone and as list items, never as `null` (docs/online.md).
+#[tokio::test]
+async fn non_finite_floats_are_answered_as_strings() {
+    let f = fixture(None, None).await;
+    let defs = parse_definitions(DEFS).unwrap();
+    let stats = defs.feature_view("stats").unwrap();
+    let rows: Vec<WriteRow> = [(21, f64::NAN), (22, f64::INFINITY), (23, f64::NEG_INFINITY)]
+        .into_iter()
+        .map(|(driver, rate)| {
+            let values = vec![Value::Float64(rate), Value::Int64(1), Value::ListFloat32(vec![f32::NAN, 1.0, f32::NEG_INFINITY])];
+            let row = OnlineRow { event_ts: NOW - HOUR, created_ts: i64::MIN, fingerprint: fingerprint(stats), values }.encode();
+            WriteRow { key: store_key("p", "stats", &[KeyValue::Int(driver)]), row, expire_at_ms: None }
+        })
+        .collect();
+    assert_eq!(f.state.store.write(&rows).await.unwrap(), 3);
+    let (status, body) =
+        features(&f.state, r#"{"entities": {"driver_id": [21, 22, 23, 3]}, "features": ["stats:rate", "stats:emb"]}"#).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let r = &body["results"];
+    assert_eq!(r[1]["values"], json!(["NaN", "Infinity", "-Infinity", null]), "{body}");
+    assert_eq!(r[1]["statuses"], json!(["PRESENT", "PRESENT", "PRESENT", "NULL_VALUE"]), "{body}");
+    assert_eq!(r[2]["values"][0], json!(["NaN", 1.0, "-Infinity"]), "{body}");
+    assert_eq!(r[2]["statuses"][0], "PRESENT", "{body}");
 }

@@ -314,7 +314,7 @@ class FeatureStore:
 
     # --- offline ---
 
-    def ingest(self, view: str, table: Any, *, allow_duplicate: bool = False) -> int:
+    def ingest(self, view: str, table: Any, *, allow_duplicate: bool = False) -> int | None:
         """Appends rows to the view's Delta table in one commit, checked as ``quiver
         ingest`` checks a file.
 
@@ -333,8 +333,9 @@ class FeatureStore:
 
         Returns
         -------
-        int
-            The table version holding the rows.
+        int or None
+            The table version holding the rows; ``None`` when the view's source filter
+            dropped every row (nothing appended, not an error).
 
         Raises
         ------
@@ -476,8 +477,9 @@ class FeatureStore:
             ``get_feature_service`` for a registered one).
         entity_rows
             ``[{"rider_id": 1}, ...]``: each row the same join keys (ints, numpy ints or
-            strings), and the request fields of the on-demand features asked for
-            (``{"rider_id": 1, "amount": 12.5}``).
+            strings), and the request fields the on-demand features asked for read
+            (``{"rider_id": 1, "amount": 12.5}``; ``None`` is a null). Any other name is
+            a ``ValidationError`` naming the names allowed.
         full_feature_names
             Name features ``view__feature`` instead of ``feature``.
 

@@ -85,15 +85,42 @@ class RetrievalJob:
         return batches()
 
 
+# NaN and the infinities as the server answers them: the strings of protobuf's JSON
+# mapping, as Feast's server writes them (docs/online.md).
+_NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def _float(value: Any) -> Any:
+    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
+
+
+def _read_floats(values: list[Any], dtype: Any) -> list[Any]:
+    """``values`` of a column of ``dtype`` with ``"NaN"``, ``"Infinity"`` and
+    ``"-Infinity"`` read as floats where the column holds floats or lists of floats;
+    other columns as they are (a string feature's ``"NaN"`` stays a string)."""
+    if dtype is None:
+        return values
+    if pa.types.is_floating(dtype):
+        return [_float(v) for v in values]
+    lists = pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype)
+    if lists and pa.types.is_floating(dtype.value_type):
+        return [[_float(x) for x in v] if isinstance(v, list) else v for v in values]
+    return values
+
+
 class OnlineResponse:
     """Online features in Feast's shape: ``to_dict()`` maps each column (join keys
     first) to one value per entity row; ``statuses`` holds Feast's status names."""
 
     def __init__(self, columns: list[tuple], table: Any):
         self._names = [c[0] for c in columns]
-        self._values = {c[0]: json.loads(c[1]) for c in columns}
-        self.statuses = {c[0]: list(c[2]) for c in columns}
         self._table = pa.table(table)
+        # Each column's values as the server answers them (JSON), a float's NaN and
+        # infinities read back from their strings by the column's type.
+        types = self._table.schema.types
+        self._values = {c[0]: _read_floats(json.loads(c[1]), types[i] if i < len(types) else None)
+                        for i, c in enumerate(columns)}
+        self.statuses = {c[0]: list(c[2]) for c in columns}
 
     def __repr__(self) -> str:
         return f"OnlineResponse({self.to_dict()!r})"

@@ -92,8 +92,8 @@ pub struct Computed {
 impl Computation {
     /// Compiles what computing `wanted` (on-demand view, feature) takes: each view's
     /// program with only the outputs needed, the requested ones and those a later view
-    /// reads. Every request field the computed views declare is an input, read or not
-    /// (a request without one is refused, whichever path answers it).
+    /// reads. A request field is an input only when an expression needed reads it
+    /// (docs/transformations.md#online): a request (or spine) need not carry the others.
     ///
     /// # Errors
     /// An expression refused ([`Program::compile`], validation's check: only for
@@ -165,9 +165,6 @@ impl Computation {
                     Origin::RequestTime => Source::Input(out.input(Input::RequestTime)),
                 });
             }
-            for field in &views[i].request {
-                out.input(Input::Request(field.clone()));
-            }
             // Each output's event time: the stored views it reads, directly or through
             // the on-demand features it reads.
             let mut times = Vec::new();
@@ -219,6 +216,30 @@ impl Computation {
     /// What to supply to [`Computation::evaluate`], one column each, in this order.
     pub fn inputs(&self) -> &[Input] {
         &self.inputs
+    }
+
+    /// The inputs requested feature `k` reads (positions in [`Computation::inputs`]),
+    /// directly or through the on-demand features it reads, ascending, each once.
+    pub fn reads(&self, k: usize) -> Vec<usize> {
+        let mut out: Vec<usize> = Vec::new();
+        let mut seen: Vec<(usize, usize)> = Vec::new();
+        let mut stack = vec![self.wanted[k]];
+        while let Some((s, o)) = stack.pop() {
+            if seen.contains(&(s, o)) {
+                continue;
+            }
+            seen.push((s, o));
+            let step = &self.steps[s];
+            for c in step.program.reads(o) {
+                match step.sources[c] {
+                    Source::Input(i) => out.push(i),
+                    Source::Output(s, o) => stack.push((s, o)),
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// The requested features: view, name and type each, in order.
@@ -297,7 +318,7 @@ fn latest(rows: usize, of: &[usize], supplied: &[ArrayRef]) -> Vec<i64> {
 mod tests {
     use super::*;
     use crate::yaml::parse_definitions;
-    use arrow::array::{Float64Array, Int64Array, StringArray, TimestampMicrosecondArray};
+    use arrow::array::{Float64Array, Int64Array, TimestampMicrosecondArray};
 
     const DEFS: &str = "entities:
   - {name: driver, join_keys: [{name: driver_id, dtype: int64}]}
@@ -324,24 +345,24 @@ on_demand_views:
         let c = Computation::new(&defs, &[(second, "twice"), (first, "per_trip")]).unwrap();
         let stored = |f: &str, dtype| Input::Feature { view: "stats".into(), feature: f.into(), dtype };
         let request = |n: &str, dtype| Input::Request(Feature { name: n.into(), dtype, description: String::new(), expr: String::new() });
-        // `city` is read by no needed output; both request fields are declared.
+        // `city` is read by no needed output, nor is the declared request field `unused`.
         assert_eq!(
             c.inputs(),
             [
                 stored("rate", DType::Float64),
                 stored("trips", DType::Int64),
                 request("amount", DType::Float64),
-                request("unused", DType::String),
                 Input::EventTime { view: "stats".into() },
             ]
         );
         assert_eq!(c.views(), ["stats"]);
+        // `twice` reads `first.scaled`, so `stats.rate` and `amount`; `per_trip` reads `amount` and `stats.trips`.
+        assert_eq!((c.reads(0), c.reads(1)), (vec![0, 2], vec![1, 2]));
         let n = 3;
         let supplied: Vec<ArrayRef> = vec![
             Arc::new(Float64Array::from(vec![Some(0.5), None, Some(2.0)])),
             Arc::new(Int64Array::from(vec![Some(4), Some(0), Some(0)])),
             Arc::new(Float64Array::from(vec![Some(10.0), Some(1.0), Some(3.0)])),
-            Arc::new(StringArray::from(vec!["a", "b", "c"])),
             Arc::new(TimestampMicrosecondArray::from(vec![Some(7), None, Some(9)]).with_timezone("UTC")),
         ];
         let got = c.evaluate(n, &supplied, true).unwrap();

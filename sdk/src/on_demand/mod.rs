@@ -321,7 +321,7 @@ feature_views:
             (one("driver_hourly", "", "{name: f, dtype: float64, expr: 'random()'}"), "the function `random`"),
             (
                 one("driver_hourly", "", "{name: f, dtype: int64, expr: 'driver_hourly.conv_rate'}"),
-                "computes float64, which a int64 feature cannot hold",
+                "computes float64, which an int64 feature cannot hold",
             ),
             (
                 one("driver_hourly", "{name: request_time, dtype: int64}", "{name: f, dtype: int64, expr: '1'}"),

@@ -39,6 +39,9 @@ pub struct NumbersDoc {
     #[serde(deserialize_with = "nan_if_null")]
     pub m2: f64,
     pub nan: u64,
+    /// Infinite values (absent in profiles written when they counted as nulls).
+    #[serde(default)]
+    pub infinite: u64,
     pub kll: String,
 }
 
@@ -60,6 +63,7 @@ impl From<&Profile> for ProfileDoc {
             stddev: n.stddev(),
             m2: n.m2,
             nan: n.nan,
+            infinite: n.infinite,
             kll: hex(&n.sketch.serialize()),
         };
         ProfileDoc {
@@ -89,6 +93,7 @@ impl TryFrom<&ProfileDoc> for Profile {
                 mean: n.mean,
                 m2: n.m2,
                 nan: n.nan,
+                infinite: n.infinite,
                 sketch,
             })
         };
@@ -104,6 +109,7 @@ impl TryFrom<&ProfileDoc> for Profile {
             numbers: d.numbers.as_ref().map(numbers).transpose()?,
             categories: d.categories.as_ref().map(categories).transpose()?,
             lengths: d.lengths.as_ref().map(numbers).transpose()?,
+            counted: None,
         })
     }
 }

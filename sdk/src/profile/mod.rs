@@ -3,11 +3,17 @@
 //! null rate, online `NOT_FOUND` / `OUTSIDE_MAX_AGE` shares, for numbers min, max, mean,
 //! standard deviation and a KLL quantile sketch, for strings and bools their most
 //! frequent values, for lists their lengths. Profiles merge, so a long window is the
-//! merge of short ones and is never recomputed from rows.
+//! merge of short ones and is never recomputed from rows. NaN and the infinities are
+//! values, not nulls (the server answers them as `"NaN"`, `"Infinity"`, `"-Infinity"`):
+//! counted on their own, out of the sketch, the moments and PSI's bins. A current
+//! window's profile may also count its values exactly into a reference's bins
+//! ([`Profile::counting`]).
 //!
 //! The sketches are Apache DataSketches' (`datasketches`, pure Rust, no dependencies):
 //! KLL at k = 200 (normalized rank error about 0.83%, under the 1% asked for) and the
 //! frequent items sketch; exact while fewer values than they retain were seen.
+
+use std::sync::Arc;
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{Float32Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
@@ -22,7 +28,10 @@ mod doc;
 #[cfg(test)]
 mod tests;
 
-pub use compare::{Bins, PSI_FLOOR, decile_edges, ks, psi, psi_categories, psi_numbers};
+pub use compare::{
+    Binning, Bins, PSI_FLOOR, bin, category_bins, decile_edges, ks, psi, psi_categories, psi_numbers, shares, sketch_category_shares,
+    sketch_shares,
+};
 pub use doc::{CategoriesDoc, NumbersDoc, ProfileDoc};
 
 /// The KLL sketch's size: normalized rank error about 1.65 / k.
@@ -46,6 +55,19 @@ pub struct Profile {
     pub categories: Option<Categories>,
     /// Of a list feature: its lengths.
     pub lengths: Option<Numbers>,
+    /// The values counted exactly into a reference's bins, when asked for
+    /// ([`Profile::counting`]); never written with the profile.
+    pub counted: Option<Counted>,
+}
+
+/// A window's values counted into a reference's bins: numbers (or list lengths) by the
+/// bin their value falls in ([`bin`]), strings and bools by category; nulls, NaN and
+/// the infinities in none.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    pub binning: Arc<Binning>,
+    /// Values per bin.
+    pub counts: Vec<u64>,
 }
 
 /// Statistics of numbers: exact moments (Chan's parallel merge) and a quantile sketch.
@@ -57,8 +79,11 @@ pub struct Numbers {
     pub mean: f64,
     /// The sum of squared deviations from the mean.
     m2: f64,
-    /// NaN values, not in the sketch (no order holds them).
+    /// NaN values, not in the sketch (no order holds them) nor the moments.
     pub nan: u64,
+    /// Infinite values (either sign), not in the sketch nor the moments (one would
+    /// make the mean infinite, the next NaN).
+    pub infinite: u64,
     sketch: KllSketch<KllFloat<f64>>,
 }
 
@@ -77,13 +102,24 @@ impl Default for Numbers {
             mean: 0.0,
             m2: 0.0,
             nan: 0,
+            infinite: 0,
             sketch: KllSketch::new(KLL_K).expect("a valid k"),
         }
     }
 }
 
 impl Numbers {
+    /// Adds `x`: a finite number to the moments and the sketch, a NaN or an infinity
+    /// to its count.
     pub fn add(&mut self, x: f64) {
+        if !x.is_finite() {
+            if x.is_nan() {
+                self.nan += 1;
+            } else {
+                self.infinite += 1;
+            }
+            return;
+        }
         let Ok(value) = KllFloat::<f64>::new(x) else {
             self.nan += 1;
             return;
@@ -110,6 +146,19 @@ impl Numbers {
             self.sketch.merge(&other.sketch).expect("sketches of one kind");
         }
         self.nan += other.nan;
+        self.infinite += other.infinite;
+    }
+
+    /// NaN and infinite values.
+    pub fn non_finite(&self) -> u64 {
+        self.nan + self.infinite
+    }
+
+    /// How far a share of values between two points read off the sketch may be from
+    /// the exact share: its two-sided (PMF) normalized rank error at 99% confidence, 0
+    /// while it holds every value.
+    pub fn share_error(&self) -> f64 {
+        if self.sketch.is_estimation_mode() { self.sketch.normalized_pmf_error() } else { 0.0 }
     }
 
     /// The sample standard deviation (n - 1); `None` under two values.
@@ -170,6 +219,13 @@ impl Categories {
         self.sketch.estimate(value)
     }
 
+    /// How far a value's share read off the sketch may be from the exact share: its
+    /// largest count error over the values counted (0 while it tracks every distinct
+    /// value).
+    pub fn share_error(&self) -> f64 {
+        self.sketch.maximum_error() as f64 / self.total().max(1) as f64
+    }
+
     /// The most frequent values, at most [`TOP_CATEGORIES`], most frequent first (ties
     /// by value), with their (estimated) counts.
     pub fn top(&self) -> Vec<(String, u64)> {
@@ -182,6 +238,12 @@ impl Categories {
 }
 
 impl Profile {
+    /// An empty profile that also counts its values exactly into `binning`'s bins
+    /// ([`Counted`]): a current window's, against a reference.
+    pub fn counting(binning: Arc<Binning>) -> Profile {
+        Profile { counted: Some(Counted { counts: vec![0; binning.bins()], binning }), ..Profile::default() }
+    }
+
     /// This and `other` (of the same feature) as one.
     pub fn merge(&mut self, other: &Profile) {
         self.count += other.count;
@@ -191,11 +253,56 @@ impl Profile {
         merge_into(&mut self.numbers, &other.numbers, Numbers::merge);
         merge_into(&mut self.categories, &other.categories, Categories::merge);
         merge_into(&mut self.lengths, &other.lengths, Numbers::merge);
+        match (&mut self.counted, &other.counted) {
+            (Some(into), Some(from)) => into.counts.iter_mut().zip(&from.counts).for_each(|(a, b)| *a += b),
+            (None, Some(from)) => self.counted = Some(from.clone()),
+            _ => {}
+        }
     }
 
-    /// The share of null values; `None` when nothing was seen.
+    /// The share of null values; `None` when nothing was seen. NaN and the infinities
+    /// are values, not nulls.
     pub fn null_rate(&self) -> Option<f64> {
         (self.count > 0).then(|| self.nulls as f64 / self.count as f64)
+    }
+
+    /// Of a number feature: the share of its values (nulls included in the count) that
+    /// are NaN or infinite; `None` when nothing was seen or it holds no numbers.
+    pub fn non_finite_rate(&self) -> Option<f64> {
+        let numbers = self.numbers.as_ref()?;
+        (self.count > 0).then(|| numbers.non_finite() as f64 / self.count as f64)
+    }
+
+    /// Adds a number: to [`Numbers`], and to its bin when counting into a reference's.
+    fn number(&mut self, x: f64) {
+        if let Some(Counted { binning, counts }) = &mut self.counted
+            && let Binning::Numbers(edges) = &**binning
+            && x.is_finite()
+        {
+            counts[bin(edges, x)] += 1;
+        }
+        self.numbers.get_or_insert_with(Numbers::default).add(x);
+    }
+
+    /// Adds a list's length.
+    fn length(&mut self, n: usize) {
+        let x = n as f64;
+        if let Some(Counted { binning, counts }) = &mut self.counted
+            && let Binning::Lengths(edges) = &**binning
+        {
+            counts[bin(edges, x)] += 1;
+        }
+        self.lengths.get_or_insert_with(Numbers::default).add(x);
+    }
+
+    /// Adds a string or a bool (as `"true"`, `"false"`).
+    fn category(&mut self, value: &str) {
+        if let Some(Counted { binning, counts }) = &mut self.counted
+            && let Binning::Categories { values, index } = &**binning
+        {
+            counts[index.get(value).copied().unwrap_or(values.len())] += 1;
+        }
+        self.categories.get_or_insert_with(Categories::default).add(value);
     }
 
     /// Adds a column of a feature of `dtype` (its Arrow type, [`DType::arrow_type`]):
@@ -209,53 +316,36 @@ impl Profile {
         match dtype {
             DType::Int32 => {
                 let a = array.as_primitive::<Int32Type>();
-                let numbers = self.numbers.get_or_insert_with(Numbers::default);
-                (0..n).filter(|&r| valid(r)).for_each(|r| numbers.add(f64::from(a.value(r))));
+                (0..n).filter(|&r| valid(r)).for_each(|r| self.number(f64::from(a.value(r))));
             }
             DType::Int64 | DType::Timestamp => {
-                let numbers = self.numbers.get_or_insert_with(Numbers::default);
                 let values: &[i64] = if dtype == DType::Int64 {
                     array.as_primitive::<Int64Type>().values()
                 } else {
                     array.as_primitive::<TimestampMicrosecondType>().values()
                 };
-                (0..n).filter(|&r| valid(r)).for_each(|r| numbers.add(values[r] as f64));
+                (0..n).filter(|&r| valid(r)).for_each(|r| self.number(values[r] as f64));
             }
-            // NaN and infinities count as nulls: the server answers them as null.
+            // NaN and the infinities are values, counted apart ([`Numbers::add`]).
             DType::Float32 => {
                 let a = array.as_primitive::<Float32Type>();
-                let numbers = self.numbers.get_or_insert_with(Numbers::default);
-                let mut non_finite = 0;
-                (0..n).filter(|&r| valid(r)).for_each(|r| {
-                    let x = f64::from(a.value(r));
-                    if x.is_finite() { numbers.add(x) } else { non_finite += 1 }
-                });
-                self.nulls += non_finite;
+                (0..n).filter(|&r| valid(r)).for_each(|r| self.number(f64::from(a.value(r))));
             }
             DType::Float64 => {
                 let a = array.as_primitive::<Float64Type>();
-                let numbers = self.numbers.get_or_insert_with(Numbers::default);
-                let mut non_finite = 0;
-                (0..n).filter(|&r| valid(r)).for_each(|r| {
-                    let x = a.value(r);
-                    if x.is_finite() { numbers.add(x) } else { non_finite += 1 }
-                });
-                self.nulls += non_finite;
+                (0..n).filter(|&r| valid(r)).for_each(|r| self.number(a.value(r)));
             }
             DType::Bool => {
                 let a = array.as_boolean();
-                let categories = self.categories.get_or_insert_with(Categories::default);
-                (0..n).filter(|&r| valid(r)).for_each(|r| categories.add(if a.value(r) { "true" } else { "false" }));
+                (0..n).filter(|&r| valid(r)).for_each(|r| self.category(if a.value(r) { "true" } else { "false" }));
             }
             DType::String => {
                 let a = array.as_string::<i32>();
-                let categories = self.categories.get_or_insert_with(Categories::default);
-                (0..n).filter(|&r| valid(r)).for_each(|r| categories.add(a.value(r)));
+                (0..n).filter(|&r| valid(r)).for_each(|r| self.category(a.value(r)));
             }
             DType::List(_) => {
                 let a = array.as_list::<i32>();
-                let lengths = self.lengths.get_or_insert_with(Numbers::default);
-                (0..n).filter(|&r| valid(r)).for_each(|r| lengths.add(a.value_length(r) as f64));
+                (0..n).filter(|&r| valid(r)).for_each(|r| self.length(a.value_length(r) as usize));
             }
             DType::Bytes => {}
         }
@@ -269,56 +359,56 @@ impl Profile {
     pub fn add_value(&mut self, value: &crate::encoding::Value) {
         use crate::encoding::Value as V;
         self.count += 1;
-        let numbers = |p: &mut Profile, x: f64| p.numbers.get_or_insert_with(Numbers::default).add(x);
-        let categories = |p: &mut Profile, x: &str| p.categories.get_or_insert_with(Categories::default).add(x);
-        let lengths = |p: &mut Profile, n: usize| p.lengths.get_or_insert_with(Numbers::default).add(n as f64);
         match value {
             V::Null => self.nulls += 1,
-            V::Int32(x) => numbers(self, f64::from(*x)),
-            V::Int64(x) | V::Timestamp(x) => numbers(self, *x as f64),
-            // As the server answers them: null.
-            V::Float32(x) if !x.is_finite() => self.nulls += 1,
-            V::Float64(x) if !x.is_finite() => self.nulls += 1,
-            V::Float32(x) => numbers(self, f64::from(*x)),
-            V::Float64(x) => numbers(self, *x),
-            V::Bool(x) => categories(self, if *x { "true" } else { "false" }),
-            V::String(x) => categories(self, x),
+            V::Int32(x) => self.number(f64::from(*x)),
+            V::Int64(x) | V::Timestamp(x) => self.number(*x as f64),
+            // NaN and the infinities too: values, as the server answers them.
+            V::Float32(x) => self.number(f64::from(*x)),
+            V::Float64(x) => self.number(*x),
+            V::Bool(x) => self.category(if *x { "true" } else { "false" }),
+            V::String(x) => self.category(x),
             V::Bytes(_) => {}
-            V::ListInt64(x) => lengths(self, x.len()),
-            V::ListFloat32(x) => lengths(self, x.len()),
-            V::ListFloat64(x) => lengths(self, x.len()),
-            V::ListString(x) => lengths(self, x.len()),
+            V::ListInt64(x) => self.length(x.len()),
+            V::ListFloat32(x) => self.length(x.len()),
+            V::ListFloat64(x) => self.length(x.len()),
+            V::ListString(x) => self.length(x.len()),
         }
     }
 
     /// Adds one value of a feature of `dtype` as the server wrote it in JSON (the
-    /// serving log's form: numbers, RFC 3339 text for times, arrays for lists and bytes).
+    /// serving log's form: numbers, `"NaN"`, `"Infinity"` and `"-Infinity"` for floats
+    /// JSON numbers cannot hold, RFC 3339 text for times, arrays for lists and bytes).
     ///
     /// # Errors
     /// A value that is not of the form `dtype` is written in.
     pub fn add_json(&mut self, value: &serde_json::Value, dtype: DType) -> Result<(), String> {
         use serde_json::Value as J;
         let wrong = || format!("`{value}` is not a {dtype} value");
-        self.count += 1;
         match (value, dtype) {
             (J::Null, _) => self.nulls += 1,
-            (J::Number(n), DType::Int32 | DType::Int64 | DType::Float32 | DType::Float64) => {
-                self.numbers.get_or_insert_with(Numbers::default).add(n.as_f64().ok_or_else(wrong)?);
-            }
-            (J::String(t), DType::Timestamp) => {
-                let us = crate::rows::parse_instant(t).map_err(|_| wrong())?;
-                self.numbers.get_or_insert_with(Numbers::default).add(us as f64);
-            }
-            (J::Bool(b), DType::Bool) => self.categories.get_or_insert_with(Categories::default).add(if *b { "true" } else { "false" }),
-            (J::String(t), DType::String) => self.categories.get_or_insert_with(Categories::default).add(t),
+            (J::Number(n), DType::Int32 | DType::Int64 | DType::Float32 | DType::Float64) => self.number(n.as_f64().ok_or_else(wrong)?),
+            (J::String(t), DType::Float32 | DType::Float64) => self.number(non_finite(t).ok_or_else(wrong)?),
+            (J::String(t), DType::Timestamp) => self.number(crate::rows::parse_instant(t).map_err(|_| wrong())? as f64),
+            (J::Bool(b), DType::Bool) => self.category(if *b { "true" } else { "false" }),
+            (J::String(t), DType::String) => self.category(t),
             (J::Array(_), DType::Bytes) => {}
-            (J::Array(items), DType::List(_)) => self.lengths.get_or_insert_with(Numbers::default).add(items.len() as f64),
-            _ => {
-                self.count -= 1;
-                return Err(wrong());
-            }
+            (J::Array(items), DType::List(_)) => self.length(items.len()),
+            _ => return Err(wrong()),
         }
+        self.count += 1;
         Ok(())
+    }
+}
+
+/// A float JSON numbers cannot hold, as the server writes it (protobuf's JSON mapping:
+/// docs/online.md): `"NaN"`, `"Infinity"`, `"-Infinity"`.
+fn non_finite(text: &str) -> Option<f64> {
+    match text {
+        "NaN" => Some(f64::NAN),
+        "Infinity" => Some(f64::INFINITY),
+        "-Infinity" => Some(f64::NEG_INFINITY),
+        _ => None,
     }
 }
 

@@ -117,7 +117,17 @@ fn profiles_of_columns_merge_and_read_back() {
     }
     assert_eq!(
         Profile::try_from(&ProfileDoc {
-            numbers: Some(NumbersDoc { n: 1, min: None, max: None, mean: 0.0, stddev: None, m2: 0.0, nan: 0, kll: "0g".into() }),
+            numbers: Some(NumbersDoc {
+                n: 1,
+                min: None,
+                max: None,
+                mean: 0.0,
+                stddev: None,
+                m2: 0.0,
+                nan: 0,
+                infinite: 0,
+                kll: "0g".into()
+            }),
             ..ProfileDoc::from(&Profile::default())
         })
         .unwrap_err(),
@@ -145,19 +155,38 @@ fn categories_count_their_most_frequent_values_and_psi_sees_a_mix_change() {
 }
 
 #[test]
-fn nan_and_infinities_count_as_nulls_as_the_server_serves_them_and_the_json_reads_back() {
-    let column = arrow::array::Float64Array::from(vec![Some(1.0), Some(f64::NAN), Some(f64::INFINITY), None, Some(3.0)]);
+fn nan_and_infinities_are_values_counted_apart_and_the_json_reads_back() {
+    let column =
+        arrow::array::Float64Array::from(vec![Some(1.0), Some(f64::NAN), Some(f64::INFINITY), None, Some(3.0), Some(f64::NEG_INFINITY)]);
     let mut p = Profile::default();
     p.add_array(&column, DType::Float64);
-    assert_eq!((p.count, p.nulls), (5, 3));
+    // One null (the missing value); NaN and the infinities are values, out of the moments.
+    assert_eq!((p.count, p.nulls), (6, 1));
     let n = p.numbers.as_ref().unwrap();
-    assert_eq!((n.n, n.min, n.max, n.mean), (2, 1.0, 3.0, 2.0));
+    assert_eq!((n.n, n.min, n.max, n.mean, n.nan, n.infinite), (2, 1.0, 3.0, 2.0, 1, 2));
+    assert_eq!(p.non_finite_rate(), Some(0.5));
+    // Served values alike, and as the serving log holds them in JSON.
     let mut served = Profile::default();
-    for v in [1.0, f64::NAN, f64::INFINITY, 3.0] {
+    for v in [1.0, f64::NAN, f64::INFINITY, 3.0, f64::NEG_INFINITY] {
         served.add_value(&crate::encoding::Value::Float64(v));
     }
     served.add_value(&crate::encoding::Value::Null);
-    assert_eq!((served.count, served.nulls), (5, 3));
+    let mut logged = Profile::default();
+    for text in ["1.0", r#""NaN""#, r#""Infinity""#, "3.0", r#""-Infinity""#, "null"] {
+        logged.add_json(&serde_json::from_str(text).unwrap(), DType::Float32).unwrap();
+    }
+    for q in [&served, &logged] {
+        let n = q.numbers.as_ref().unwrap();
+        assert_eq!((q.count, q.nulls, n.n, n.nan, n.infinite), (6, 1, 2, 1, 2));
+    }
+    // Other text is not a float; the non-finite text is not an integer.
+    assert!(logged.add_json(&serde_json::json!("nan"), DType::Float64).is_err());
+    assert!(logged.add_json(&serde_json::json!("NaN"), DType::Int64).is_err());
+    assert_eq!(logged.count, 6, "a refused value is not counted");
+    // Counted apart, the counts read back.
+    let back =
+        Profile::try_from(&serde_json::from_str::<ProfileDoc>(&serde_json::to_string(&ProfileDoc::from(&p)).unwrap()).unwrap()).unwrap();
+    assert_eq!(back.numbers.as_ref().map(|n| (n.nan, n.infinite)), Some((1, 2)));
     // Moments that overflowed are written as null and read back.
     let mut huge = Profile::default();
     huge.add_value(&crate::encoding::Value::Float64(1e300));
@@ -169,4 +198,66 @@ fn nan_and_infinities_count_as_nulls_as_the_server_serves_them_and_the_json_read
     let mut bad = back.clone();
     bad.numbers.as_mut().unwrap().kll = "a\u{e9}0".into();
     assert!(Profile::try_from(&bad).is_err());
+}
+
+/// A current window counted into the reference's bins: each bin's count equals a plain
+/// loop over the values and the edges, whatever the window's size (its sketch is past
+/// exact here), merged halves count as the whole, and PSI over the counted shares
+/// equals PSI computed directly to 1e-12. NaN, the infinities and nulls fall in no bin.
+#[test]
+fn a_window_counted_into_the_references_bins_equals_a_direct_count() {
+    let reference: Vec<f64> = (0..5000).map(|i| ((i * 7919) % 5000) as f64 / 50.0).collect();
+    let current: Vec<f64> = (0..9000).map(|i| ((i * 104_729) % 9000) as f64 / 60.0 + 20.0).collect();
+    let mut r = Profile::default();
+    reference.iter().for_each(|x| r.add_value(&crate::encoding::Value::Float64(*x)));
+    let binning = std::sync::Arc::new(Binning::of(&r).unwrap());
+    let Binning::Numbers(edges) = &*binning else { panic!("{binning:?}") };
+    let edges = edges.clone();
+    let mut whole = Profile::counting(binning.clone());
+    let (mut left, mut right) = (Profile::counting(binning.clone()), Profile::counting(binning.clone()));
+    let odd = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+    let column = |values: &[f64]| arrow::array::Float64Array::from_iter(values.iter().copied().chain(odd).map(Some).chain([None]));
+    whole.add_array(&column(&current), DType::Float64);
+    left.add_array(&column(&current[..4000]), DType::Float64);
+    right.add_array(&column(&current[4000..]), DType::Float64);
+    left.merge(&right);
+    // The direct count, written out: the first edge at or above the value, else the last bin.
+    let mut direct = vec![0u64; edges.len() + 1];
+    for x in &current {
+        let mut k = edges.len();
+        for (i, e) in edges.iter().enumerate() {
+            if x <= e {
+                k = i;
+                break;
+            }
+        }
+        direct[k] += 1;
+    }
+    for p in [&whole, &left] {
+        assert_eq!(p.counted.as_ref().unwrap().counts, direct);
+        assert!(p.numbers.as_ref().unwrap().share_error() > 0.0, "past the sketch's exact range");
+    }
+    let bins = Bins::counted(r.numbers.as_ref().unwrap(), whole.counted.as_ref().unwrap()).unwrap();
+    assert_eq!(bins.current_error, None, "counted: exact");
+    let shares: Vec<f64> = direct.iter().map(|&k| k as f64 / current.len() as f64).collect();
+    let floor = |x: f64| x.max(1e-4);
+    let by_hand: f64 = bins.reference.iter().zip(&shares).map(|(r, c)| (floor(*c) - floor(*r)) * (floor(*c) / floor(*r)).ln()).sum();
+    assert!((bins.psi() - by_hand).abs() < 1e-12, "{} vs {by_hand}", bins.psi());
+    // Read off the sketch instead, the report says how far a share may be off.
+    let sketched = Bins::deciles(r.numbers.as_ref().unwrap(), whole.numbers.as_ref().unwrap()).unwrap();
+    let error = sketched.current_error.unwrap();
+    assert!(error > 0.01 && error < 0.02, "{error}");
+    for (a, b) in sketched.current.iter().zip(&shares) {
+        assert!((a - b).abs() <= error, "{a} vs {b}");
+    }
+    // Categories: the reference's top values and "other", counted from JSON as logged.
+    let mut cats = Profile::default();
+    for v in ["a", "a", "b"] {
+        cats.add_value(&crate::encoding::Value::String(v.into()));
+    }
+    let mut c = Profile::counting(std::sync::Arc::new(Binning::of(&cats).unwrap()));
+    for v in [r#""b""#, r#""z""#, r#""a""#, "null", r#""y""#] {
+        c.add_json(&serde_json::from_str(v).unwrap(), DType::String).unwrap();
+    }
+    assert_eq!(c.counted.unwrap().counts, [1, 1, 2]);
 }

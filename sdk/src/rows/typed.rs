@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use super::{RowReader, ViewRow, from_json, parse_instant};
+use super::{RowReader, ViewRow, from_json, non_finite, parse_instant};
 use crate::definitions::{FeatureView, JoinKey};
 use crate::encoding::{KeyValue, Value};
 use crate::types::{DType, KeyType};
@@ -273,6 +273,9 @@ impl<'de> serde::de::Visitor<'de> for TypedSeed {
             SlotType::Time => Ok(parse_instant(s).map_or(Typed::Bad, Typed::Time)),
             SlotType::Scalar(DType::String) => Ok(Typed::Value(Value::String(s.to_string()))),
             SlotType::Scalar(DType::Timestamp) => Ok(parse_instant(s).map_or(Typed::Bad, |t| Typed::Value(Value::Timestamp(t)))),
+            // NaN and the infinities as the server answers them (`"NaN"`, ...).
+            SlotType::Scalar(DType::Float64) => Ok(non_finite(s).map_or(Typed::Bad, |f| Typed::Value(Value::Float64(f)))),
+            SlotType::Scalar(DType::Float32) => Ok(non_finite(s).map_or(Typed::Bad, |f| Typed::Value(Value::Float32(f as f32)))),
             _ => Ok(Typed::Bad),
         }
     }
@@ -390,7 +393,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         /// A random JSON value.
         fn value(rng: &mut rand::rngs::StdRng, depth: u32) -> String {
-            match rng.random_range(0..16) {
+            match rng.random_range(0..17) {
                 0 => "null".into(),
                 1 => "true".into(),
                 2 => format!("{}", rng.random_range(-5i64..5)),
@@ -409,10 +412,12 @@ mod tests {
                 }
                 13 if depth < 3 => format!("{{\"a\": {}}}", value(rng, depth + 1)),
                 14 => "9007199254740993".into(),
+                15 => ["\"NaN\"", "\"Infinity\"", "\"-Infinity\"", "\"nan\"", "\"-inf\""][rng.random_range(0..5)].into(),
                 _ => "2.5".into(),
             }
         }
         let mut read = 0;
+        let mut non_finite_read = 0;
         for case in 0..40_000 {
             let fields = rng.random_range(0..12);
             // Mostly documents that start with every field either view requires.
@@ -437,8 +442,12 @@ mod tests {
                     ("trip_id" | "name", _) => "\"t1\"".into(),
                     ("when", _) => "\"2024-03-01T10:00:00.25-01:00\"".into(),
                     ("ok", _) => "false".into(),
-                    ("f32" | "i32", _) => ["-0", "0.1", "7", "-2147483648", "2147483648", "1e38", "1e39"][rng.random_range(0..7)].into(),
-                    ("emb" | "ids", _) => "[1, 2]".into(),
+                    ("f32" | "i32", _) => ["-0", "0.1", "7", "-2147483648", "2147483648", "1e38", "1e39", "\"NaN\"", "\"-Infinity\""]
+                        [rng.random_range(0..9)]
+                    .into(),
+                    ("rate", _) => ["0.5", "\"NaN\"", "\"Infinity\"", "\"-Infinity\"", "\"Nan\""][rng.random_range(0..5)].into(),
+                    ("emb", _) => ["[1, 2]", "[\"NaN\", 0.5]", "[\"Infinity\", \"-Infinity\"]"][rng.random_range(0..3)].into(),
+                    ("ids", _) => "[1, 2]".into(),
                     _ => value(&mut rng, 0),
                 };
                 doc.push_str(&format!(" \"{name}\" : {v}"));
@@ -454,15 +463,28 @@ mod tests {
             }
             for r in &readers {
                 let (fast, oracle) = (r.from_slice(&bytes), read_through_a_json_object(r, &bytes));
-                assert_eq!(fast, oracle, "case {case}: {}", String::from_utf8_lossy(&bytes));
+                // Compared as Debug text, which tells every float apart and has a NaN
+                // equal to itself (`==` has it unequal).
+                assert_eq!(format!("{fast:?}"), format!("{oracle:?}"), "case {case}: {}", String::from_utf8_lossy(&bytes));
                 if r.slots.types.is_some() {
                     // The typed path reads every good row itself, and only those.
-                    assert_eq!(r.read_typed(&bytes).ok_or(()), oracle.map_err(|_| ()), "case {case}: {}", String::from_utf8_lossy(&bytes));
+                    let (typed, oracle) = (r.read_typed(&bytes).ok_or(()), oracle.map_err(|_| ()));
+                    assert_eq!(format!("{typed:?}"), format!("{oracle:?}"), "case {case}: {}", String::from_utf8_lossy(&bytes));
                 }
+                non_finite_read += usize::from(fast.as_ref().is_ok_and(|row| {
+                    row.values.iter().any(|v| match v {
+                        Value::Float32(x) => !x.is_finite(),
+                        Value::Float64(x) => !x.is_finite(),
+                        Value::ListFloat32(x) => x.iter().any(|x| !x.is_finite()),
+                        _ => false,
+                    })
+                }));
                 read += usize::from(fast.is_ok());
             }
         }
         // The documents exercise both outcomes.
         assert!(read > 12_000 && read < 108_000, "{read} of 120,000 read");
+        // NaN and the infinities, in their JSON text, among the rows read.
+        assert!(non_finite_read > 1_000, "{non_finite_read} rows with a NaN or an infinity read");
     }
 }
