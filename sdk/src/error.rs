@@ -180,3 +180,28 @@ impl Error {
 
 /// The sdk's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `n` things, said as a reader would: `count(1, "row")` is `1 row`, `count(2, "row")`
+/// is `2 rows`. Every message that counts uses it, so none says "1 rows".
+pub fn count<N: std::fmt::Display + PartialEq + From<u8>>(n: N, noun: &str) -> String {
+    if n == N::from(1) {
+        return format!("1 {noun}");
+    }
+    // A consonant and `y` (entity) take `ies`; a vowel and `y` (key) an `s`.
+    match noun.strip_suffix('y') {
+        Some(stem) if !stem.ends_with(['a', 'e', 'o', 'u']) => format!("{n} {stem}ies"),
+        _ => format!("{n} {noun}s"),
+    }
+}
+
+#[cfg(test)]
+mod count_tests {
+    #[test]
+    fn one_is_singular_and_every_other_count_plural() {
+        assert_eq!(super::count(0, "row"), "0 rows");
+        assert_eq!(super::count(1, "row"), "1 row");
+        assert_eq!(super::count(2, "shard"), "2 shards");
+        assert_eq!(super::count(3u64, "entity"), "3 entities");
+        assert_eq!(super::count(0, "key"), "0 keys");
+    }
+}

@@ -1,5 +1,6 @@
 //! `quiver export`: a sharded, reproducible training set.
 
+use quiver_sdk::error::count;
 use std::path::PathBuf;
 
 use quiver::{ShardFormat, SpineSource};
@@ -100,20 +101,20 @@ impl Export {
         let manifest = &exported.manifest;
         if !reproducing && exported.joined == 0 && exported.repaired.is_empty() {
             println!(
-                "training set {} was already in {}: {} rows in {} shards, every shard intact; nothing written",
+                "training set {} was already in {}: {} in {}, every shard intact; nothing written",
                 manifest.training_set_id,
                 out.display(),
-                manifest.rows,
-                manifest.shards.len()
+                count(manifest.rows, "row"),
+                count(manifest.shards.len(), "shard")
             );
             return Ok(());
         }
         println!(
-            "{} training set {}: {} rows in {} shards to {} in {:.2} s{}",
+            "{} training set {}: {} in {} to {} in {:.2} s{}",
             if reproducing { "reproduced" } else { "exported" },
             manifest.training_set_id,
-            manifest.rows,
-            manifest.shards.len(),
+            count(manifest.rows, "row"),
+            count(manifest.shards.len(), "shard"),
             out.display(),
             began.elapsed().as_secs_f64(),
             if reproducing { ", every shard identical to the manifest" } else { "" }

@@ -1,5 +1,6 @@
 //! `quiver historical`: a point-in-time join to Parquet.
 
+use quiver_sdk::error::count;
 use std::path::PathBuf;
 
 use quiver::ops::Spine;
@@ -54,9 +55,9 @@ impl Historical {
         let joined = rt.block_on(op.write_parquet(&self.out))?;
         bar.finish_and_clear();
         println!(
-            "historical: {} rows x {} features -> {} in {:.2} s ({})",
-            joined.batch.num_rows(),
-            joined.refs.len(),
+            "historical: {} x {} -> {} in {:.2} s ({})",
+            count(joined.batch.num_rows(), "row"),
+            count(joined.refs.len(), "feature"),
             self.out.display(),
             start.elapsed().as_secs_f64(),
             joined.engine_note

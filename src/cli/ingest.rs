@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use quiver::ops::Rows;
 use quiver::streaming::Target;
+use quiver_sdk::error::count;
 
 use super::{Ctx, progress_bar, progress_on, runtime};
 
@@ -119,14 +120,14 @@ pub(super) fn shaped_note(dropped: usize, uncomputed: u64) -> String {
         parts.push(filtered(dropped));
     }
     if uncomputed > 0 {
-        parts.push(format!("{uncomputed} values could not be computed (stored null)"));
+        parts.push(format!("{} could not be computed (stored null)", count(uncomputed, "value")));
     }
     if parts.is_empty() { String::new() } else { format!("; {}", parts.join(", ")) }
 }
 
 /// `n` rows, said as a reader would: `1 row`, `2 rows`.
 pub(super) fn rows(n: usize) -> String {
-    if n == 1 { "1 row".to_string() } else { format!("{n} rows") }
+    count(n, "row")
 }
 
 /// `n` rows the source filter dropped.

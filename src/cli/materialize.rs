@@ -3,6 +3,7 @@
 use quiver::ViewReport;
 use quiver::ops::parse_time;
 use quiver::sdk::Timestamp;
+use quiver_sdk::error::count;
 
 use super::{Ctx, progress_bar, progress_on, runtime};
 
@@ -54,7 +55,7 @@ fn print_materialized(reports: &[ViewReport], began: std::time::Instant) {
     let mut total = 0;
     for r in reports {
         // Every entity is written, left out as expired, or older than the stored row.
-        let mut line = format!("{}: {} entities, {} written", r.view, r.entities, r.written);
+        let mut line = format!("{}: {}, {} written", r.view, quiver_sdk::error::count(r.entities, "entity"), r.written);
         if r.expired > 0 {
             line.push_str(&format!(", {} skipped as already expired (past the ttl and its day of grace)", r.expired));
         }
@@ -66,5 +67,10 @@ fn print_materialized(reports: &[ViewReport], began: std::time::Instant) {
         total += r.entities;
     }
     let secs = began.elapsed().as_secs_f64();
-    println!("materialized {total} rows from {} views in {secs:.2} s ({:.0} rows/s)", reports.len(), total as f64 / secs.max(1e-9));
+    println!(
+        "materialized {} from {} in {secs:.2} s ({:.0} rows/s)",
+        count(total, "row"),
+        count(reports.len(), "view"),
+        total as f64 / secs.max(1e-9)
+    );
 }

@@ -151,10 +151,10 @@ fn render_list(doc: &RegistryDoc) -> String {
     out.push_str(&format!("\nfeature services ({})\n", defs.feature_services.len()));
     for s in &defs.feature_services {
         out.push_str(&format!(
-            "  {:<24} v{:<3} {} features\n",
+            "  {:<24} v{:<3} {}\n",
             s.name,
             meta(doc, "feature_service", &s.name).map_or(0, |m| m.version),
-            s.features.len()
+            quiver_sdk::error::count(s.features.len(), "feature")
         ));
     }
     if !defs.on_demand_views.is_empty() {

@@ -73,8 +73,8 @@ impl Stream {
         }
         let report = op.run_blocking(rt.handle().clone())?;
         println!(
-            "consumed {} messages: {} written online, {} appended offline, {} dead-lettered{}",
-            report.consumed,
+            "consumed {}: {} written online, {} appended offline, {} dead-lettered{}",
+            quiver_sdk::error::count(report.consumed, "message"),
             report.written_online,
             report.appended_offline,
             report.dead_lettered,

@@ -4,6 +4,7 @@ use quiver::FeatureReport;
 use quiver::ops::parse_time;
 use quiver::sdk::Timestamp;
 use quiver::sdk::rows::format_instant;
+use quiver_sdk::error::count;
 
 use super::{Ctx, runtime};
 
@@ -56,10 +57,10 @@ impl Verify {
         let rt = runtime()?;
         let report = rt.block_on(async { repo.verify_log(since_us, until_us).with_created_cutoff(self.created_cutoff).await })?;
         println!(
-            "serving log {}: {} requests, {} rows from {} to {}",
+            "serving log {}: {}, {} from {} to {}",
             repo.config.serving_log.location,
-            report.requests,
-            report.rows,
+            count(report.requests, "request"),
+            count(report.rows, "row"),
             format_instant(since_us.0),
             format_instant(until_us.0)
         );
@@ -74,7 +75,7 @@ impl Verify {
             );
         }
         if report.features.iter().all(|f| f.compared == 0) {
-            anyhow::bail!("verify: {} rows logged, none could be compared (see the skipped lines above)", report.rows);
+            anyhow::bail!("verify: {} logged, none could be compared (see the skipped lines above)", count(report.rows, "row"));
         }
         print_verify(&report.features, self.max_mismatch)
     }

@@ -8,6 +8,7 @@ use quiver_offline::schema::value_at;
 use quiver_online::lookup::{Row, Status};
 use quiver_online::server::json::value_json;
 use quiver_sdk::encoding::{KeyValue, Value};
+use quiver_sdk::error::count;
 use quiver_sdk::on_demand;
 use quiver_sdk::rows::format_instant;
 use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, OnDemandView, Timestamp};
@@ -62,7 +63,7 @@ pub async fn verify_log(
             continue;
         }
         let Some(view) = defs.feature_view(name) else {
-            report.skipped.push(format!("{} rows of feature view `{name}`, which is no longer defined", logged.len()));
+            report.skipped.push(format!("{} of feature view `{name}`, which is no longer defined", count(logged.len(), "row")));
             continue;
         };
         replay.view(view, logged, &mut report).await?;
@@ -103,7 +104,7 @@ impl Replay<'_> {
         }
         let unparsed = logged.len() - kept.len();
         if unparsed > 0 {
-            report.skipped.push(format!("{unparsed} rows of `{name}` whose entity does not match the view's join keys"));
+            report.skipped.push(format!("{} of `{name}` whose entity does not match the view's join keys", count(unparsed, "row")));
         }
         if kept.is_empty() {
             return Ok(());
@@ -251,7 +252,7 @@ impl Replay<'_> {
         }
         let unparsed = logged.len() - kept.len();
         if unparsed > 0 {
-            report.skipped.push(format!("{unparsed} rows of `{name}` whose join keys or request fields do not parse"));
+            report.skipped.push(format!("{} of `{name}` whose join keys or request fields do not parse", count(unparsed, "row")));
         }
         if kept.is_empty() {
             return Ok(());
@@ -267,7 +268,7 @@ impl Replay<'_> {
         let joined = match historical(self.config, self.defs, rows, &resolved, options, self.kernel, &|_, _| {}).await {
             Ok(joined) => joined,
             Err(e) => {
-                report.skipped.push(format!("{} rows of `{name}` cannot be replayed: {e}", kept.len()));
+                report.skipped.push(format!("{} of `{name}` cannot be replayed: {e}", count(kept.len(), "row")));
                 return Ok(());
             }
         };

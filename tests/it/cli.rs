@@ -604,7 +604,7 @@ fn ingesting_the_same_content_twice_appends_it_once() {
         "user_id,event_timestamp,created_timestamp,score\n3,2024-01-01T10:00:00Z,2024-01-01T10:00:00Z,9.0\n",
     )
     .unwrap();
-    assert!(ok(&repo, &["ingest", "score", "more.csv"]).contains("ingested 1 rows into score (table version 3)"));
+    assert!(ok(&repo, &["ingest", "score", "more.csv"]).contains("ingested 1 row into score (table version 3)"));
 }
 
 /// One rule for `--created-cutoff`: a view without a created timestamp counts each row as

@@ -144,8 +144,8 @@ fn check_lengths(entities: &EntityColumns) -> Result<usize> {
     let n = entities.first().map_or(0, |(_, v)| v.len());
     if let Some((name, v)) = entities.iter().find(|(_, v)| v.len() != n) {
         return Err(Error::Request(format!(
-            "entity column `{name}` has {} values, the first has {n} (each join key needs one per row)",
-            v.len()
+            "entity column `{name}` has {}, the first has {n} (each join key needs one per row)",
+            quiver_sdk::error::count(v.len(), "value")
         )));
     }
     Ok(n)

@@ -125,9 +125,9 @@ impl OnDemandPlan {
             };
             if values.len() != n {
                 return Err(Error::Request(format!(
-                    "request field `{}` has {} values, the join keys {n} (one per entity row)",
+                    "request field `{}` has {}, the join keys {n} (one per entity row)",
                     field.name,
-                    values.len()
+                    quiver_sdk::error::count(values.len(), "value")
                 )));
             }
         }

@@ -44,13 +44,16 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     let n = request.df.values().next().map_or(0, Vec::len);
     if n > MAX_ENTITY_ROWS {
         state.metrics.refused(Limit::MaxEntityRows);
-        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, format!("{n} rows; at most {MAX_ENTITY_ROWS} per push")));
+        return Err(ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("{}; at most {MAX_ENTITY_ROWS} per push", quiver_sdk::error::count(n, "row")),
+        ));
     }
     if n == 0 {
         return Err(bad("the push has no rows"));
     }
     if let Some((c, v)) = request.df.iter().find(|(_, v)| v.len() != n) {
-        return Err(bad(format!("df column `{c}` has {} values, another has {n}", v.len())));
+        return Err(bad(format!("df column `{c}` has {}, another has {n}", quiver_sdk::error::count(v.len(), "value"))));
     }
     // A column the view needs must be there (a typo would otherwise push nulls).
     let latest = (state.clock)().saturating_add(state.limits.max_future_skew_us);

@@ -248,7 +248,13 @@ async fn bad_requests_get_clear_errors() {
         (json!({"entities": {"driver_id": [1]}, "feature_service": "nope"}), StatusCode::BAD_REQUEST, "unknown feature service `nope`"),
         (json!({"entities": {"driver_id": [1]}}), StatusCode::BAD_REQUEST, "needs `features` or `feature_service`"),
         (json!({"features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "needs `entities`"),
-        (json!({"entities": {"customer_id": ["c1"]}, "features": ["stats:rate"]}), StatusCode::BAD_REQUEST, "missing join key `driver_id`"),
+        (json!({"entities": {"customer_id": ["c1"]}, "features": ["pair:n"]}), StatusCode::BAD_REQUEST, "missing join key `driver_id`"),
+        // A key of another view is not a key of the features asked for.
+        (
+            json!({"entities": {"customer_id": ["c1"]}, "features": ["stats:rate"]}),
+            StatusCode::BAD_REQUEST,
+            "`customer_id` is neither a join key nor a request field of the features asked for (allowed: `driver_id`)",
+        ),
         // A misspelt key is named with the names allowed.
         (
             json!({"entities": {"driverid": [1]}, "features": ["stats:rate"]}),

@@ -192,3 +192,15 @@ async fn push_names_a_missing_raw_column_as_one() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert_eq!(answer["error"], "df lacks raw column `cents` of feature view `payments`", "{answer}");
 }
+
+/// A raw column of the wrong type is named as a raw column (not as a feature), with
+/// the row and the value.
+#[tokio::test]
+async fn push_names_a_raw_column_of_the_wrong_type_as_one() {
+    let (_dir, state) = served().await;
+    let body = r#"{"feature_view": "payments", "to": "online", "df": {"customer_id": ["C1"], "event_timestamp": ["2024-01-01T09:30:00Z"], "cents": ["x"]}}"#;
+    let (status, answer) = post(&state, "/push", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let error = answer["error"].as_str().unwrap();
+    assert_eq!(error, r#"row 1: raw column `cents` must be int64, got "x""#);
+}

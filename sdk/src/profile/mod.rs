@@ -384,7 +384,7 @@ impl Profile {
     /// A value that is not of the form `dtype` is written in.
     pub fn add_json(&mut self, value: &serde_json::Value, dtype: DType) -> Result<(), String> {
         use serde_json::Value as J;
-        let wrong = || format!("`{value}` is not a {dtype} value");
+        let wrong = || format!("`{value}` is not of type {dtype}");
         match (value, dtype) {
             (J::Null, _) => self.nulls += 1,
             (J::Number(n), DType::Int32 | DType::Int64 | DType::Float32 | DType::Float64) => self.number(n.as_f64().ok_or_else(wrong)?),

@@ -318,7 +318,10 @@ fn assemble(target: &Target, request: &ViewRequest<'_>, join: &Join<'_>, schema:
     let n = join.times.len();
     let all = concat_batches(&schema, batches)?;
     if all.num_rows() != n {
-        return Err(target.error(format!("the join returned {} rows for a spine of {n}; no result written", all.num_rows())));
+        return Err(target.error(format!(
+            "the join returned {} for a spine of {n}; no result written",
+            quiver_sdk::error::count(all.num_rows(), "row")
+        )));
     }
     let order = sort_to_indices(all.column(0), None, None)?;
     let sorted = take_record_batch(&all, &order)?;
