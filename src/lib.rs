@@ -28,6 +28,7 @@ pub use materialize::ViewReport;
 pub use quiver_gpu_join as gpu_join;
 pub use quiver_offline as offline;
 pub use quiver_online as online;
+pub use quiver_runtime as runtime;
 pub use quiver_sdk as sdk;
 pub use quiver_streaming as streaming;
 pub use repo::{Applied, DEFINITIONS_FILE, Repo};

@@ -90,7 +90,7 @@ async fn load_event_log(
     store: &dyn OnlineStore,
     progress: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<(ViewReport, Option<u64>)> {
-    let since = quiver_sdk::aggregation::record::Layout::of(view).earliest_tail(now);
+    let since = quiver_runtime::record::Layout::of(view).earliest_tail(now);
     let events = events_since(config, defs, view, since, None).await?;
     let rows = quiver_streaming::write::event_log_rows(&config.project, view, &events, now);
     let Written { written, expired } = write_all(store, &rows, &view.name, progress).await?;

@@ -17,7 +17,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{Error, Result};
 use crate::schema::{Role, rows_to_columns, timestamp_type, view_columns};
-use quiver_sdk::rows::{RowReader, parse_instant};
+use quiver_runtime::rows::{RowReader, parse_instant};
 use quiver_sdk::{Definitions, FeatureView};
 
 /// The file formats `ingest` reads.
@@ -108,7 +108,7 @@ pub fn read_file(path: &Path, defs: &Definitions, view: &FeatureView) -> Result<
 }
 
 /// JSON lines through the one strict row reader that Kafka messages and pushes use
-/// ([`quiver_sdk::rows`]); errors name the file and line. A column no line has is an
+/// ([`quiver_runtime::rows`]); errors name the file and line. A column no line has is an
 /// error, as in CSV and Parquet (a typo would otherwise read as all nulls).
 fn read_json_lines(
     path: &Path,
@@ -239,7 +239,7 @@ pub fn conform(source: &str, batch: &RecordBatch, wanted: &[Wanted], row0: usize
         if let (Role::EventTime, Some(latest)) = (role, latest_event) {
             let times = converted.as_primitive::<arrow::datatypes::TimestampMicrosecondType>();
             if let Some(row) = times.values().iter().position(|&t| t > latest) {
-                let message = quiver_sdk::rows::check_event_time(name, times.value(row), latest).expect_err("checked");
+                let message = quiver_runtime::rows::check_event_time(name, times.value(row), latest).expect_err("checked");
                 return Err(Error::input(source, format!("row {}: column {message}", row0 + row + 1)));
             }
         }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-pub use quiver_sdk::arrays::{key_array, key_at, value_at, values_to_array};
+pub use quiver_runtime::arrays::{key_array, key_at, value_at, values_to_array};
 use quiver_sdk::{DType, Definitions, FeatureView, KeyType};
 
 /// The hidden ingestion-order column: `(table version of the ingest << 32) | row`.
@@ -110,9 +110,9 @@ pub fn table_schema(defs: &Definitions, view: &FeatureView) -> SchemaRef {
 
 /// Typed rows (from JSON: files, messages, pushes) as the columns of
 /// [`view_columns`], in that order, ready for [`crate::ingest::append`].
-pub fn rows_to_columns(view: &FeatureView, rows: &[quiver_sdk::rows::ViewRow]) -> Vec<arrow::array::ArrayRef> {
+pub fn rows_to_columns(view: &FeatureView, rows: &[quiver_runtime::rows::ViewRow]) -> Vec<arrow::array::ArrayRef> {
     use arrow::array::{ArrayRef, TimestampMicrosecondArray};
-    use quiver_sdk::encoding::KeyValue;
+    use quiver_runtime::encoding::KeyValue;
     let n_keys = rows.first().map_or(0, |r| r.keys.len());
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(n_keys + 2 + view.features.len());
     for k in 0..n_keys {
@@ -122,7 +122,7 @@ pub fn rows_to_columns(view: &FeatureView, rows: &[quiver_sdk::rows::ViewRow]) -
         };
         columns.push(key_array(dtype, rows.iter().map(|r| &r.keys[k])));
     }
-    let times = |f: &dyn Fn(&quiver_sdk::rows::ViewRow) -> i64| -> ArrayRef {
+    let times = |f: &dyn Fn(&quiver_runtime::rows::ViewRow) -> i64| -> ArrayRef {
         Arc::new(TimestampMicrosecondArray::from_iter_values(rows.iter().map(f)).with_timezone("UTC"))
     };
     columns.push(times(&|r| r.event_ts));

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use quiver_sdk::encoding::replaces_before;
+use quiver_runtime::encoding::replaces_before;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::error::{Error, Result};

@@ -3,7 +3,7 @@
 //! ([`RedisStore`]), Redis Cluster ([`RedisClusterStore`]) and an embedded single-file
 //! store ([`EmbeddedStore`]) — proven by one shared test suite run against each.
 //!
-//! Stores hold packed rows ([`quiver_sdk::encoding`]) under store keys, and apply the
+//! Stores hold packed rows ([`quiver_runtime::encoding`]) under store keys, and apply the
 //! guarded write: a row replaces the stored one unless the stored one has a greater
 //! (event_ts, created_ts). Materialization, streaming and `/push` all write through it,
 //! so replays are idempotent.

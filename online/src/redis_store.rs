@@ -218,7 +218,7 @@ impl RedisStore {
 pub(crate) fn horizon(max_future_skew_us: i64) -> [u8; 8] {
     let now_us =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    quiver_sdk::encoding::event_order_bytes(now_us.saturating_add(max_future_skew_us))
+    quiver_runtime::encoding::event_order_bytes(now_us.saturating_add(max_future_skew_us))
 }
 
 /// The rest of one guarded-write call after its script (`EVALSHA sha` or `EVAL body`):

@@ -30,10 +30,10 @@ pub struct Served {
 pub trait ServingLog: Send + Sync {
     fn log(&self, served: Served);
     /// Its families for `/metrics`.
-    fn render_metrics(&self, _out: &mut quiver_sdk::metrics::Exposition) {}
+    fn render_metrics(&self, _out: &mut quiver_runtime::metrics::Exposition) {}
     /// Those families alone, as Prometheus text.
     fn metrics_text(&self) -> String {
-        let mut out = quiver_sdk::metrics::Exposition::new();
+        let mut out = quiver_runtime::metrics::Exposition::new();
         self.render_metrics(&mut out);
         out.finish()
     }

@@ -10,7 +10,7 @@ use crate::error::Result;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteRow {
     pub key: String,
-    /// A packed row ([`quiver_sdk::encoding::OnlineRow::encode`]); its first 16 bytes
+    /// A packed row ([`quiver_runtime::encoding::OnlineRow::encode`]); its first 16 bytes
     /// order it against the stored row.
     pub row: Vec<u8>,
     /// Expiry, milliseconds since the epoch; `None` keeps the key.
@@ -19,8 +19,8 @@ pub struct WriteRow {
 
 impl WriteRow {
     /// The guarded writes of typed rows of `view` (messages, pushes), under `project`.
-    pub fn of_rows(project: &str, view: &quiver_sdk::FeatureView, rows: &[quiver_sdk::rows::ViewRow]) -> Vec<WriteRow> {
-        let print = quiver_sdk::encoding::fingerprint(view);
+    pub fn of_rows(project: &str, view: &quiver_sdk::FeatureView, rows: &[quiver_runtime::rows::ViewRow]) -> Vec<WriteRow> {
+        let print = quiver_sdk::definitions::fingerprint(view);
         rows.iter()
             .map(|r| {
                 let (key, row, expire_at_ms) = r.online(project, view, print);

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use quiver_online::{EmbeddedStore, OnlineStore, RedisClusterStore, RedisStore, WriteRow};
-use quiver_sdk::encoding::{KeyValue, OnlineRow, Value, store_key};
+use quiver_runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -170,12 +170,12 @@ async fn future_rows_never_block(store: &dyn OnlineStore, p: &str) {
 
 /// Rows dated before 1970 of a view with a TTL have long expired: both stores read
 /// them as absent (Redis used to keep such keys forever: a negative expiry was taken
-/// for none), and the expiry [`quiver_sdk::encoding::expire_at_ms`] gives is never 0.
+/// for none), and the expiry [`quiver_runtime::encoding::expire_at_ms`] gives is never 0.
 async fn rows_before_1970_expire(store: &dyn OnlineStore, p: &str) {
     let view = quiver_sdk::FeatureView::new("old").with_feature("a", quiver_sdk::DType::Int64).with_ttl(quiver_sdk::Ttl::from_secs(3600));
     let k = store_key(p, "old", &[KeyValue::Int(1)]);
     let event_ts = -86_400_000_000 * 30; // 1969-12-02
-    let expire_at_ms = quiver_sdk::encoding::expire_at_ms(&view, event_ts);
+    let expire_at_ms = quiver_runtime::encoding::expire_at_ms(&view, event_ts);
     assert!(expire_at_ms.is_some_and(|at| at > 0));
     store.write(&[WriteRow { key: k.clone(), row: packed(event_ts, 0, 1), expire_at_ms }]).await.unwrap();
     assert_eq!(store.read(&[k]).await.unwrap(), vec![None]);

@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 use quiver::Repo;
 use quiver::ops::{Engine, Rows, Spine};
 use quiver::sdk::Definitions;
-use quiver::sdk::encoding::KeyValue;
+use quiver::runtime::encoding::KeyValue;
 
 mod arrow_stream;
 use arrow_stream::{ArrowStream, read_table};
@@ -387,7 +387,7 @@ fn typed_answer(
     columns: &[quiver::online::lookup::Column],
 ) -> anyhow::Result<arrow::array::RecordBatch> {
     use quiver::offline::schema::{key_array, values_to_array};
-    use quiver::sdk::encoding::Value;
+    use quiver::runtime::encoding::Value;
     let mut fields = Vec::with_capacity(columns.len());
     let mut arrays = Vec::with_capacity(columns.len());
     for (i, c) in columns.iter().enumerate() {

@@ -1,7 +1,8 @@
-//! Quiver's definition layer: the types every other crate speaks.
+//! Quiver's definition model: the types every other crate speaks, and nothing else.
 //!
 //! - [`definitions`]: entities, sources, feature views and services (docs/concepts.md), and the
-//!   Rust builder API.
+//!   Rust builder API; [`on_demand`] and [`write_time`] expressions and [`aggregation`]s as
+//!   data, [`monitoring`] thresholds as data.
 //! - [`yaml`]: `features.yaml` in, validated [`Definitions`] out.
 //! - [`validate`](Definitions::validate): one validation for every way of writing
 //!   definitions.
@@ -10,9 +11,11 @@
 //! - [`config`]: `quiver.yaml` with environment overrides.
 //! - [`files`]: atomic, durable small-file writes and the apply lock.
 //!
-//! Invariant: the sdk never talks to a store or the network. Its only I/O is reading
-//! and writing the repository's own small files (`quiver.yaml`, `features.yaml`, the
-//! registry).
+//! Invariant: the sdk never talks to a store or the network, and evaluates nothing: it
+//! compiles expressions only to type-check them. Its only I/O is reading and writing the
+//! repository's own small files (`quiver.yaml`, `features.yaml`, the registry). What the
+//! readers and writers share at run time (row and record formats, expression
+//! evaluation) is `quiver_runtime`.
 //!
 //! ```
 //! use quiver_sdk::{DType, Definitions, Entity, FeatureService, FeatureView, KeyType, Ttl};
@@ -29,18 +32,13 @@
 //! ```
 
 pub mod aggregation;
-pub mod arrays;
 pub mod config;
 pub mod definitions;
-pub mod encoding;
 pub mod error;
 pub mod files;
-pub mod metrics;
 pub mod monitoring;
 pub mod on_demand;
-pub mod profile;
 pub mod registry;
-pub mod rows;
 pub mod types;
 mod validate;
 pub mod write_time;

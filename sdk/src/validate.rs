@@ -336,7 +336,7 @@ impl Definitions {
         if !raw.is_empty() && !view.has_write_expressions() {
             return Err(bad("it declares raw columns but no `source.filter` or feature `expr` reads them".into()));
         }
-        crate::write_time::WriteTransform::new(self, view).map_err(|e| {
+        crate::write_time::compile(self, view).map_err(|e| {
             let filter = e.feature == crate::write_time::FILTER;
             DefinitionError::BadWriteExpression {
                 view: view.name.clone(),

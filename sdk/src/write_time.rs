@@ -1,212 +1,69 @@
-//! Write-time expressions (docs/transformations.md#write-time): a view's source `filter`
-//! and its features' `expr`, over the raw rows its writers read. Every writer — ingest,
-//! `push`, the server's `/push`, the stream — reads raw rows as the view's
-//! [`WriteTransform::raw_view`] (so each checks types and names the file, row and column
-//! as for any view), then computes the stored rows with the one [`WriteTransform`]: rows
-//! failing the filter dropped and counted, each expression computed by the expression
-//! engine, a value it cannot compute null. What is stored is what is served.
+//! Write-time expressions (docs/transformations.md#write-time), compiled: a view's source
+//! `filter` and its features' `expr`, over the raw rows its writers read ([`raw_view`]).
+//! Validation compiles them to type-check them at `apply`; the writers evaluate them
+//! through `quiver_runtime::write_time`, which compiles through [`compile`] too.
 
-use std::sync::Arc;
+use quiver_transform::{Column, ExprError, Output, Program};
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, TimestampMicrosecondArray};
-use arrow::compute::filter_record_batch;
-use arrow::datatypes::{Field, Schema};
-use quiver_transform::{Column, ExprError, InputError, Output, Program};
-
-use crate::arrays::{key_array, key_at, value_at, values_to_array};
 use crate::definitions::{Definitions, Feature, FeatureView};
-use crate::rows::ViewRow;
 use crate::types::timestamp_arrow_type;
 
 /// The name a source filter's errors give it in place of a feature's (no feature's
 /// name has a dot).
 pub const FILTER: &str = "source.filter";
 
-/// A view's write-time expressions, compiled: what its writers read, and how the
-/// stored rows are computed from it.
+/// A view's write-time expressions compiled against its raw row.
 #[derive(Debug, Clone)]
-pub struct WriteTransform {
-    raw: FeatureView,
+pub struct Compiled {
+    /// The view as its writers read it ([`raw_view`]).
+    pub raw: FeatureView,
     /// Over the raw row's columns, one boolean output.
-    filter: Option<Program>,
-    /// Over the raw row's columns, one output per computed feature.
-    program: Option<Program>,
-    /// The stored features, in the view's order, and where each one's values come from.
-    stored: Vec<Feature>,
-    take: Vec<Take>,
+    pub filter: Option<Program>,
+    /// Over the raw row's columns, one output per computed feature, in the view's order.
+    pub program: Option<Program>,
     /// The raw row's leading columns: join keys and times.
-    prefix: usize,
+    pub prefix: usize,
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Take {
-    /// The raw row's feature at this position (stored as it comes).
-    Raw(usize),
-    /// The program's output at this position.
-    Computed(usize),
+/// The view's write-time expressions compiled, or `None` when it has none (its writers
+/// store rows as they come).
+///
+/// # Errors
+/// The first expression refused ([`Program::compile`]), named as its feature (the
+/// filter as [`FILTER`]).
+pub fn compile(defs: &Definitions, view: &FeatureView) -> Result<Option<Compiled>, ExprError> {
+    if !view.has_write_expressions() {
+        return Ok(None);
+    }
+    let raw = raw_view(view);
+    let keys = defs.join_keys(view);
+    let mut columns: Vec<Column> = keys.iter().map(|k| Column::bare(&k.name, k.dtype.dtype().arrow_type())).collect();
+    columns.push(Column::bare(&view.source.timestamp_field, timestamp_arrow_type()));
+    if let Some(created) = &view.source.created_timestamp_field {
+        columns.push(Column::bare(created, timestamp_arrow_type()));
+    }
+    let prefix = columns.len();
+    columns.extend(raw.features.iter().map(|f| Column::bare(&f.name, f.dtype.arrow_type())));
+    let filter = match &view.source.filter {
+        Some(expr) => {
+            let output = Output { name: FILTER.into(), dtype: arrow::datatypes::DataType::Boolean, expr: expr.clone() };
+            Some(Program::compile(&columns, &[output])?)
+        }
+        None => None,
+    };
+    let outputs: Vec<Output> = view
+        .features
+        .iter()
+        .filter(|f| !f.expr.is_empty())
+        .map(|f| Output { name: f.name.clone(), dtype: f.dtype.arrow_type(), expr: f.expr.clone() })
+        .collect();
+    let program = if outputs.is_empty() { None } else { Some(Program::compile(&columns, &outputs)?) };
+    Ok(Some(Compiled { raw, filter, program, prefix }))
 }
 
-/// What [`WriteTransform::apply`] made of a batch of raw rows.
-#[derive(Debug, Clone)]
-pub struct Applied {
-    /// The rows kept, laid out as the view's rows: join keys, times, stored features.
-    pub batch: RecordBatch,
-    /// Rows the filter dropped (false or null).
-    pub dropped: usize,
-    /// Values that could not be computed (null), the filter's included (its row dropped).
-    pub uncomputed: u64,
-}
-
-impl WriteTransform {
-    /// The view's write-time expressions compiled, or `None` when it has none (its
-    /// writers store rows as they come).
-    ///
-    /// # Errors
-    /// The first expression refused ([`Program::compile`]), named as its feature (the
-    /// filter as [`FILTER`]).
-    pub fn new(defs: &Definitions, view: &FeatureView) -> Result<Option<WriteTransform>, ExprError> {
-        if !view.has_write_expressions() {
-            return Ok(None);
-        }
-        let raw = raw_view(view);
-        let keys = defs.join_keys(view);
-        let mut columns: Vec<Column> = keys.iter().map(|k| Column::bare(&k.name, k.dtype.dtype().arrow_type())).collect();
-        columns.push(Column::bare(&view.source.timestamp_field, timestamp_arrow_type()));
-        if let Some(created) = &view.source.created_timestamp_field {
-            columns.push(Column::bare(created, timestamp_arrow_type()));
-        }
-        let prefix = columns.len();
-        columns.extend(raw.features.iter().map(|f| Column::bare(&f.name, f.dtype.arrow_type())));
-        let filter = match &view.source.filter {
-            Some(expr) => {
-                let output = Output { name: FILTER.into(), dtype: arrow::datatypes::DataType::Boolean, expr: expr.clone() };
-                Some(Program::compile(&columns, &[output])?)
-            }
-            None => None,
-        };
-        let outputs: Vec<Output> = view
-            .features
-            .iter()
-            .filter(|f| !f.expr.is_empty())
-            .map(|f| Output { name: f.name.clone(), dtype: f.dtype.arrow_type(), expr: f.expr.clone() })
-            .collect();
-        let program = if outputs.is_empty() { None } else { Some(Program::compile(&columns, &outputs)?) };
-        let mut computed = 0;
-        let take = view
-            .features
-            .iter()
-            .map(|f| {
-                if f.expr.is_empty() {
-                    Take::Raw(raw.features.iter().position(|r| r.name == f.name).expect("stored as it comes"))
-                } else {
-                    computed += 1;
-                    Take::Computed(computed - 1)
-                }
-            })
-            .collect();
-        Ok(Some(WriteTransform { raw, filter, program, stored: view.features.clone(), take, prefix }))
-    }
-
-    /// The view as its writers read it: the same name, keys and times; its features the
-    /// features stored as they come, then the raw columns.
-    pub fn raw_view(&self) -> &FeatureView {
-        &self.raw
-    }
-
-    /// The stored rows of a batch of raw rows laid out as the raw view's rows (join keys,
-    /// times, the raw view's features, in order; types as the view's).
-    ///
-    /// # Errors
-    /// [`InputError`] when the batch is not laid out so.
-    pub fn apply(&self, batch: &RecordBatch) -> Result<Applied, InputError> {
-        let (kept, dropped, mut uncomputed) = self.filtered(batch)?;
-        let computed = match &self.program {
-            Some(program) => {
-                let evaluated = program.evaluate(&kept)?;
-                uncomputed += evaluated.failed.iter().sum::<u64>();
-                evaluated.columns
-            }
-            None => Vec::new(),
-        };
-        let schema = kept.schema();
-        let mut fields: Vec<Arc<Field>> = schema.fields().iter().take(self.prefix).cloned().collect();
-        let mut columns: Vec<ArrayRef> = kept.columns().iter().take(self.prefix).cloned().collect();
-        for (take, feature) in self.take.iter().zip(&self.stored) {
-            fields.push(Arc::new(Field::new(&feature.name, feature.dtype.arrow_type(), true)));
-            columns.push(match *take {
-                Take::Raw(k) => Arc::clone(kept.column(self.prefix + k)),
-                Take::Computed(o) => Arc::clone(&computed[o]),
-            });
-        }
-        let options = RecordBatchOptions::new().with_row_count(Some(kept.num_rows()));
-        let batch =
-            RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), columns, &options).map_err(|e| InputError(e.to_string()))?;
-        Ok(Applied { batch, dropped, uncomputed })
-    }
-
-    /// [`WriteTransform::apply`] to typed rows of the raw view: the stored rows of those
-    /// kept, in order, how many were dropped and how many values could not be computed.
-    pub fn apply_rows(&self, defs: &Definitions, rows: &[ViewRow]) -> (Vec<ViewRow>, usize, u64) {
-        let batch = self.raw_batch(defs, rows);
-        let applied = self.apply(&batch).expect("laid out as the raw view's rows");
-        let keys = defs.join_keys(&self.raw);
-        let batch = &applied.batch;
-        let created = self.raw.source.created_timestamp_field.is_some();
-        let times = |c: usize| batch.column(c).as_primitive::<arrow::datatypes::TimestampMicrosecondType>().clone();
-        let event = times(keys.len());
-        let created_at = created.then(|| times(keys.len() + 1));
-        let features = &self.stored;
-        let out = (0..batch.num_rows())
-            .map(|r| ViewRow {
-                keys: keys.iter().enumerate().map(|(i, k)| key_at(k.dtype, batch.column(i).as_ref(), r)).collect(),
-                event_ts: event.value(r),
-                created_ts: created_at.as_ref().map(|c| c.value(r)),
-                values: features.iter().enumerate().map(|(k, f)| value_at(batch.column(self.prefix + k).as_ref(), r, f.dtype)).collect(),
-            })
-            .collect();
-        (out, applied.dropped, applied.uncomputed)
-    }
-
-    /// The rows the filter keeps, how many it dropped and how many rows it could not
-    /// judge (dropped too).
-    fn filtered(&self, batch: &RecordBatch) -> Result<(RecordBatch, usize, u64), InputError> {
-        let Some(filter) = &self.filter else { return Ok((batch.clone(), 0, 0)) };
-        let evaluated = filter.evaluate(batch)?;
-        let mask = evaluated.columns[0].as_boolean();
-        // Null (unknown, or not computable) keeps no row.
-        let mask = if mask.null_count() == 0 { mask.clone() } else { BooleanArray::from_iter(mask.iter().map(|v| Some(v == Some(true)))) };
-        let kept = filter_record_batch(batch, &mask).map_err(|e| InputError(e.to_string()))?;
-        let dropped = batch.num_rows() - kept.num_rows();
-        Ok((kept, dropped, evaluated.failed[0]))
-    }
-
-    /// Typed rows of the raw view as a batch laid out as its rows.
-    fn raw_batch(&self, defs: &Definitions, rows: &[ViewRow]) -> RecordBatch {
-        let keys = defs.join_keys(&self.raw);
-        let mut fields = Vec::new();
-        let mut columns: Vec<ArrayRef> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            fields.push(Field::new(&key.name, key.dtype.dtype().arrow_type(), false));
-            columns.push(key_array(key.dtype, rows.iter().map(|r| &r.keys[i])));
-        }
-        let stamps = |t: Vec<i64>| -> ArrayRef { Arc::new(TimestampMicrosecondArray::from(t).with_timezone("UTC")) };
-        fields.push(Field::new(&self.raw.source.timestamp_field, timestamp_arrow_type(), false));
-        columns.push(stamps(rows.iter().map(|r| r.event_ts).collect()));
-        if let Some(created) = &self.raw.source.created_timestamp_field {
-            fields.push(Field::new(created, timestamp_arrow_type(), false));
-            columns.push(stamps(rows.iter().map(|r| r.created_ts.unwrap_or(i64::MIN)).collect()));
-        }
-        for (k, f) in self.raw.features.iter().enumerate() {
-            fields.push(Field::new(&f.name, f.dtype.arrow_type(), true));
-            columns.push(values_to_array(f.dtype, rows.iter().map(|r| &r.values[k])));
-        }
-        let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
-        RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), columns, &options).expect("columns of their fields' types")
-    }
-}
-
-/// `view` as its writers read it ([`WriteTransform::raw_view`]).
-fn raw_view(view: &FeatureView) -> FeatureView {
+/// `view` as its writers read it: the same name, keys and times; its features the
+/// features stored as they come, then the raw columns.
+pub fn raw_view(view: &FeatureView) -> FeatureView {
     let mut features: Vec<Feature> = view.features.iter().filter(|f| f.expr.is_empty()).cloned().collect();
     features.extend(view.source.raw.iter().cloned());
     FeatureView { features, aggregations: Vec::new(), ..view.clone() }
@@ -261,91 +118,5 @@ mod tests {
             "[{name: n, dtype: int64}, {name: hour, dtype: float64, expr: \"date_part('hour', event_timestamp) + n\"}]",
         ))
         .unwrap();
-    }
-
-    #[test]
-    fn the_filter_drops_and_expressions_compute_on_what_it_keeps() {
-        let defs = parse_definitions(&view(
-            "{filter: \"status = 'ok'\", raw: [{name: cents, dtype: int64}, {name: status, dtype: string}]}",
-            "[{name: amount, dtype: float64, expr: \"CAST(cents AS DOUBLE) / 100\"}, {name: n, dtype: int64}, {name: per, dtype: int64, expr: \"cents / n\"}]",
-        ))
-        .unwrap();
-        let view = &defs.feature_views[0];
-        let transform = WriteTransform::new(&defs, view).unwrap().expect("it has expressions");
-        let raw = transform.raw_view();
-        assert_eq!(raw.features.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["n", "cents", "status"]);
-        let stamps = TimestampMicrosecondArray::from(vec![1, 2, 3, 4]).with_timezone("UTC");
-        let batch = RecordBatch::try_from_iter([
-            ("customer_id", Arc::new(StringArray::from(vec!["a", "b", "c", "d"])) as ArrayRef),
-            ("event_timestamp", Arc::new(stamps)),
-            ("n", Arc::new(Int64Array::from(vec![Some(2), Some(0), Some(1), None]))),
-            ("cents", Arc::new(Int64Array::from(vec![Some(250), Some(7), Some(9), Some(1)]))),
-            ("status", Arc::new(StringArray::from(vec![Some("ok"), Some("ok"), Some("failed"), None]))),
-        ])
-        .unwrap();
-        let applied = transform.apply(&batch).unwrap();
-        assert_eq!((applied.dropped, applied.uncomputed), (2, 1), "two filtered, 7 / 0 not computed");
-        let b = &applied.batch;
-        let names: Vec<&str> = b.schema_ref().fields().iter().map(|f| f.name().as_str()).collect();
-        assert_eq!(names, ["customer_id", "event_timestamp", "amount", "n", "per"]);
-        assert_eq!(b.column(2).as_any().downcast_ref::<Float64Array>().unwrap().iter().collect::<Vec<_>>(), [Some(2.5), Some(0.07)]);
-        assert_eq!(b.column(4).as_primitive::<arrow::datatypes::Int64Type>().iter().collect::<Vec<_>>(), [Some(125), None]);
-        // Typed rows give the same.
-        let rows: Vec<ViewRow> = (0..4)
-            .map(|r| ViewRow {
-                keys: vec![key_at(crate::KeyType::String, batch.column(0).as_ref(), r)],
-                event_ts: r as i64 + 1,
-                created_ts: None,
-                values: raw.features.iter().enumerate().map(|(k, f)| value_at(batch.column(2 + k).as_ref(), r, f.dtype)).collect(),
-            })
-            .collect();
-        let (stored, dropped, uncomputed) = transform.apply_rows(&defs, &rows);
-        assert_eq!((dropped, uncomputed), (2, 1));
-        assert_eq!(
-            stored.iter().map(|r| r.values.clone()).collect::<Vec<_>>(),
-            [
-                vec![crate::encoding::Value::Float64(2.5), crate::encoding::Value::Int64(2), crate::encoding::Value::Int64(125)],
-                vec![crate::encoding::Value::Float64(0.07), crate::encoding::Value::Int64(0), crate::encoding::Value::Null],
-            ]
-        );
-        assert_eq!(stored.iter().map(|r| r.event_ts).collect::<Vec<_>>(), [1, 2]);
-    }
-
-    /// Issue 53: a column normalized in place — `raw: [country]`, feature `country:
-    /// lower(country)` — is accepted: in the view's expressions and filter the name is
-    /// the raw column, and what is stored under it is the computed value.
-    #[test]
-    fn a_feature_computed_from_a_raw_column_may_take_its_name() {
-        let defs = parse_definitions(&view(
-            "{filter: \"country <> 'XX'\", raw: [{name: country, dtype: string}, {name: amount, dtype: int64}]}",
-            "[{name: country, dtype: string, expr: \"lower(country)\"}, {name: amount, dtype: float64, expr: \"CAST(amount AS DOUBLE) / 100\"}, \
-             {name: is_fr, dtype: bool, expr: \"country = 'FR'\"}]",
-        ))
-        .unwrap_or_else(|e| panic!("{e}"));
-        let transform = WriteTransform::new(&defs, &defs.feature_views[0]).unwrap().expect("it has expressions");
-        let raw = transform.raw_view();
-        assert_eq!(
-            raw.features.iter().map(|f| (f.name.as_str(), f.dtype)).collect::<Vec<_>>(),
-            [("country", crate::DType::String), ("amount", crate::DType::Int64)]
-        );
-        let batch = RecordBatch::try_from_iter([
-            ("customer_id", Arc::new(StringArray::from(vec!["a", "b", "c"])) as ArrayRef),
-            ("event_timestamp", Arc::new(TimestampMicrosecondArray::from(vec![1, 2, 3]).with_timezone("UTC"))),
-            ("country", Arc::new(StringArray::from(vec![Some("FR"), Some("XX"), Some("De")]))),
-            ("amount", Arc::new(Int64Array::from(vec![Some(1250), Some(1), None]))),
-        ])
-        .unwrap();
-        let applied = transform.apply(&batch).unwrap();
-        assert_eq!(applied.dropped, 1, "the filter reads the raw `XX`");
-        let b = &applied.batch;
-        let names: Vec<&str> = b.schema_ref().fields().iter().map(|f| f.name().as_str()).collect();
-        assert_eq!(names, ["customer_id", "event_timestamp", "country", "amount", "is_fr"]);
-        assert_eq!(b.column(2).as_string::<i32>().iter().collect::<Vec<_>>(), [Some("fr"), Some("de")]);
-        assert_eq!(b.column(3).as_any().downcast_ref::<Float64Array>().unwrap().iter().collect::<Vec<_>>(), [Some(12.5), None]);
-        assert_eq!(b.column(4).as_boolean().iter().collect::<Vec<_>>(), [Some(true), Some(false)], "`country` is the raw column");
-        // A feature stored as it comes still cannot share its name with a raw column.
-        let err =
-            refused("{raw: [{name: country, dtype: string}]}", "[{name: country, dtype: string}, {name: n, dtype: int64, expr: \"1\"}]");
-        assert!(err.contains("raw column `country` is named like a feature without `expr`"), "{err}");
     }
 }

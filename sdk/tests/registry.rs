@@ -135,7 +135,7 @@ fn apply_writes_versions_and_is_a_no_op_when_nothing_changed() {
 /// the plan (a second apply of the same definitions is a no-op).
 #[test]
 fn changed_features_keep_the_earlier_online_layout() {
-    use quiver_sdk::encoding::fingerprint;
+    use quiver_sdk::definitions::fingerprint;
     let dir = tempfile::tempdir().unwrap();
     let reg = FileRegistry::new(dir.path().join("registry.json"));
     let probe = Holding::new(&["stats"]);

@@ -3,7 +3,7 @@
 use quiver::FeatureReport;
 use quiver::ops::parse_time;
 use quiver::sdk::Timestamp;
-use quiver::sdk::rows::format_instant;
+use quiver::runtime::rows::format_instant;
 use quiver_sdk::error::count;
 
 use super::{Ctx, runtime};

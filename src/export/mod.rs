@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use quiver_sdk::Definitions;
-use quiver_sdk::profile::ProfileDoc;
+use crate::monitor::profile::ProfileDoc;
 
 use crate::Repo;
 use crate::error::{Error, Result};

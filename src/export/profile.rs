@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use arrow::array::{AsArray, RecordBatch};
 use quiver_sdk::Definitions;
-use quiver_sdk::profile::{Profile, ProfileDoc};
+use crate::monitor::profile::{Profile, ProfileDoc};
 
 use super::{ManifestFeature, VOCABULARY_LIMIT};
 

@@ -16,7 +16,7 @@
 //! bench/RESULTS.md).
 //!
 //! PSI is `quiver monitor`'s computation: the reference's bins and shares from
-//! `quiver_sdk::profile` ([`decile_edges`], [`sketch_shares`], [`category_bins`]), the
+//! `crate::monitor::profile` ([`decile_edges`], [`sketch_shares`], [`category_bins`]), the
 //! served values' decile counts turned into shares by [`shares`] and compared by
 //! [`psi`], so the gauge and the report over the same served rows are one number. NaN
 //! and the infinities are values, in no bin, counted apart.
@@ -30,10 +30,10 @@ use std::sync::Mutex;
 
 use quiver_online::lookup::Status;
 use quiver_online::serving_log::Served;
-use quiver_sdk::encoding::Value;
-use quiver_sdk::metrics::{Exposition, Kind};
+use quiver_runtime::encoding::Value;
+use quiver_runtime::metrics::{Exposition, Kind};
 use quiver_sdk::monitoring::Limits;
-use quiver_sdk::profile::{Numbers, Profile, category_bins, decile_edges, psi, shares, sketch_shares};
+use crate::monitor::profile::{Numbers, Profile, category_bins, decile_edges, psi, shares, sketch_shares};
 
 use super::{Window, sources};
 use crate::error::{Error, Result};
@@ -218,7 +218,7 @@ impl Cells {
     }
 
     /// The bin of `x` (finite): the number of points below it, as
-    /// `quiver_sdk::profile::bin` finds it (`quiver monitor`'s count).
+    /// `crate::monitor::profile::bin` finds it (`quiver monitor`'s count).
     fn bin(&self, points: &[f64], x: f64) -> usize {
         let at = (x - self.lo) * self.scale;
         // Clamped by comparisons (a NaN, from an overflowed difference times a scale of
@@ -529,7 +529,7 @@ mod tests {
         let stats = slot.stats(&t);
         // Decile shares of the 4 numbers: (.., 10] 1/4; (10, 20] 1/4; (90, ..) 2/4.
         let current = [0.25, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5];
-        let expected = quiver_sdk::profile::psi(&[0.1; 10], &current);
+        let expected = crate::monitor::profile::psi(&[0.1; 10], &current);
         assert!((stats.psi.unwrap() - expected).abs() < 1e-9, "{:?} vs {expected}", stats.psi);
         // KS at the reference's points (1, ..., 100): the largest gap is at 94, the last
         // point below 95: the reference 0.94, the served values 2/4.
@@ -551,7 +551,7 @@ mod tests {
             t.bins[slot.grid.bin(&Value::String(v.into())).unwrap()] += 1;
         }
         let stats = slot.stats(&t);
-        let expected = quiver_sdk::profile::psi(&[0.6, 0.4, 0.0], &[0.5, 0.25, 0.25]);
+        let expected = crate::monitor::profile::psi(&[0.6, 0.4, 0.0], &[0.5, 0.25, 0.25]);
         assert!((stats.psi.unwrap() - expected).abs() < 1e-12);
         assert_eq!(stats.ks, None);
     }
@@ -577,13 +577,13 @@ mod tests {
         let extremes = [f64::MAX, f64::MIN, f64::MIN_POSITIVE, -f64::MIN_POSITIVE, 0.0, -0.0, 1e300, -1e300];
         let probes = points.iter().copied().chain(edges).chain(extremes).chain((0..100_000).map(|_| (next() * 13.0).exp() - 2.0));
         for v in probes {
-            assert_eq!(cells.bin(&points, v), quiver_sdk::profile::bin(&points, v), "{v}");
+            assert_eq!(cells.bin(&points, v), crate::monitor::profile::bin(&points, v), "{v}");
         }
         // Points packed far closer than a float's rounding at their size: one cell.
         let near: Vec<f64> = (0..300).map(|i| 1e15 + f64::from(i) * 0.125).collect();
         let cells = Cells::of(&near);
         for v in near.iter().copied().chain([1e15 - 1.0, 1e15 + 17.06, 1e15 + 100.0, f64::MAX, f64::MIN]) {
-            assert_eq!(cells.bin(&near, v), quiver_sdk::profile::bin(&near, v), "{v}");
+            assert_eq!(cells.bin(&near, v), crate::monitor::profile::bin(&near, v), "{v}");
         }
         let one = [5.0];
         let bins: Vec<usize> = [f64::MIN, 4.0, 5.0, 6.0, f64::MAX].into_iter().map(|v| Cells::of(&one).bin(&one, v)).collect();
@@ -592,7 +592,7 @@ mod tests {
         let wide = [f64::MIN, 0.0, f64::MAX];
         let cells = Cells::of(&wide);
         for v in [f64::MIN, -1.0, 0.0, 1.0, f64::MAX] {
-            assert_eq!(cells.bin(&wide, v), quiver_sdk::profile::bin(&wide, v), "{v}");
+            assert_eq!(cells.bin(&wide, v), crate::monitor::profile::bin(&wide, v), "{v}");
         }
     }
 
@@ -659,7 +659,7 @@ mod tests {
         let mut log = crate::serving_log::LogColumns::default();
         crate::serving_log::append_log_rows(&answer, "r-1", &mut log);
         assert_eq!(log.len(), n);
-        let mut current = Profile::counting(std::sync::Arc::new(quiver_sdk::profile::Binning::of(&reference).unwrap()));
+        let mut current = Profile::counting(std::sync::Arc::new(crate::monitor::profile::Binning::of(&reference).unwrap()));
         for r in 0..log.len() {
             let values: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&log.row(r).values).unwrap();
             current.add_json(&values["f"], DType::Float64).unwrap();

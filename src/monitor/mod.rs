@@ -7,17 +7,18 @@
 //!
 //! Where profiles come from is [`sources`]: a training set's manifest, a view's Delta
 //! rows by event time, the serving log by request time. The statistics themselves are
-//! `quiver_sdk::profile`'s.
+//! `crate::monitor::profile`'s.
 
 pub mod live;
+pub mod profile;
 pub mod sources;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use quiver_sdk::monitoring::Limits;
-use quiver_sdk::profile::{Binning, Bins, Counted, Profile, category_bins, ks, shares, sketch_category_shares};
-use quiver_sdk::rows::format_instant;
+use crate::monitor::profile::{Binning, Bins, Counted, Profile, category_bins, ks, shares, sketch_category_shares};
+use quiver_runtime::rows::format_instant;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -214,7 +215,7 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
                 && r.total() > 0
             {
                 values.push("(other)".into());
-                psi = Some(quiver_sdk::profile::psi(&rs, &cs));
+                psi = Some(crate::monitor::profile::psi(&rs, &cs));
                 categories = Some(CategoryShares { values, reference: rs, current: cs, current_error });
             }
             "categorical"

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use quiver_sdk::profile::{Binning, Profile, ProfileDoc};
-use quiver_sdk::rows::format_instant;
+use crate::monitor::profile::{Binning, Profile, ProfileDoc};
+use quiver_runtime::rows::format_instant;
 use quiver_sdk::{DType, Definitions, FeatureRef};
 
 use super::{Profiles, Window};

@@ -1,7 +1,7 @@
 //! An online lookup (docs/online.md), as `quiver online` and the Python SDK do it.
 
 use quiver_online::lookup::{Column, EntityColumns, RequestFields, request_values};
-use quiver_sdk::encoding::KeyValue;
+use quiver_runtime::encoding::KeyValue;
 
 use quiver_sdk::Timestamp;
 

@@ -198,7 +198,7 @@ fn parse_micros(what: &str, text: &str, now: i64) -> Result<i64> {
     if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
         return Ok(d.and_hms_opt(0, 0, 0).expect("midnight").and_utc().timestamp_micros());
     }
-    match quiver_sdk::rows::parse_instant(text) {
+    match quiver_runtime::rows::parse_instant(text) {
         Ok(t) => return Ok(t),
         // Looks like a time: its own message (e.g. a missing zone) says more.
         Err(e) if text.contains(':') => return Err(bad(e)),

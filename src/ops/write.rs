@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use quiver_offline::ingest::{AppendOptions, IngestReport};
 use quiver_online::OnlineStore;
-use quiver_sdk::write_time::WriteTransform;
+use quiver_runtime::write_time::WriteTransform;
 use quiver_streaming::{PushReport, Target};
 
 use super::{Progress, no_progress, view};

@@ -114,7 +114,7 @@ impl ServingLog for DeltaServingLog {
         }
     }
 
-    fn render_metrics(&self, out: &mut quiver_sdk::metrics::Exposition) {
+    fn render_metrics(&self, out: &mut quiver_runtime::metrics::Exposition) {
         let c = &self.counters;
         for (name, help, v) in [
             ("quiver_serving_log_requests_total", "answers queued for the serving log", &c.requests),

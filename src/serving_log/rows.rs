@@ -132,7 +132,7 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
         } else if let Some(view) = served.defs.on_demand_view(name) {
             let key_columns: Vec<&Column> =
                 on_demand::keys(&served.defs, view).iter().filter_map(|k| keys.iter().find(|c| c.name == k.name)).collect();
-            let fields: Vec<&(String, Vec<quiver_sdk::encoding::Value>)> = on_demand::request_fields(&served.defs, view)
+            let fields: Vec<&(String, Vec<quiver_runtime::encoding::Value>)> = on_demand::request_fields(&served.defs, view)
                 .iter()
                 .filter_map(|f| served.fields.iter().find(|(n, _)| *n == f.name))
                 .collect();
@@ -179,7 +179,7 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
                         }
                         times.bytes.extend_from_slice(label);
                         times.bytes.push(b'"');
-                        quiver_sdk::rows::write_rfc3339(&mut times.bytes, ts);
+                        quiver_runtime::rows::write_rfc3339(&mut times.bytes, ts);
                         times.bytes.push(b'"');
                     }
                 }
@@ -238,7 +238,7 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
 mod tests {
     use std::sync::Arc;
 
-    use quiver_sdk::encoding::Value;
+    use quiver_runtime::encoding::Value;
     use quiver_sdk::{DType, Definitions, Entity, FeatureRef, FeatureView, KeyType};
 
     use quiver_online::lookup::{Column, Status};
@@ -343,9 +343,9 @@ mod tests {
         let values: Vec<String> = (0..columns.len()).map(|i| columns.row(i).values).collect();
         assert_eq!(values, [r#"{"x":"NaN","e":["-Infinity",0.5]}"#, r#"{"x":"Infinity","e":null}"#, r#"{"x":null,"e":null}"#]);
         let parsed: serde_json::Value = serde_json::from_str(&values[0]).unwrap();
-        let x = quiver_sdk::rows::from_json(&parsed["x"], DType::Float64);
+        let x = quiver_runtime::rows::from_json(&parsed["x"], DType::Float64);
         assert!(matches!(x, Some(Value::Float64(x)) if x.is_nan()), "{x:?}");
-        assert_eq!(quiver_sdk::rows::from_json(&parsed["e"], emb), Some(Value::ListFloat32(vec![f32::NEG_INFINITY, 0.5])));
+        assert_eq!(quiver_runtime::rows::from_json(&parsed["e"], emb), Some(Value::ListFloat32(vec![f32::NEG_INFINITY, 0.5])));
     }
 
     /// An event log's row keeps each aggregation's own time (none for an empty window);

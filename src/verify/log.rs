@@ -7,10 +7,10 @@ use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, resol
 use quiver_offline::schema::value_at;
 use quiver_online::lookup::{Row, Status};
 use quiver_online::server::json::value_json;
-use quiver_sdk::encoding::{KeyValue, Value};
+use quiver_runtime::encoding::{KeyValue, Value};
 use quiver_sdk::error::count;
 use quiver_sdk::on_demand;
-use quiver_sdk::rows::format_instant;
+use quiver_runtime::rows::format_instant;
 use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, OnDemandView, Timestamp};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -185,7 +185,7 @@ impl Replay<'_> {
             };
             let served_value = values.get(&feature.name).map_or_else(|| "null".to_string(), ToString::to_string);
             let served_ts = match &times {
-                Some(times) => times.get(&feature.name).and_then(|t| t.as_str()).and_then(|t| quiver_sdk::rows::parse_instant(t).ok()),
+                Some(times) => times.get(&feature.name).and_then(|t| t.as_str()).and_then(|t| quiver_runtime::rows::parse_instant(t).ok()),
                 None => b.event_ts(r),
             };
             let served = (served_status, served_value, served_ts);
@@ -242,7 +242,7 @@ impl Replay<'_> {
                 given.iter().map(|k| entity.get(&k.name).and_then(|v| KeyValue::from_json_as(v, k.dtype))).collect();
             let f: Option<Vec<Value>> = fields
                 .iter()
-                .map(|f| quiver_sdk::rows::from_json(entity.get(&f.name).unwrap_or(&serde_json::Value::Null), f.dtype))
+                .map(|f| quiver_runtime::rows::from_json(entity.get(&f.name).unwrap_or(&serde_json::Value::Null), f.dtype))
                 .collect();
             if let (Some(k), Some(f)) = (k, f) {
                 key_rows.push(k);
@@ -286,7 +286,7 @@ impl Replay<'_> {
             for (k, feature) in asked.iter().enumerate() {
                 let Some(status) = statuses.get(*feature).and_then(|s| s.as_str()).and_then(Status::parse) else { continue };
                 let served_value = values.get(*feature).map_or_else(|| "null".to_string(), ToString::to_string);
-                let served_ts = times.get(*feature).and_then(|t| t.as_str()).and_then(|t| quiver_sdk::rows::parse_instant(t).ok());
+                let served_ts = times.get(*feature).and_then(|t| t.as_str()).and_then(|t| quiver_runtime::rows::parse_instant(t).ok());
                 let dtype = view.feature(feature).expect("asked").dtype;
                 let v = value_at(joined.column(first + k).as_ref(), j, dtype);
                 let expected_status = if v == Value::Null { Status::NullValue } else { Status::Present };
@@ -305,7 +305,7 @@ fn with_fields(spine: RecordBatch, fields: &[quiver_sdk::Feature], rows: &[Vec<V
     let mut schema: Vec<Field> = spine.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
     let mut columns = spine.columns().to_vec();
     for (i, f) in fields.iter().enumerate() {
-        let column = quiver_sdk::arrays::values_to_array(f.dtype, rows.iter().map(|r| &r[i]));
+        let column = quiver_runtime::arrays::values_to_array(f.dtype, rows.iter().map(|r| &r[i]));
         schema.push(Field::new(&f.name, column.data_type().clone(), true));
         columns.push(column);
     }

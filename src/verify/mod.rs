@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use arrow::array::Array;
 
-use quiver_sdk::encoding::{KeyValue, Value};
+use quiver_runtime::encoding::{KeyValue, Value};
 
 /// What one feature's comparison found.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -74,9 +74,9 @@ pub fn store_report(
     std::fs::create_dir_all(&dir).map_err(|e| crate::error::Error::io(&dir, e))?;
     let report = serde_json::json!({
         "kind": kind,
-        "at": quiver_sdk::rows::format_instant(at),
-        "since": window.map(|(s, _)| quiver_sdk::rows::format_instant(s)),
-        "until": window.map(|(_, u)| quiver_sdk::rows::format_instant(u)),
+        "at": quiver_runtime::rows::format_instant(at),
+        "since": window.map(|(s, _)| quiver_runtime::rows::format_instant(s)),
+        "until": window.map(|(_, u)| quiver_runtime::rows::format_instant(u)),
         "features": features.iter().map(|f| serde_json::json!({
             "feature": f.feature,
             "compared": f.compared,
@@ -164,7 +164,7 @@ pub(crate) fn spine_batch(
 
 #[cfg(test)]
 mod tests {
-    use quiver_sdk::encoding::Value;
+    use quiver_runtime::encoding::Value;
 
     /// A NaN is the same as a NaN (the server answers both `"NaN"`), never as a null, an
     /// infinity or a number; an infinity only as the same infinity, in scalars and in

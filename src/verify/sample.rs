@@ -6,7 +6,7 @@ use quiver_offline::historical::{Window, latest_per_entity};
 use quiver_offline::schema::{ViewLayout, key_at, value_at};
 use quiver_online::OnlineStore;
 use quiver_online::lookup::{Column, Row, Status, get_online_features};
-use quiver_sdk::encoding::{KeyValue, Value};
+use quiver_runtime::encoding::{KeyValue, Value};
 use quiver_sdk::on_demand;
 use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, JoinKey, OnDemandView};
 use rand::SeedableRng;
@@ -157,7 +157,7 @@ async fn sample_event_log(
     let served = view.served_features();
     let mut reports: Vec<FeatureReport> =
         served.iter().map(|f| FeatureReport { feature: format!("{}:{}", view.name, f.name), ..FeatureReport::default() }).collect();
-    let since = quiver_sdk::aggregation::record::Layout::of(view).earliest_tail(now);
+    let since = quiver_runtime::record::Layout::of(view).earliest_tail(now);
     let events = quiver_offline::historical::events_since(config, defs, view, since, None).await?;
     if events.entities.is_empty() {
         return Ok(reports);

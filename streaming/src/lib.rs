@@ -7,7 +7,7 @@
 //!   exactly once into Delta, dead letters to `<topic>.dlq`.
 //! - [`metrics`]: the stream's counters and histograms as Prometheus text.
 //!
-//! Messages and pushed rows are read by [`quiver_sdk::rows`], the same strict reader
+//! Messages and pushed rows are read by [`quiver_runtime::rows`], the same strict reader
 //! JSON-lines ingest uses.
 
 pub mod consumer;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use quiver_sdk::metrics::{Buckets, Exposition, Histogram, Kind};
+use quiver_runtime::metrics::{Buckets, Exposition, Histogram, Kind};
 
 /// Upper bounds (seconds) of the event-to-online latency histogram.
 const BUCKETS: [f64; 19] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 30.0, 300.0];

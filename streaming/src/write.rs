@@ -17,14 +17,15 @@ use quiver_offline::historical::EntityEvents;
 use quiver_offline::ingest::{AppendOptions, IngestReport, append};
 use quiver_offline::schema::{ViewLayout, key_at, rows_to_columns, table_schema, value_at};
 use quiver_online::{OnlineStore, WriteRow};
-use quiver_sdk::aggregation::record::{AggRecord, Layout};
-use quiver_sdk::encoding::{KeyValue, OnlineRow, expire_at_ms, fingerprint, store_key};
-use quiver_sdk::rows::ViewRow;
+use quiver_runtime::record::{AggRecord, Layout};
+use quiver_runtime::encoding::{KeyValue, OnlineRow, expire_at_ms, store_key};
+use quiver_sdk::definitions::fingerprint;
+use quiver_runtime::rows::ViewRow;
 use quiver_sdk::{Config, Definitions, FeatureView};
 
 use crate::error::{Error, Result};
 
-pub use quiver_sdk::rows::Target;
+pub use quiver_runtime::rows::Target;
 
 /// The online rows of a batch laid out as the view's table columns (keys, event time,
 /// created time when the view has one, features), as materialization and `push` of a
@@ -66,7 +67,7 @@ pub async fn write_online(project: &str, view: &FeatureView, rows: &[ViewRow], s
 
 /// Appends typed rows to the view's Delta table in one commit, as `options` says
 /// (`txn` actions, the versions they must follow). The rows' event times were checked
-/// where they were read ([`quiver_sdk::rows::RowReader::with_latest_event`]).
+/// where they were read ([`quiver_runtime::rows::RowReader::with_latest_event`]).
 ///
 /// # Errors
 /// [`Error::Offline`] when the commit fails or is fenced; the table is then unchanged.

@@ -44,7 +44,7 @@ fn now_us() -> i64 {
 }
 
 fn rfc3339(us: i64) -> String {
-    quiver::sdk::rows::format_instant(us)
+    quiver::runtime::rows::format_instant(us)
 }
 
 /// A repository with [`FEATURES`] applied; `online` is the `online_store:` mapping and
@@ -254,11 +254,11 @@ fn future_event_times_are_refused_and_never_block_a_key() {
         let defs = repo.applied().unwrap().definitions;
         let view = defs.feature_view("trips").unwrap();
         let store = quiver::online::open_store(&repo.config).await.unwrap();
-        let poison = quiver::sdk::rows::ViewRow {
-            keys: vec![quiver::sdk::encoding::KeyValue::Int(2)],
+        let poison = quiver::runtime::rows::ViewRow {
+            keys: vec![quiver::runtime::encoding::KeyValue::Int(2)],
             event_ts: year_9999,
             created_ts: None,
-            values: vec![quiver::sdk::encoding::Value::Float64(666.0), quiver::sdk::encoding::Value::Int64(666)],
+            values: vec![quiver::runtime::encoding::Value::Float64(666.0), quiver::runtime::encoding::Value::Int64(666)],
         };
         assert_eq!(store.write(&quiver::online::WriteRow::of_rows(&repo.config.project, view, &[poison])).await.unwrap(), 1);
     });

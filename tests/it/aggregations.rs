@@ -15,7 +15,7 @@ use quiver::offline::schema::value_at;
 use quiver::online::lookup::{Status, get_online_features};
 use quiver::online::{EmbeddedStore, OnlineStore};
 use quiver::sdk::FeatureRef;
-use quiver::sdk::encoding::{KeyValue, Value};
+use quiver::runtime::encoding::{KeyValue, Value};
 
 use crate::common;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use quiver::Repo;
 use quiver::online::lookup::{Status, get_online_features};
 use quiver::online::{EmbeddedStore, OnlineStore, RedisStore, WriteRow};
-use quiver::sdk::encoding::{KeyValue, Value};
+use quiver::runtime::encoding::{KeyValue, Value};
 use quiver::sdk::{FeatureRef, Timestamp};
 
 const FEATURES: &str = "entities: [{name: user, join_keys: [{name: user_id, dtype: int64}]}]

@@ -14,7 +14,7 @@ use quiver::offline::historical::{HistoricalOptions, SpineRows, historical, reso
 use quiver::offline::schema::value_at;
 use quiver::online::lookup::{Status, get_online_features};
 use quiver::online::{EmbeddedStore, OnlineStore, RedisStore};
-use quiver::sdk::encoding::{KeyValue, Value};
+use quiver::runtime::encoding::{KeyValue, Value};
 use quiver::sdk::{FeatureRef, Timestamp};
 use rand::{Rng, SeedableRng};
 

@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use quiver::Repo;
 use quiver::online::server::{Metrics, RegistryCache, ServerState, router};
 use quiver::online::{EmbeddedStore, OnlineStore};
-use quiver::sdk::encoding::{KeyValue, OnlineRow, Value, store_key};
+use quiver::runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
 use tower::ServiceExt;
 
 const FEATURES: &str = r#"entities:

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::common;
 
 use common::ok;
-use quiver::sdk::encoding::{KeyValue, store_key};
+use quiver::runtime::encoding::{KeyValue, store_key};
 
 fn cli(port: &str, args: &[&str]) -> String {
     let out = Command::new("redis-cli").args(["-p", port]).args(args).output().unwrap();

@@ -8,7 +8,7 @@ use std::process::Output;
 use crate::common;
 
 use quiver::online::{EmbeddedStore, OnlineStore, WriteRow};
-use quiver::sdk::encoding::{KeyValue, OnlineRow, Value, store_key};
+use quiver::runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
 
 fn quiver(dir: &Path, args: &[&str]) -> Output {
     common::quiver(dir, args, &[])

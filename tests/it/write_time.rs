@@ -17,7 +17,7 @@ use arrow::datatypes::{Float64Type, Int64Type, TimestampMicrosecondType};
 use quiver::Repo;
 use quiver::offline::schema::{ViewLayout, value_at};
 use quiver::online::{EmbeddedStore, OnlineStore};
-use quiver::sdk::encoding::{KeyValue, OnlineRow, Value, store_key};
+use quiver::runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
@@ -129,7 +129,7 @@ pub(crate) fn raw_rows(n: usize, seed: u64) -> Vec<Raw> {
 }
 
 pub(crate) fn rfc3339(us: i64) -> String {
-    quiver::sdk::rows::format_instant(us)
+    quiver::runtime::rows::format_instant(us)
 }
 
 /// One raw row as a JSON object (a line of a JSON-lines file, a Kafka message).

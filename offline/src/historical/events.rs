@@ -5,8 +5,8 @@ use arrow::array::{ArrayRef, AsArray, RecordBatch};
 use arrow::compute::concat_batches;
 use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
 use datafusion::prelude::{Expr, ident, lit};
-use quiver_sdk::aggregation::record::Event;
-use quiver_sdk::encoding::KeyValue;
+use quiver_runtime::record::Event;
+use quiver_runtime::encoding::KeyValue;
 use quiver_sdk::{Config, Definitions, FeatureView};
 
 use super::scan::{ScanRange, scan_view_at};
@@ -77,7 +77,7 @@ pub async fn events_since(
             .features
             .iter()
             .zip(&columns)
-            .map(|(f, c)| c.as_ref().map_or(quiver_sdk::encoding::Value::Null, |c| value_at(c.as_ref(), r, f.dtype)))
+            .map(|(f, c)| c.as_ref().map_or(quiver_runtime::encoding::Value::Null, |c| value_at(c.as_ref(), r, f.dtype)))
             .collect();
         let order = (ts.value(r), created.map_or(0, |c| c.value(r)), seq.value(r));
         events.push(Event { order, values });

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, Field};
 use quiver_gpu_join::{AsOfKernel, NO_ROW};
-use quiver_sdk::on_demand::{Computation, Input};
+use quiver_runtime::on_demand::{Computation, Input};
 use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, Found, OnDemandView};
 
 use crate::error::{Error, Result};

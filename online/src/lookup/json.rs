@@ -9,9 +9,9 @@ use std::cell::RefCell;
 use std::time::Instant;
 
 use quiver_sdk::Definitions;
-use quiver_sdk::arrays::value_at;
-use quiver_sdk::encoding::{KeyValue, Value};
-use quiver_sdk::rows::write_rfc3339;
+use quiver_runtime::arrays::value_at;
+use quiver_runtime::encoding::{KeyValue, Value};
+use quiver_runtime::rows::write_rfc3339;
 
 use super::on_demand::OnDemandPlan;
 use super::{Entities, EntityColumns, LookupPhases, Plan, Row, RowReader, Status, answer_records};
@@ -305,8 +305,9 @@ const EPOCH: &[u8] = br#""1970-01-01T00:00:00Z""#;
 mod tests {
     use std::collections::HashMap;
 
-    use quiver_sdk::aggregation::record::{AggRecord, Event, Layout};
-    use quiver_sdk::encoding::{KeyValue, OnlineRow, Value, fingerprint, store_key};
+    use quiver_runtime::record::{AggRecord, Event, Layout};
+    use quiver_runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
+    use quiver_sdk::definitions::fingerprint;
     use quiver_sdk::{FeatureRef, yaml::parse_definitions};
     use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -360,7 +361,7 @@ on_demand_views:
     #[test]
     fn the_epoch_is_what_write_rfc3339_writes() {
         let mut out = vec![b'"'];
-        quiver_sdk::rows::write_rfc3339(&mut out, 0);
+        quiver_runtime::rows::write_rfc3339(&mut out, 0);
         out.push(b'"');
         assert_eq!(out, super::EPOCH);
     }

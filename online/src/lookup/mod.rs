@@ -3,8 +3,9 @@
 
 use std::collections::HashMap;
 
-use quiver_sdk::aggregation::record::{AggRecord, Layout, WindowAnswer};
-use quiver_sdk::encoding::{KeyValue, OnlineRow, Value, fingerprint, store_key};
+use quiver_runtime::record::{AggRecord, Layout, WindowAnswer};
+use quiver_runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
+use quiver_sdk::definitions::fingerprint;
 use quiver_sdk::{Definitions, FeatureRef, FeatureView, Found, KeyType};
 
 use crate::error::{Error, Result};
@@ -585,7 +586,7 @@ impl<'a> RowReader<'a> {
     fn read(&mut self, bytes: Option<&[u8]>, values: &mut Vec<Value>) -> Row {
         let (print, keep) = (self.planned.fingerprint, &self.planned.keep);
         let event_ts = bytes.and_then(|bytes| {
-            let quiver_sdk::encoding::RowHeader { event_ts, created_ts, fingerprint: written } =
+            let quiver_runtime::encoding::RowHeader { event_ts, created_ts, fingerprint: written } =
                 OnlineRow::decode_into(bytes, Some((print, keep)), values).ok()?;
             if written == print && values.len() == self.view.features.len() {
                 return Some(event_ts);

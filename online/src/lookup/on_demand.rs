@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, TimestampMicrosecondArray};
-use quiver_sdk::arrays::{key_array, value_at, values_to_array};
-use quiver_sdk::encoding::{KeyValue, Value};
-use quiver_sdk::on_demand::{Computation, Computed, Input};
+use quiver_runtime::arrays::{key_array, value_at, values_to_array};
+use quiver_runtime::encoding::{KeyValue, Value};
+use quiver_runtime::on_demand::{Computation, Computed, Input};
 use quiver_sdk::{DType, Definitions, Feature, JoinKey, KeyType, OnDemandView};
 
 use super::{Column, Entities, EntityColumns, Status, ViewPlan, read, view_plan};
@@ -26,7 +26,7 @@ pub fn request_values(field: &Feature, given: &[serde_json::Value]) -> Result<Ve
         .iter()
         .enumerate()
         .map(|(row, v)| {
-            quiver_sdk::rows::from_json(v, field.dtype).ok_or_else(|| {
+            quiver_runtime::rows::from_json(v, field.dtype).ok_or_else(|| {
                 Error::Request(format!("request field `{}` must be {}, got {v} (entity row {})", field.name, field.dtype, row + 1))
             })
         })

@@ -43,12 +43,12 @@ pub enum Row {
 impl Row {
     /// The latest row of an entity, with event time `event_ts` (`None`: no row was
     /// ever written), as a lookup at `at` (UTC microseconds) answers it: missing once
-    /// the key has expired (the TTL plus [`quiver_sdk::encoding::KEY_GRACE_MS`] after
+    /// the key has expired (the TTL plus [`quiver_runtime::encoding::KEY_GRACE_MS`] after
     /// the event, as both stores expire keys), expired past the TTL, else live. An event
     /// log's records have no TTL: they are live while stored.
     pub fn judge(view: &FeatureView, event_ts: Option<i64>, at: i64) -> Row {
         let Some(ts) = event_ts else { return Row::Missing };
-        if quiver_sdk::encoding::expire_at_ms(view, ts).is_some_and(|expire| at.div_euclid(1000) >= expire) {
+        if quiver_runtime::encoding::expire_at_ms(view, ts).is_some_and(|expire| at.div_euclid(1000) >= expire) {
             return Row::Missing;
         }
         if view.ttl_us().is_some_and(|ttl| at.saturating_sub(ts) > ttl) {

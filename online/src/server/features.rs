@@ -14,7 +14,7 @@ use std::time::Instant;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use quiver_sdk::encoding::KeyValue;
+use quiver_runtime::encoding::KeyValue;
 use quiver_sdk::{Definitions, FeatureRef};
 use serde_json::Value as Json_;
 

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use quiver_sdk::metrics::{Buckets, Exposition, Histogram, Kind};
+use quiver_runtime::metrics::{Buckets, Exposition, Histogram, Kind};
 
 use super::limits::Limit;
 

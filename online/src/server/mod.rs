@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use quiver_sdk::Definitions;
-use quiver_sdk::rows::ViewRow;
+use quiver_runtime::rows::ViewRow;
 use serde_json::{Value as Json_, json};
 
 pub use crate::listen::{serve, serve_until, shutdown_signal};
@@ -406,7 +406,7 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn metrics(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
-    let mut out = quiver_sdk::metrics::Exposition::new();
+    let mut out = quiver_runtime::metrics::Exposition::new();
     state.metrics.render(&mut out);
     state.registry.render_metrics(&mut out);
     if let Some(log) = &state.serving_log {
@@ -433,7 +433,7 @@ pub trait OfflineWriter: Send + Sync {
         &self,
         defs: &Definitions,
         view: &quiver_sdk::FeatureView,
-        entities: &[Vec<quiver_sdk::encoding::KeyValue>],
+        entities: &[Vec<quiver_runtime::encoding::KeyValue>],
         store: &dyn crate::OnlineStore,
     ) -> Result<usize, String>;
 }

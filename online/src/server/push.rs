@@ -31,12 +31,12 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     // A column written twice in `df` (or any repeated key) is refused, never half read.
     unique_keys(&body)?;
     let request: PushRequest = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
-    let asked: Option<quiver_sdk::rows::Target> = request.to.as_deref().map(str::parse).transpose().map_err(bad)?;
+    let asked: Option<quiver_runtime::rows::Target> = request.to.as_deref().map(str::parse).transpose().map_err(bad)?;
     let defs = state.registry.current();
     let name =
         request.feature_view.or(request.push_source_name).ok_or_else(|| bad("the push needs `feature_view` (or `push_source_name`)"))?;
     let view = defs.find_view(&name).map_err(|e| bad(e.0))?;
-    let target = asked.unwrap_or_else(|| quiver_sdk::rows::Target::default_for(view));
+    let target = asked.unwrap_or_else(|| quiver_runtime::rows::Target::default_for(view));
     let (online, offline) = (target.online(), target.offline());
     if online {
         view.check_online_writes().map_err(bad)?;
@@ -60,10 +60,10 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     // A view with write-time expressions takes its raw rows (docs/transformations.md#write-time).
     let transform = state
         .registry
-        .write_transform(&defs, &view.name, || quiver_sdk::write_time::WriteTransform::new(&defs, view))
+        .write_transform(&defs, &view.name, || quiver_runtime::write_time::WriteTransform::new(&defs, view))
         .map_err(|e| bad(format!("feature view `{name}`: {e}")))?;
     let reads = transform.as_deref().map_or(view, |t| t.raw_view());
-    let reader = quiver_sdk::rows::RowReader::new(&defs, reads);
+    let reader = quiver_runtime::rows::RowReader::new(&defs, reads);
     let mut needed: Vec<&str> = reader.keys.iter().map(|k| k.name.as_str()).collect();
     needed.push(&view.source.timestamp_field);
     needed.extend(view.source.created_timestamp_field.as_deref());
@@ -76,7 +76,7 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     let mut rows = Vec::with_capacity(n);
     for i in 0..n {
         let row = reader.from_fields(|c| request.df.get(c).map(|v| &v[i])).map_err(|m| bad(format!("row {}: {m}", i + 1)))?;
-        if let Err(m) = quiver_sdk::rows::check_event_time(&view.source.timestamp_field, row.event_ts, latest) {
+        if let Err(m) = quiver_runtime::rows::check_event_time(&view.source.timestamp_field, row.event_ts, latest) {
             state.metrics.refused(Limit::MaxFutureSkew);
             return Err(bad(format!("row {}: {m}", i + 1)));
         }
@@ -106,7 +106,7 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     }
     if online && view.is_event_log() {
         let writer = state.offline.as_ref().expect("checked above");
-        let entities: Vec<Vec<quiver_sdk::encoding::KeyValue>> = rows.iter().map(|r| r.keys.clone()).collect();
+        let entities: Vec<Vec<quiver_runtime::encoding::KeyValue>> = rows.iter().map(|r| r.keys.clone()).collect();
         let written = writer
             .refresh_event_log(&defs, view, &entities, state.store.as_ref())
             .await

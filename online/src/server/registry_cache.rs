@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use quiver_sdk::write_time::WriteTransform;
+use quiver_runtime::write_time::WriteTransform;
 use quiver_sdk::{Definitions, FileRegistry};
 
 use crate::lookup::Plan;
@@ -284,7 +284,7 @@ impl RegistryCache {
     }
 
     /// Its families, the file looked at first (a scrape says how the file is now).
-    pub(super) fn render_metrics(&self, out: &mut quiver_sdk::metrics::Exposition) {
+    pub(super) fn render_metrics(&self, out: &mut quiver_runtime::metrics::Exposition) {
         self.current();
         out.counter("quiver_registry_errors_total", "Registry changes that could not be read.", &self.errors)
             .gauge(

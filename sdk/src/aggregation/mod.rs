@@ -1,20 +1,12 @@
-//! Windowed aggregations (docs/aggregations.md): their definitions, the window rule, and the one
-//! arithmetic both paths use.
+//! Windowed aggregations (docs/aggregations.md): their definitions and the window rule.
 //!
 //! A view with `aggregations` is an event log. For a request at `t`, an aggregation
 //! with window `w` and hop `h` covers the events with `floor(t - w, h) <= ts <= t`: the
 //! tail moves in steps of `h`, the head is exact (Chronon's sawtooth window).
 //!
-//! - [`state`]: [`Partial`](state::Partial), the mergeable partial aggregate, and
-//!   [`finish`](state::Partial::finish), the one place a value is computed from it.
-//!   Offline (`offline::historical::aggregate`) builds partials from index structures
-//!   over each entity's sorted events; online, tiles hold partials that a lookup merges.
-//!   Both finish through the same function, so they agree.
-//! - [`record`]: one entity's online record — tiles per hop, the events dated after
-//!   its writer's clock — and the lookup's answer from it at `now`.
-
-pub mod record;
-pub mod state;
+//! The arithmetic both paths use lives in `quiver_runtime`: `state` (the mergeable
+//! partial aggregate and the one place a value is finished from it) and `record` (one
+//! entity's online record and the lookup's answer from it).
 
 use std::fmt;
 use std::str::FromStr;

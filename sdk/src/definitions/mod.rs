@@ -19,8 +19,10 @@ use crate::types::{DType, KeyType, Ttl};
 
 mod build;
 mod feature_ref;
+mod fingerprint;
 
 pub use feature_ref::{BadFeatureRef, FeatureRef};
+pub use fingerprint::fingerprint;
 
 /// One join key of an entity: a spine column and its type.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -295,7 +297,7 @@ pub struct Definitions {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub on_demand_views: Vec<OnDemandView>,
     /// The features of online rows written under earlier definitions of a view, by the
-    /// rows' schema fingerprint (16 hex digits, [`crate::encoding::fingerprint`]): a
+    /// rows' schema fingerprint (16 hex digits, [`fingerprint`]): a
     /// lookup reads such a row by feature name and type, so a feature added by `apply`
     /// never blanks the features already served. Kept by the registry on every apply
     /// that changes a view's features; never written by hand, not part of a plan.
@@ -340,7 +342,7 @@ impl Definitions {
         let features = self.online_layouts.get(&key)?.clone();
         let aggregations = self.online_aggregations.get(&key).cloned().unwrap_or_default();
         let earlier = FeatureView { features, aggregations, ..view.clone() };
-        (crate::encoding::fingerprint(&earlier) == fingerprint).then_some(earlier)
+        (self::fingerprint(&earlier) == fingerprint).then_some(earlier)
     }
 
     pub fn entity(&self, name: &str) -> Option<&Entity> {

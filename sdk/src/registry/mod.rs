@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::definitions::{Definitions, FeatureView};
-use crate::encoding::fingerprint;
+use crate::definitions::fingerprint;
 use crate::error::{Error, Result};
 
 mod plan;

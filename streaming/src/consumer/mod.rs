@@ -2,7 +2,7 @@
 //!
 //! One consumer (group `quiver-<project>`, manual offset commits) reads the topics of
 //! the chosen views. Each message is read by the strict row reader shared with ingest
-//! and push ([`quiver_sdk::rows`]). Messages gather in a micro-batch, flushed when it
+//! and push ([`quiver_runtime::rows`]). Messages gather in a micro-batch, flushed when it
 //! holds `batch_rows` messages or is `batch_interval` old:
 //!
 //! 1. bad messages go to `<topic>.dlq` with the reason and source in headers;

@@ -10,8 +10,8 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use quiver_offline::delta::txn_versions;
-use quiver_sdk::rows::RowReader;
-use quiver_sdk::write_time::WriteTransform;
+use quiver_runtime::rows::RowReader;
+use quiver_runtime::write_time::WriteTransform;
 use quiver_sdk::{Config, Definitions, FeatureView, FileRegistry};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};

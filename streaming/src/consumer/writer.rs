@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use quiver_offline::delta::txn_versions;
 use quiver_offline::ingest::{AppendOptions, OpenTable};
 use quiver_online::OnlineStore;
-use quiver_sdk::rows::ViewRow;
-use quiver_sdk::write_time::WriteTransform;
+use quiver_runtime::rows::ViewRow;
+use quiver_runtime::write_time::WriteTransform;
 use quiver_sdk::{Config, Definitions, FeatureView};
 use rdkafka::producer::FutureProducer;
 use tokio::runtime::Handle;
@@ -252,7 +252,7 @@ impl Writer {
         }
         let replayed = std::mem::take(&mut batch.replayed[i]);
         let (replayed, _) = self.shape(batch, i, replayed);
-        let entities: Vec<Vec<quiver_sdk::encoding::KeyValue>> = rows.iter().chain(&replayed).map(|r| r.keys.clone()).collect();
+        let entities: Vec<Vec<quiver_runtime::encoding::KeyValue>> = rows.iter().chain(&replayed).map(|r| r.keys.clone()).collect();
         let (rt, store, config, defs) = (&self.rt, &self.store, &self.config, &batch.defs);
         let refresh = || rt.block_on(crate::write::refresh_event_log(config, defs, view, &entities, store.as_ref()));
         let Some(written) = retry(&self.options, &format!("rebuilding `{}` online", view.name), refresh) else {

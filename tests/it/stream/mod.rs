@@ -22,7 +22,7 @@ use arrow::array::{Array, AsArray};
 use arrow::datatypes::{Float64Type, Int64Type, TimestampMicrosecondType};
 use quiver::Repo;
 use quiver::online::{OnlineStore, RedisStore};
-use quiver::sdk::encoding::{KeyValue, OnlineRow, Value, store_key};
+use quiver::runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;

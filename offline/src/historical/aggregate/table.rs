@@ -8,8 +8,8 @@ use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::DataType;
 use quiver_gpu_join::NO_ENTITY;
 use quiver_sdk::DType;
-use quiver_sdk::aggregation::state::Partial;
-use quiver_sdk::encoding::Value;
+use quiver_runtime::state::Partial;
+use quiver_runtime::encoding::Value;
 
 use super::{Plan, Planned, is_latest};
 use crate::error::Result;

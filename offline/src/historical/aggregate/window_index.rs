@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use quiver_sdk::aggregation::state::{Num, Partial, Sums, pick};
+use quiver_runtime::state::{Num, Partial, Sums, pick};
 use quiver_sdk::{AggFunction, Aggregation};
 
 /// What one general sweep keeps for one aggregation.

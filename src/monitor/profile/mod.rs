@@ -21,7 +21,7 @@ use datasketches::common::SearchCriteria;
 use datasketches::frequencies::{ErrorType, FrequentItemsSketch};
 use datasketches::kll::{KllFloat, KllSketch};
 
-use crate::types::DType;
+use quiver_sdk::types::DType;
 
 mod compare;
 mod doc;
@@ -356,8 +356,8 @@ impl Profile {
     /// Adds one value (as the online store serves it): what [`Profile::add_array`] does
     /// for a row of a column, so a served value and the same value in a training set
     /// profile alike.
-    pub fn add_value(&mut self, value: &crate::encoding::Value) {
-        use crate::encoding::Value as V;
+    pub fn add_value(&mut self, value: &quiver_runtime::encoding::Value) {
+        use quiver_runtime::encoding::Value as V;
         self.count += 1;
         match value {
             V::Null => self.nulls += 1,
@@ -389,7 +389,7 @@ impl Profile {
             (J::Null, _) => self.nulls += 1,
             (J::Number(n), DType::Int32 | DType::Int64 | DType::Float32 | DType::Float64) => self.number(n.as_f64().ok_or_else(wrong)?),
             (J::String(t), DType::Float32 | DType::Float64) => self.number(non_finite(t).ok_or_else(wrong)?),
-            (J::String(t), DType::Timestamp) => self.number(crate::rows::parse_instant(t).map_err(|_| wrong())? as f64),
+            (J::String(t), DType::Timestamp) => self.number(quiver_runtime::rows::parse_instant(t).map_err(|_| wrong())? as f64),
             (J::Bool(b), DType::Bool) => self.category(if *b { "true" } else { "false" }),
             (J::String(t), DType::String) => self.category(t),
             (J::Array(_), DType::Bytes) => {}

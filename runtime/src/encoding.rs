@@ -11,8 +11,8 @@
 
 use std::fmt;
 
-use crate::definitions::FeatureView;
-use crate::types::{DType, ListElement};
+use quiver_sdk::definitions::FeatureView;
+use quiver_sdk::types::{DType, ListElement};
 
 /// Length of the ordering header at the start of every packed row.
 pub const ORDER_HEADER_LEN: usize = 16;
@@ -58,9 +58,9 @@ impl KeyValue {
     }
 
     /// As [`KeyValue::from_json`], of the key type `dtype` only.
-    pub fn from_json_as(v: &serde_json::Value, dtype: crate::KeyType) -> Option<KeyValue> {
+    pub fn from_json_as(v: &serde_json::Value, dtype: quiver_sdk::KeyType) -> Option<KeyValue> {
         match (dtype, KeyValue::from_json(v)?) {
-            (crate::KeyType::Int64, k @ KeyValue::Int(_)) | (crate::KeyType::String, k @ KeyValue::Str(_)) => Some(k),
+            (quiver_sdk::KeyType::Int64, k @ KeyValue::Int(_)) | (quiver_sdk::KeyType::String, k @ KeyValue::Str(_)) => Some(k),
             _ => None,
         }
     }
@@ -174,35 +174,6 @@ pub struct OnlineRow {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("packed online row: {0}")]
 pub struct DecodeError(pub String);
-
-/// A fingerprint of a view's feature names and types (FNV-1a, stable across builds).
-pub fn fingerprint(view: &FeatureView) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    };
-    eat(view.name.as_bytes());
-    for f in &view.features {
-        eat(f.name.as_bytes());
-        eat(f.dtype.as_str().as_bytes());
-    }
-    // An event log's online records hold one partial per aggregation: any change to
-    // the aggregations is another layout.
-    for a in &view.aggregations {
-        eat(a.name.as_bytes());
-        eat(a.function.as_str().as_bytes());
-        eat(a.column.as_bytes());
-        eat(&a.window_us().to_le_bytes());
-        eat(&a.hop_us().to_le_bytes());
-        eat(&(a.keep() as u64).to_le_bytes());
-    }
-    h
-}
 
 pub(crate) fn order_bytes(v: i64) -> [u8; 8] {
     ((v as u64) ^ (1 << 63)).to_be_bytes()

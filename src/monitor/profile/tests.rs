@@ -94,7 +94,7 @@ fn profiles_of_columns_merge_and_read_back() {
         (&floats, DType::Float64),
         (&strings, DType::String),
         (&bools, DType::Bool),
-        (&lists, DType::List(crate::types::ListElement::Float32)),
+        (&lists, DType::List(quiver_sdk::types::ListElement::Float32)),
     ];
     for (array, dtype) in columns {
         let mut whole = Profile::default();
@@ -168,9 +168,9 @@ fn nan_and_infinities_are_values_counted_apart_and_the_json_reads_back() {
     // Served values alike, and as the serving log holds them in JSON.
     let mut served = Profile::default();
     for v in [1.0, f64::NAN, f64::INFINITY, 3.0, f64::NEG_INFINITY] {
-        served.add_value(&crate::encoding::Value::Float64(v));
+        served.add_value(&quiver_runtime::encoding::Value::Float64(v));
     }
-    served.add_value(&crate::encoding::Value::Null);
+    served.add_value(&quiver_runtime::encoding::Value::Null);
     let mut logged = Profile::default();
     for text in ["1.0", r#""NaN""#, r#""Infinity""#, "3.0", r#""-Infinity""#, "null"] {
         logged.add_json(&serde_json::from_str(text).unwrap(), DType::Float32).unwrap();
@@ -189,8 +189,8 @@ fn nan_and_infinities_are_values_counted_apart_and_the_json_reads_back() {
     assert_eq!(back.numbers.as_ref().map(|n| (n.nan, n.infinite)), Some((1, 2)));
     // Moments that overflowed are written as null and read back.
     let mut huge = Profile::default();
-    huge.add_value(&crate::encoding::Value::Float64(1e300));
-    huge.add_value(&crate::encoding::Value::Float64(-1e300));
+    huge.add_value(&quiver_runtime::encoding::Value::Float64(1e300));
+    huge.add_value(&quiver_runtime::encoding::Value::Float64(-1e300));
     let text = serde_json::to_string(&ProfileDoc::from(&huge)).unwrap();
     let back: ProfileDoc = serde_json::from_str(&text).unwrap();
     assert_eq!(Profile::try_from(&back).unwrap().count, 2);
@@ -209,7 +209,7 @@ fn a_window_counted_into_the_references_bins_equals_a_direct_count() {
     let reference: Vec<f64> = (0..5000).map(|i| ((i * 7919) % 5000) as f64 / 50.0).collect();
     let current: Vec<f64> = (0..9000).map(|i| ((i * 104_729) % 9000) as f64 / 60.0 + 20.0).collect();
     let mut r = Profile::default();
-    reference.iter().for_each(|x| r.add_value(&crate::encoding::Value::Float64(*x)));
+    reference.iter().for_each(|x| r.add_value(&quiver_runtime::encoding::Value::Float64(*x)));
     let binning = std::sync::Arc::new(Binning::of(&r).unwrap());
     let Binning::Numbers(edges) = &*binning else { panic!("{binning:?}") };
     let edges = edges.clone();
@@ -253,7 +253,7 @@ fn a_window_counted_into_the_references_bins_equals_a_direct_count() {
     // Categories: the reference's top values and "other", counted from JSON as logged.
     let mut cats = Profile::default();
     for v in ["a", "a", "b"] {
-        cats.add_value(&crate::encoding::Value::String(v.into()));
+        cats.add_value(&quiver_runtime::encoding::Value::String(v.into()));
     }
     let mut c = Profile::counting(std::sync::Arc::new(Binning::of(&cats).unwrap()));
     for v in [r#""b""#, r#""z""#, r#""a""#, "null", r#""y""#] {

@@ -1,8 +1,8 @@
 //! The record's encoding against its in-memory answer.
 
 use super::*;
-use crate::aggregation::AggFunction;
-use crate::{DType, FeatureView, Timestamp, Ttl};
+use quiver_sdk::aggregation::AggFunction;
+use quiver_sdk::{DType, FeatureView, Timestamp, Ttl};
 
 fn view() -> FeatureView {
     let mut v = FeatureView::new("rides").with_entity("rider").with_feature("fare", DType::Float64).with_feature("city", DType::String);

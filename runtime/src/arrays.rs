@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::{DType, KeyType, ListElement};
+use quiver_sdk::{DType, KeyType, ListElement};
 
 /// One join key's value at a row of its column (laid out as [`KeyType::dtype`]'s Arrow type).
 pub fn key_at(dtype: KeyType, array: &dyn arrow::array::Array, row: usize) -> crate::encoding::KeyValue {

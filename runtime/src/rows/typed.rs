@@ -7,9 +7,9 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 
 use super::{RowReader, ViewRow, from_json, non_finite, parse_instant};
-use crate::definitions::{FeatureView, JoinKey};
+use quiver_sdk::definitions::{FeatureView, JoinKey};
 use crate::encoding::{KeyValue, Value};
-use crate::types::{DType, KeyType};
+use quiver_sdk::types::{DType, KeyType};
 
 /// The fields a row is read from, each given a slot: the join keys, the event time, the
 /// created time (where the view has one) and the features, in that order, a name read
@@ -304,8 +304,8 @@ impl serde::de::Visitor<'_> for SlotOf<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::definitions::{Definitions, Entity, FeatureView, Source};
-    use crate::types::ListElement;
+    use quiver_sdk::definitions::{Definitions, Entity, FeatureView, Source};
+    use quiver_sdk::types::ListElement;
 
     /// The oracle for [`RowReader::from_slice`]: the whole document parsed into a JSON
     /// value first, then read by field name, as the reader did before it read into slots.

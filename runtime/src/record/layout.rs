@@ -1,11 +1,11 @@
 //! Which aggregations of an event log share a hop (a series of tiles) and a cell (one
 //! partial per tile), and what a cell does with an event.
 
-use super::super::state::{EventOrder, Num, Partial, pick};
-use super::super::{AggFunction, Aggregation};
-use crate::definitions::FeatureView;
+use crate::state::{EventOrder, Num, Partial, pick};
+use quiver_sdk::aggregation::{AggFunction, Aggregation};
+use quiver_sdk::definitions::FeatureView;
 use crate::encoding::{Value, fingerprint};
-use crate::types::DType;
+use quiver_sdk::types::DType;
 
 /// What one cell holds per tile.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -59,7 +59,7 @@ fn a_stored_row_beyond_the_horizon_never_blocks_a_write() {
 
 #[test]
 fn keys_of_rows_before_1970_expire_at_once() {
-    let v = FeatureView::new("v").with_feature("a", DType::Int64).with_ttl(crate::Ttl::from_secs(3600));
+    let v = FeatureView::new("v").with_feature("a", DType::Int64).with_ttl(quiver_sdk::Ttl::from_secs(3600));
     assert_eq!(expire_at_ms(&v, -10 * 86_400_000_000), Some(1), "clamped past the epoch, never 0 (= no expiry)");
     let exactly_zero = -(3600 * 1000 + KEY_GRACE_MS) * 1000;
     assert_eq!(expire_at_ms(&v, exactly_zero), Some(1));
@@ -114,7 +114,7 @@ fn a_selective_decode_skips_what_is_not_kept() {
 #[test]
 fn fingerprints_change_with_the_schema_and_values_check_types() {
     let v = FeatureView::new("v").with_feature("a", DType::Int64);
-    let same = FeatureView::new("v").with_feature("a", DType::Int64).with_ttl(crate::Ttl::from_secs(9));
+    let same = FeatureView::new("v").with_feature("a", DType::Int64).with_ttl(quiver_sdk::Ttl::from_secs(9));
     assert_eq!(fingerprint(&v), fingerprint(&same), "ttl is not part of the row schema");
     for other in [
         FeatureView::new("v").with_feature("a", DType::Float64),

@@ -8,9 +8,9 @@
 
 use std::cmp::Ordering;
 
-use super::{AggFunction, Aggregation};
+use quiver_sdk::aggregation::{AggFunction, Aggregation};
 use crate::encoding::Value;
-use crate::types::{DType, ListElement};
+use quiver_sdk::types::{DType, ListElement};
 
 /// A double-double number: `hi + lo` with `|lo| <= ulp(hi) / 2`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -365,7 +365,7 @@ pub fn last_k_list<'a>(column: DType, values: impl Iterator<Item = &'a Value>) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Ttl;
+    use quiver_sdk::Ttl;
 
     fn agg(f: AggFunction) -> Aggregation {
         Aggregation::new("a", f, "c", Ttl::from_secs(3600)).with_k(2)

@@ -12,9 +12,9 @@
 
 use serde_json::{Map, Value as Json};
 
-use crate::definitions::{Definitions, FeatureView, JoinKey};
+use quiver_sdk::definitions::{Definitions, FeatureView, JoinKey};
 use crate::encoding::{KeyValue, OnlineRow, Value, expire_at_ms, store_key};
-use crate::types::{DType, KeyType, ListElement};
+use quiver_sdk::types::{DType, KeyType, ListElement};
 
 mod typed;
 use typed::Slots;
@@ -350,8 +350,8 @@ fn short(v: &Json) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::definitions::Entity;
-    use crate::types::Ttl;
+    use quiver_sdk::definitions::Entity;
+    use quiver_sdk::types::Ttl;
 
     pub(super) fn defs() -> Definitions {
         Definitions::default().with_entity(Entity::new("driver").with_join_key("driver_id", KeyType::Int64)).with_feature_view(

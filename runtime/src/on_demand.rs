@@ -10,9 +10,9 @@ use arrow::array::{ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, TimestampMicrosecondType};
 use quiver_transform::{ExprError, InputError, Output, Program};
 
-use super::{OnDemandView, Origin, described};
-use crate::definitions::{Definitions, Feature, JoinKey};
-use crate::types::{DType, timestamp_arrow_type};
+use quiver_sdk::on_demand::{OnDemandView, Origin, described};
+use quiver_sdk::definitions::{Definitions, Feature, JoinKey};
+use quiver_sdk::types::{DType, timestamp_arrow_type};
 
 /// A column a computation reads, whoever supplies it. Stored values are null where
 /// their view's row is missing or expired, as in the lookup's statuses.
@@ -317,7 +317,7 @@ fn latest(rows: usize, of: &[usize], supplied: &[ArrayRef]) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::yaml::parse_definitions;
+    use quiver_sdk::yaml::parse_definitions;
     use arrow::array::{Float64Array, Int64Array, TimestampMicrosecondArray};
 
     const DEFS: &str = "entities:

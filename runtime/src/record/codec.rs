@@ -1,7 +1,7 @@
 //! The byte layout of a record's parts: integers, floats and orders little-endian, a
 //! tile's own sums with only what its aggregations read, extremes.
 
-use super::super::state::{Dd, EventOrder, Num, Sums};
+use crate::state::{Dd, EventOrder, Num, Sums};
 use crate::encoding::{DecodeError, Reader};
 
 pub(super) fn put_i64(out: &mut Vec<u8>, v: i64) {

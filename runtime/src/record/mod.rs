@@ -53,10 +53,10 @@ pub struct WindowAnswer {
     pub latest_event: Option<i64>,
 }
 
-use super::state::{EventOrder, Num, Partial, Sums};
-use super::{AggFunction, Aggregation};
+use crate::state::{EventOrder, Num, Partial, Sums};
+use quiver_sdk::aggregation::{AggFunction, Aggregation};
 use crate::encoding::{DecodeError, Reader, Value, order_bytes, write_value};
-use crate::types::DType;
+use quiver_sdk::types::DType;
 
 const FORMAT: u8 = 8;
 
@@ -126,7 +126,7 @@ impl AggRecord {
     /// The record of an entity's `events` (any order) for lookups at `now` or later:
     /// events within the longest window of their hop go into tiles, those after `now`
     /// stay pending, older ones are left out.
-    pub fn build(layout: &Layout<'_>, events: &[Event], at: crate::Timestamp, version: i64) -> AggRecord {
+    pub fn build(layout: &Layout<'_>, events: &[Event], at: quiver_sdk::Timestamp, version: i64) -> AggRecord {
         let now = at.0;
         let mut series = Vec::with_capacity(layout.series.len());
         for (s, (hop, cells)) in layout.series.iter().enumerate() {
