@@ -170,7 +170,7 @@ fn concurrent_writers_on_s3_lose_no_commit() {
     )
     .unwrap();
     let outs: Vec<String> = ingest_all(3, &["ingest", "driver_hourly", "one.jsonl"]).into_iter().map(|o| text(&o.unwrap())).collect();
-    assert_eq!(outs.iter().filter(|t| t.contains("ingested 1 rows into driver_hourly (table version 6)")).count(), 1, "{outs:?}");
+    assert_eq!(outs.iter().filter(|t| t.contains("ingested 1 row into driver_hourly (table version 6)")).count(), 1, "{outs:?}");
     assert_eq!(outs.iter().filter(|t| t.contains("table version 6 holds the same content")).count(), 2, "{outs:?}");
     assert_eq!(python_reads(&format!("s3://{bucket}/{prefix}/driver_hourly"), &endpoint), (6, 5 * 736 + 1));
 

@@ -513,7 +513,7 @@ async fn push_writes_online_through_the_guarded_write() {
         (
             r#"{"feature_view": "stats", "df": {"driver_id": [1, 2], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.0], "trips": [1], "emb": [null]}}"#,
             StatusCode::BAD_REQUEST,
-            "has 1 values, another has 2",
+            "has 1 value, another has 2",
         ),
         (
             r#"{"feature_view": "stats", "df": {"driver_id": [1], "event_timestamp": ["2024-01-01T09:00:00Z"], "rate": [1.5], "trips": [1.5], "emb": [null]}}"#,
