@@ -15,8 +15,8 @@ use deltalake::kernel::Transaction;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
-use quiver_sdk::config::StoreLocation;
 use quiver_runtime::write_time::WriteTransform;
+use quiver_sdk::config::StoreLocation;
 use quiver_sdk::{Definitions, FeatureView};
 
 use crate::delta::{ensure_table, open_table};

@@ -16,8 +16,8 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use quiver::Repo;
 use quiver::ops::{Engine, Rows, Spine};
-use quiver::sdk::Definitions;
 use quiver::runtime::encoding::KeyValue;
+use quiver::sdk::Definitions;
 
 mod arrow_stream;
 use arrow_stream::{ArrowStream, read_table};

@@ -44,7 +44,7 @@ impl KeyValue {
     /// for anything else (a float, a bool, null).
     ///
     /// ```
-    /// use quiver_sdk::encoding::KeyValue;
+    /// use quiver_runtime::encoding::KeyValue;
     /// assert_eq!(KeyValue::from_json(&serde_json::json!(7)), Some(KeyValue::Int(7)));
     /// assert_eq!(KeyValue::from_json(&serde_json::json!("a")), Some(KeyValue::Str("a".into())));
     /// assert_eq!(KeyValue::from_json(&serde_json::json!(1.5)), None);
@@ -71,7 +71,7 @@ impl KeyValue {
 /// the strings hold.
 ///
 /// ```
-/// use quiver_sdk::encoding::{KeyValue, entity_key};
+/// use quiver_runtime::encoding::{KeyValue, entity_key};
 /// assert_eq!(entity_key(&[KeyValue::Int(1001), KeyValue::Str("a|b".into())]), "i1001|s3:a|b");
 /// ```
 pub fn entity_key(values: &[KeyValue]) -> String {

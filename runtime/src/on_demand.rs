@@ -10,8 +10,8 @@ use arrow::array::{ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, TimestampMicrosecondType};
 use quiver_transform::{ExprError, InputError, Output, Program};
 
-use quiver_sdk::on_demand::{OnDemandView, Origin, described};
 use quiver_sdk::definitions::{Definitions, Feature, JoinKey};
+use quiver_sdk::on_demand::{OnDemandView, Origin, described};
 use quiver_sdk::types::{DType, timestamp_arrow_type};
 
 /// A column a computation reads, whoever supplies it. Stored values are null where
@@ -317,8 +317,8 @@ fn latest(rows: usize, of: &[usize], supplied: &[ArrayRef]) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quiver_sdk::yaml::parse_definitions;
     use arrow::array::{Float64Array, Int64Array, TimestampMicrosecondArray};
+    use quiver_sdk::yaml::parse_definitions;
 
     const DEFS: &str = "entities:
   - {name: driver, join_keys: [{name: driver_id, dtype: int64}]}

@@ -12,8 +12,8 @@
 
 use serde_json::{Map, Value as Json};
 
-use quiver_sdk::definitions::{Definitions, FeatureView, JoinKey};
 use crate::encoding::{KeyValue, OnlineRow, Value, expire_at_ms, store_key};
+use quiver_sdk::definitions::{Definitions, FeatureView, JoinKey};
 use quiver_sdk::types::{DType, KeyType, ListElement};
 
 mod typed;

@@ -8,8 +8,8 @@
 
 use std::cmp::Ordering;
 
-use quiver_sdk::aggregation::{AggFunction, Aggregation};
 use crate::encoding::Value;
+use quiver_sdk::aggregation::{AggFunction, Aggregation};
 use quiver_sdk::types::{DType, ListElement};
 
 /// A double-double number: `hi + lo` with `|lo| <= ulp(hi) / 2`.
@@ -343,9 +343,9 @@ pub fn pick(function: AggFunction, current: Option<Num>, x: Num) -> Num {
 }
 
 /// The values of `last_k`, newest first, as the list type of the column
-/// ([`super::list_element`]).
+/// ([`quiver_sdk::aggregation::list_element`]).
 pub fn last_k_list<'a>(column: DType, values: impl Iterator<Item = &'a Value>) -> Value {
-    match super::list_element(column) {
+    match quiver_sdk::aggregation::list_element(column) {
         Some(ListElement::Int64) => {
             Value::ListInt64(values.filter_map(|v| if let Some(Num::I(i)) = Num::of(v) { Some(i) } else { None }).collect())
         }

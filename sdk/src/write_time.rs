@@ -71,9 +71,7 @@ pub fn raw_view(view: &FeatureView) -> FeatureView {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::yaml::parse_definitions;
-    use arrow::array::{Float64Array, Int64Array, StringArray};
 
     const HEAD: &str = "entities:\n  - {name: customer, join_keys: [{name: customer_id, dtype: string}]}\nfeature_views:\n";
 

@@ -2,8 +2,8 @@
 
 use quiver::FeatureReport;
 use quiver::ops::parse_time;
-use quiver::sdk::Timestamp;
 use quiver::runtime::rows::format_instant;
+use quiver::sdk::Timestamp;
 use quiver_sdk::error::count;
 
 use super::{Ctx, runtime};

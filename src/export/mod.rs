@@ -19,8 +19,8 @@ use quiver_offline::historical::{HistoricalOptions, MadeSpine, SpineRows, join, 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use quiver_sdk::Definitions;
 use crate::monitor::profile::ProfileDoc;
+use quiver_sdk::Definitions;
 
 use crate::Repo;
 use crate::error::{Error, Result};

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::monitor::profile::{Profile, ProfileDoc};
 use arrow::array::{AsArray, RecordBatch};
 use quiver_sdk::Definitions;
-use crate::monitor::profile::{Profile, ProfileDoc};
 
 use super::{ManifestFeature, VOCABULARY_LIMIT};
 

@@ -28,12 +28,12 @@ use std::collections::VecDeque;
 use hashbrown::HashMap;
 use std::sync::Mutex;
 
+use crate::monitor::profile::{Numbers, Profile, category_bins, decile_edges, psi, shares, sketch_shares};
 use quiver_online::lookup::Status;
 use quiver_online::serving_log::Served;
 use quiver_runtime::encoding::Value;
 use quiver_runtime::metrics::{Exposition, Kind};
 use quiver_sdk::monitoring::Limits;
-use crate::monitor::profile::{Numbers, Profile, category_bins, decile_edges, psi, shares, sketch_shares};
 
 use super::{Window, sources};
 use crate::error::{Error, Result};

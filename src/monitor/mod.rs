@@ -16,9 +16,9 @@ pub mod sources;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use quiver_sdk::monitoring::Limits;
 use crate::monitor::profile::{Binning, Bins, Counted, Profile, category_bins, ks, shares, sketch_category_shares};
 use quiver_runtime::rows::format_instant;
+use quiver_sdk::monitoring::Limits;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};

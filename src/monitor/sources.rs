@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use crate::monitor::profile::{Binning, Profile, ProfileDoc};
+use futures::StreamExt;
 use quiver_runtime::rows::format_instant;
 use quiver_sdk::{DType, Definitions, FeatureRef};
 

@@ -8,9 +8,9 @@ use quiver_offline::schema::value_at;
 use quiver_online::lookup::{Row, Status};
 use quiver_online::server::json::value_json;
 use quiver_runtime::encoding::{KeyValue, Value};
+use quiver_runtime::rows::format_instant;
 use quiver_sdk::error::count;
 use quiver_sdk::on_demand;
-use quiver_runtime::rows::format_instant;
 use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, OnDemandView, Timestamp};
 use std::collections::{BTreeSet, HashMap, HashSet};
 

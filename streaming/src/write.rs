@@ -17,10 +17,10 @@ use quiver_offline::historical::EntityEvents;
 use quiver_offline::ingest::{AppendOptions, IngestReport, append};
 use quiver_offline::schema::{ViewLayout, key_at, rows_to_columns, table_schema, value_at};
 use quiver_online::{OnlineStore, WriteRow};
-use quiver_runtime::record::{AggRecord, Layout};
 use quiver_runtime::encoding::{KeyValue, OnlineRow, expire_at_ms, store_key};
-use quiver_sdk::definitions::fingerprint;
+use quiver_runtime::record::{AggRecord, Layout};
 use quiver_runtime::rows::ViewRow;
+use quiver_sdk::definitions::fingerprint;
 use quiver_sdk::{Config, Definitions, FeatureView};
 
 use crate::error::{Error, Result};

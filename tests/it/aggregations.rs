@@ -14,8 +14,8 @@ use quiver::offline::historical::{HistoricalOptions, SpineRows, historical, reso
 use quiver::offline::schema::value_at;
 use quiver::online::lookup::{Status, get_online_features};
 use quiver::online::{EmbeddedStore, OnlineStore};
-use quiver::sdk::FeatureRef;
 use quiver::runtime::encoding::{KeyValue, Value};
+use quiver::sdk::FeatureRef;
 
 use crate::common;
 

@@ -5,8 +5,8 @@ use arrow::array::{ArrayRef, AsArray, RecordBatch};
 use arrow::compute::concat_batches;
 use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
 use datafusion::prelude::{Expr, ident, lit};
-use quiver_runtime::record::Event;
 use quiver_runtime::encoding::KeyValue;
+use quiver_runtime::record::Event;
 use quiver_sdk::{Config, Definitions, FeatureView};
 
 use super::scan::{ScanRange, scan_view_at};

@@ -8,10 +8,10 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
-use quiver_sdk::Definitions;
 use quiver_runtime::arrays::value_at;
 use quiver_runtime::encoding::{KeyValue, Value};
 use quiver_runtime::rows::write_rfc3339;
+use quiver_sdk::Definitions;
 
 use super::on_demand::OnDemandPlan;
 use super::{Entities, EntityColumns, LookupPhases, Plan, Row, RowReader, Status, answer_records};
@@ -305,8 +305,8 @@ const EPOCH: &[u8] = br#""1970-01-01T00:00:00Z""#;
 mod tests {
     use std::collections::HashMap;
 
-    use quiver_runtime::record::{AggRecord, Event, Layout};
     use quiver_runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
+    use quiver_runtime::record::{AggRecord, Event, Layout};
     use quiver_sdk::definitions::fingerprint;
     use quiver_sdk::{FeatureRef, yaml::parse_definitions};
     use rand::{Rng, SeedableRng, rngs::StdRng};

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use quiver_runtime::record::{AggRecord, Layout, WindowAnswer};
 use quiver_runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
+use quiver_runtime::record::{AggRecord, Layout, WindowAnswer};
 use quiver_sdk::definitions::fingerprint;
 use quiver_sdk::{Definitions, FeatureRef, FeatureView, Found, KeyType};
 

@@ -22,8 +22,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use quiver_sdk::Definitions;
 use quiver_runtime::rows::ViewRow;
+use quiver_sdk::Definitions;
 use serde_json::{Value as Json_, json};
 
 pub use crate::listen::{serve, serve_until, shutdown_signal};

@@ -1,8 +1,8 @@
 //! The byte layout of a record's parts: integers, floats and orders little-endian, a
 //! tile's own sums with only what its aggregations read, extremes.
 
-use crate::state::{Dd, EventOrder, Num, Sums};
 use crate::encoding::{DecodeError, Reader};
+use crate::state::{Dd, EventOrder, Num, Sums};
 
 pub(super) fn put_i64(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(&v.to_le_bytes());

@@ -4,7 +4,9 @@
 use crate::state::{EventOrder, Num, Partial, pick};
 use quiver_sdk::aggregation::{AggFunction, Aggregation};
 use quiver_sdk::definitions::FeatureView;
-use crate::encoding::{Value, fingerprint};
+use quiver_sdk::definitions::fingerprint;
+
+use crate::encoding::Value;
 use quiver_sdk::types::DType;
 
 /// What one cell holds per tile.

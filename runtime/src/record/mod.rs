@@ -53,9 +53,9 @@ pub struct WindowAnswer {
     pub latest_event: Option<i64>,
 }
 
+use crate::encoding::{DecodeError, Reader, Value, order_bytes, write_value};
 use crate::state::{EventOrder, Num, Partial, Sums};
 use quiver_sdk::aggregation::{AggFunction, Aggregation};
-use crate::encoding::{DecodeError, Reader, Value, order_bytes, write_value};
 use quiver_sdk::types::DType;
 
 const FORMAT: u8 = 8;

@@ -33,3 +33,24 @@ pub fn fingerprint(view: &FeatureView) -> u64 {
     }
     h
 }
+
+#[cfg(test)]
+mod tests {
+    use super::fingerprint;
+    use crate::{DType, FeatureView, Ttl};
+
+    #[test]
+    fn fingerprints_change_with_the_schema() {
+        let v = FeatureView::new("v").with_feature("a", DType::Int64);
+        let same = FeatureView::new("v").with_feature("a", DType::Int64).with_ttl(Ttl::from_secs(9));
+        assert_eq!(fingerprint(&v), fingerprint(&same), "ttl is not part of the row schema");
+        for other in [
+            FeatureView::new("v").with_feature("a", DType::Float64),
+            FeatureView::new("v").with_feature("b", DType::Int64),
+            FeatureView::new("w").with_feature("a", DType::Int64),
+            FeatureView::new("v").with_feature("a", DType::Int64).with_feature("b", DType::Int64),
+        ] {
+            assert_ne!(fingerprint(&v), fingerprint(&other), "{other:?}");
+        }
+    }
+}

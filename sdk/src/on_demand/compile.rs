@@ -2,11 +2,9 @@
 //! view's expressions may read, in the one order every path (the join, the server,
 //! `verify`) builds their input batch in, and the view's compiled program.
 
-use std::collections::BTreeMap;
-
 use quiver_transform::{Column, ExprError, Output, Program};
 
-use super::OnDemandView;
+use super::{EVENT_TIMESTAMP, OnDemandView, REQUEST_TIME};
 use crate::definitions::{Definitions, Feature, JoinKey};
 use crate::types::{DType, timestamp_arrow_type};
 

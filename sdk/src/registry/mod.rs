@@ -14,8 +14,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::definitions::{Definitions, FeatureView};
 use crate::definitions::fingerprint;
+use crate::definitions::{Definitions, FeatureView};
 use crate::error::{Error, Result};
 
 mod plan;

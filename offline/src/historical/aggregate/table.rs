@@ -7,9 +7,9 @@ use arrow::array::{ArrayRef, Float32Array, Float64Array, Int32Array, Int64Array,
 use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::DataType;
 use quiver_gpu_join::NO_ENTITY;
-use quiver_sdk::DType;
-use quiver_runtime::state::Partial;
 use quiver_runtime::encoding::Value;
+use quiver_runtime::state::Partial;
+use quiver_sdk::DType;
 
 use super::{Plan, Planned, is_latest};
 use crate::error::Result;
