@@ -19,10 +19,11 @@ pub mod ops;
 mod repo;
 mod server;
 mod serving_log;
+mod spine;
 mod verify;
 
 pub use error::{Error, Result};
-pub use export::{Exported, Manifest, ManifestFeature, Shard, ShardFormat, SpineInfo, SpineSource};
+pub use export::{Exported, Manifest, ManifestFeature, Shard, ShardFormat, SpineInfo};
 pub use init::{init, project_name};
 pub use materialize::ViewReport;
 pub use quiver_gpu_join as gpu_join;

@@ -185,9 +185,10 @@ fn parse_time(what: &str, text: &str) -> PyResult<String> {
 /// A made spine from its manifest JSON (`{"kind": "entities_at", "at": ...}`), as the
 /// Python layer writes it.
 fn made_spine(json: &str) -> PyResult<quiver::ops::MadeSpine> {
-    let made: quiver::ops::MadeSpine = serde_json::from_str(json).map_err(|e| ValidationError::new_err(format!("spine: {e}")))?;
-    made.check().map_err(|e| ValidationError::new_err(e.to_string()))?;
-    Ok(made)
+    // Read through `RowsOf::new`, which checks every rule of a made spine (from a JSON
+    // value, so its errors say what is wrong, not where in the text).
+    let value: serde_json::Value = serde_json::from_str(json).map_err(|e| ValidationError::new_err(format!("spine: {e}")))?;
+    serde_json::from_value(value).map_err(|e| ValidationError::new_err(e.to_string()))
 }
 
 /// Loads the latest values with event time in [start, end] into the online store;
@@ -259,8 +260,8 @@ fn export(
     made: Option<String>,
 ) -> PyResult<String> {
     let spine = match (spine, made) {
-        (Some(path), None) => quiver::SpineSource::File(path.into()),
-        (None, Some(made)) => quiver::SpineSource::Made(made_spine(&made)?),
+        (Some(path), None) => Spine::File(path.into()),
+        (None, Some(made)) => Spine::Made(made_spine(&made)?),
         _ => return Err(ValidationError::new_err("give exactly one of spine, entities_at= and rows_of=")),
     };
     run(py, async move {

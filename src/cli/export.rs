@@ -3,9 +3,9 @@
 use quiver_sdk::error::count;
 use std::path::PathBuf;
 
-use quiver::{ShardFormat, SpineSource};
+use quiver::ShardFormat;
 
-use super::spine::{Chosen, SpineArgs};
+use super::spine::SpineArgs;
 use super::{Ctx, EngineArg, progress_bar, runtime};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -68,10 +68,7 @@ impl Export {
         let reproducing = self.reproduce.is_some();
         let spine = match (reproducing, self.spine.chosen()) {
             (true, _) => None,
-            (false, chosen) => Some(match chosen? {
-                Chosen::File(path) => SpineSource::File(path),
-                Chosen::Made(made) => SpineSource::Made(made),
-            }),
+            (false, chosen) => Some(chosen?),
         };
         let exported = rt.block_on(async {
             match self.reproduce {

@@ -3,9 +3,7 @@
 use quiver_sdk::error::count;
 use std::path::PathBuf;
 
-use quiver::ops::Spine;
-
-use super::spine::{Chosen, SpineArgs};
+use super::spine::SpineArgs;
 use super::{Ctx, EngineArg, progress_bar, progress_on, runtime};
 
 /// Point-in-time join of a spine with features, to Parquet.
@@ -38,10 +36,7 @@ impl Historical {
         let repo = ctx.open()?;
         let rt = runtime()?;
         let bar = progress_bar();
-        let spine = match self.spine.chosen()? {
-            Chosen::File(path) => Spine::File(path),
-            Chosen::Made(made) => Spine::Made(made),
-        };
+        let spine = self.spine.chosen()?;
         let mut op = repo
             .historical(spine)
             .with_engine(self.engine.into())

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use quiver::ops::{MadeSpine, parse_time};
+use quiver::ops::{MadeSpine, RowsOf, Spine, parse_time};
 use quiver::sdk::Timestamp;
 
 /// The spine options `historical` and `export` share.
@@ -32,31 +32,23 @@ pub struct SpineArgs {
     pub seed: Option<u64>,
 }
 
-/// The spine the options name.
-#[derive(Debug)]
-pub enum Chosen {
-    File(PathBuf),
-    Made(MadeSpine),
-}
-
 impl SpineArgs {
     /// The spine asked for.
     ///
     /// # Errors
     /// None given, or a time that does not parse (naming the option).
-    pub fn chosen(self) -> anyhow::Result<Chosen> {
+    pub fn chosen(self) -> anyhow::Result<Spine> {
         let now = Timestamp::now();
-        if self.rows_of.is_none() && (self.sample.is_some() || !self.between.is_empty()) {
-            anyhow::bail!("--between and --sample go with --rows-of VIEW");
-        }
-        if self.seed.is_some() && self.sample.is_none() {
-            anyhow::bail!("--seed goes with --sample R");
+        // Where --between, --sample and --seed have no place to go; their values are
+        // checked by `RowsOf::new`, as Python's are.
+        if self.rows_of.is_none() && (self.sample.is_some() || self.seed.is_some() || !self.between.is_empty()) {
+            anyhow::bail!("--between, --sample and --seed go with --rows-of VIEW");
         }
         if let Some(path) = self.spine {
-            return Ok(Chosen::File(path));
+            return Ok(Spine::File(path));
         }
         if let Some(at) = self.entities_at {
-            return Ok(Chosen::Made(MadeSpine::EntitiesAt { at: parse_time("--entities-at", &at, now)?.micros() }));
+            return Ok(Spine::Made(MadeSpine::EntitiesAt { at: parse_time("--entities-at", &at, now)?.micros() }));
         }
         let Some(view) = self.rows_of else {
             anyhow::bail!("a spine is needed: --spine FILE, --entities-at TIME or --rows-of VIEW");
@@ -65,8 +57,6 @@ impl SpineArgs {
             [a, b] => Some((parse_time("--between", a, now)?.micros(), parse_time("--between", b, now)?.micros())),
             _ => None,
         };
-        let made = MadeSpine::RowsOf { view, between, sample: self.sample, seed: self.seed.unwrap_or(0) };
-        made.check()?;
-        Ok(Chosen::Made(made))
+        Ok(Spine::Made(MadeSpine::RowsOf(RowsOf::new(view, between, self.sample, self.seed)?)))
     }
 }

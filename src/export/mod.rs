@@ -24,6 +24,7 @@ use quiver_sdk::Definitions;
 
 use crate::Repo;
 use crate::error::{Error, Result};
+use crate::spine::Spine;
 
 mod folder;
 mod profile;
@@ -135,19 +136,6 @@ pub struct SpineInfo {
     pub made: Option<MadeSpine>,
 }
 
-/// The spine of an export: a file, or one made from the offline store.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SpineSource {
-    File(PathBuf),
-    Made(MadeSpine),
-}
-
-impl<T: Into<PathBuf>> From<T> for SpineSource {
-    fn from(path: T) -> SpineSource {
-        SpineSource::File(path.into())
-    }
-}
-
 /// Progress of an export that has not finished.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Progress {
@@ -218,16 +206,10 @@ struct Plan {
 
 /// What [`export`] plans; `original`, for a reproduction, pins the Delta versions and
 /// the id's form (a manifest without `definitions` has the registry version in its id).
-async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, original: Option<&Manifest>) -> Result<Plan> {
-    let label = match source {
-        SpineSource::File(path) => path.display().to_string(),
-        SpineSource::Made(made) => made.describe(),
-    };
+async fn plan(repo: &Repo, source: &Spine, options: ExportOptions, original: Option<&Manifest>) -> Result<Plan> {
+    let label = source.label();
     if options.shard_rows == 0 {
         return Err(out_err(Path::new(&label), "--shard-rows must be at least 1"));
-    }
-    if let SpineSource::Made(made) = source {
-        made.check()?;
     }
     let doc = repo.applied()?;
     let registry_version = doc.version;
@@ -237,11 +219,11 @@ async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, origina
     let mut views: Vec<&quiver_sdk::FeatureView> = requests.iter().map(|r| r.view).collect();
     // A `--rows-of` view is read at a pinned version too.
     let rows_of = match source {
-        SpineSource::Made(made) => match made.source_view() {
+        Spine::Made(made) => match made.source_view() {
             Some(name) => Some(defs.find_view(name).map_err(|e| Error::NotFound(format!("--rows-of: {}", e.0)))?),
             None => None,
         },
-        SpineSource::File(_) => None,
+        Spine::File(_) | Spine::Batch(..) => None,
     };
     if let Some(view) = rows_of
         && !views.iter().any(|v| v.name == view.name)
@@ -266,12 +248,17 @@ async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, origina
     };
     let key_types: Vec<(String, arrow::datatypes::DataType)> = requests.spine_types(defs);
     let (spine, sha256, path) = match source {
-        SpineSource::File(path) => {
+        Spine::File(path) => {
             let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
             let spine = read_spine(path, &key_types)?;
             (spine, sha256_hex(&bytes), std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()).display().to_string())
         }
-        SpineSource::Made(made) => {
+        // Rows in memory have no file to hash and find again: a training set is
+        // reproducible only from a file or a made spine.
+        Spine::Batch(_, name) => {
+            return Err(out_err(Path::new(name), "an export's spine is a file or a made spine (rows in memory cannot be reproduced)"));
+        }
+        Spine::Made(made) => {
             let joined: Vec<_> = requests.iter().map(|r| r.view).collect();
             let spine = made.make(&repo.config, defs, &joined, &delta_versions).await?;
             (spine.clone(), sha256_hex(&ipc_bytes(&spine)?), label.clone())
@@ -287,8 +274,8 @@ async fn plan(repo: &Repo, source: &SpineSource, options: ExportOptions, origina
         })
         .collect();
     let made = match source {
-        SpineSource::Made(m) => Some(m.clone()),
-        SpineSource::File(_) => None,
+        Spine::Made(m) => Some(m.clone()),
+        Spine::File(_) | Spine::Batch(..) => None,
     };
     let spine_info = SpineInfo { path, sha256, rows: spine.num_rows() as u64, made };
     // The id: what determines the rows, and nothing else (not paths, not times, not
@@ -481,7 +468,7 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
 /// another training set, or a failing join or write; finished shards stay for a resume.
 pub async fn export(
     repo: &Repo,
-    spine: &SpineSource,
+    spine: &Spine,
     out: &Path,
     options: ExportOptions,
     joiner: Joiner<'_>,
@@ -504,8 +491,8 @@ pub async fn reproduce(repo: &Repo, manifest_path: &Path, out: &Path, joiner: Jo
     let original: Manifest = serde_json::from_slice(&std::fs::read(manifest_path).map_err(|e| Error::io(manifest_path, e))?)
         .map_err(|e| out_err(manifest_path, format!("unreadable manifest: {e}")))?;
     let spine = match &original.spine.made {
-        Some(made) => SpineSource::Made(made.clone()),
-        None => SpineSource::File(PathBuf::from(&original.spine.path)),
+        Some(made) => Spine::Made(made.clone()),
+        None => Spine::File(PathBuf::from(&original.spine.path)),
     };
     let plan = plan(repo, &spine, original.options.clone(), Some(&original)).await?;
     if plan.manifest.spine.sha256 != original.spine.sha256 {

@@ -5,15 +5,16 @@ use std::sync::Arc;
 
 use super::{Engine, Progress, no_progress, pick_engine};
 use crate::error::Result;
-use crate::export::{ExportOptions, Exported, Hooks, Joiner, ShardFormat, SpineSource};
+use crate::export::{ExportOptions, Exported, Hooks, Joiner, ShardFormat};
 use crate::repo::Repo;
+use crate::spine::Spine;
 
 /// Exports a feature service's point-in-time join of a spine ([`Repo::export`]).
 #[derive(Debug)]
 #[must_use]
 pub struct Export<'a> {
     repo: &'a Repo,
-    spine: SpineSource,
+    spine: Spine,
     out: PathBuf,
     options: ExportOptions,
     engine: Engine,
@@ -47,7 +48,7 @@ pub struct Reproduce<'a> {
 impl Repo {
     /// Exports `service` joined with `spine` (a file, or a [`MadeSpine`](quiver_offline::historical::MadeSpine))
     /// into the folder `out` (Parquet shards of 500,000 spine rows unless set otherwise).
-    pub fn export(&self, service: &str, spine: impl Into<SpineSource>, out: impl Into<PathBuf>) -> Export<'_> {
+    pub fn export(&self, service: &str, spine: impl Into<Spine>, out: impl Into<PathBuf>) -> Export<'_> {
         Export {
             repo: self,
             spine: spine.into(),

@@ -1,59 +1,17 @@
 //! `historical`: the point-in-time join of a spine with features (docs/offline.md).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::DataType;
-use quiver_offline::historical::{self, HistoricalOptions, MadeSpine};
+use quiver_offline::historical::{self, HistoricalOptions};
 use quiver_sdk::FeatureRef;
 
 use super::{Engine, Features, Progress, no_progress, pick_engine};
 use crate::error::Result;
 use crate::repo::Repo;
-
-/// The entity dataframe of a join: a file (Parquet or CSV), or rows in memory.
-#[derive(Debug, Clone)]
-pub enum Spine {
-    File(PathBuf),
-    /// Rows in memory, and the name errors call them by (`entity_df`).
-    Batch(RecordBatch, String),
-    /// Made from the offline store: every entity as of a time, or every row of a view
-    /// (docs/export.md#without-a-spine).
-    Made(MadeSpine),
-}
-
-impl Spine {
-    pub fn file(path: impl Into<PathBuf>) -> Spine {
-        Spine::File(path.into())
-    }
-
-    /// Where the spine came from, for messages.
-    fn label(&self) -> String {
-        match self {
-            Spine::File(p) => p.display().to_string(),
-            Spine::Batch(_, name) => name.clone(),
-            Spine::Made(made) => made.describe(),
-        }
-    }
-
-    /// The rows, read as the join keys' types where the spine is a file, made from the
-    /// tables of `joined` (at `versions`) where it is made.
-    async fn read(
-        self,
-        repo: &Repo,
-        defs: &quiver_sdk::Definitions,
-        key_types: &[(String, DataType)],
-        joined: &[&quiver_sdk::FeatureView],
-        versions: &BTreeMap<String, u64>,
-    ) -> Result<RecordBatch> {
-        match self {
-            Spine::File(path) => Ok(historical::read_spine(&path, key_types)?),
-            Spine::Batch(batch, _) => Ok(batch),
-            Spine::Made(made) => Ok(made.make(&repo.config, defs, joined, versions).await?),
-        }
-    }
-}
+use crate::spine::Spine;
 
 /// What a join gave: the spine's rows with one column per feature, the references in
 /// output order, and which engine ran.

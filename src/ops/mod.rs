@@ -97,15 +97,17 @@ use crate::error::{Error, Result};
 use crate::repo::Repo;
 
 pub use export::{Export, Reproduce};
-pub use historical::{Historical, Joined, Spine};
+pub use historical::{Historical, Joined};
 pub use lookup::Lookup;
 pub use materialize::{Materialize, MaterializeIncremental};
 pub use monitor::{Monitor, Monitored};
-pub use quiver_offline::historical::MadeSpine;
+pub use quiver_offline::historical::{MadeSpine, RowsOf};
 pub use serve::{Serve, Server};
 pub use stream::Stream;
 pub use verify::{VerifyLog, VerifySample};
 pub use write::{Ingest, Push, Rows};
+
+pub use crate::spine::Spine;
 
 /// A boxed future an operation's `.await` runs.
 pub type OpFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;

@@ -28,19 +28,92 @@ pub enum MadeSpine {
         #[serde(with = "rfc3339")]
         at: i64,
     },
-    /// Every row of `view` (with an event time in `[between.0, between.1)` when given),
-    /// its keys, its event time as `event_timestamp` and its columns kept; in event-time
-    /// order. With `sample`, each row is kept with that probability, decided by a hash
-    /// of the row and `seed`: the same rows every time.
-    RowsOf {
-        view: String,
-        #[serde(default, skip_serializing_if = "Option::is_none", with = "rfc3339_pair")]
-        between: Option<(i64, i64)>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        sample: Option<f64>,
-        #[serde(default)]
-        seed: u64,
-    },
+    /// Every row of a view ([`RowsOf`]).
+    RowsOf(RowsOf),
+}
+
+/// Every row of `view` (with an event time in `[between.0, between.1)` when given), its
+/// keys, its event time as `event_timestamp` and its columns kept; in event-time order.
+/// With `sample`, each row is kept with that probability, decided by a hash of the row
+/// and `seed`: the same rows every time. Made only by [`RowsOf::new`], which checks
+/// every rule (a manifest's too: it is read through it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RowsOfDoc", into = "RowsOfDoc")]
+pub struct RowsOf {
+    view: String,
+    between: Option<(i64, i64)>,
+    sample: Option<f64>,
+    seed: u64,
+}
+
+/// [`RowsOf`] as the manifest writes it.
+#[derive(Serialize, Deserialize)]
+struct RowsOfDoc {
+    view: String,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "rfc3339_pair")]
+    between: Option<(i64, i64)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sample: Option<f64>,
+    #[serde(default)]
+    seed: u64,
+}
+
+impl TryFrom<RowsOfDoc> for RowsOf {
+    type Error = Error;
+
+    fn try_from(doc: RowsOfDoc) -> Result<RowsOf> {
+        let seed = (doc.sample.is_some() || doc.seed != 0).then_some(doc.seed);
+        RowsOf::new(doc.view, doc.between, doc.sample, seed)
+    }
+}
+
+impl From<RowsOf> for RowsOfDoc {
+    fn from(rows: RowsOf) -> RowsOfDoc {
+        RowsOfDoc { view: rows.view, between: rows.between, sample: rows.sample, seed: rows.seed }
+    }
+}
+
+impl RowsOf {
+    /// The rows of `view`, in `between` (start, end: UTC microseconds) when given,
+    /// sampled at rate `sample` with `seed` (default 0) when given.
+    ///
+    /// # Errors
+    /// [`Error::Request`]: an empty window, a sample rate outside (0, 1], a seed
+    /// without a sample.
+    pub fn new(view: impl Into<String>, between: Option<(i64, i64)>, sample: Option<f64>, seed: Option<u64>) -> Result<RowsOf> {
+        let rows = RowsOf { view: view.into(), between, sample, seed: seed.unwrap_or(0) };
+        let refuse = |why: &str| Err(Error::Request(format!("{}: {why}", rows.describe())));
+        if let Some((a, b)) = between
+            && a >= b
+        {
+            return refuse("the window is empty (its start is not before its end)");
+        }
+        if let Some(r) = sample
+            && !(r > 0.0 && r <= 1.0)
+        {
+            return refuse("--sample must be a rate above 0 and at most 1");
+        }
+        if seed.is_some() && sample.is_none() {
+            return refuse("--seed goes with --sample R");
+        }
+        Ok(rows)
+    }
+
+    /// The view whose rows the spine is.
+    pub fn view(&self) -> &str {
+        &self.view
+    }
+
+    fn describe(&self) -> String {
+        let mut out = format!("--rows-of {}", self.view);
+        if let Some((a, b)) = self.between {
+            out += &format!(" --between {} {}", quiver_sdk::Timestamp(a), quiver_sdk::Timestamp(b));
+        }
+        if let Some(r) = self.sample {
+            out += &format!(" --sample {r} --seed {}", self.seed);
+        }
+        out
+    }
 }
 
 impl MadeSpine {
@@ -48,16 +121,7 @@ impl MadeSpine {
     pub fn describe(&self) -> String {
         match self {
             MadeSpine::EntitiesAt { at } => format!("--entities-at {}", quiver_sdk::Timestamp(*at)),
-            MadeSpine::RowsOf { view, between, sample, seed } => {
-                let mut out = format!("--rows-of {view}");
-                if let Some((a, b)) = between {
-                    out += &format!(" --between {} {}", quiver_sdk::Timestamp(*a), quiver_sdk::Timestamp(*b));
-                }
-                if let Some(r) = sample {
-                    out += &format!(" --sample {r} --seed {seed}");
-                }
-                out
-            }
+            MadeSpine::RowsOf(rows) => rows.describe(),
         }
     }
 
@@ -65,26 +129,8 @@ impl MadeSpine {
     pub fn source_view(&self) -> Option<&str> {
         match self {
             MadeSpine::EntitiesAt { .. } => None,
-            MadeSpine::RowsOf { view, .. } => Some(view),
+            MadeSpine::RowsOf(rows) => Some(rows.view()),
         }
-    }
-
-    /// Refuses what cannot make a spine, before any table is read.
-    ///
-    /// # Errors
-    /// [`Error::Request`]: an empty `--between`, a sample rate outside (0, 1].
-    pub fn check(&self) -> Result<()> {
-        if let MadeSpine::RowsOf { between: Some((a, b)), .. } = self
-            && a >= b
-        {
-            return Err(Error::Request(format!("{}: the window is empty (its start is not before its end)", self.describe())));
-        }
-        if let MadeSpine::RowsOf { sample: Some(r), .. } = self
-            && !(*r > 0.0 && *r <= 1.0)
-        {
-            return Err(Error::Request(format!("{}: --sample must be a rate above 0 and at most 1", self.describe())));
-        }
-        Ok(())
     }
 
     /// The spine's rows, from the tables at `versions` (the latest for views it does
@@ -100,12 +146,11 @@ impl MadeSpine {
         joined: &[&FeatureView],
         versions: &BTreeMap<String, u64>,
     ) -> Result<RecordBatch> {
-        self.check()?;
         match self {
             MadeSpine::EntitiesAt { at } => self.entities_at(config, defs, joined, *at, versions).await,
-            MadeSpine::RowsOf { view, between, sample, seed } => {
-                let view = defs.find_view(view).map_err(|e| Error::NotFound(format!("--rows-of: {}", e.0)))?;
-                self.rows_of(config, defs, view, *between, *sample, *seed, versions).await
+            MadeSpine::RowsOf(rows) => {
+                let view = defs.find_view(&rows.view).map_err(|e| Error::NotFound(format!("--rows-of: {}", e.0)))?;
+                self.rows_of(config, defs, view, rows, versions).await
             }
         }
     }
@@ -139,8 +184,11 @@ impl MadeSpine {
             let range = ScanRange { lo: None, hi: at, extra: None, version: versions.get(&view.name).copied() };
             let scan = scan_view_at(&config.view_table(view), defs, view, &[], range).await?;
             for batch in &scan.batches {
-                let columns: Vec<ArrayRef> =
-                    batch.columns()[..keys.len()].iter().zip(&keys).map(|(c, k)| cast(c, &key_type(k.dtype))).collect::<Result<_>>()?;
+                let columns: Vec<ArrayRef> = batch.columns()[..keys.len()]
+                    .iter()
+                    .zip(&keys)
+                    .map(|(c, k)| conform(&k.name, c, &key_type(k.dtype)))
+                    .collect::<Result<_>>()?;
                 converter.append(&mut rows, &columns)?;
             }
         }
@@ -163,18 +211,15 @@ impl MadeSpine {
         Ok(RecordBatch::try_new(Arc::new(Schema::new(schema)), columns)?)
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn rows_of(
         &self,
         config: &Config,
         defs: &Definitions,
         view: &FeatureView,
-        between: Option<(i64, i64)>,
-        sample: Option<f64>,
-        seed: u64,
+        rows: &RowsOf,
         versions: &BTreeMap<String, u64>,
     ) -> Result<RecordBatch> {
-        let (lo, hi) = match between {
+        let (lo, hi) = match rows.between {
             Some((a, b)) => (Some(a), b - 1),
             None => (None, i64::MAX),
         };
@@ -188,9 +233,9 @@ impl MadeSpine {
         };
         let all = concat_batches(&first.schema(), &scan.batches)?;
         drop(scan.batches);
-        let all = match sample {
+        let all = match rows.sample {
             Some(rate) => {
-                let keep = sampled(&all, &(0..keys.len()).chain([ts_at, seq_at]).collect::<Vec<_>>(), rate, seed)?;
+                let keep = sampled(&all, &(0..keys.len()).chain([ts_at, seq_at]).collect::<Vec<_>>(), rate, rows.seed)?;
                 filter_record_batch(&all, &keep)?
             }
             None => all,
@@ -217,12 +262,12 @@ impl MadeSpine {
             }
         };
         for (k, key) in keys.iter().enumerate() {
-            push(&key.name, &cast(all.column(k), &key_type(key.dtype))?);
+            push(&key.name, &conform(&key.name, all.column(k), &key_type(key.dtype))?);
         }
         push(SPINE_TIMESTAMP, all.column(ts_at));
         for (feature, at) in view.features.iter().zip(&scan.feature_columns) {
             if let Some(i) = at {
-                push(&feature.name, &cast(all.column(*i), &crate::schema::arrow_type(feature.dtype))?);
+                push(&feature.name, &conform(&feature.name, all.column(*i), &crate::schema::arrow_type(feature.dtype))?);
             }
         }
         Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?)
@@ -234,19 +279,18 @@ impl MadeSpine {
             self.describe(),
             view.name,
             match self {
-                MadeSpine::RowsOf { between: Some(_), .. } | MadeSpine::RowsOf { sample: Some(_), .. } => "in that window or sample",
+                MadeSpine::RowsOf(RowsOf { between: Some(_), .. } | RowsOf { sample: Some(_), .. }) => "in that window or sample",
                 _ => "yet",
             }
         ))
     }
 }
 
-/// `column` as the declared type (a scan may give a string column as a view type).
-fn cast(column: &ArrayRef, to: &arrow::datatypes::DataType) -> Result<ArrayRef> {
-    if column.data_type() == to {
-        return Ok(column.clone());
-    }
-    Ok(arrow::compute::cast(column, to)?)
+/// The stored column `name` as its declared type, as ingest widens a column: a scan may
+/// give a string column as a view type, an older file a narrower integer; a value the
+/// declared type cannot hold is refused, never read as null.
+fn conform(name: &str, column: &ArrayRef, to: &arrow::datatypes::DataType) -> Result<ArrayRef> {
+    crate::input::widen(column, to).map_err(|e| Error::Request(format!("stored column `{name}`: {e}")))
 }
 
 /// Which rows a sample of `rate` keeps: a row is kept when a hash of `seed` and its
@@ -373,13 +417,8 @@ mod tests {
     fn the_made_spine_round_trips_through_the_manifest() {
         for made in [
             MadeSpine::EntitiesAt { at: 1_767_225_600_000_000 },
-            MadeSpine::RowsOf {
-                view: "trips".into(),
-                between: Some((1_767_225_600_000_000, 1_767_312_000_123_456)),
-                sample: Some(0.25),
-                seed: 7,
-            },
-            MadeSpine::RowsOf { view: "trips".into(), between: None, sample: None, seed: 0 },
+            MadeSpine::RowsOf(RowsOf::new("trips", Some((1_767_225_600_000_000, 1_767_312_000_123_456)), Some(0.25), Some(7)).unwrap()),
+            MadeSpine::RowsOf(RowsOf::new("trips", None, None, None).unwrap()),
         ] {
             let text = serde_json::to_string(&made).unwrap();
             assert_eq!(serde_json::from_str::<MadeSpine>(&text).unwrap(), made, "{text}");
@@ -432,13 +471,31 @@ mod tests {
         assert_eq!(hash(&[&view, &times, &seqs], 0, 3), 0x5615_c546_b3e1_4cb8);
     }
 
+    /// Issue 54: the made spine conformed stored columns with a cast that read what it
+    /// could not convert as null; it widens as ingest does, refusing a loss.
+    #[test]
+    fn stored_columns_are_widened_never_nulled() {
+        let wide: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![1, i64::from(i32::MAX) + 1]));
+        let err = conform("n", &wide, &arrow::datatypes::DataType::Int32).unwrap_err().to_string();
+        assert!(err.contains("stored column `n`") && err.contains("without loss"), "{err}");
+        let narrow: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![1, -2]));
+        let widened = conform("n", &narrow, &arrow::datatypes::DataType::Int64).unwrap();
+        assert_eq!(widened.as_any().downcast_ref::<arrow::array::Int64Array>().unwrap().values(), &[1, -2]);
+        let view: ArrayRef = Arc::new(arrow::array::StringViewArray::from(vec!["a"]));
+        assert_eq!(conform("s", &view, &arrow::datatypes::DataType::Utf8).unwrap().data_type(), &arrow::datatypes::DataType::Utf8);
+    }
+
     #[test]
     fn bad_windows_and_rates_are_refused() {
-        let rows = |between, sample| MadeSpine::RowsOf { view: "v".into(), between, sample, seed: 0 };
-        assert!(rows(Some((5, 5)), None).check().unwrap_err().to_string().contains("the window is empty"));
+        let rows = |between, sample| RowsOf::new("v", between, sample, None);
+        assert!(rows(Some((5, 5)), None).unwrap_err().to_string().contains("the window is empty"));
         for r in [0.0, -0.5, 1.5, f64::NAN] {
-            assert!(rows(None, Some(r)).check().unwrap_err().to_string().contains("--sample must be"), "{r}");
+            assert!(rows(None, Some(r)).unwrap_err().to_string().contains("--sample must be"), "{r}");
         }
-        assert!(rows(Some((1, 2)), Some(1.0)).check().is_ok());
+        assert!(rows(Some((1, 2)), Some(1.0)).is_ok());
+        assert!(RowsOf::new("v", None, None, Some(3)).unwrap_err().to_string().contains("--seed goes with --sample R"));
+        // A manifest is read through the same rules.
+        let doc = r#"{"kind": "rows_of", "view": "v", "sample": 3.0}"#;
+        assert!(serde_json::from_str::<MadeSpine>(doc).unwrap_err().to_string().contains("--sample must be"));
     }
 }

@@ -43,7 +43,7 @@ pub use events::{EntityEvents, events_since};
 pub use joined::Joined;
 use joined::{Held, Won};
 pub use latest::{Latest, Window, latest_per_entity};
-pub use made::MadeSpine;
+pub use made::{MadeSpine, RowsOf};
 pub use output::write_parquet;
 pub use scan::{TableSummary, read_view, table_summary, table_versions, window_streams};
 pub use spine::{SPINE_TIMESTAMP, read_spine};
