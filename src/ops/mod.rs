@@ -236,13 +236,16 @@ impl Features {
     /// [`Error::NotFound`] for an unknown service; [`Error::Invalid`] for a reference
     /// that does not parse, or for no features at all.
     pub(crate) fn resolve(&self, defs: &Definitions) -> Result<Vec<FeatureRef>> {
-        match self {
-            Features::Service(name) => Ok(defs.find_service(name).map_err(|e| Error::NotFound(e.0))?.features.clone()),
-            Features::Refs(list) if !list.is_empty() => {
-                list.iter().map(|f| f.parse().map_err(|e: quiver_sdk::definitions::BadFeatureRef| Error::Invalid(e.to_string()))).collect()
-            }
-            _ => Err(Error::Invalid("no features asked for: give feature references (view:feature) or a feature service".into())),
-        }
+        use quiver_sdk::definitions::{Asked, AskedError};
+        let asked = match self {
+            Features::Service(name) => Asked::Service(name),
+            Features::Refs(list) => Asked::Features(list),
+            Features::None => Asked::Features(&[]),
+        };
+        asked.refs(defs).map_err(|e| match e {
+            AskedError::UnknownService(e) => Error::NotFound(e.0),
+            e => Error::Invalid(e.to_string()),
+        })
     }
 }
 

@@ -15,11 +15,12 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use quiver_runtime::encoding::KeyValue;
-use quiver_sdk::{Definitions, FeatureRef};
+use quiver_sdk::Definitions;
+use quiver_sdk::definitions::Asked;
 use serde_json::Value as Json_;
 
 use super::json::response_json;
-use super::registry_cache::{Asked, RegistryCache};
+use super::registry_cache::RegistryCache;
 use super::{ApiError, Metrics, ServerState, Unique, bad, repeated, twice, unique_keys};
 use crate::lookup::{EntityColumns, LookupPhases, Plan, RequestFields, check_size, request_values};
 use crate::serving_log::Served;
@@ -281,13 +282,7 @@ impl<'a> Parsed<'a> {
 /// service's), then [`Plan::new`]'s checks, which every front end shares.
 fn plan(registry: &RegistryCache, defs: &Arc<Definitions>, asked: Asked<'_>, full_names: bool) -> Result<Arc<Plan>, ApiError> {
     registry.plan(defs, asked, full_names, || {
-        let refs: Vec<FeatureRef> = match asked {
-            Asked::Features(list) => list
-                .iter()
-                .map(|f| f.parse().map_err(|e: quiver_sdk::definitions::BadFeatureRef| bad(e.to_string())))
-                .collect::<Result<_, _>>()?,
-            Asked::Service(name) => defs.find_service(name).map_err(|e| bad(e.0))?.features.clone(),
-        };
+        let refs = asked.refs(defs.as_ref()).map_err(|e| bad(e.to_string()))?;
         Plan::new(defs, refs, full_names).map_err(|e| ApiError::of(&e))
     })
 }
@@ -308,10 +303,7 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
     let columns = request.entities.as_ref().ok_or_else(|| bad("the request needs `entities`: {join_key: [values]}"))?;
     // The bounds first, before any work (docs/limits.md).
     let asked = request.asked()?;
-    let n_features = match asked {
-        Asked::Features(list) => list.len(),
-        Asked::Service(name) => defs.feature_service(name).map_or(0, |s| s.features.len()),
-    };
+    let n_features = asked.len(&defs);
     for (_, values) in columns {
         check_size(values.len(), n_features, state.limits.max_cells).map_err(|e| ApiError::refused(&state.metrics, &e))?;
     }

@@ -6,6 +6,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use quiver_runtime::write_time::WriteTransform;
+use quiver_sdk::definitions::Asked;
 use quiver_sdk::{Definitions, FileRegistry};
 
 use crate::lookup::Plan;
@@ -14,6 +15,8 @@ use crate::lookup::Plan;
 pub const REGISTRY_CHECK: Duration = Duration::from_millis(100);
 /// Most lookup plans kept (all are dropped when one more would not fit).
 const MAX_PLANS: usize = 1024;
+/// Most views' write-time transforms kept (as many as a registry defines, mostly).
+const MAX_TRANSFORMS: usize = 1024;
 /// The largest feature list (bytes of its texts, about) whose plan is kept.
 const MAX_PLAN_KEY: usize = 16 << 10;
 
@@ -36,8 +39,9 @@ pub struct RegistryCache {
     /// When the file was last looked at: milliseconds since `born`.
     born: Instant,
     checked_ms: AtomicU64,
-    plans: RwLock<Plans>,
-    transforms: RwLock<Transforms>,
+    plans: RwLock<Memo<PlanKey, Arc<Plan>>>,
+    /// By view (`None`: a view without write-time expressions).
+    transforms: RwLock<Memo<String, Option<Arc<WriteTransform>>>>,
 }
 
 #[derive(Debug)]
@@ -49,14 +53,6 @@ struct Cached {
     version: u64,
     /// Why the file's current content is not in use, when it is not.
     stale: Option<String>,
-}
-
-/// What a request names its features by: a list of `view:feature` texts, or a
-/// feature service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Asked<'a> {
-    Features(&'a [&'a str]),
-    Service(&'a str),
 }
 
 /// A kept plan's key: what was asked, and whether columns get full names.
@@ -118,20 +114,52 @@ impl hashbrown::Equivalent<PlanKey> for Probe<'_> {
     }
 }
 
-/// Lookup plans of one set of definitions.
-#[derive(Debug, Default)]
-struct Plans {
-    /// The definitions the plans were built from.
+/// What was built from one set of definitions, by key; dropped whole when the
+/// definitions change or one more would pass `cap`.
+#[derive(Debug)]
+struct Memo<K, V> {
+    /// The definitions the values were built from.
     defs: Option<Arc<Definitions>>,
-    by_key: hashbrown::HashMap<PlanKey, Arc<Plan>>,
+    by_key: hashbrown::HashMap<K, V>,
+    cap: usize,
 }
 
-/// Write-time transforms of one set of definitions, by view (`None`: a view without
-/// write-time expressions).
-#[derive(Debug, Default)]
-struct Transforms {
-    defs: Option<Arc<Definitions>>,
-    by_view: hashbrown::HashMap<String, Option<Arc<WriteTransform>>>,
+impl<K: std::hash::Hash + Eq, V: Clone> Memo<K, V> {
+    fn new(cap: usize) -> Self {
+        Memo { defs: None, by_key: hashbrown::HashMap::new(), cap }
+    }
+
+    /// The value kept for `probe` under `defs`.
+    fn get<Q: std::hash::Hash + hashbrown::Equivalent<K> + ?Sized>(&self, defs: &Arc<Definitions>, probe: &Q) -> Option<V> {
+        self.defs.as_ref().filter(|d| Arc::ptr_eq(d, defs)).and_then(|_| self.by_key.get(probe)).cloned()
+    }
+
+    fn insert(&mut self, defs: &Arc<Definitions>, key: K, value: V) {
+        if !self.defs.as_ref().is_some_and(|d| Arc::ptr_eq(d, defs)) || self.by_key.len() >= self.cap {
+            self.by_key.clear();
+            self.defs = Some(defs.clone());
+        }
+        self.by_key.insert(key, value);
+    }
+}
+
+/// Looks `probe` up in `memo` under `defs`, or builds, keeps and answers the value (an
+/// error is not kept).
+fn memoized<K: std::hash::Hash + Eq, V: Clone, Q: std::hash::Hash + hashbrown::Equivalent<K> + ?Sized, E>(
+    memo: &RwLock<Memo<K, V>>,
+    defs: &Arc<Definitions>,
+    probe: &Q,
+    key: impl FnOnce() -> Option<K>,
+    build: impl FnOnce() -> Result<V, E>,
+) -> Result<V, E> {
+    if let Some(found) = memo.read().expect("memo lock").get(defs, probe) {
+        return Ok(found);
+    }
+    let built = build()?;
+    if let Some(key) = key() {
+        memo.write().expect("memo lock").insert(defs, key, built.clone());
+    }
+    Ok(built)
 }
 
 impl RegistryCache {
@@ -148,8 +176,8 @@ impl RegistryCache {
             errors: AtomicU64::new(0),
             born: Instant::now(),
             checked_ms: AtomicU64::new(0),
-            plans: RwLock::default(),
-            transforms: RwLock::default(),
+            plans: RwLock::new(Memo::new(MAX_PLANS)),
+            transforms: RwLock::new(Memo::new(MAX_TRANSFORMS)),
         })
     }
 
@@ -183,21 +211,8 @@ impl RegistryCache {
         build: impl FnOnce() -> Result<Plan, E>,
     ) -> Result<Arc<Plan>, E> {
         let probe = Probe(asked, full_names);
-        {
-            let plans = self.plans.read().expect("plans lock");
-            if let Some(plan) = plans.defs.as_ref().filter(|d| Arc::ptr_eq(d, defs)).and_then(|_| plans.by_key.get(&probe)) {
-                return Ok(plan.clone());
-            }
-        }
-        let plan = Arc::new(build()?);
-        if probe.size() <= MAX_PLAN_KEY {
-            let mut plans = self.plans.write().expect("plans lock");
-            if !plans.defs.as_ref().is_some_and(|d| Arc::ptr_eq(d, defs)) || plans.by_key.len() >= MAX_PLANS {
-                *plans = Plans { defs: Some(defs.clone()), ..Plans::default() };
-            }
-            plans.by_key.insert(probe.key(), plan.clone());
-        }
-        Ok(plan)
+        let key = || (probe.size() <= MAX_PLAN_KEY).then(|| probe.key());
+        memoized(&self.plans, defs, &probe, key, || build().map(Arc::new))
     }
 
     /// View `view`'s write-time transform under `defs`: compiled by `build` once per
@@ -211,19 +226,7 @@ impl RegistryCache {
         view: &str,
         build: impl FnOnce() -> Result<Option<WriteTransform>, E>,
     ) -> Result<Option<Arc<WriteTransform>>, E> {
-        {
-            let kept = self.transforms.read().expect("transforms lock");
-            if let Some(found) = kept.defs.as_ref().filter(|d| Arc::ptr_eq(d, defs)).and_then(|_| kept.by_view.get(view)) {
-                return Ok(found.clone());
-            }
-        }
-        let built = build()?.map(Arc::new);
-        let mut kept = self.transforms.write().expect("transforms lock");
-        if !kept.defs.as_ref().is_some_and(|d| Arc::ptr_eq(d, defs)) {
-            *kept = Transforms { defs: Some(defs.clone()), ..Transforms::default() };
-        }
-        kept.by_view.insert(view.to_string(), built.clone());
-        Ok(built)
+        memoized(&self.transforms, defs, view, || Some(view.to_string()), || build().map(|t| t.map(Arc::new)))
     }
 
     /// The registry's applies, oldest first (version, time, changes), read from the
@@ -304,8 +307,9 @@ fn mtime_of(path: &std::path::Path) -> Option<SystemTime> {
 mod tests {
     use std::sync::Arc;
 
-    use super::{Asked, RegistryCache};
+    use super::RegistryCache;
     use crate::lookup::Plan;
+    use quiver_sdk::definitions::Asked;
 
     /// A view's write-time transform is built once per set of definitions.
     #[test]

@@ -21,7 +21,7 @@ mod build;
 mod feature_ref;
 mod fingerprint;
 
-pub use feature_ref::{BadFeatureRef, FeatureRef};
+pub use feature_ref::{Asked, AskedError, BadFeatureRef, FeatureRef};
 pub use fingerprint::fingerprint;
 
 /// One join key of an entity: a spine column and its type.
