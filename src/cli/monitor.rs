@@ -109,7 +109,11 @@ fn row(f: &FeatureDrift, width: usize) -> String {
     let stat = |v: Option<f64>, limit: f64| v.map_or_else(|| "-".to_string(), |v| format!("{v:.4} ({limit})"));
     let pct = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.1}%", v * 100.0));
     let nulls = format!("{} -> {} ({})", pct(f.null_rate.reference), pct(f.null_rate.current), f.limits.null_rate);
-    let verdict = if f.breaches.is_empty() { "ok".to_string() } else { format!("BREACH {}", f.breaches.join(", ")) };
+    let verdict = if f.breaches.is_empty() {
+        "ok".to_string()
+    } else {
+        format!("BREACH {}", f.breaches.iter().map(|b| b.as_str()).collect::<Vec<_>>().join(", "))
+    };
     format!(
         "{:<width$} {:>16} {:>16} {:>24} {:>10}  {verdict}",
         f.feature,

@@ -16,7 +16,7 @@ pub mod sources;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::monitor::profile::{Binning, Bins, Counted, Profile, category_bins, ks, shares, sketch_category_shares};
+use crate::monitor::profile::{Binning, Bins, CategoryShares, Profile, ks};
 use quiver_runtime::rows::format_instant;
 use quiver_sdk::monitoring::Limits;
 use serde::{Deserialize, Serialize};
@@ -113,9 +113,7 @@ impl MonitorReport {
 pub struct FeatureDrift {
     /// `view:feature`.
     pub feature: String,
-    /// `numeric`, `categorical`, `list` (statistics of lengths) or `other` (bytes: null
-    /// rates only).
-    pub kind: String,
+    pub kind: Kind,
     /// `None` when there are no values to compare on either side.
     pub psi: Option<f64>,
     /// Numbers and list lengths only.
@@ -133,14 +131,47 @@ pub struct FeatureDrift {
     /// Values profiled on each side (nulls included).
     pub count: Counts,
     pub limits: Limits,
-    /// Which statistics crossed their limit: `psi`, `ks`, `null_rate`, `not_found_rate`.
-    pub breaches: Vec<String>,
+    /// Which statistics crossed their limit.
+    pub breaches: Vec<Statistic>,
     /// The decile bins PSI was computed over, with each side's shares (numbers, list lengths).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bins: Option<Bins>,
     /// The categories PSI was computed over, with each side's shares; the last is "other".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub categories: Option<CategoryShares>,
+}
+
+/// What a feature's values are compared as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Numeric,
+    Categorical,
+    /// Statistics of list lengths.
+    List,
+    /// Bytes: null rates only.
+    Other,
+}
+
+/// A statistic with a threshold, as a report's `breaches` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Statistic {
+    Psi,
+    Ks,
+    NullRate,
+    NotFoundRate,
+}
+
+impl Statistic {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Statistic::Psi => "psi",
+            Statistic::Ks => "ks",
+            Statistic::NullRate => "null_rate",
+            Statistic::NotFoundRate => "not_found_rate",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -153,17 +184,6 @@ pub struct Rates {
 pub struct Counts {
     pub reference: u64,
     pub current: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CategoryShares {
-    pub values: Vec<String>,
-    pub reference: Vec<f64>,
-    pub current: Vec<f64>,
-    /// As [`Bins::current_error`]: absent when the current values were counted, else
-    /// how far each named value's share read off the frequent items sketch may be off.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub current_error: Option<f64>,
 }
 
 /// The bins each feature's current values are counted into ([`Profile::counting`]):
@@ -197,46 +217,31 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
                 psi = bins.as_ref().map(Bins::psi);
                 ks_distance = c.and_then(|c| ks(r, c));
             }
-            if reference.numbers.is_some() { "numeric" } else { "list" }
+            if reference.numbers.is_some() { Kind::Numeric } else { Kind::List }
         }
         (None, Some(r), _) => {
-            let (mut values, rs) = category_bins(r);
-            let current_shares = match counted {
-                Some(Counted { binning, counts }) if matches!(**binning, Binning::Categories { .. }) => shares(counts).map(|cs| (cs, None)),
-                Some(_) => None,
-                None => current
-                    .categories
-                    .as_ref()
-                    .filter(|c| c.total() > 0)
-                    .map(|c| (sketch_category_shares(&values, c), Some(c.share_error()))),
-            };
-            // None when either side counted nothing.
-            if let Some((cs, current_error)) = current_shares
-                && r.total() > 0
-            {
-                values.push("(other)".into());
-                psi = Some(crate::monitor::profile::psi(&rs, &cs));
-                categories = Some(CategoryShares { values, reference: rs, current: cs, current_error });
-            }
-            "categorical"
+            categories = CategoryShares::of(r, current);
+            psi = categories.as_ref().map(CategoryShares::psi);
+            Kind::Categorical
         }
         // The reference has no values (all null, or bytes): the current's kind, if any.
         (None, None, None) => match (&current.numbers, &current.categories, &current.lengths) {
-            (Some(_), _, _) => "numeric",
-            (None, Some(_), _) => "categorical",
-            (None, None, Some(_)) => "list",
-            _ => "other",
+            (Some(_), _, _) => Kind::Numeric,
+            (None, Some(_), _) => Kind::Categorical,
+            (None, None, Some(_)) => Kind::List,
+            _ => Kind::Other,
         },
     };
     let lookups = current.count;
     let share = |n: u64| (served && lookups > 0).then(|| n as f64 / lookups as f64);
     let (not_found_rate, outside_max_age_rate) = (share(current.not_found), share(current.outside_max_age));
     let null_rate = Rates { reference: reference.null_rate(), current: current.null_rate() };
-    let non_finite_rate = (kind == "numeric").then(|| Rates { reference: reference.non_finite_rate(), current: current.non_finite_rate() });
+    let non_finite_rate =
+        (kind == Kind::Numeric).then(|| Rates { reference: reference.non_finite_rate(), current: current.non_finite_rate() });
     let breaches = breaches(psi, ks_distance, null_rate, not_found_rate, limits);
     FeatureDrift {
         feature: feature.to_string(),
-        kind: kind.to_string(),
+        kind,
         psi,
         ks: ks_distance,
         null_rate,
@@ -253,23 +258,23 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
 
 /// Which statistics cross their limits: `psi`, `ks`, `null_rate` (the change, either
 /// way), `not_found_rate` (when it has a limit).
-pub(crate) fn breaches(psi: Option<f64>, ks: Option<f64>, null_rate: Rates, not_found_rate: Option<f64>, limits: Limits) -> Vec<String> {
+pub(crate) fn breaches(psi: Option<f64>, ks: Option<f64>, null_rate: Rates, not_found_rate: Option<f64>, limits: Limits) -> Vec<Statistic> {
     let mut out = Vec::new();
     if psi.is_some_and(|p| p > limits.psi) {
-        out.push("psi".to_string());
+        out.push(Statistic::Psi);
     }
     if ks.is_some_and(|k| k > limits.ks) {
-        out.push("ks".to_string());
+        out.push(Statistic::Ks);
     }
     if let (Some(r), Some(c)) = (null_rate.reference, null_rate.current)
         && (c - r).abs() > limits.null_rate
     {
-        out.push("null_rate".to_string());
+        out.push(Statistic::NullRate);
     }
     if let (Some(limit), Some(rate)) = (limits.not_found_rate, not_found_rate)
         && rate > limit
     {
-        out.push("not_found_rate".to_string());
+        out.push(Statistic::NotFoundRate);
     }
     out
 }

@@ -166,15 +166,44 @@ pub fn sketch_category_shares(values: &[String], current: &Categories) -> Vec<f6
     shares
 }
 
-/// PSI of `current` against `reference` over the reference's categories (at most
-/// [`super::TOP_CATEGORIES`]) and "other", read off both sketches; `None` when either
-/// counted nothing.
-pub fn psi_categories(reference: &Categories, current: &Categories) -> Option<f64> {
-    if reference.total() == 0 || current.total() == 0 {
-        return None;
+/// The categories PSI compares over (the reference's top values and "other") and each
+/// side's shares in them; `None` when either side counted nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CategoryShares {
+    /// The reference's top values, most frequent first, then `(other)`.
+    pub values: Vec<String>,
+    pub reference: Vec<f64>,
+    pub current: Vec<f64>,
+    /// As [`Bins::current_error`]: absent when the current values were counted, else
+    /// how far each named value's share read off the frequent items sketch may be off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_error: Option<f64>,
+}
+
+impl CategoryShares {
+    /// `current`'s shares over `reference`'s categories: its values counted into them
+    /// when it counted them ([`Profile::counting`]), else read off its sketch (with the
+    /// sketch's error bound); `None` when either side counted nothing.
+    pub fn of(reference: &Categories, current: &Profile) -> Option<CategoryShares> {
+        if reference.total() == 0 {
+            return None;
+        }
+        let (mut values, rs) = category_bins(reference);
+        let (cs, current_error) = match current.counted.as_ref() {
+            Some(Counted { binning, counts }) if matches!(**binning, super::Binning::Categories { .. }) => (shares(counts)?, None),
+            Some(_) => return None,
+            None => {
+                let c = current.categories.as_ref().filter(|c| c.total() > 0)?;
+                (sketch_category_shares(&values, c), Some(c.share_error()))
+            }
+        };
+        values.push("(other)".into());
+        Some(CategoryShares { values, reference: rs, current: cs, current_error })
     }
-    let (values, r) = category_bins(reference);
-    Some(psi(&r, &sketch_category_shares(&values, current)))
+
+    pub fn psi(&self) -> f64 {
+        psi(&self.reference, &self.current)
+    }
 }
 
 /// Σ (c - r) · ln(c / r) over the bins, each share floored at [`PSI_FLOOR`].

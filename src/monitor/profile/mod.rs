@@ -29,7 +29,7 @@ mod doc;
 mod tests;
 
 pub use compare::{
-    Binning, Bins, PSI_FLOOR, bin, category_bins, decile_edges, ks, psi, psi_categories, psi_numbers, shares, sketch_category_shares,
+    Binning, Bins, CategoryShares, PSI_FLOOR, bin, category_bins, decile_edges, ks, psi, psi_numbers, shares, sketch_category_shares,
     sketch_shares,
 };
 pub use doc::{CategoriesDoc, NumbersDoc, ProfileDoc};

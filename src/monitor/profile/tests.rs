@@ -145,10 +145,11 @@ fn categories_count_their_most_frequent_values_and_psi_sees_a_mix_change() {
     }
     assert_eq!(r.top()[..2], [("a".to_string(), 250), ("b".to_string(), 250)]);
     let direct = psi(&[0.25, 0.25, 0.25, 0.25, 0.0], &[0.7, 0.1, 0.1, 0.1, 0.0]);
-    let got = psi_categories(&r, &c).unwrap();
+    let profile = |c: &Categories| Profile { categories: Some(c.clone()), ..Profile::default() };
+    let got = CategoryShares::of(&r, &profile(&c)).unwrap().psi();
     assert!((got - direct).abs() < 1e-2, "{got} vs {direct}");
     assert!(got > 0.2);
-    assert!(psi_categories(&r, &r).unwrap().abs() < 1e-12);
+    assert!(CategoryShares::of(&r, &profile(&r)).unwrap().psi().abs() < 1e-12);
     let mut merged = r.clone();
     merged.merge(&c);
     assert_eq!(merged.total(), 2000);
