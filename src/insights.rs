@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float64Type};
 use quiver_offline::historical::{TableSummary, read_view, table_summary, table_versions};
-use quiver_runtime::rows::format_instant;
+use quiver_sdk::types::format_instant;
 use quiver_sdk::{Config, Definitions, FeatureView};
 use serde_json::{Value, json};
 

@@ -17,7 +17,8 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{Error, Result};
 use crate::schema::{Role, rows_to_columns, timestamp_type, view_columns};
-use quiver_runtime::rows::{RowReader, parse_instant};
+use quiver_runtime::rows::RowReader;
+use quiver_sdk::types::parse_instant;
 use quiver_sdk::{Definitions, FeatureView};
 
 /// The file formats `ingest` reads.

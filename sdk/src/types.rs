@@ -231,6 +231,11 @@ impl Ttl {
         self.0
     }
 
+    /// Microseconds, as times are kept (saturating); 0 when unbounded.
+    pub fn micros(&self) -> i64 {
+        i64::try_from(self.0).unwrap_or(i64::MAX).saturating_mul(1_000_000)
+    }
+
     pub fn is_unbounded(&self) -> bool {
         self.0 == 0
     }
@@ -354,8 +359,99 @@ impl From<chrono::DateTime<chrono::Utc>> for Timestamp {
 impl std::fmt::Display for Timestamp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match chrono::DateTime::from_timestamp_micros(self.0) {
-            Some(t) => write!(f, "{}", t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
+            Some(_) => f.write_str(&format_instant(self.0)),
             None => write!(f, "{} us", self.0),
+        }
+    }
+}
+
+/// UTC microseconds as RFC 3339 text with as many fraction digits as it needs
+/// (`2026-11-30T12:00:00Z`, `...:00.123Z`); the inverse of [`parse_instant`].
+pub fn format_instant(us: i64) -> String {
+    let mut out = Vec::with_capacity(32);
+    write_rfc3339(&mut out, us);
+    String::from_utf8(out).expect("RFC 3339 text is ASCII")
+}
+
+/// UTC microseconds as RFC 3339 (`2024-02-29T12:34:56.123456Z`), with no fraction,
+/// milliseconds or microseconds as the value needs (chrono's `AutoSi`), without the
+/// allocations of a general formatter: the one formatter of instants (the server's
+/// answers, the serving log, the CLI, Python all print through it).
+pub fn write_rfc3339(out: &mut Vec<u8>, us: i64) {
+    let secs = us.div_euclid(1_000_000);
+    let micros = us.rem_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    if !(0..=9999).contains(&year) {
+        // Outside four-digit years: the general formatter.
+        let text =
+            chrono::DateTime::from_timestamp_micros(us).map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)).unwrap_or_default();
+        out.extend_from_slice(text.as_bytes());
+        return;
+    }
+    // Written into one stack buffer, two digits at a time, and appended once (an
+    // answer of 100 entities writes hundreds of times).
+    const PAIRS: &[u8; 200] = b"00010203040506070809101112131415161718192021222324252627282930313233343536373839\
+        404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
+    fn two(slot: &mut [u8], n: i64) {
+        let i = 2 * n as usize;
+        slot[0] = PAIRS[i];
+        slot[1] = PAIRS[i + 1];
+    }
+    let mut buf = *b"0000-00-00T00:00:00.000000Z";
+    two(&mut buf[0..2], year / 100);
+    two(&mut buf[2..4], year % 100);
+    two(&mut buf[5..7], month);
+    two(&mut buf[8..10], day);
+    two(&mut buf[11..13], sod / 3600);
+    two(&mut buf[14..16], sod / 60 % 60);
+    two(&mut buf[17..19], sod % 60);
+    let len = if micros == 0 {
+        buf[19] = b'Z';
+        20
+    } else if micros % 1000 == 0 {
+        let ms = micros / 1000;
+        buf[20] = b'0' + (ms / 100) as u8;
+        two(&mut buf[21..23], ms % 100);
+        buf[23] = b'Z';
+        24
+    } else {
+        two(&mut buf[20..22], micros / 10_000);
+        two(&mut buf[22..24], micros / 100 % 100);
+        two(&mut buf[24..26], micros % 100);
+        27
+    };
+    out.extend_from_slice(&buf[..len]);
+}
+
+/// RFC 3339 text (`T` or a space between date and time) as UTC microseconds. Text
+/// without a zone is refused, never guessed.
+///
+/// # Errors
+/// The reason, quoting the text.
+pub fn parse_instant(text: &str) -> Result<i64, String> {
+    let s = text.trim();
+    match chrono::DateTime::parse_from_rfc3339(s).or_else(|_| chrono::DateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f%:z")) {
+        Ok(t) => Ok(t.timestamp_micros()),
+        Err(_) => {
+            let naive = chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f")
+                .or_else(|_| chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f"))
+                .is_ok();
+            if naive {
+                Err(format!("`{s}` has no time zone; quiver stores UTC instants and never guesses a zone (write e.g. `{s}Z`)"))
+            } else {
+                Err(format!("`{s}` is not an RFC 3339 timestamp (expected e.g. 2024-01-01T00:00:00Z)"))
+            }
         }
     }
 }
@@ -363,6 +459,33 @@ impl std::fmt::Display for Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_print_as_rfc3339() {
+        assert_eq!(format_instant(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_instant(1_704_067_200_000_000), "2024-01-01T00:00:00Z");
+        assert_eq!(format_instant(1_709_210_096_123_456), "2024-02-29T12:34:56.123456Z");
+        assert_eq!(format_instant(-1), "1969-12-31T23:59:59.999999Z");
+        assert_eq!(format_instant(1_709_210_096_120_000), "2024-02-29T12:34:56.120Z");
+    }
+
+    /// The hand-written formatter against chrono's, over random instants from year 1 to
+    /// 9999 and beyond (where it hands over to chrono), at every sub-second precision.
+    #[test]
+    fn rfc3339_matches_chrono() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let chrono = |us: i64| chrono::DateTime::from_timestamp_micros(us).unwrap().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        for _ in 0..200_000 {
+            let mut us = rng.random_range(-62_135_596_800_000_000..300_000_000_000_000_000i64);
+            match rng.random_range(0..3) {
+                0 => us -= us.rem_euclid(1_000_000),
+                1 => us -= us.rem_euclid(1_000),
+                _ => {}
+            }
+            assert_eq!(format_instant(us), chrono(us), "{us}");
+        }
+    }
 
     #[test]
     fn dtypes_round_trip_through_their_spelling() {

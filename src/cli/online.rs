@@ -97,7 +97,7 @@ impl Online {
                 column.name,
                 show_value(&column.values[0]),
                 column.statuses[0].as_str(),
-                column.event_ts[0].map(quiver::runtime::rows::format_instant).unwrap_or_default()
+                column.event_ts[0].map(quiver::sdk::types::format_instant).unwrap_or_default()
             );
         }
         Ok(())
@@ -114,7 +114,7 @@ fn show_value(v: &Value) -> String {
         Value::Bool(x) => x.to_string(),
         Value::String(x) => format!("{x:?}"),
         Value::Bytes(x) => format!("<{} bytes>", x.len()),
-        Value::Timestamp(x) => quiver::runtime::rows::format_instant(*x),
+        Value::Timestamp(x) => quiver::sdk::types::format_instant(*x),
         Value::ListInt64(x) => format!("{x:?}"),
         Value::ListFloat32(x) => format!("{x:?}"),
         Value::ListFloat64(x) => format!("{x:?}"),

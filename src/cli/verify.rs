@@ -2,8 +2,8 @@
 
 use quiver::FeatureReport;
 use quiver::ops::parse_time;
-use quiver::runtime::rows::format_instant;
 use quiver::sdk::Timestamp;
+use quiver::sdk::types::format_instant;
 use quiver_sdk::error::count;
 
 use super::{Ctx, runtime};

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::monitor::profile::{Binning, Bins, CategoryShares, Profile, ks};
-use quiver_runtime::rows::format_instant;
 use quiver_sdk::monitoring::Limits;
+use quiver_sdk::types::format_instant;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};

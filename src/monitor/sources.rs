@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::monitor::profile::{Binning, Profile, ProfileDoc};
 use futures::StreamExt;
-use quiver_runtime::rows::format_instant;
+use quiver_sdk::types::format_instant;
 use quiver_sdk::{DType, Definitions, FeatureRef};
 
 use super::{Profiles, Window};

@@ -200,7 +200,7 @@ fn parse_micros(what: &str, text: &str, now: i64) -> Result<i64> {
     if let Ok(d) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
         return Ok(d.and_hms_opt(0, 0, 0).expect("midnight").and_utc().timestamp_micros());
     }
-    match quiver_runtime::rows::parse_instant(text) {
+    match quiver_sdk::types::parse_instant(text) {
         Ok(t) => return Ok(t),
         // Looks like a time: its own message (e.g. a missing zone) says more.
         Err(e) if text.contains(':') => return Err(bad(e)),
@@ -211,10 +211,7 @@ fn parse_micros(what: &str, text: &str, now: i64) -> Result<i64> {
         return Err(bad(expected.to_string()));
     }
     match quiver_sdk::Ttl::parse(text) {
-        Ok(ttl) if !ttl.is_unbounded() => {
-            let us = i64::try_from(ttl.secs()).unwrap_or(i64::MAX / 1_000_000).saturating_mul(1_000_000);
-            Ok(now.saturating_sub(us))
-        }
+        Ok(ttl) if !ttl.is_unbounded() => Ok(now.saturating_sub(ttl.micros())),
         _ => Err(bad(expected.to_string())),
     }
 }

@@ -72,7 +72,7 @@ impl Monitor<'_> {
         let report = MonitorReport {
             reference: self.reference.describe(),
             current: self.current.describe(),
-            created_at: quiver_runtime::rows::format_instant(quiver_sdk::Timestamp::now().0),
+            created_at: quiver_sdk::types::format_instant(quiver_sdk::Timestamp::now().0),
             service: service.map(|s| s.name.clone()),
             features,
         };

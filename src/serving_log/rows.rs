@@ -179,7 +179,7 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
                         }
                         times.bytes.extend_from_slice(label);
                         times.bytes.push(b'"');
-                        quiver_runtime::rows::write_rfc3339(&mut times.bytes, ts);
+                        quiver_sdk::types::write_rfc3339(&mut times.bytes, ts);
                         times.bytes.push(b'"');
                     }
                 }

@@ -8,9 +8,9 @@ use quiver_offline::schema::value_at;
 use quiver_online::lookup::{Row, Status};
 use quiver_online::server::json::value_json;
 use quiver_runtime::encoding::{KeyValue, Value};
-use quiver_runtime::rows::format_instant;
 use quiver_sdk::error::count;
 use quiver_sdk::on_demand;
+use quiver_sdk::types::format_instant;
 use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, OnDemandView, Timestamp};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -185,7 +185,7 @@ impl Replay<'_> {
             };
             let served_value = values.get(&feature.name).map_or_else(|| "null".to_string(), ToString::to_string);
             let served_ts = match &times {
-                Some(times) => times.get(&feature.name).and_then(|t| t.as_str()).and_then(|t| quiver_runtime::rows::parse_instant(t).ok()),
+                Some(times) => times.get(&feature.name).and_then(|t| t.as_str()).and_then(|t| quiver_sdk::types::parse_instant(t).ok()),
                 None => b.event_ts(r),
             };
             let served = (served_status, served_value, served_ts);
@@ -286,7 +286,7 @@ impl Replay<'_> {
             for (k, feature) in asked.iter().enumerate() {
                 let Some(status) = statuses.get(*feature).and_then(|s| s.as_str()).and_then(Status::parse) else { continue };
                 let served_value = values.get(*feature).map_or_else(|| "null".to_string(), ToString::to_string);
-                let served_ts = times.get(*feature).and_then(|t| t.as_str()).and_then(|t| quiver_runtime::rows::parse_instant(t).ok());
+                let served_ts = times.get(*feature).and_then(|t| t.as_str()).and_then(|t| quiver_sdk::types::parse_instant(t).ok());
                 let dtype = view.feature(feature).expect("asked").dtype;
                 let v = value_at(joined.column(first + k).as_ref(), j, dtype);
                 let expected_status = if v == Value::Null { Status::NullValue } else { Status::Present };

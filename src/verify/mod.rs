@@ -74,9 +74,9 @@ pub fn store_report(
     std::fs::create_dir_all(&dir).map_err(|e| crate::error::Error::io(&dir, e))?;
     let report = serde_json::json!({
         "kind": kind,
-        "at": quiver_runtime::rows::format_instant(at),
-        "since": window.map(|(s, _)| quiver_runtime::rows::format_instant(s)),
-        "until": window.map(|(_, u)| quiver_runtime::rows::format_instant(u)),
+        "at": quiver_sdk::types::format_instant(at),
+        "since": window.map(|(s, _)| quiver_sdk::types::format_instant(s)),
+        "until": window.map(|(_, u)| quiver_sdk::types::format_instant(u)),
         "features": features.iter().map(|f| serde_json::json!({
             "feature": f.feature,
             "compared": f.compared,

@@ -44,7 +44,7 @@ fn now_us() -> i64 {
 }
 
 fn rfc3339(us: i64) -> String {
-    quiver::runtime::rows::format_instant(us)
+    quiver::sdk::types::format_instant(us)
 }
 
 /// A repository with [`FEATURES`] applied; `online` is the `online_store:` mapping and

@@ -92,7 +92,7 @@ fn jsonl(rows: &[Row]) -> String {
             out,
             r#"{{"user_id": {}, "ts": "{}", "stable": {:?}, "shifted": {:?}, "sparse": {sparse}, "mix": "{}", "steady": "{}", "tags": [{}]}}"#,
             i % 2000,
-            quiver::runtime::rows::format_instant(r.ts),
+            quiver::sdk::types::format_instant(r.ts),
             r.stable,
             r.shifted,
             r.mix,

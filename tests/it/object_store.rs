@@ -163,7 +163,7 @@ fn concurrent_writers_on_s3_lose_no_commit() {
     assert_eq!((version, rows), (5, 5 * 736), "every commit's rows, once");
     // Three writers of one new file at once, as a retry racing the first try: it is
     // appended once; the others find it there (checked on the version they land on).
-    let now = quiver::runtime::rows::format_instant(chrono::Utc::now().timestamp_micros());
+    let now = quiver::sdk::types::format_instant(chrono::Utc::now().timestamp_micros());
     std::fs::write(
         repo.join("one.jsonl"),
         format!(r#"{{"driver_id": 1, "event_timestamp": "{now}", "created_timestamp": "{now}", "conv_rate": 0.5, "acc_rate": 0.5, "avg_daily_trips": 3}}"#),

@@ -129,7 +129,7 @@ pub(crate) fn raw_rows(n: usize, seed: u64) -> Vec<Raw> {
 }
 
 pub(crate) fn rfc3339(us: i64) -> String {
-    quiver::runtime::rows::format_instant(us)
+    quiver::sdk::types::format_instant(us)
 }
 
 /// One raw row as a JSON object (a line of a JSON-lines file, a Kafka message).

@@ -381,10 +381,7 @@ mod rfc3339 {
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
-        let text = String::deserialize(d)?;
-        chrono::DateTime::parse_from_rfc3339(&text)
-            .map(|t| t.timestamp_micros())
-            .map_err(|e| serde::de::Error::custom(format!("`{text}`: {e}")))
+        quiver_sdk::types::parse_instant(&String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
@@ -400,11 +397,7 @@ mod rfc3339_pair {
         let Some([a, b]) = Option::<[String; 2]>::deserialize(d)? else {
             return Ok(None);
         };
-        let parse = |t: &str| {
-            chrono::DateTime::parse_from_rfc3339(t)
-                .map(|t| t.timestamp_micros())
-                .map_err(|e| serde::de::Error::custom(format!("`{t}`: {e}")))
-        };
+        let parse = |t: &str| quiver_sdk::types::parse_instant(t).map_err(serde::de::Error::custom);
         Ok(Some((parse(&a)?, parse(&b)?)))
     }
 }

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use quiver_runtime::arrays::value_at;
 use quiver_runtime::encoding::{KeyValue, Value};
-use quiver_runtime::rows::write_rfc3339;
 use quiver_sdk::Definitions;
+use quiver_sdk::types::write_rfc3339;
 
 use super::on_demand::OnDemandPlan;
 use super::{Entities, EntityColumns, LookupPhases, Plan, Row, RowReader, Status, answer_records};
@@ -361,7 +361,7 @@ on_demand_views:
     #[test]
     fn the_epoch_is_what_write_rfc3339_writes() {
         let mut out = vec![b'"'];
-        quiver_runtime::rows::write_rfc3339(&mut out, 0);
+        quiver_sdk::types::write_rfc3339(&mut out, 0);
         out.push(b'"');
         assert_eq!(out, super::EPOCH);
     }

@@ -1,7 +1,7 @@
 //! The `/get-online-features` answer as JSON bytes, written directly.
 
 use quiver_runtime::encoding::Value;
-use quiver_runtime::rows::write_rfc3339;
+use quiver_sdk::types::write_rfc3339;
 
 use crate::lookup::{Column, Status};
 
@@ -193,7 +193,7 @@ mod tests {
                 "values": [null, -7, i64::MIN, f(f64::from(0.1f32)), 50.0, "NaN", true, "quote\" and \u{e9}\n",
                            [0, 255], "2024-02-29T12:34:56.123Z", [1, -2], [1.0, 0.5], [2.0, "Infinity"], ["a", "b\""]],
                 "statuses": (0..n).map(|i| ALL[i % 4].as_str()).collect::<Vec<_>>(),
-                "event_timestamps": times.iter().map(|t| quiver_runtime::rows::format_instant(t.unwrap_or(0))).collect::<Vec<_>>(),
+                "event_timestamps": times.iter().map(|t| quiver_sdk::types::format_instant(t.unwrap_or(0))).collect::<Vec<_>>(),
             })
         };
         let later: Vec<Option<i64>> = times.iter().map(|t| t.map(|t| t + 7)).collect();

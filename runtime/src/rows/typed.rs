@@ -6,9 +6,10 @@
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use super::{RowReader, ViewRow, from_json, non_finite, parse_instant};
+use super::{RowReader, ViewRow, from_json, non_finite};
 use crate::encoding::{KeyValue, Value};
 use quiver_sdk::definitions::{FeatureView, JoinKey};
+use quiver_sdk::types::parse_instant;
 use quiver_sdk::types::{DType, KeyType};
 
 /// The fields a row is read from, each given a slot: the join keys, the event time, the

@@ -168,12 +168,12 @@ impl Aggregation {
 
     /// The window in microseconds.
     pub fn window_us(&self) -> i64 {
-        secs_to_us(self.window.secs())
+        self.window.micros()
     }
 
     /// The hop in microseconds (at least 1).
     pub fn hop_us(&self) -> i64 {
-        secs_to_us(self.hop().secs()).max(1)
+        self.hop().micros().max(1)
     }
 
     /// How many values the function keeps of the latest events: `k` for last_k, 1 for
@@ -220,10 +220,6 @@ pub fn list_element(column: DType) -> Option<ListElement> {
         DType::String => ListElement::String,
         _ => return None,
     })
-}
-
-fn secs_to_us(secs: u64) -> i64 {
-    i64::try_from(secs).unwrap_or(i64::MAX).saturating_mul(1_000_000)
 }
 
 #[cfg(test)]

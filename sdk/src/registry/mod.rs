@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -576,7 +576,8 @@ pub fn apply_with(
     Ok(ApplyOutcome { plan, version: next.version, written: true, forced: breaking })
 }
 
-/// RFC 3339 with seconds, as the CLI prints registry times.
+/// RFC 3339 to the second, as the CLI prints registry times (through the one
+/// formatter of instants, [`crate::types::format_instant`]).
 pub fn format_time(t: &DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+    crate::types::format_instant(t.timestamp().saturating_mul(1_000_000))
 }

@@ -389,7 +389,7 @@ impl Profile {
             (J::Null, _) => self.nulls += 1,
             (J::Number(n), DType::Int32 | DType::Int64 | DType::Float32 | DType::Float64) => self.number(n.as_f64().ok_or_else(wrong)?),
             (J::String(t), DType::Float32 | DType::Float64) => self.number(non_finite(t).ok_or_else(wrong)?),
-            (J::String(t), DType::Timestamp) => self.number(quiver_runtime::rows::parse_instant(t).map_err(|_| wrong())? as f64),
+            (J::String(t), DType::Timestamp) => self.number(quiver_sdk::types::parse_instant(t).map_err(|_| wrong())? as f64),
             (J::Bool(b), DType::Bool) => self.category(if *b { "true" } else { "false" }),
             (J::String(t), DType::String) => self.category(t),
             (J::Array(_), DType::Bytes) => {}
