@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use quiver_offline::historical::{Window, events_since, latest_per_entity};
+use quiver_offline::historical::{EventRange, events_since, latest_per_entity};
 use quiver_online::OnlineStore;
 use quiver_sdk::{Config, Definitions, FeatureView};
 use serde::{Deserialize, Serialize};
@@ -40,13 +40,13 @@ async fn load_view(
     config: &Config,
     defs: &Definitions,
     view: &FeatureView,
-    window: Window,
+    window: EventRange,
     store: &dyn OnlineStore,
     progress: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<(ViewReport, Option<u64>)> {
     if view.is_event_log() {
         let end = match window {
-            Window::Range { end, .. } | Window::Since { end, .. } => end,
+            EventRange::Range { end, .. } | EventRange::Since { end, .. } => end,
         };
         // Records are built as of END, but never as of a time still to come: `materialize
         // 2000-01-01 2100-01-01` must count the windows of today, not of 2100 (events
@@ -173,7 +173,7 @@ pub async fn materialize(
 ) -> Result<Vec<ViewReport>> {
     let mut reports = Vec::new();
     for view in views {
-        let (report, _) = load_view(config, defs, view, Window::Range { start, end }, store, progress).await?;
+        let (report, _) = load_view(config, defs, view, EventRange::Range { start, end }, store, progress).await?;
         reports.push(report);
     }
     Ok(reports)
@@ -241,8 +241,8 @@ pub async fn materialize_incremental(
     for view in views {
         let before = done.get(&view.name).copied();
         let window = match before {
-            Some(p) => Window::Since { version: p.version, prev_end: p.end, end },
-            None => Window::Range { start: i64::MIN, end },
+            Some(p) => EventRange::Since { version: p.version, prev_end: p.end, end },
+            None => EventRange::Range { start: i64::MIN, end },
         };
         let (report, version) = load_view(config, defs, view, window, store, progress).await?;
         if let Some(version) = version {

@@ -44,7 +44,7 @@ pub struct IngestReport {
 }
 
 /// Progress of long work: called with a phase name and the rows handled so far.
-pub type Progress<'a> = &'a (dyn Fn(&str, u64) + Sync);
+pub type OnProgress<'a> = &'a (dyn Fn(&str, u64) + Sync);
 
 /// Appends `file` (Parquet, CSV or JSON lines) to the table of `view` at `location`,
 /// creating the table if it is missing.
@@ -58,7 +58,7 @@ pub async fn ingest(
     view: &FeatureView,
     file: &Path,
     latest_event: i64,
-    progress: Progress<'_>,
+    progress: OnProgress<'_>,
 ) -> Result<IngestReport> {
     let start = Instant::now();
     let source = file.display().to_string();
@@ -85,7 +85,7 @@ pub async fn append_shaped(
     source: &str,
     shaped: Shaped,
     options: AppendOptions,
-    progress: Progress<'_>,
+    progress: OnProgress<'_>,
 ) -> Result<IngestReport> {
     let (dropped, uncomputed) = (shaped.dropped, shaped.uncomputed);
     if shaped.batches.is_empty() && dropped > 0 {
@@ -221,7 +221,7 @@ pub async fn append(
     source: &str,
     batches: Vec<RecordBatch>,
     options: AppendOptions,
-    progress: Progress<'_>,
+    progress: OnProgress<'_>,
 ) -> Result<IngestReport> {
     let AppendOptions { latest_event, txns, expected_txns, open, content } = options;
     let start = Instant::now();

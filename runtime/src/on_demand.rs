@@ -11,7 +11,7 @@ use arrow::datatypes::{DataType, TimestampMicrosecondType};
 use quiver_transform::{ExprError, InputError, Output, Program};
 
 use quiver_sdk::definitions::{Definitions, Feature, JoinKey};
-use quiver_sdk::on_demand::{OnDemandView, Origin, described};
+use quiver_sdk::on_demand::{ColumnOrigin, OnDemandView, described};
 use quiver_sdk::types::{DType, timestamp_arrow_type};
 
 /// A column a computation reads, whoever supplies it. Stored values are null where
@@ -69,7 +69,7 @@ struct Step {
 }
 
 /// One view's program and, per column of its input, where that column comes from.
-type Compiled = (Program, Vec<(usize, Origin)>);
+type Compiled = (Program, Vec<(usize, ColumnOrigin)>);
 
 #[derive(Debug, Clone, Copy)]
 enum Source {
@@ -133,9 +133,9 @@ impl Computation {
             reads.dedup();
             let narrow: Vec<_> = reads.iter().map(|&c| plain[c].clone()).collect();
             let program = Program::compile(&narrow, &outputs).map_err(refuse)?;
-            let read: Vec<(usize, Origin)> = reads.iter().enumerate().map(|(at, &c)| (at, columns[c].1.clone())).collect();
+            let read: Vec<(usize, ColumnOrigin)> = reads.iter().enumerate().map(|(at, &c)| (at, columns[c].1.clone())).collect();
             for (_, origin) in &read {
-                if let Origin::Computed { view: input, feature } = origin {
+                if let ColumnOrigin::Computed { view: input, feature } = origin {
                     let j = index(input).expect("validated: defined before");
                     if !needed[j].contains(feature) {
                         needed[j].push(feature.clone());
@@ -151,18 +151,18 @@ impl Computation {
             let mut sources = Vec::with_capacity(read.len());
             for (_, origin) in &read {
                 sources.push(match origin {
-                    Origin::Stored { view, feature, dtype } => {
+                    ColumnOrigin::Stored { view, feature, dtype } => {
                         Source::Input(out.input(Input::Feature { view: view.clone(), feature: feature.clone(), dtype: *dtype }))
                     }
-                    Origin::EventTime { view } => Source::Input(out.input(Input::EventTime { view: view.clone() })),
-                    Origin::Computed { view, feature } => {
+                    ColumnOrigin::EventTime { view } => Source::Input(out.input(Input::EventTime { view: view.clone() })),
+                    ColumnOrigin::Computed { view, feature } => {
                         let s = step_of[index(view).expect("defined")].expect("computed before");
                         let o = out.steps[s].program.names().position(|n| n == feature).expect("needed");
                         Source::Output(s, o)
                     }
-                    Origin::Key(key) => Source::Input(out.input(Input::Key(key.clone()))),
-                    Origin::Request(field) => Source::Input(out.input(Input::Request(field.clone()))),
-                    Origin::RequestTime => Source::Input(out.input(Input::RequestTime)),
+                    ColumnOrigin::Key(key) => Source::Input(out.input(Input::Key(key.clone()))),
+                    ColumnOrigin::Request(field) => Source::Input(out.input(Input::Request(field.clone()))),
+                    ColumnOrigin::RequestTime => Source::Input(out.input(Input::RequestTime)),
                 });
             }
             // Each output's event time: the stored views it reads, directly or through
@@ -172,10 +172,10 @@ impl Computation {
                 let mut of: Vec<usize> = Vec::new();
                 for c in program.reads(k) {
                     let more = match &read.iter().find(|(r, _)| *r == c).expect("read").1 {
-                        Origin::Stored { view, .. } | Origin::EventTime { view } => {
+                        ColumnOrigin::Stored { view, .. } | ColumnOrigin::EventTime { view } => {
                             vec![out.input(Input::EventTime { view: view.clone() })]
                         }
-                        Origin::Computed { .. } => match sources[c] {
+                        ColumnOrigin::Computed { .. } => match sources[c] {
                             Source::Output(s, o) => out.steps[s].times[o].clone(),
                             Source::Input(_) => unreachable!("a computed column comes from a step"),
                         },

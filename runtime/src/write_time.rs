@@ -44,7 +44,7 @@ enum Take {
 
 /// What [`WriteTransform::apply`] made of a batch of raw rows.
 #[derive(Debug, Clone)]
-pub struct Applied {
+pub struct Shaped {
     /// The rows kept, laid out as the view's rows: join keys, times, stored features.
     pub batch: RecordBatch,
     /// Rows the filter dropped (false or null).
@@ -97,7 +97,7 @@ impl WriteTransform {
     ///
     /// # Errors
     /// [`InputError`] when the batch is not laid out so.
-    pub fn apply(&self, batch: &RecordBatch) -> Result<Applied, InputError> {
+    pub fn apply(&self, batch: &RecordBatch) -> Result<Shaped, InputError> {
         let (kept, dropped, mut uncomputed) = self.filtered(batch)?;
         let computed = match &self.program {
             Some(program) => {
@@ -120,7 +120,7 @@ impl WriteTransform {
         let options = RecordBatchOptions::new().with_row_count(Some(kept.num_rows()));
         let batch =
             RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), columns, &options).map_err(|e| InputError(e.to_string()))?;
-        Ok(Applied { batch, dropped, uncomputed })
+        Ok(Shaped { batch, dropped, uncomputed })
     }
 
     /// [`WriteTransform::apply`] to typed rows of the raw view: the stored rows of those

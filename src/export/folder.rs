@@ -4,7 +4,7 @@ use std::path::Path;
 
 use arrow::array::RecordBatch;
 
-use super::{MANIFEST, Manifest, PROGRESS, Progress, Shard, ShardFormat, out_err, sha256_hex, write_atomic};
+use super::{MANIFEST, Manifest, PROGRESS, Shard, ShardFormat, Unfinished, out_err, sha256_hex, write_atomic};
 use crate::error::{Error, Result};
 
 /// A written shard's rows.
@@ -45,7 +45,7 @@ pub(super) fn listed_shards(out: &Path, manifest: &mut Manifest, reproducing: bo
         return Ok(existing.shards);
     }
     match std::fs::read(&progress_path) {
-        Ok(bytes) => match serde_json::from_slice::<Progress>(&bytes) {
+        Ok(bytes) => match serde_json::from_slice::<Unfinished>(&bytes) {
             Ok(p) if p.training_set_id == *id => Ok(p.shards),
             Ok(p) => Err(out_err(
                 out,

@@ -138,7 +138,7 @@ pub struct SpineInfo {
 
 /// Progress of an export that has not finished.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Progress {
+struct Unfinished {
     training_set_id: String,
     shards: Vec<Shard>,
 }
@@ -447,7 +447,7 @@ async fn run(repo: &Repo, plan: Plan, out: &Path, joiner: Joiner<'_>, hooks: Hoo
         }
         done.push(shard);
         if !out.join(MANIFEST).exists() {
-            let record = Progress { training_set_id: manifest.training_set_id.clone(), shards: done.clone() };
+            let record = Unfinished { training_set_id: manifest.training_set_id.clone(), shards: done.clone() };
             write_atomic(&progress_path, &serde_json::to_vec_pretty(&record).expect("progress serialises"))?;
         }
         (hooks.progress)(k + 1, n_shards);

@@ -40,7 +40,7 @@ impl<'a> Lookup<'a> {
 
     /// More entity columns, as JSON: join keys, and the request fields of the on-demand
     /// features asked for (Feast's `entities`), told apart by those features; any other
-    /// name is refused ([`quiver_online::lookup::Plan::given`]).
+    /// name is refused ([`quiver_online::lookup::LookupPlan::given`]).
     pub fn with_columns(mut self, given: Vec<(String, Vec<serde_json::Value>)>) -> Self {
         self.given.extend(given);
         self
@@ -60,7 +60,7 @@ impl<'a> Lookup<'a> {
         quiver_online::lookup::check_size(rows, refs.len(), self.repo.config.server.max_cells)?;
         // The request's own checks before the store is opened: a lookup that cannot be
         // answered is refused as such, not as a store that cannot be reached.
-        let plan = quiver_online::lookup::Plan::new(&defs, refs.clone(), self.full_names).map_err(request)?;
+        let plan = quiver_online::lookup::LookupPlan::new(&defs, refs.clone(), self.full_names).map_err(request)?;
         // Each name once: two columns of one name would be answered under names the
         // caller maps to the other's values.
         let names: Vec<&str> = self.entities.iter().map(|(n, _)| n).chain(self.given.iter().map(|(n, _)| n)).map(String::as_str).collect();

@@ -121,7 +121,7 @@ impl Replay<'_> {
         // An event log's join has no event-time column: its aggregations are judged
         // by status and value (docs/aggregations.md: the status follows from the value).
         let offline_ts = (!view.is_event_log()).then(|| joined.column(first + served.len()).as_primitive::<Micros>());
-        let joined = Joined { batch: &joined, first, view, served: &served, offline_ts };
+        let joined = Replayed { batch: &joined, first, view, served: &served, offline_ts };
         for (j, &at) in kept.iter().enumerate() {
             self.compare_row(&joined, j, at, &mut reports, &mut unreadable, &mut gone);
         }
@@ -154,7 +154,7 @@ impl Replay<'_> {
     /// Logged row `at` (spine row `j`) against the offline join, feature by feature.
     fn compare_row(
         &self,
-        joined: &Joined<'_>,
+        joined: &Replayed<'_>,
         j: usize,
         at: Logged,
         reports: &mut [FeatureReport],
@@ -314,7 +314,7 @@ fn with_fields(spine: RecordBatch, fields: &[quiver_sdk::Feature], rows: &[Vec<V
 
 /// The offline join of one view's spine: the spine's columns, then the features, then
 /// their event time.
-struct Joined<'a> {
+struct Replayed<'a> {
     batch: &'a RecordBatch,
     first: usize,
     view: &'a FeatureView,
@@ -325,7 +325,7 @@ struct Joined<'a> {
     offline_ts: Option<&'a arrow::array::PrimitiveArray<Micros>>,
 }
 
-impl Joined<'_> {
+impl Replayed<'_> {
     /// What should have been served for feature `k` at spine row `j`, requested at
     /// `request_time`. An aggregation's event time is not judged: the served one is
     /// taken as it is.

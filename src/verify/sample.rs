@@ -2,7 +2,7 @@
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::TimestampMicrosecondType;
-use quiver_offline::historical::{Window, latest_per_entity};
+use quiver_offline::historical::{EventRange, latest_per_entity};
 use quiver_offline::schema::{ViewLayout, key_at, value_at};
 use quiver_online::OnlineStore;
 use quiver_online::lookup::{Column, Row, Status, get_online_features};
@@ -39,7 +39,7 @@ pub async fn verify_sample(
             .iter()
             .map(|f| FeatureReport { feature: format!("{}:{}", view.name, f.name), ..FeatureReport::default() })
             .collect();
-        let latest = latest_per_entity(config, defs, view, Window::Range { start: i64::MIN, end: now }).await?;
+        let latest = latest_per_entity(config, defs, view, EventRange::Range { start: i64::MIN, end: now }).await?;
         let Some(batch) = latest.batch else {
             reports.extend(per_feature);
             continue;
@@ -76,7 +76,7 @@ async fn sample_on_demand(
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Vec<FeatureReport>> {
     let refs: Vec<FeatureRef> = view.features.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
-    if quiver_online::lookup::Plan::new(defs, refs.clone(), false).is_err() {
+    if quiver_online::lookup::LookupPlan::new(defs, refs.clone(), false).is_err() {
         return Ok(Vec::new());
     }
     let keys = on_demand::keys(defs, view);
@@ -86,7 +86,7 @@ async fn sample_on_demand(
         else {
             return Ok(Vec::new());
         };
-        let latest = latest_per_entity(config, defs, source, Window::Range { start: i64::MIN, end: now }).await?;
+        let latest = latest_per_entity(config, defs, source, EventRange::Range { start: i64::MIN, end: now }).await?;
         let Some(batch) = latest.batch else { return Ok(Vec::new()) };
         let at = defs.join_keys(source).iter().position(|k| k.name == key.name).expect("found");
         let column = batch.column(ViewLayout::rows(defs, source).keys().start + at);

@@ -11,30 +11,30 @@ use quiver_sdk::Definitions;
 use super::scan::Scan;
 use super::{HistoricalOptions, Join, Resolved, SpineRows, ViewJoined, ViewRequest, canonical, gather};
 use crate::error::{Error, Result};
-use crate::ingest::Progress;
+use crate::ingest::OnProgress;
 
 /// A point-in-time join whose views are joined ([`join`]): each view's answer for every
 /// spine row is held, as gathered columns or as its scan and winning rows, whichever
 /// holds fewer rows, so peak memory is the join's working set whatever the ranges asked.
-pub struct Joined<'a> {
+pub struct HeldJoin<'a> {
     pub(super) defs: &'a Definitions,
     pub(super) spine: SpineRows<'a>,
     pub(super) times: Vec<i64>,
     pub(super) requests: &'a Resolved<'a>,
     pub(super) options: HistoricalOptions,
     pub(super) kernel: &'a dyn AsOfKernel,
-    pub(super) progress: Progress<'a>,
+    pub(super) progress: OnProgress<'a>,
     /// Per request of `requests.views`.
     pub(super) views: Vec<Held>,
 }
 
-impl std::fmt::Debug for Joined<'_> {
+impl std::fmt::Debug for HeldJoin<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Joined").field("spine", &self.spine.source).field("rows", &self.times.len()).finish_non_exhaustive()
+        f.debug_struct("HeldJoin").field("spine", &self.spine.source).field("rows", &self.times.len()).finish_non_exhaustive()
     }
 }
 
-impl Joined<'_> {
+impl HeldJoin<'_> {
     /// The views whose columns the join holds gathered; the others are held as their
     /// scans and winning rows, gathered by range.
     pub fn gathered_views(&self) -> Vec<&str> {

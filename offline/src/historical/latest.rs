@@ -16,7 +16,7 @@ use crate::schema::{SEQ_COLUMN, ViewLayout, arrow_type, key_type, timestamp_type
 
 /// Which rows [`latest_per_entity`] considers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Window {
+pub enum EventRange {
     /// Rows with event time in `[start, end]` (UTC microseconds).
     Range { start: i64, end: i64 },
     /// Rows with event time `<= end` that were not considered by an earlier window
@@ -42,12 +42,12 @@ pub struct Latest {
 ///
 /// # Errors
 /// An unreadable table.
-pub async fn latest_per_entity(config: &Config, defs: &Definitions, view: &FeatureView, window: Window) -> Result<Latest> {
+pub async fn latest_per_entity(config: &Config, defs: &Definitions, view: &FeatureView, window: EventRange) -> Result<Latest> {
     let location = config.view_table(view);
     let features: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
     let (lo, hi, extra) = match window {
-        Window::Range { start, end } => (Some(start), end, None),
-        Window::Since { version, prev_end, end } => {
+        EventRange::Range { start, end } => (Some(start), end, None),
+        EventRange::Since { version, prev_end, end } => {
             let first_new = i64::try_from(version + 1).unwrap_or(i64::MAX >> 32) << 32;
             let ts = ident(&view.source.timestamp_field);
             let extra = ident(SEQ_COLUMN).gt_eq(lit(first_new)).or(ts.gt(ts_literal(prev_end)));

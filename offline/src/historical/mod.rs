@@ -32,7 +32,7 @@ use quiver_runtime::on_demand::{Computation, Input};
 use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, Found, OnDemandView};
 
 use crate::error::{Error, Result};
-use crate::ingest::Progress;
+use crate::ingest::OnProgress;
 use crate::input::widen;
 use crate::keys::EntityIndex;
 use crate::schema::{arrow_type, key_type};
@@ -40,9 +40,9 @@ use kernel_input::KernelColumns;
 use scan::{Scan, ScanRange, scan_view_at};
 
 pub use events::{EntityEvents, events_since};
-pub use joined::Joined;
+pub use joined::HeldJoin;
 use joined::{Held, Won};
-pub use latest::{Latest, Window, latest_per_entity};
+pub use latest::{EventRange, Latest, latest_per_entity};
 pub use made::{MadeSpine, RowsOf};
 pub use output::write_parquet;
 pub use scan::{TableSummary, read_view, table_summary, table_versions, window_streams};
@@ -304,14 +304,14 @@ pub async fn historical(
     requests: &Resolved<'_>,
     options: HistoricalOptions,
     kernel: &dyn AsOfKernel,
-    progress: Progress<'_>,
+    progress: OnProgress<'_>,
 ) -> Result<RecordBatch> {
     let rows = spine.rows.num_rows();
     join(config, defs, spine, requests, options, kernel, progress).await?.rows(0..rows)
 }
 
 /// The point-in-time join of `spine`, done once, its output assembled by ranges of spine
-/// rows ([`Joined::rows`]): `export` writes each shard from it as the shard is due, with
+/// rows ([`HeldJoin::rows`]): `export` writes each shard from it as the shard is due, with
 /// no second join (docs/export.md).
 ///
 /// # Errors
@@ -323,8 +323,8 @@ pub async fn join<'a>(
     requests: &'a Resolved<'a>,
     options: HistoricalOptions,
     kernel: &'a dyn AsOfKernel,
-    progress: Progress<'a>,
-) -> Result<Joined<'a>> {
+    progress: OnProgress<'a>,
+) -> Result<HeldJoin<'a>> {
     let times = spine::spine_times(spine.source, spine.rows)?;
     requests.check_spine(defs, spine)?;
     let mut views = Vec::with_capacity(requests.views.len());
@@ -335,7 +335,7 @@ pub async fn join<'a>(
             Some(cluster) => Held::Gathered(distributed::join_view(&join, config, cluster, request).await?),
         });
     }
-    Ok(Joined { defs, spine, times, requests, options, kernel, progress, views })
+    Ok(HeldJoin { defs, spine, times, requests, options, kernel, progress, views })
 }
 
 /// The columns the join of `request` adds, as [`historical`] names and types them: one
@@ -376,7 +376,7 @@ struct Join<'a> {
     times: &'a [i64],
     options: &'a HistoricalOptions,
     kernel: &'a dyn AsOfKernel,
-    progress: Progress<'a>,
+    progress: OnProgress<'a>,
 }
 
 /// One view's joined columns: each requested feature, and its event times if asked.

@@ -2,7 +2,7 @@
 //! row decoded once and each requested value written as JSON text into its feature's
 //! part of the answer, with no answer columns built, moved and freed. The server's path
 //! when no serving log takes the columns; byte for byte what
-//! [`crate::server::json::response_json`] writes of [`Plan::lookup`]'s columns (tested
+//! [`crate::server::json::response_json`] writes of [`LookupPlan::lookup`]'s columns (tested
 //! below against it).
 
 use std::cell::RefCell;
@@ -14,7 +14,7 @@ use quiver_sdk::Definitions;
 use quiver_sdk::types::write_rfc3339;
 
 use super::on_demand::OnDemandPlan;
-use super::{Entities, EntityColumns, LookupPhases, Plan, Row, RowReader, Status, answer_records};
+use super::{Entities, EntityColumns, LookupPhases, LookupPlan, Row, RowReader, Status, answer_records};
 use crate::error::Result;
 use crate::server::json::{json_str, quoted, write_value};
 use crate::store::OnlineStore;
@@ -63,12 +63,12 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::default();
 }
 
-impl Plan {
-    /// [`Plan::lookup`], answered as the `/get-online-features` JSON document (the join
+impl LookupPlan {
+    /// [`LookupPlan::lookup`], answered as the `/get-online-features` JSON document (the join
     /// keys as given, then the features), recording the time of its phases in `phases`.
     ///
     /// # Errors
-    /// As [`Plan::lookup`].
+    /// As [`LookupPlan::lookup`].
     pub async fn answer_json(
         &self,
         store: &dyn OnlineStore,
@@ -178,7 +178,7 @@ impl Plan {
         }
     }
 
-    /// Computes the on-demand features from what [`Plan::write_parts`] kept for them and
+    /// Computes the on-demand features from what [`LookupPlan::write_parts`] kept for them and
     /// writes their parts; how many values could not be computed.
     fn write_on_demand(&self, on_demand: &OnDemandPlan, scratch: &mut Scratch, asked: Entities<'_>, now: i64, n: usize) -> Result<u64> {
         let Scratch { parts, inputs, live, .. } = scratch;
@@ -311,7 +311,7 @@ mod tests {
     use quiver_sdk::{FeatureRef, yaml::parse_definitions};
     use rand::{Rng, SeedableRng, rngs::StdRng};
 
-    use super::super::{LookupPhases, Plan, RequestFields, Status};
+    use super::super::{LookupPhases, LookupPlan, RequestFields, Status};
     use crate::WriteRow;
     use crate::server::json::response_json;
     use crate::store::OnlineStore;
@@ -391,7 +391,7 @@ on_demand_views:
     }
 
     /// The direct answer against the columns' answer (`response_json` of
-    /// `Plan::lookup`, the server's writer before it, itself tested against serde):
+    /// `LookupPlan::lookup`, the server's writer before it, itself tested against serde):
     /// byte-identical over random rows of every kind of value — nulls, TTL-expired rows,
     /// rows under an unknown layout, missing keys, aggregations, on-demand features
     /// (with values that cannot be computed), NaN and infinities — for feature lists with views
@@ -495,7 +495,7 @@ on_demand_views:
         for round in 0..3 {
             for (l, list) in lists.iter().enumerate() {
                 let refs: Vec<FeatureRef> = list.iter().map(|f| f.parse().unwrap()).collect();
-                let plan = Plan::new(&defs, refs, (round + l) % 2 == 0).unwrap();
+                let plan = LookupPlan::new(&defs, refs, (round + l) % 2 == 0).unwrap();
                 let n = [0, 1, 7, 30][(round + l) % 4];
                 let drivers: Vec<KeyValue> = (0..n).map(|_| KeyValue::Int(rng.random_range(0..45))).collect();
                 let customers: Vec<KeyValue> = (0..n).map(|i| KeyValue::Str(format!("c{}", i % 4))).collect();
@@ -573,7 +573,7 @@ on_demand_views:
         let entities = vec![("driver_id".to_string(), (0..12).map(KeyValue::Int).collect::<Vec<_>>())];
         let refs: Vec<FeatureRef> =
             ["rides:cities", "rides:fare_max_1d", "rides:n_1h", "rides:fare_sum_1h"].iter().map(|f| f.parse().unwrap()).collect();
-        let plan = Plan::new(&defs, refs.clone(), false).unwrap();
+        let plan = LookupPlan::new(&defs, refs.clone(), false).unwrap();
         let mut phases = LookupPhases::default();
         let columns = plan.lookup(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
         for (d, want) in expected.iter().enumerate() {
@@ -588,7 +588,7 @@ on_demand_views:
         let direct = plan.answer_json(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
         assert_eq!(String::from_utf8(direct).unwrap(), String::from_utf8(response_json(&columns)).unwrap());
         // The registry's earlier layouts are what make the old records readable.
-        let plan = Plan::new(&new_defs, refs, false).unwrap();
+        let plan = LookupPlan::new(&new_defs, refs, false).unwrap();
         let blank = plan.lookup(&store, "p", &new_defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
         assert!(blank[1..].iter().all(|c| c.statuses.iter().all(|s| *s == Status::NotFound)));
     }

@@ -74,7 +74,7 @@ pub type EntityColumns = Vec<(String, Vec<KeyValue>)>;
 ///
 /// # Errors
 /// [`Error::NotFound`] for an unknown view or feature; [`Error::Request`] for a missing
-/// or mistyped join key, a name the features asked for do not take ([`Plan::given`]),
+/// or mistyped join key, a name the features asked for do not take ([`LookupPlan::given`]),
 /// or key columns of different lengths; [`Error::Unavailable`] from the store.
 pub async fn get_online_features(
     store: &dyn OnlineStore,
@@ -86,7 +86,7 @@ pub async fn get_online_features(
     full_names: bool,
 ) -> Result<Vec<Column>> {
     check_lengths(asked.0)?;
-    let plan = Plan::new(defs, refs.to_vec(), full_names)?;
+    let plan = LookupPlan::new(defs, refs.to_vec(), full_names)?;
     plan.check_given(asked)?;
     plan.lookup(store, project, defs, asked, now, &mut LookupPhases::default()).await
 }
@@ -103,7 +103,7 @@ pub struct LookupPhases {
     /// The store round trip.
     pub store: std::time::Duration,
     /// Decoding the stored rows and records into the answer's columns (the direct
-    /// answer, [`Plan::answer_json`]: into each feature's JSON text).
+    /// answer, [`LookupPlan::answer_json`]: into each feature's JSON text).
     pub decode: std::time::Duration,
     /// Writing the JSON answer.
     pub encode: std::time::Duration,
@@ -158,7 +158,7 @@ fn check_lengths(entities: &EntityColumns) -> Result<usize> {
 /// server can build it once per distinct feature list and answer every request for
 /// that list from it. Valid only with the definitions it was built from.
 #[derive(Debug)]
-pub struct Plan {
+pub struct LookupPlan {
     /// The features asked for, in answer order.
     pub refs: Vec<FeatureRef>,
     /// Each feature's column name in the answer.
@@ -167,7 +167,7 @@ pub struct Plan {
     names_json: Vec<u8>,
     /// The views read, in order of first request; one store key per (view, row).
     views: Vec<ViewPlan>,
-    /// The join keys a request may give ([`Plan::given`]): those of the views read and
+    /// The join keys a request may give ([`LookupPlan::given`]): those of the views read and
     /// of the inputs of the on-demand views asked for, each once.
     keys: Vec<String>,
     /// The on-demand features asked for, computed from what the views read (answer
@@ -192,7 +192,7 @@ struct ViewPlan {
     times: bool,
 }
 
-impl Plan {
+impl LookupPlan {
     /// Resolves `refs` (`full_names`: columns named `view__feature`): the one check of
     /// a lookup's features, whichever front end asks (the server, `quiver online`,
     /// Python).
@@ -200,7 +200,7 @@ impl Plan {
     /// # Errors
     /// [`Error::NotFound`] for an unknown view or feature; [`Error::Request`] for a
     /// feature asked for twice, or one of a view that is not online (`online: false`).
-    pub fn new(defs: &Definitions, refs: Vec<FeatureRef>, full_names: bool) -> Result<Plan> {
+    pub fn new(defs: &Definitions, refs: Vec<FeatureRef>, full_names: bool) -> Result<LookupPlan> {
         let mut views: Vec<ViewPlan> = Vec::new();
         let mut names = Vec::with_capacity(refs.len());
         let mut wanted = Vec::new();
@@ -239,7 +239,7 @@ impl Plan {
             names_json.push(b',');
             crate::server::json::json_str(&mut names_json, name);
         }
-        Ok(Plan { refs, names, names_json, views, keys, on_demand })
+        Ok(LookupPlan { refs, names, names_json, views, keys, on_demand })
     }
 
     /// The request fields the on-demand features asked for read (directly or through
@@ -268,7 +268,7 @@ impl Plan {
         Err(Error::Request(format!("`{name}` is neither a join key nor a request field of the features asked for (allowed: {allowed})")))
     }
 
-    /// [`Plan::given`] for every name of `asked`: each join key one the plan takes,
+    /// [`LookupPlan::given`] for every name of `asked`: each join key one the plan takes,
     /// each request field one the features asked for read.
     ///
     /// # Errors

@@ -22,7 +22,7 @@ use serde_json::Value as Json_;
 use super::json::response_json;
 use super::registry_cache::RegistryCache;
 use super::{ApiError, Metrics, ServerState, Unique, bad, repeated, twice, unique_keys};
-use crate::lookup::{EntityColumns, LookupPhases, Plan, RequestFields, check_size, request_values};
+use crate::lookup::{EntityColumns, LookupPhases, LookupPlan, RequestFields, check_size, request_values};
 use crate::serving_log::Served;
 
 /// One value of an `entities` column as read: a join-key value, or any other JSON value
@@ -279,11 +279,11 @@ impl<'a> Parsed<'a> {
 }
 
 /// The plan of what `request` asks for under `defs`: the references read (or the
-/// service's), then [`Plan::new`]'s checks, which every front end shares.
-fn plan(registry: &RegistryCache, defs: &Arc<Definitions>, asked: Asked<'_>, full_names: bool) -> Result<Arc<Plan>, ApiError> {
+/// service's), then [`LookupPlan::new`]'s checks, which every front end shares.
+fn plan(registry: &RegistryCache, defs: &Arc<Definitions>, asked: Asked<'_>, full_names: bool) -> Result<Arc<LookupPlan>, ApiError> {
     registry.plan(defs, asked, full_names, || {
         let refs = asked.refs(defs.as_ref()).map_err(|e| bad(e.to_string()))?;
-        Plan::new(defs, refs, full_names).map_err(|e| ApiError::of(&e))
+        LookupPlan::new(defs, refs, full_names).map_err(|e| ApiError::of(&e))
     })
 }
 
@@ -343,8 +343,8 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
 
 /// The `entities` columns split into the join keys and the request fields of the
 /// on-demand features `plan` asks for (typed: a 400 naming a field of the wrong type);
-/// any other name is a 400 naming those allowed ([`Plan::given`]).
-fn split(given: &GivenColumns, plan: &Plan) -> Result<(EntityColumns, RequestFields), ApiError> {
+/// any other name is a 400 naming those allowed ([`LookupPlan::given`]).
+fn split(given: &GivenColumns, plan: &LookupPlan) -> Result<(EntityColumns, RequestFields), ApiError> {
     let (mut keys, mut fields) = (EntityColumns::with_capacity(given.len()), RequestFields::new());
     for (name, values) in given {
         if let Some(field) = plan.given(name).map_err(|e| ApiError::of(&e))? {

@@ -9,7 +9,7 @@ use quiver_runtime::write_time::WriteTransform;
 use quiver_sdk::definitions::Asked;
 use quiver_sdk::{Definitions, FileRegistry};
 
-use crate::lookup::Plan;
+use crate::lookup::LookupPlan;
 
 /// How long [`RegistryCache::recent`] answers without looking at the registry file.
 pub const REGISTRY_CHECK: Duration = Duration::from_millis(100);
@@ -27,7 +27,7 @@ const MAX_PLAN_KEY: usize = 16 << 10;
 /// once per change of the file and counted (`quiver_registry_errors_total`), and
 /// `quiver_registry_stale` is 1 until a good registry is read again.
 ///
-/// It also keeps the lookup [`Plan`]s built from the definitions in use, by the
+/// It also keeps the lookup [`LookupPlan`]s built from the definitions in use, by the
 /// feature list a request names, so a server resolves each distinct list once per
 /// registry version; and each view's compiled write-time expressions, for `/push`.
 #[derive(Debug)]
@@ -39,7 +39,7 @@ pub struct RegistryCache {
     /// When the file was last looked at: milliseconds since `born`.
     born: Instant,
     checked_ms: AtomicU64,
-    plans: RwLock<Memo<PlanKey, Arc<Plan>>>,
+    plans: RwLock<Memo<PlanKey, Arc<LookupPlan>>>,
     /// By view (`None`: a view without write-time expressions).
     transforms: RwLock<Memo<String, Option<Arc<WriteTransform>>>>,
 }
@@ -208,8 +208,8 @@ impl RegistryCache {
         defs: &Arc<Definitions>,
         asked: Asked<'_>,
         full_names: bool,
-        build: impl FnOnce() -> Result<Plan, E>,
-    ) -> Result<Arc<Plan>, E> {
+        build: impl FnOnce() -> Result<LookupPlan, E>,
+    ) -> Result<Arc<LookupPlan>, E> {
         let probe = Probe(asked, full_names);
         let key = || (probe.size() <= MAX_PLAN_KEY).then(|| probe.key());
         memoized(&self.plans, defs, &probe, key, || build().map(Arc::new))
@@ -308,7 +308,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::RegistryCache;
-    use crate::lookup::Plan;
+    use crate::lookup::LookupPlan;
     use quiver_sdk::definitions::Asked;
 
     /// A view's write-time transform is built once per set of definitions.
@@ -350,7 +350,7 @@ mod tests {
             cache
                 .plan(defs, asked, full, || {
                     builds.set(builds.get() + 1);
-                    Plan::new(defs, Vec::new(), full)
+                    LookupPlan::new(defs, Vec::new(), full)
                 })
                 .unwrap()
         };

@@ -10,7 +10,7 @@ use crate::types::{DType, timestamp_arrow_type};
 
 /// Where a column an on-demand view's expressions may read comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origin {
+pub enum ColumnOrigin {
     /// A served feature (an event log's aggregation) of a feature view.
     Stored {
         view: String,
@@ -40,31 +40,34 @@ pub fn columns(defs: &Definitions, view: &OnDemandView) -> Vec<Column> {
 }
 
 /// [`columns`], each with where it comes from.
-pub fn described(defs: &Definitions, view: &OnDemandView) -> Vec<(Column, Origin)> {
+pub fn described(defs: &Definitions, view: &OnDemandView) -> Vec<(Column, ColumnOrigin)> {
     let mut out = Vec::new();
     for input in &view.inputs {
         if let Some(v) = defs.feature_view(input) {
             for f in v.served_features() {
-                let origin = Origin::Stored { view: input.clone(), feature: f.name.clone(), dtype: f.dtype };
+                let origin = ColumnOrigin::Stored { view: input.clone(), feature: f.name.clone(), dtype: f.dtype };
                 out.push((Column::qualified(input, &f.name, f.dtype.arrow_type()), origin));
             }
             if !v.is_event_log() {
-                out.push((Column::qualified(input, EVENT_TIMESTAMP, timestamp_arrow_type()), Origin::EventTime { view: input.clone() }));
+                out.push((
+                    Column::qualified(input, EVENT_TIMESTAMP, timestamp_arrow_type()),
+                    ColumnOrigin::EventTime { view: input.clone() },
+                ));
             }
         } else if let Some(o) = defs.on_demand_view(input) {
             for f in &o.features {
-                let origin = Origin::Computed { view: input.clone(), feature: f.name.clone() };
+                let origin = ColumnOrigin::Computed { view: input.clone(), feature: f.name.clone() };
                 out.push((Column::qualified(input, &f.name, f.dtype.arrow_type()), origin));
             }
         }
     }
     for key in keys(defs, view) {
-        out.push((Column::bare(&key.name, key.dtype.dtype().arrow_type()), Origin::Key(key)));
+        out.push((Column::bare(&key.name, key.dtype.dtype().arrow_type()), ColumnOrigin::Key(key)));
     }
     for field in request_fields(defs, view) {
-        out.push((Column::bare(&field.name, field.dtype.arrow_type()), Origin::Request(field)));
+        out.push((Column::bare(&field.name, field.dtype.arrow_type()), ColumnOrigin::Request(field)));
     }
-    out.push((Column::bare(REQUEST_TIME, timestamp_arrow_type()), Origin::RequestTime));
+    out.push((Column::bare(REQUEST_TIME, timestamp_arrow_type()), ColumnOrigin::RequestTime));
     out
 }
 

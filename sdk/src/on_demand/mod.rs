@@ -12,7 +12,7 @@ use crate::types::DType;
 
 mod compile;
 
-pub use compile::{Origin, columns, described, keys, program, request_fields};
+pub use compile::{ColumnOrigin, columns, described, keys, program, request_fields};
 
 /// Features computed at request time from stored features, aggregations and what the
 /// request carries (docs/transformations.md): every expression reads one row of its
