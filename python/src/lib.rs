@@ -371,7 +371,7 @@ fn get_online_features(
             .map(|c| {
                 // The server's JSON of each value (floats keep their point; NaN and the infinities
                 // are the strings "NaN", "Infinity", "-Infinity", which results.py reads back).
-                let values: Vec<String> = c.values.iter().map(quiver::online::server::json::value_json).collect();
+                let values: Vec<String> = c.values.iter().map(quiver::online::lookup::wire::value_json).collect();
                 (c.name, format!("[{}]", values.join(",")), c.statuses.iter().map(|s| s.as_str().to_string()).collect())
             })
             .collect();

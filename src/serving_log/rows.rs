@@ -3,7 +3,7 @@
 //! batch of them becomes Arrow columns without a per-row allocation.
 
 use quiver_online::lookup::Column;
-use quiver_online::server::json;
+use quiver_online::lookup::wire;
 use quiver_online::serving_log::Served;
 use quiver_sdk::on_demand;
 
@@ -155,7 +155,7 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
             .iter()
             .map(|(f, _)| {
                 let mut label = Vec::new();
-                json::json_str(&mut label, f);
+                wire::json_str(&mut label, f);
                 label.push(b':');
                 label
             })
@@ -195,17 +195,17 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
                 if i > 0 {
                     entity.bytes.push(b',');
                 }
-                json::json_str(&mut entity.bytes, &c.name);
+                wire::json_str(&mut entity.bytes, &c.name);
                 entity.bytes.push(b':');
-                json::write_value(&mut entity.bytes, &c.values[row]);
+                wire::write_value(&mut entity.bytes, &c.values[row]);
             }
             for (i, (field, values)) in fields.iter().enumerate() {
                 if i > 0 || !key_columns.is_empty() {
                     entity.bytes.push(b',');
                 }
-                json::json_str(&mut entity.bytes, field);
+                wire::json_str(&mut entity.bytes, field);
                 entity.bytes.push(b':');
-                json::write_value(&mut entity.bytes, &values[row]);
+                wire::write_value(&mut entity.bytes, &values[row]);
             }
             entity.bytes.push(b'}');
             entity.end();
@@ -220,7 +220,7 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
                     statuses.bytes.push(b',');
                 }
                 values.bytes.extend_from_slice(&labels[i]);
-                json::write_value(&mut values.bytes, &c.values[row]);
+                wire::write_value(&mut values.bytes, &c.values[row]);
                 statuses.bytes.extend_from_slice(&labels[i]);
                 statuses.bytes.push(b'"');
                 statuses.bytes.extend_from_slice(c.statuses[row].as_str().as_bytes());
@@ -241,8 +241,8 @@ mod tests {
     use quiver_runtime::encoding::Value;
     use quiver_sdk::{DType, Definitions, Entity, FeatureRef, FeatureView, KeyType};
 
+    use quiver_online::lookup::wire::value_json;
     use quiver_online::lookup::{Column, Status};
-    use quiver_online::server::json::value_json;
     use quiver_online::serving_log::Served;
 
     use super::{LogColumns, LogRow, append_log_rows};

@@ -138,7 +138,7 @@ pub(crate) fn reads_aggregations(defs: &quiver_sdk::Definitions, view: &quiver_s
 
 /// A value as the server answers it (JSON), for the reports' examples.
 pub(crate) fn show(v: &Value) -> String {
-    quiver_online::server::json::value_json(v)
+    quiver_online::lookup::wire::value_json(v)
 }
 
 /// A spine of the view's keys and `event_timestamp` = the request times.

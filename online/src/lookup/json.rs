@@ -2,7 +2,7 @@
 //! row decoded once and each requested value written as JSON text into its feature's
 //! part of the answer, with no answer columns built, moved and freed. The server's path
 //! when no serving log takes the columns; byte for byte what
-//! [`crate::server::json::response_json`] writes of [`LookupPlan::lookup`]'s columns (tested
+//! [`super::wire::response_json`] writes of [`LookupPlan::lookup`]'s columns (tested
 //! below against it).
 
 use std::cell::RefCell;
@@ -14,9 +14,9 @@ use quiver_sdk::Definitions;
 use quiver_sdk::types::write_rfc3339;
 
 use super::on_demand::OnDemandPlan;
+use super::wire::{json_str, quoted, write_value};
 use super::{Entities, EntityColumns, LookupPhases, LookupPlan, Row, RowReader, Status, answer_records};
 use crate::error::Result;
-use crate::server::json::{json_str, quoted, write_value};
 use crate::store::OnlineStore;
 
 /// One requested feature's part of the answer: its values, statuses and event times as
@@ -311,9 +311,9 @@ mod tests {
     use quiver_sdk::{FeatureRef, yaml::parse_definitions};
     use rand::{Rng, SeedableRng, rngs::StdRng};
 
+    use super::super::wire::response_json;
     use super::super::{LookupPhases, LookupPlan, RequestFields, Status};
     use crate::WriteRow;
-    use crate::server::json::response_json;
     use crate::store::OnlineStore;
 
     const DEFS: &str = r#"

@@ -14,6 +14,7 @@ use crate::store::OnlineStore;
 mod json;
 mod on_demand;
 mod status;
+pub mod wire;
 
 use on_demand::OnDemandPlan;
 pub use on_demand::{RequestFields, request_values};
@@ -237,7 +238,7 @@ impl LookupPlan {
         let mut names_json = Vec::new();
         for name in &names[..refs.len()] {
             names_json.push(b',');
-            crate::server::json::json_str(&mut names_json, name);
+            wire::json_str(&mut names_json, name);
         }
         Ok(LookupPlan { refs, names, names_json, views, keys, on_demand })
     }

@@ -19,9 +19,9 @@ use quiver_sdk::Definitions;
 use quiver_sdk::definitions::Asked;
 use serde_json::Value as Json_;
 
-use super::json::response_json;
 use super::registry_cache::RegistryCache;
 use super::{ApiError, Metrics, ServerState, Unique, bad, repeated, twice, unique_keys};
+use crate::lookup::wire::response_json;
 use crate::lookup::{EntityColumns, LookupPhases, LookupPlan, RequestFields, check_size, request_values};
 use crate::serving_log::Served;
 

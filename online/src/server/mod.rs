@@ -31,7 +31,6 @@ use crate::serving_log::ServingLog;
 use crate::store::OnlineStore;
 
 mod features;
-pub mod json;
 mod limits;
 mod metrics;
 mod push;

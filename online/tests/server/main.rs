@@ -215,7 +215,7 @@ async fn interleaved_views_answer_each_feature_and_log_the_same() {
     for (i, c) in served[0].columns.iter().enumerate() {
         assert_eq!(answer["metadata"]["feature_names"][i], json!(c.name));
         let values: Vec<Json> =
-            c.values.iter().map(|v| serde_json::from_str(&quiver_online::server::json::value_json(v)).unwrap()).collect();
+            c.values.iter().map(|v| serde_json::from_str(&quiver_online::lookup::wire::value_json(v)).unwrap()).collect();
         assert_eq!(r[i]["values"], json!(values), "{}", c.name);
         assert_eq!(r[i]["statuses"], json!(c.statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>()), "{}", c.name);
         let times: Vec<String> = c.event_ts.iter().map(|t| quiver_sdk::types::format_instant(t.unwrap_or(0))).collect();

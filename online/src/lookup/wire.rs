@@ -1,9 +1,11 @@
-//! The `/get-online-features` answer as JSON bytes, written directly.
+//! The `/get-online-features` wire format: its JSON primitives (strings, values, statuses)
+//! and the answer written from a lookup's columns ([`response_json`]; [`super::LookupPlan::answer_json`]
+//! writes the same bytes straight from stored rows).
 
 use quiver_runtime::encoding::Value;
 use quiver_sdk::types::write_rfc3339;
 
-use crate::lookup::{Column, Status};
+use super::{Column, Status};
 
 /// The `/get-online-features` answer, written straight into one buffer: building a
 /// `serde_json::Value` tree first costs an allocation per value, which dominates the
@@ -151,8 +153,8 @@ mod tests {
     /// value kind: same JSON document, and floats keep their decimal point.
     #[test]
     fn response_json_matches_serde() {
+        use super::super::Status;
         use super::{Column, Value};
-        use crate::lookup::Status;
         use serde_json::json;
         let values = vec![
             Value::Null,
