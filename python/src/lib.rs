@@ -290,8 +290,8 @@ fn monitor(
     run(py, async move {
         let repo = open(&repo)?;
         let now = quiver::sdk::Timestamp::now();
-        let reference = quiver::monitor::Window::parse("reference", &reference, now)?;
-        let current = quiver::monitor::Window::parse("current", &current, now)?;
+        let reference = quiver::Window::parse("reference", &reference, now)?;
+        let current = quiver::Window::parse("current", &current, now)?;
         let op = repo.monitor(reference, current);
         let op = match service {
             Some(s) => op.with_service(s),

@@ -3,8 +3,8 @@
 //! 2 when the comparison could not run, 3 when a store could not be reached
 //! (src/main.rs, docs/monitoring.md).
 
-use quiver::monitor::{FeatureDrift, Window};
 use quiver::sdk::Timestamp;
+use quiver::{FeatureDrift, Window};
 
 use super::{Ctx, runtime};
 

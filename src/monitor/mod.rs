@@ -9,9 +9,9 @@
 //! rows by event time, the serving log by request time. The statistics themselves are
 //! `crate::monitor::profile`'s.
 
-pub mod live;
-pub mod profile;
-pub mod sources;
+pub(crate) mod live;
+pub(crate) mod profile;
+pub(crate) mod sources;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,7 +46,7 @@ impl Window {
     /// [`Error::Invalid`] naming `what` and the text.
     ///
     /// ```
-    /// use quiver::monitor::Window;
+    /// use quiver::Window;
     /// use quiver::sdk::Timestamp;
     /// let w = Window::parse("--current", "serving:2026-01-01..2026-01-02", Timestamp(0)).unwrap();
     /// assert_eq!(w, Window::Serving { since: 1_767_225_600_000_000, until: 1_767_312_000_000_000 });

@@ -373,7 +373,7 @@ impl Drop for KillOnDrop {
 /// The profile of the training set's conv_rate values doubled, as a manifest holds it.
 fn shifted_profile(dir: &Path, original: &Value) -> Value {
     use arrow::array::{Array, AsArray, Float64Array};
-    use quiver::monitor::profile::{Profile, ProfileDoc};
+    use quiver::{Profile, ProfileDoc};
     let mut profile = Profile::default();
     for entry in std::fs::read_dir(dir.join("training")).unwrap() {
         let path = entry.unwrap().path();

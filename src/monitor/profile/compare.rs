@@ -129,13 +129,6 @@ pub fn sketch_shares(profile: &Numbers, edges: &[f64]) -> Option<Vec<f64>> {
     Some(out)
 }
 
-/// The population stability index of `current` against `reference` over the
-/// reference's decile bins (equal edges merged), both read off their sketches; `None`
-/// when either has no numbers.
-pub fn psi_numbers(reference: &Numbers, current: &Numbers) -> Option<f64> {
-    Bins::deciles(reference, current).map(|b| b.psi())
-}
-
 /// The edges of `profile`'s decile bins: its values at 10%, ..., 90%, each once.
 pub fn decile_edges(profile: &Numbers) -> Option<Vec<f64>> {
     let mut edges = Vec::with_capacity(9);

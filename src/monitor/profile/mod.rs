@@ -28,11 +28,8 @@ mod doc;
 #[cfg(test)]
 mod tests;
 
-pub use compare::{
-    Binning, Bins, CategoryShares, PSI_FLOOR, bin, category_bins, decile_edges, ks, psi, psi_numbers, shares, sketch_category_shares,
-    sketch_shares,
-};
-pub use doc::{CategoriesDoc, NumbersDoc, ProfileDoc};
+pub use compare::{Binning, Bins, CategoryShares, bin, category_bins, decile_edges, ks, psi, shares, sketch_shares};
+pub use doc::ProfileDoc;
 
 /// The KLL sketch's size: normalized rank error about 1.65 / k.
 const KLL_K: u16 = 200;

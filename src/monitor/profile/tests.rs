@@ -1,3 +1,4 @@
+use super::doc::NumbersDoc;
 use super::*;
 
 fn numbers(values: impl IntoIterator<Item = f64>) -> Numbers {
@@ -40,10 +41,10 @@ fn psi_from_profiles_equals_the_direct_computation_given_the_bins() {
     let (r, c) = (numbers(reference.clone()), numbers(current.clone()));
     let edges = decile_edges(&r).unwrap();
     let direct = psi(&direct_shares(&reference, &edges), &direct_shares(&current, &edges));
-    let got = psi_numbers(&r, &c).unwrap();
+    let got = Bins::deciles(&r, &c).unwrap().psi();
     assert!((got - direct).abs() < 1e-12, "{got} vs {direct}");
     assert!(got > 0.2, "a shift of 1.5 on a spread of 20 drifts: {got}");
-    assert!(psi_numbers(&r, &r).unwrap().abs() < 1e-12);
+    assert!(Bins::deciles(&r, &r).unwrap().psi().abs() < 1e-12);
     // Exact KS: the largest gap of the empirical distributions.
     let ks_direct = reference
         .iter()
