@@ -112,33 +112,14 @@ impl quiver_online::server::Insights for RepoInsights {
     }
 
     async fn verify_reports(&self) -> Result<Value, String> {
-        let dir = self.config.repo.join(crate::verify::REPORTS_DIR);
-        let reports: Vec<Value> = stored_reports(&dir).unwrap_or_default();
+        let reports: Vec<crate::verify::VerifyReport> = crate::reports::list(&self.config.repo).unwrap_or_default();
         Ok(json!({ "reports": reports }))
     }
 
     async fn monitor_reports(&self) -> Result<Value, String> {
-        let reports = crate::monitor::stored(&self.config.repo).map_err(|e| e.to_string())?;
+        let reports: Vec<crate::monitor::MonitorReport> = crate::reports::list(&self.config.repo).map_err(|e| e.to_string())?;
         Ok(json!({ "reports": reports }))
     }
-}
-
-/// The JSON reports stored in `dir` (`verify`'s, `monitor`'s), oldest first (their names
-/// start with their time); a report that cannot be read is skipped, never the page's
-/// failure. None when `dir` does not exist.
-///
-/// # Errors
-/// When `dir` exists and cannot be listed.
-pub(crate) fn stored_reports<T: serde::de::DeserializeOwned>(dir: &std::path::Path) -> Result<Vec<T>, crate::Error> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(crate::Error::io(dir, e)),
-    };
-    let mut paths: Vec<std::path::PathBuf> =
-        entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
-    paths.sort();
-    Ok(paths.iter().filter_map(|p| serde_json::from_slice(&std::fs::read(p).ok()?).ok()).collect())
 }
 
 /// Rows, and per feature its type, null count and rate, and for numbers the range and a

@@ -17,6 +17,7 @@ mod materialize;
 mod monitor;
 pub mod ops;
 mod repo;
+mod reports;
 mod server;
 mod serving_log;
 mod spine;

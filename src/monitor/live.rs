@@ -489,6 +489,16 @@ fn training_features(dir: &std::path::Path) -> Result<Vec<quiver_sdk::FeatureRef
         .collect()
 }
 
+impl crate::serving_log::Observer for Live {
+    fn served(&self, served: &Served) {
+        self.add(served);
+    }
+
+    fn render(&self, out: &mut Exposition, now: i64) {
+        Live::render(self, out, now);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

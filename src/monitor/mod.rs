@@ -14,7 +14,7 @@ pub(crate) mod profile;
 pub(crate) mod sources;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::monitor::profile::{Binning, Bins, CategoryShares, Profile, ks};
 use quiver_sdk::monitoring::Limits;
@@ -22,9 +22,6 @@ use quiver_sdk::types::format_instant;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-
-/// Where stored reports live, under the repository.
-pub const REPORTS_DIR: &str = ".quiver/monitor";
 
 /// A window of data to profile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,29 +276,17 @@ pub(crate) fn breaches(psi: Option<f64>, ks: Option<f64>, null_rate: Rates, not_
     out
 }
 
-/// Writes `report` under the repository's [`REPORTS_DIR`], named by its time and
-/// windows' hash, atomically; returns the path.
-///
-/// # Errors
-/// When the folder or the file cannot be written.
-pub fn store(repo_dir: &Path, report: &MonitorReport) -> Result<PathBuf> {
-    use sha2::Digest;
-    let dir = repo_dir.join(REPORTS_DIR);
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    let stamp: String = report.created_at.chars().filter(char::is_ascii_alphanumeric).collect();
-    let what = format!("{} {} {:?}", report.reference, report.current, report.service);
-    let hash: String = sha2::Sha256::digest(what.as_bytes()).iter().take(4).map(|b| format!("{b:02x}")).collect();
-    let path = dir.join(format!("{stamp}-{hash}.json"));
-    crate::export::write_atomic(&path, &serde_json::to_vec_pretty(report).expect("a report serialises"))?;
-    Ok(path)
-}
+impl crate::reports::Report for MonitorReport {
+    const DIR: &'static str = ".quiver/monitor";
 
-/// The stored reports, oldest first; unreadable files are skipped.
-///
-/// # Errors
-/// When the folder exists and cannot be listed.
-pub fn stored(repo_dir: &Path) -> Result<Vec<MonitorReport>> {
-    crate::insights::stored_reports(&repo_dir.join(REPORTS_DIR))
+    /// Its time, then a hash of its windows and service.
+    fn file_name(&self) -> String {
+        use sha2::Digest;
+        let stamp: String = self.created_at.chars().filter(char::is_ascii_alphanumeric).collect();
+        let what = format!("{} {} {:?}", self.reference, self.current, self.service);
+        let hash: String = sha2::Sha256::digest(what.as_bytes()).iter().take(4).map(|b| format!("{b:02x}")).collect();
+        format!("{stamp}-{hash}.json")
+    }
 }
 
 /// Profiles keyed by `view:feature`.

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use super::Features;
 use crate::error::Result;
-use crate::monitor::{MonitorReport, Window, binnings, compare, sources, store};
+use crate::monitor::{MonitorReport, Window, binnings, compare, sources};
 use crate::repo::Repo;
+use crate::reports::store;
 
 /// Compares two windows' profiles ([`Repo::monitor`]).
 #[derive(Debug)]

@@ -14,7 +14,7 @@ use quiver_online::server::ServerState;
 
 use crate::error::{Error, Result};
 use crate::repo::Repo;
-use crate::serving_log::DeltaServingLog;
+use crate::serving_log::{DeltaServingLog, Observer};
 
 /// Builder of [`Repo::serve`].
 #[must_use = "an operation does nothing until awaited"]
@@ -66,7 +66,7 @@ impl Serve<'_> {
                     .into(),
             ));
         }
-        let log = logging.then(|| DeltaServingLog::start(&self.repo.config.serving_log, live));
+        let log = logging.then(|| DeltaServingLog::start(&self.repo.config.serving_log, live.map(|l| l as Arc<dyn Observer>)));
         let state = Arc::new(crate::server::server_state(&self.repo.config, store, log.clone())?);
         let listener =
             tokio::net::TcpListener::bind(self.addr).await.map_err(|e| Error::Serving(format!("serving on {}: {e}", self.addr)))?;

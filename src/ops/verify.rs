@@ -62,7 +62,10 @@ impl<'a> VerifyLog<'a> {
         let report =
             crate::verify::verify_log(&self.repo.config, &defs, self.since, self.until, self.created_cutoff, kernel.as_ref()).await?;
         let window = Some((self.since, self.until));
-        crate::verify::store_report(&self.repo.config.repo, "since", Timestamp::now().0, window, &report.features)?;
+        crate::reports::store(
+            &self.repo.config.repo,
+            &crate::verify::VerifyReport::new("since", Timestamp::now().0, window, &report.features),
+        )?;
         Ok(report)
     }
 }
@@ -81,7 +84,7 @@ impl<'a> VerifySample<'a> {
         let store = self.repo.store_or_open(self.store).await?;
         let now = self.now.unwrap_or_else(|| Timestamp::now().0);
         let features = crate::verify::verify_sample(&self.repo.config, &defs, store.as_ref(), self.n, now, now as u64).await?;
-        crate::verify::store_report(&self.repo.config.repo, "sample", now, None, &features)?;
+        crate::reports::store(&self.repo.config.repo, &crate::verify::VerifyReport::new("sample", now, None, &features))?;
         Ok(features)
     }
 }

@@ -19,13 +19,21 @@ use quiver_online::serving_log::{Served, ServingLog};
 use quiver_sdk::config::ServingLogConfig;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::monitor::live::Live;
-
 pub mod rows;
 pub mod table;
 
 pub use rows::{LogColumns, append_log_rows};
 pub use table::{LogBatch, LogTable, read};
+
+/// What watches the answers the log records (the monitor's live profiles,
+/// docs/monitoring.md): the writer tells it of each answer it takes, and its metric
+/// families are rendered with the log's. The log knows nothing of what it does.
+pub trait Observer: Send + Sync + std::fmt::Debug {
+    /// One answer, as the writer takes it off the queue.
+    fn served(&self, served: &Served);
+    /// Its metric families at `now` (UTC microseconds).
+    fn render(&self, out: &mut quiver_runtime::metrics::Exposition, now: i64);
+}
 
 /// Entity rows of answers waiting for the writer; an answer that would go beyond this
 /// is dropped (it bounds the queue's memory by rows, not by requests).
@@ -50,8 +58,8 @@ struct Counters {
 #[derive(Debug)]
 pub struct DeltaServingLog {
     tx: mpsc::UnboundedSender<Message>,
-    /// The serving window's profiles, kept by the writer (docs/monitoring.md).
-    live: Option<Arc<Live>>,
+    /// Told of each answer the writer takes.
+    observer: Option<Arc<dyn Observer>>,
     /// Entity rows queued and not yet taken by the writer.
     queued: Arc<AtomicU64>,
     sample_rate: f64,
@@ -64,14 +72,14 @@ impl DeltaServingLog {
     ///
     /// # Panics
     /// Outside a tokio runtime.
-    pub fn start(config: &ServingLogConfig, live: Option<Arc<Live>>) -> Arc<DeltaServingLog> {
+    pub fn start(config: &ServingLogConfig, observer: Option<Arc<dyn Observer>>) -> Arc<DeltaServingLog> {
         let (tx, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let queued = Arc::new(AtomicU64::new(0));
         // Request ids: this server's start time, then a sequence number.
         let server = format!("{:x}", chrono::Utc::now().timestamp_micros());
-        tokio::spawn(writer(config.clone(), server, rx, counters.clone(), queued.clone(), live.clone()));
-        Arc::new(DeltaServingLog { tx, live, queued, sample_rate: config.sample_rate, seq: AtomicU64::new(0), counters })
+        tokio::spawn(writer(config.clone(), server, rx, counters.clone(), queued.clone(), observer.clone()));
+        Arc::new(DeltaServingLog { tx, observer, queued, sample_rate: config.sample_rate, seq: AtomicU64::new(0), counters })
     }
 
     /// Writes everything logged so far and waits for the commit.
@@ -126,8 +134,8 @@ impl ServingLog for DeltaServingLog {
         ] {
             out.counter(name, help, v);
         }
-        if let Some(live) = &self.live {
-            live.render(out, chrono::Utc::now().timestamp_micros());
+        if let Some(observer) = &self.observer {
+            observer.render(out, chrono::Utc::now().timestamp_micros());
         }
     }
 }
@@ -138,7 +146,7 @@ async fn writer(
     mut rx: mpsc::UnboundedReceiver<Message>,
     counters: Arc<Counters>,
     queued: Arc<AtomicU64>,
-    live: Option<Arc<Live>>,
+    observer: Option<Arc<dyn Observer>>,
 ) {
     let mut pending = LogColumns::default();
     let mut table = LogTable::new(config.location.clone());
@@ -164,8 +172,8 @@ async fn writer(
                 let rows = served.columns.first().map_or(0, |c| c.values.len()).max(1) as u64;
                 queued.fetch_sub(rows, Ordering::Relaxed);
                 append_log_rows(&served, &format!("{server}-{seq}"), &mut pending);
-                if let Some(live) = &live {
-                    live.add(&served);
+                if let Some(observer) = &observer {
+                    observer.served(&served);
                 }
                 drop(served);
                 if first_at.is_none() && !pending.is_empty() {

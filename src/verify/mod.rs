@@ -26,6 +26,7 @@ pub use sample::verify_sample;
 use std::sync::Arc;
 
 use arrow::array::Array;
+use serde::{Deserialize, Serialize};
 
 use quiver_runtime::encoding::{KeyValue, Value};
 
@@ -53,42 +54,66 @@ impl FeatureReport {
 
 const EXAMPLES: usize = 3;
 
-/// Where each `verify` run stores its report (one JSON file per run), which the web
-/// UI's consistency page lists and charts.
-pub const REPORTS_DIR: &str = ".quiver/verify";
-
-/// Stores a run's report under [`REPORTS_DIR`]: `kind` (`since` or `sample`), when it
-/// ran, the window it replayed (for `since`), and per feature the rows compared, the
+/// A `verify` run's stored report (`.quiver/verify/`, one file per run), which the web
+/// UI's consistency page lists and charts: `kind` (`since` or `sample`), when it ran,
+/// the window it replayed (for `since`), and per feature the rows compared, the
 /// disagreements and the rate.
-///
-/// # Errors
-/// When the file cannot be written.
-pub fn store_report(
-    repo: &std::path::Path,
-    kind: &str,
-    at: i64,
-    window: Option<(i64, i64)>,
-    features: &[FeatureReport],
-) -> crate::error::Result<()> {
-    let dir = repo.join(REPORTS_DIR);
-    std::fs::create_dir_all(&dir).map_err(|e| crate::error::Error::io(&dir, e))?;
-    let report = serde_json::json!({
-        "kind": kind,
-        "at": quiver_sdk::types::format_instant(at),
-        "since": window.map(|(s, _)| quiver_sdk::types::format_instant(s)),
-        "until": window.map(|(_, u)| quiver_sdk::types::format_instant(u)),
-        "features": features.iter().map(|f| serde_json::json!({
-            "feature": f.feature,
-            "compared": f.compared,
-            "mismatches": f.mismatches,
-            "missing_online": f.missing_online,
-            "missing_offline": f.missing_offline,
-            "rate": f.mismatch_rate(),
-        })).collect::<Vec<_>>(),
-    });
-    // Named by time (microseconds, zero-padded): listing order is run order.
-    let path = dir.join(format!("{at:020}-{kind}.json"));
-    crate::export::write_atomic(&path, serde_json::to_string_pretty(&report).expect("a report serialises").as_bytes())
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    pub kind: String,
+    /// When it ran (RFC 3339).
+    pub at: String,
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub features: Vec<StoredFeature>,
+    /// When it ran (UTC microseconds): its file's name.
+    #[serde(skip)]
+    at_us: i64,
+}
+
+/// One feature's line of a [`VerifyReport`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredFeature {
+    pub feature: String,
+    pub compared: u64,
+    pub mismatches: u64,
+    pub missing_online: u64,
+    pub missing_offline: u64,
+    pub rate: f64,
+}
+
+impl VerifyReport {
+    /// The report of a run of `kind` at `at` over `window` (UTC microseconds).
+    pub(crate) fn new(kind: &str, at: i64, window: Option<(i64, i64)>, features: &[FeatureReport]) -> VerifyReport {
+        use quiver_sdk::types::format_instant;
+        VerifyReport {
+            kind: kind.to_string(),
+            at: format_instant(at),
+            since: window.map(|(s, _)| format_instant(s)),
+            until: window.map(|(_, u)| format_instant(u)),
+            features: features
+                .iter()
+                .map(|f| StoredFeature {
+                    feature: f.feature.clone(),
+                    compared: f.compared,
+                    mismatches: f.mismatches,
+                    missing_online: f.missing_online,
+                    missing_offline: f.missing_offline,
+                    rate: f.mismatch_rate(),
+                })
+                .collect(),
+            at_us: at,
+        }
+    }
+}
+
+impl crate::reports::Report for VerifyReport {
+    const DIR: &'static str = ".quiver/verify";
+
+    /// Named by time (microseconds, zero-padded): listing order is run order.
+    fn file_name(&self) -> String {
+        format!("{:020}-{}.json", self.at_us, self.kind)
+    }
 }
 
 /// What replaying the serving log found.
