@@ -13,7 +13,7 @@
 
 mod embedded;
 mod error;
-mod listen;
+pub mod listen;
 pub mod lookup;
 mod redis_cluster;
 mod redis_store;

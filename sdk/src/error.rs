@@ -1,6 +1,7 @@
 //! The sdk's errors. Messages are lowercase, one line, and name the file, definition or
 //! field and what was expected.
 
+use std::fmt;
 use std::path::PathBuf;
 
 /// A definition that fails validation, or a YAML document that does not parse.
@@ -27,7 +28,7 @@ pub enum DefinitionError {
     UnknownView { service: String, view: String, known: String },
     #[error("feature service `{service}`: unknown feature `{reference}` (feature view `{view}` has: {known})")]
     UnknownFeature { service: String, reference: String, view: String, known: String },
-    #[error("feature service `{service}`: {}", crate::definitions::BadFeatureRef(got.clone()))]
+    #[error("feature service `{service}`: {}", BadFeatureRef(got.clone()))]
     BadFeatureRef { service: String, got: String },
     #[error("feature view `{view}`, feature `{feature}`: unknown dtype `{got}` (expected one of {expected})")]
     BadDtype { view: String, feature: String, got: String, expected: &'static str },
@@ -180,6 +181,19 @@ impl Error {
 
 /// The sdk's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Error of parsing a feature reference: the text, which is not `view:feature`. Its
+/// message is the one wording of a bad reference, whatever front end read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadFeatureRef(pub String);
+
+impl fmt::Display for BadFeatureRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "bad feature reference `{}` (expected `view:feature`)", self.0)
+    }
+}
+
+impl std::error::Error for BadFeatureRef {}
 
 /// `n` things, said as a reader would: `count(1, "row")` is `1 row`, `count(2, "row")`
 /// is `2 rows`. Every message that counts uses it, so none says "1 rows".

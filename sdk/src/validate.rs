@@ -417,3 +417,24 @@ impl Definitions {
         Ok(())
     }
 }
+impl Definitions {
+    /// Every view's and service's thresholds in range, naming served features.
+    pub(crate) fn check_monitoring(&self) -> Result<(), DefinitionError> {
+        let bad = |what: String, reason: String| DefinitionError::Monitoring { what, reason };
+        for v in &self.feature_views {
+            let served: Vec<&str> = if v.aggregations.is_empty() {
+                v.features.iter().map(|f| f.name.as_str()).collect()
+            } else {
+                v.aggregations.iter().map(|a| a.name.as_str()).collect()
+            };
+            v.monitoring.check(served.iter().copied()).map_err(|e| bad(format!("feature view `{}`", v.name), e))?;
+        }
+        for v in &self.on_demand_views {
+            v.monitoring.check(v.features.iter().map(|f| f.name.as_str())).map_err(|e| bad(format!("on-demand view `{}`", v.name), e))?;
+        }
+        for s in &self.feature_services {
+            s.monitoring.check().map_err(|e| bad(format!("feature service `{}`", s.name), e))?;
+        }
+        Ok(())
+    }
+}

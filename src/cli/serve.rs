@@ -56,7 +56,7 @@ impl Serve {
             if server.logs_answers() {
                 println!("logging answers to {} (serving_log in quiver.yaml)", repo.config.serving_log.location);
             }
-            quiver::online::server::shutdown_signal().await;
+            quiver::online::listen::shutdown_signal().await;
             server.stop().await?;
             println!("stopped");
             anyhow::Ok(())

@@ -57,7 +57,7 @@ impl Stream {
         {
             let shutdown = shutdown.clone();
             rt.spawn(async move {
-                quiver::online::server::shutdown_signal().await;
+                quiver::online::listen::shutdown_signal().await;
                 eprintln!("stopping: flushing the current batch");
                 shutdown.store(true, Ordering::Relaxed);
             });

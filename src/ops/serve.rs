@@ -72,7 +72,7 @@ impl Serve<'_> {
             tokio::net::TcpListener::bind(self.addr).await.map_err(|e| Error::Serving(format!("serving on {}: {e}", self.addr)))?;
         let addr = listener.local_addr().map_err(|e| Error::Serving(format!("serving on {}: {e}", self.addr)))?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(quiver_online::server::serve_until(state.clone(), listener, async move {
+        let task = tokio::spawn(quiver_online::listen::serve_until(state.clone(), listener, async move {
             let _ = stopped.await;
         }));
         Ok(Server { addr, log, state, stop, task })
@@ -80,7 +80,7 @@ impl Serve<'_> {
 
     async fn run(self) -> Result<()> {
         let server = self.start().await?;
-        quiver_online::server::shutdown_signal().await;
+        quiver_online::listen::shutdown_signal().await;
         server.stop().await
     }
 }

@@ -79,12 +79,16 @@ fn binary(e: &Arc<dyn PhysicalExpr>) -> Result<&BinaryExpr> {
 pub(crate) struct Chain {
     first: Arc<dyn PhysicalExpr>,
     links: Vec<Link>,
-    /// A link that cannot compute some rows (an overflow) gives them null and marks
-    /// them, as a [`crate::lenient`] part does: set where every row reaches the chain.
-    lenient: bool,
+    /// How each link is evaluated where every row reaches the chain: leniently (a link
+    /// that cannot compute some rows, an overflow, gives them null and marks them), by
+    /// the evaluator the lenient wrapping hands over. `None`: exactly.
+    lenient: Option<PartEvaluator>,
     dtype: DataType,
     nullable: bool,
 }
+
+/// Evaluates one part of an expression over a batch (the lenient wrapping's).
+pub(crate) type PartEvaluator = fn(Arc<dyn PhysicalExpr>, &RecordBatch) -> Result<ColumnarValue>;
 
 #[derive(Debug, Clone)]
 struct Link {
@@ -128,7 +132,7 @@ impl Chain {
             let operation = link.at(schema.fields().len())?;
             (dtype, nullable) = (operation.data_type(&extended)?, operation.nullable(&extended)?);
         }
-        Ok(Chain { first, links, lenient: false, dtype, nullable })
+        Ok(Chain { first, links, lenient: None, dtype, nullable })
     }
 
     /// Whether it is a chain of `AND` or `OR`: an operand is computed only for the rows
@@ -137,18 +141,22 @@ impl Chain {
         self.links.first().is_some_and(|l| matches!(l.op(), Operator::And | Operator::Or))
     }
 
-    /// The chain with each operand made by `part`, its links lenient (where every row
-    /// reaches it).
-    pub(crate) fn leniently(&self, mut part: impl FnMut(Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>>) -> Result<Chain> {
+    /// The chain with each operand made by `part`, its links evaluated by `evaluate`
+    /// (where every row reaches it: leniently).
+    pub(crate) fn leniently(
+        &self,
+        mut part: impl FnMut(Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>>,
+        evaluate: PartEvaluator,
+    ) -> Result<Chain> {
         let first = part(Arc::clone(&self.first))?;
         let links = self.links.iter().map(|l| Link::new(&l.operation, part(Arc::clone(&l.operand))?)).collect::<Result<Vec<_>>>()?;
-        Ok(Chain { first, links, lenient: true, dtype: self.dtype.clone(), nullable: self.nullable })
+        Ok(Chain { first, links, lenient: Some(evaluate), dtype: self.dtype.clone(), nullable: self.nullable })
     }
 }
 
 impl PartialEq for Chain {
     fn eq(&self, other: &Chain) -> bool {
-        self.lenient == other.lenient
+        self.lenient.is_some() == other.lenient.is_some()
             && self.first.as_ref() == other.first.as_ref()
             && self.links.len() == other.links.len()
             && self.links.iter().zip(&other.links).all(|(a, b)| a.operation.as_ref() == b.operation.as_ref())
@@ -159,7 +167,7 @@ impl Eq for Chain {}
 
 impl std::hash::Hash for Chain {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.lenient.hash(state);
+        self.lenient.is_some().hash(state);
         self.first.as_ref().hash(state);
         for link in &self.links {
             link.operation.as_ref().hash(state);
@@ -203,7 +211,10 @@ impl PhysicalExpr for Chain {
             columns.push(so_far);
             let extended = RecordBatch::try_new_with_options(Arc::clone(schema.as_ref().expect("set above")), columns, &options)?;
             let operation = link.at(at)?;
-            value = if self.lenient { crate::lenient::evaluate_part(operation, &extended)? } else { operation.evaluate(&extended)? };
+            value = match self.lenient {
+                Some(evaluate) => evaluate(operation, &extended)?,
+                None => operation.evaluate(&extended)?,
+            };
         }
         Ok(value)
     }

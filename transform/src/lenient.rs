@@ -47,7 +47,7 @@ pub(crate) fn wrap(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Ar
         if chain.chooses() {
             return Ok(expr);
         }
-        return Ok(Arc::new(chain.leniently(|part| wrap(part, schema))?));
+        return Ok(Arc::new(chain.leniently(|part| wrap(part, schema), evaluate_part)?));
     }
     let chooses = expr.downcast_ref::<CaseExpr>().is_some()
         || expr.downcast_ref::<BinaryExpr>().is_some_and(|b| matches!(b.op(), Operator::And | Operator::Or));

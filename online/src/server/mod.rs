@@ -1,6 +1,6 @@
 //! The HTTP feature server (docs/online.md), in Feast's wire shape so Feast clients work.
 //!
-//! `router(state)` builds the axum `Router`; [`serve`] (in `listen`) binds it with the
+//! `router(state)` builds the axum `Router`; `crate::listen::serve` binds it with the
 //! connection limits and graceful shutdown, answering `POST /get-online-features`
 //! itself through the same guard and handler (the hot route skips the router). Routes: `POST /get-online-features`,
 //! `POST /push`, `GET /health`, `GET /metrics` (Prometheus text), `GET /registry`, and
@@ -26,7 +26,6 @@ use quiver_runtime::rows::ViewRow;
 use quiver_sdk::Definitions;
 use serde_json::{Value as Json_, json};
 
-pub use crate::listen::{serve, serve_until, shutdown_signal};
 use crate::serving_log::ServingLog;
 use crate::store::OnlineStore;
 

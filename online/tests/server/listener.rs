@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
-use quiver_online::server::{router, serve_until};
+use quiver_online::listen::serve_until;
+use quiver_online::server::router;
 use tower::ServiceExt;
 
 use super::fixture;

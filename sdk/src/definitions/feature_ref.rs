@@ -7,6 +7,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{Definitions, NotFound};
+pub use crate::error::BadFeatureRef;
 
 /// A `view:feature` reference. Output columns are named `view__feature`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -31,19 +32,6 @@ impl fmt::Display for FeatureRef {
         write!(f, "{}:{}", self.view, self.feature)
     }
 }
-
-/// Error of parsing a feature reference: the text, which is not `view:feature`. Its
-/// message is the one wording of a bad reference, whatever front end read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadFeatureRef(pub String);
-
-impl fmt::Display for BadFeatureRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "bad feature reference `{}` (expected `view:feature`)", self.0)
-    }
-}
-
-impl std::error::Error for BadFeatureRef {}
 
 impl FromStr for FeatureRef {
     type Err = BadFeatureRef;

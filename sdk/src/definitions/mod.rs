@@ -8,8 +8,6 @@
 
 use std::collections::BTreeMap;
 
-pub use crate::on_demand::{OnDemandFeature, OnDemandView};
-
 use serde::{Deserialize, Serialize};
 
 use crate::aggregation::Aggregation;
@@ -20,9 +18,11 @@ use crate::types::{DType, KeyType, Ttl};
 mod build;
 mod feature_ref;
 mod fingerprint;
+mod on_demand;
 
 pub use feature_ref::{Asked, AskedError, BadFeatureRef, FeatureRef};
 pub use fingerprint::fingerprint;
+pub use on_demand::{OnDemandFeature, OnDemandView};
 
 /// One join key of an entity: a spine column and its type.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -550,5 +550,5 @@ pub enum Found<'a> {
     /// A feature view's served feature (an event log's aggregation).
     Stored(&'a FeatureView, Feature),
     /// An on-demand view's feature.
-    OnDemand(&'a crate::on_demand::OnDemandView, &'a crate::on_demand::OnDemandFeature),
+    OnDemand(&'a OnDemandView, &'a OnDemandFeature),
 }

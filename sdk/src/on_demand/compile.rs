@@ -4,8 +4,8 @@
 
 use quiver_transform::{Column, ExprError, Output, Program};
 
-use super::{EVENT_TIMESTAMP, OnDemandView, REQUEST_TIME};
-use crate::definitions::{Definitions, Feature, JoinKey};
+use super::{EVENT_TIMESTAMP, REQUEST_TIME};
+use crate::definitions::{Definitions, Feature, JoinKey, OnDemandView};
 use crate::types::{DType, timestamp_arrow_type};
 
 /// Where a column an on-demand view's expressions may read comes from.

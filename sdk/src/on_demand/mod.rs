@@ -1,95 +1,13 @@
-//! On-demand views (docs/transformations.md) as data: the view, its features and the
-//! names its expressions may read besides columns. [`compile`] says which columns those
-//! are, in the one order every path builds their input batch in, and compiles the view;
-//! `quiver_runtime::on_demand` evaluates it.
-
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
-use crate::definitions::Feature;
-use crate::types::DType;
+//! On-demand views' expressions (docs/transformations.md): the names they may read
+//! besides columns, and [`compile`]: which columns those are, in the one order every
+//! path builds their input batch in, and the view compiled. The views themselves are
+//! data of [`crate::definitions`]; `quiver_runtime::on_demand` evaluates them.
 
 mod compile;
 
 pub use compile::{ColumnOrigin, columns, described, keys, program, request_fields};
 
-/// Features computed at request time from stored features, aggregations and what the
-/// request carries (docs/transformations.md): every expression reads one row of its
-/// inputs, as of the request, and is computed by the one expression engine online and
-/// offline.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OnDemandView {
-    pub name: String,
-    /// The feature views (or on-demand views defined before this one) its expressions
-    /// read, as of the request.
-    #[serde(default)]
-    pub inputs: Vec<String>,
-    /// The values each request (or spine row) carries for it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub request: Vec<Feature>,
-    pub features: Vec<OnDemandFeature>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub description: String,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub tags: BTreeMap<String, String>,
-    /// Drift and skew thresholds of the view and its features (docs/monitoring.md).
-    #[serde(default, skip_serializing_if = "crate::monitoring::Monitoring::is_empty")]
-    pub monitoring: crate::monitoring::Monitoring,
-}
-
-/// One feature of an on-demand view: a typed SQL scalar expression.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OnDemandFeature {
-    pub name: String,
-    pub dtype: DType,
-    pub expr: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub description: String,
-}
-
-impl OnDemandView {
-    pub fn feature(&self, name: &str) -> Option<&OnDemandFeature> {
-        self.features.iter().find(|f| f.name == name)
-    }
-}
-
-impl OnDemandView {
-    pub fn new(name: impl Into<String>) -> Self {
-        OnDemandView {
-            name: name.into(),
-            inputs: Vec::new(),
-            request: Vec::new(),
-            features: Vec::new(),
-            description: String::new(),
-            tags: BTreeMap::new(),
-            monitoring: crate::monitoring::Monitoring::default(),
-        }
-    }
-
-    /// Reads the features of `view` (a feature view or an earlier on-demand view).
-    #[must_use]
-    pub fn with_input(mut self, view: impl Into<String>) -> Self {
-        self.inputs.push(view.into());
-        self
-    }
-
-    /// A value each request carries.
-    #[must_use]
-    pub fn with_request(mut self, name: impl Into<String>, dtype: DType) -> Self {
-        self.request.push(Feature { name: name.into(), dtype, description: String::new(), expr: String::new() });
-        self
-    }
-
-    /// A feature computed by `expr`.
-    #[must_use]
-    pub fn with_feature(mut self, name: impl Into<String>, dtype: DType, expr: impl Into<String>) -> Self {
-        self.features.push(OnDemandFeature { name: name.into(), dtype, expr: expr.into(), description: String::new() });
-        self
-    }
-}
+pub use crate::definitions::{OnDemandFeature, OnDemandView};
 
 /// The request's time, by its name in expressions: offline the spine row's time,
 /// online the moment the server read the store.
