@@ -1,10 +1,7 @@
 //! Online lookups: features for entity rows, with the statuses of docs/online.md, in Feast's
 //! column-major shape (the join keys first, then one column per feature).
 
-use std::collections::HashMap;
-
-use quiver_runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
-use quiver_runtime::record::{AggRecord, Layout, WindowAnswer};
+use quiver_runtime::encoding::{KeyValue, Value, store_key};
 use quiver_sdk::definitions::fingerprint;
 use quiver_sdk::{Definitions, FeatureRef, FeatureView, Found, KeyType};
 
@@ -13,11 +10,15 @@ use crate::store::OnlineStore;
 
 mod json;
 mod on_demand;
+mod records;
+mod rows;
 mod status;
 pub mod wire;
 
 use on_demand::OnDemandPlan;
 pub use on_demand::{RequestFields, request_values};
+use records::{aggregation_column, answer_records};
+use rows::{RowReader, feature_columns};
 pub use status::{Row, Status};
 
 /// One output column: a join key or a feature, one entry per entity row.
@@ -34,34 +35,6 @@ impl Column {
     /// An empty column named `name` with room for `n` rows.
     fn empty(name: &str, n: usize) -> Column {
         Column { name: name.to_string(), values: Vec::with_capacity(n), statuses: Vec::with_capacity(n), event_ts: Vec::with_capacity(n) }
-    }
-}
-
-/// Earlier layouts of one view met in a lookup: for each schema fingerprint, where each
-/// current feature sits in the old row (`None`: the feature is new, or its type
-/// changed: it reads as null).
-#[derive(Default)]
-struct Layouts(HashMap<u64, Option<Vec<Option<usize>>>>);
-
-impl Layouts {
-    /// `row` (written under another schema of `view`) in the view's current feature
-    /// order; `None` when the registry does not know the schema it was written under.
-    fn conform(&mut self, defs: &Definitions, view: &quiver_sdk::FeatureView, row: OnlineRow) -> Option<OnlineRow> {
-        let positions = self
-            .0
-            .entry(row.fingerprint)
-            .or_insert_with(|| {
-                let old = defs.online_layout(row.fingerprint)?;
-                Some(view.features.iter().map(|f| old.iter().position(|o| o.name == f.name && o.dtype == f.dtype)).collect())
-            })
-            .as_ref()?;
-        let width = defs.online_layout(row.fingerprint).map_or(0, <[_]>::len);
-        if row.values.len() != width {
-            return None;
-        }
-        let mut values = row.values;
-        let conformed = positions.iter().map(|p| p.map_or(Value::Null, |i| std::mem::replace(&mut values[i], Value::Null))).collect();
-        Some(OnlineRow { values: conformed, fingerprint: fingerprint(view), ..row })
     }
 }
 
@@ -427,134 +400,6 @@ fn view_plan(views: &mut Vec<ViewPlan>, defs: &Definitions, view: &FeatureView, 
     views.len() - 1
 }
 
-/// Every aggregation's value at `now` and the time of the latest event in its window.
-type Answer = Vec<WindowAnswer>;
-
-/// The answers of an event log's records at `now` for one lookup, one per stored row.
-struct Answers {
-    rows: Vec<Answered>,
-    /// Per earlier layout met: where each of the view's aggregations is among that
-    /// layout's (`None`: the aggregation is new since, or defined otherwise then).
-    earlier: Vec<Vec<Option<usize>>>,
-}
-
-/// One record's answer.
-enum Answered {
-    /// Written under the view's current aggregations (or no record: no events).
-    Current(Answer),
-    /// Written under earlier aggregations of the view ([`Answers::earlier`] index).
-    Earlier(Answer, usize),
-    /// Not a record the registry knows the layout of: `NOT_FOUND`.
-    Unreadable,
-}
-
-impl Answers {
-    /// Aggregation `k` of row `row`: its value, status, and the time of the latest
-    /// event in its window (0 when none). `NOT_FOUND` for a record that cannot be read
-    /// and for an aggregation its layout lacks (until the entity is written again).
-    fn cell(&self, row: usize, k: usize) -> (&Value, Status, i64) {
-        let found = match &self.rows[row] {
-            Answered::Current(a) => Some(&a[k]),
-            Answered::Earlier(a, layout) => self.earlier[*layout][k].map(|i| &a[i]),
-            Answered::Unreadable => None,
-        };
-        match found {
-            None => (&Value::Null, Row::Missing.status(true), 0),
-            Some(WindowAnswer { value, latest_event }) => {
-                let ts = latest_event.unwrap_or(0);
-                (value, Row::Live(ts).status(matches!(value, Value::Null)), ts)
-            }
-        }
-    }
-}
-
-impl Answers {
-    /// The latest event among the `wanted` aggregations of row `row`, as an on-demand
-    /// feature's event time reads it; `None` when none has an event.
-    fn latest(&self, row: usize, wanted: &[(usize, usize)]) -> Option<i64> {
-        wanted
-            .iter()
-            .filter_map(|&(_, k)| {
-                let (_, status, ts) = self.cell(row, k);
-                (status != Status::NotFound && ts != 0).then_some(ts)
-            })
-            .max()
-    }
-}
-
-/// The answers of an event log's records at `now` (docs/aggregations.md): an entity without a
-/// record has no events in any window; a record written under earlier aggregations of
-/// the view (before an `apply` changed them, until the entity is written again) answers
-/// those still defined the same way.
-fn answer_records(defs: &Definitions, view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> Answers {
-    let layout = Layout::of(view);
-    // An entity without a record: the answer of no events, the same for all.
-    let none = AggRecord::empty(&layout).answer(&layout, now);
-    let tails = layout.tails(now);
-    let mut other: Vec<(u64, usize)> = Vec::new();
-    let rows = stored
-        .iter()
-        .enumerate()
-        .map(|(row, b)| match b {
-            None => Answered::Current(none.clone()),
-            Some(bytes) => match AggRecord::answer_stored_at(&layout, &tails, bytes) {
-                Ok(answer) => Answered::Current(answer),
-                Err(_) => {
-                    if let Some(print) = AggRecord::layout_of(bytes).filter(|p| *p != layout.fingerprint) {
-                        other.push((print, row));
-                    }
-                    Answered::Unreadable
-                }
-            },
-        })
-        .collect();
-    let mut answers = Answers { rows, earlier: Vec::new() };
-    // Records of earlier layouts, a layout at a time.
-    other.sort_unstable();
-    for group in other.chunk_by(|a, b| a.0 == b.0) {
-        let Some(old) = defs.earlier_view(view, group[0].0) else { continue };
-        let old_layout = Layout::of(&old);
-        let old_tails = old_layout.tails(now);
-        let index = answers.earlier.len();
-        answers
-            .earlier
-            .push(view.aggregations.iter().map(|a| old.aggregations.iter().position(|o| same_aggregation(&old, o, view, a))).collect());
-        for &(_, row) in group {
-            let bytes = stored[row].as_deref().expect("a stored record");
-            if let Ok(answer) = AggRecord::answer_stored_at(&old_layout, &old_tails, bytes) {
-                answers.rows[row] = Answered::Earlier(answer, index);
-            }
-        }
-    }
-    answers
-}
-
-/// Whether aggregation `a` of `old` computes what `b` of `view` does: the same name,
-/// function, column (of the same type), window, hop and k.
-fn same_aggregation(old: &FeatureView, a: &quiver_sdk::Aggregation, view: &FeatureView, b: &quiver_sdk::Aggregation) -> bool {
-    let dtype = |v: &FeatureView, column: &str| v.feature(column).map(|f| f.dtype);
-    a.name == b.name
-        && a.function == b.function
-        && a.column == b.column
-        && a.window_us() == b.window_us()
-        && a.hop_us() == b.hop_us()
-        && a.keep() == b.keep()
-        && dtype(old, &a.column) == dtype(view, &b.column)
-}
-
-/// Aggregation `k` of an event log for each entity: PRESENT, or NULL_VALUE for a
-/// null value; the event time is the latest event in the window (epoch 0 when none).
-fn aggregation_column(k: usize, name: &str, answers: &Answers) -> Column {
-    let mut column = Column::empty(name, answers.rows.len());
-    for row in 0..answers.rows.len() {
-        let (value, status, ts) = answers.cell(row, k);
-        column.values.push(value.clone());
-        column.statuses.push(status);
-        column.event_ts.push((status != Status::NotFound).then_some(ts));
-    }
-    column
-}
-
 /// A join-key column of the answer, the keys as given.
 fn key_column(name: &str, values: &[KeyValue]) -> Column {
     let mut column = Column::empty(name, values.len());
@@ -565,73 +410,4 @@ fn key_column(name: &str, values: &[KeyValue]) -> Column {
     column.statuses.resize(values.len(), Status::Present);
     column.event_ts.resize(values.len(), None);
     column
-}
-
-/// Reads the stored rows of one plain view: each decoded once into one reused buffer,
-/// only the requested values built; a row written under another layout of the view is
-/// read by name, one that cannot be read is missing. Judged at `now` against the TTL.
-struct RowReader<'a> {
-    defs: &'a Definitions,
-    view: &'a FeatureView,
-    planned: &'a ViewPlan,
-    now: i64,
-    layouts: Layouts,
-}
-
-impl<'a> RowReader<'a> {
-    fn new(defs: &'a Definitions, view: &'a FeatureView, planned: &'a ViewPlan, now: i64) -> RowReader<'a> {
-        RowReader { defs, view, planned, now, layouts: Layouts::default() }
-    }
-
-    /// Reads `bytes` (`None`: no row stored) into `values`, in the view's feature order.
-    fn read(&mut self, bytes: Option<&[u8]>, values: &mut Vec<Value>) -> Row {
-        let (print, keep) = (self.planned.fingerprint, &self.planned.keep);
-        let event_ts = bytes.and_then(|bytes| {
-            let quiver_runtime::encoding::RowHeader { event_ts, created_ts, fingerprint: written } =
-                OnlineRow::decode_into(bytes, Some((print, keep)), values).ok()?;
-            if written == print && values.len() == self.view.features.len() {
-                return Some(event_ts);
-            }
-            // A row written before the view's features changed: read by name.
-            let row = OnlineRow { event_ts, created_ts, fingerprint: written, values: std::mem::take(values) };
-            *values = self.layouts.conform(self.defs, self.view, row)?.values;
-            Some(event_ts)
-        });
-        Row::judge(self.view, event_ts, self.now)
-    }
-}
-
-/// The requested features of a plain view for each stored row, judged at `now`: each
-/// value moved into its column (cloned only for a feature requested twice).
-fn feature_columns(
-    defs: &Definitions,
-    view: &FeatureView,
-    planned: &ViewPlan,
-    names: &[String],
-    stored: &[Option<Vec<u8>>],
-    now: i64,
-    mut live: Option<&mut Vec<Option<i64>>>,
-) -> Vec<Column> {
-    let n = stored.len();
-    let mut columns: Vec<Column> = planned.wanted.iter().map(|&(j, _)| Column::empty(&names[j], n)).collect();
-    let mut reader = RowReader::new(defs, view, planned, now);
-    let mut values: Vec<Value> = Vec::new();
-    for bytes in stored {
-        let row = reader.read(bytes.as_deref(), &mut values);
-        if let Some(live) = live.as_deref_mut() {
-            live.push(if let Row::Live(ts) = row { Some(ts) } else { None });
-        }
-        for ((column, &(_, k)), &shared) in columns.iter_mut().zip(&planned.wanted).zip(&planned.shared) {
-            let value = match row {
-                Row::Missing | Row::Expired(_) => Value::Null,
-                Row::Live(_) if shared => values[k].clone(),
-                Row::Live(_) => std::mem::replace(&mut values[k], Value::Null),
-            };
-            let status = row.status(matches!(value, Value::Null));
-            column.values.push(value);
-            column.statuses.push(status);
-            column.event_ts.push(row.event_ts());
-        }
-    }
-    columns
 }
