@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use quiver_sdk::{Definitions, FeatureRef};
+use quiver_sdk::FeatureRef;
+use quiver_sdk::registry::Registered;
 
 use crate::lookup::Column;
 
@@ -15,7 +16,7 @@ pub struct Served {
     /// The time the lookup was answered at (UTC microseconds): the `now` its TTLs used.
     pub request_time: i64,
     /// The definitions it was answered from.
-    pub defs: Arc<Definitions>,
+    pub defs: Arc<Registered>,
     /// The features asked for, in answer order.
     pub refs: Vec<FeatureRef>,
     /// The answer: `n_keys` join-key columns, then one column per ref.

@@ -141,17 +141,32 @@ fn changed_features_keep_the_earlier_online_layout() {
     let probe = Holding::new(&["stats"]);
     apply(&reg, "demo", &defs(BASE), &probe, false, t(1)).unwrap();
     let before = reg.load().unwrap().unwrap();
-    assert!(before.definitions.online_layouts.is_empty());
+    assert!(before.layouts.is_empty());
     let old_view = before.definitions.feature_view("stats").unwrap().clone();
     let added = changed("{name: trips, dtype: int64}]", "{name: tip, dtype: float64}, {name: trips, dtype: int64}]");
     assert_ne!(added, defs(BASE), "the change applies");
     let outcome = apply(&reg, "demo", &added, &probe, false, t(2)).unwrap();
     assert!(outcome.written && outcome.forced.is_empty(), "adding a feature needs no --force");
     let doc = reg.load().unwrap().unwrap();
-    assert_eq!(doc.definitions.online_layout(fingerprint(&old_view)), Some(old_view.features.as_slice()));
-    assert_eq!(doc.definitions.online_layouts.len(), 1);
+    assert_eq!(doc.layouts.online_layout(fingerprint(&old_view)), Some(old_view.features.as_slice()));
+    assert_eq!(doc.layouts.online_layouts.len(), 1);
     let again = apply(&reg, "demo", &added, &probe, false, t(3)).unwrap();
     assert!(!again.written, "the layouts are not a change");
+    // Kept beside the definitions, not in them.
+    let text = std::fs::read_to_string(reg.path()).unwrap();
+    let stored: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(stored["definitions"].get("online_layouts").is_none(), "{text}");
+    assert_eq!(stored["layouts"]["online_layouts"].as_object().map(|o| o.len()), Some(1), "{text}");
+
+    // A registry written when the layouts were kept inside `definitions` reads the same.
+    let mut old_form = stored.clone();
+    let layouts = old_form.as_object_mut().unwrap().remove("layouts").unwrap();
+    old_form["definitions"]["online_layouts"] = layouts["online_layouts"].clone();
+    let old_reg = FileRegistry::new(dir.path().join("old.json"));
+    std::fs::write(old_reg.path(), serde_json::to_string(&old_form).unwrap()).unwrap();
+    let read = old_reg.load().unwrap().unwrap();
+    assert_eq!(read.layouts, doc.layouts);
+    assert_eq!(read.definitions, doc.definitions);
 }
 
 #[test]

@@ -53,7 +53,7 @@ impl<'a> Lookup<'a> {
     }
 
     async fn run(mut self) -> Result<Vec<Column>> {
-        let defs = self.repo.defs()?;
+        let defs = self.repo.registered()?;
         let refs = self.features.resolve(&defs)?;
         // The bounds every front end holds a lookup to, before any work.
         let rows = self.entities.first().map_or(0, |(_, v)| v.len()).max(self.given.first().map_or(0, |(_, v)| v.len()));

@@ -255,6 +255,15 @@ impl Repo {
         Ok(self.applied()?.definitions)
     }
 
+    /// The applied definitions with the earlier online layouts the registry kept: what
+    /// a lookup reads rows written under earlier definitions with.
+    ///
+    /// # Errors
+    /// When the registry cannot be read.
+    pub(crate) fn registered(&self) -> Result<quiver_sdk::registry::Registered> {
+        Ok(self.applied()?.registered())
+    }
+
     /// The online store `quiver.yaml` names, with the project's `max_future_skew`.
     ///
     /// # Errors

@@ -80,7 +80,7 @@ impl<'a> VerifySample<'a> {
     }
 
     async fn run(self) -> Result<Vec<FeatureReport>> {
-        let defs = self.repo.defs()?;
+        let defs = self.repo.registered()?;
         let store = self.repo.store_or_open(self.store).await?;
         let now = self.now.unwrap_or_else(|| Timestamp::now().0);
         let features = crate::verify::verify_sample(&self.repo.config, &defs, store.as_ref(), self.n, now, now as u64).await?;

@@ -264,7 +264,7 @@ mod tests {
         let big = (1i64 << 53) + 1;
         let served = Served {
             request_time: 42,
-            defs: Arc::new(defs),
+            defs: Arc::new(quiver_sdk::registry::Registered::new(defs)),
             refs,
             n_keys: 2,
             fields: Vec::new(),
@@ -323,7 +323,7 @@ mod tests {
         let nulls = vec![Status::Present, Status::NullValue, Status::NullValue];
         let served = Served {
             request_time: 42,
-            defs: Arc::new(defs),
+            defs: Arc::new(quiver_sdk::registry::Registered::new(defs)),
             refs: vec!["w:x".parse().unwrap(), "w:e".parse().unwrap()],
             n_keys: 1,
             fields: Vec::new(),
@@ -372,7 +372,7 @@ mod tests {
         let t = 1_764_504_000_000_000; // 2025-11-30T12:00:00Z
         let served = Served {
             request_time: t + 1,
-            defs: Arc::new(defs),
+            defs: Arc::new(quiver_sdk::registry::Registered::new(defs)),
             refs: vec!["rides:n_1h".parse().unwrap(), "rides:n_7d".parse().unwrap()],
             n_keys: 1,
             fields: Vec::new(),

@@ -8,7 +8,8 @@ use quiver_online::OnlineStore;
 use quiver_online::lookup::{Column, Row, Status, get_online_features};
 use quiver_runtime::encoding::{KeyValue, Value};
 use quiver_sdk::on_demand;
-use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, JoinKey, OnDemandView};
+use quiver_sdk::registry::Registered;
+use quiver_sdk::{Config, FeatureRef, FeatureView, JoinKey, OnDemandView};
 use rand::SeedableRng;
 use rand::seq::index::sample;
 
@@ -21,7 +22,7 @@ use crate::error::Result;
 /// An unreadable table or an unavailable online store.
 pub async fn verify_sample(
     config: &Config,
-    defs: &Definitions,
+    defs: &Registered,
     store: &dyn OnlineStore,
     n: usize,
     now: i64,
@@ -68,7 +69,7 @@ pub async fn verify_sample(
 /// reads is offline only, or no entity has a row.
 async fn sample_on_demand(
     config: &Config,
-    defs: &Definitions,
+    defs: &Registered,
     store: &dyn OnlineStore,
     view: &OnDemandView,
     n: usize,
@@ -147,7 +148,7 @@ async fn sample_on_demand(
 /// `now` (docs/aggregations.md), floats within 1e-9 relative.
 async fn sample_event_log(
     config: &Config,
-    defs: &Definitions,
+    defs: &Registered,
     store: &dyn OnlineStore,
     view: &FeatureView,
     n: usize,

@@ -61,7 +61,7 @@ fn events(path: &Path, now: i64, rows: &[(i64, i64, Option<f64>, &str)]) {
 /// riders 1..=3: they must agree; returns the online values per rider.
 async fn answers(dir: &Path, at: i64) -> Vec<Vec<Value>> {
     let repo = Repo::open(dir).unwrap();
-    let defs = repo.applied().unwrap().definitions;
+    let defs = repo.applied().unwrap().registered();
     let view = defs.feature_view("rides").unwrap();
     let refs: Vec<FeatureRef> = view.aggregations.iter().map(|a| FeatureRef::new("rides", &a.name)).collect();
     let riders = [1i64, 2, 3];

@@ -24,7 +24,7 @@ fn t(hhmm: &str) -> i64 {
 async fn ingest(repo: &Repo, view: &str, name: &str, csv: &str) {
     let path = repo.config.repo.join(name);
     std::fs::write(&path, csv).unwrap();
-    let defs = repo.applied().unwrap().definitions;
+    let defs = repo.applied().unwrap().registered();
     let v = defs.feature_view(view).unwrap();
     quiver::offline::ingest::ingest(
         &repo.config.view_table(v),
@@ -39,7 +39,7 @@ async fn ingest(repo: &Repo, view: &str, name: &str, csv: &str) {
 }
 
 async fn scores(repo: &Repo, store: &dyn OnlineStore, users: &[i64]) -> Vec<Option<f64>> {
-    let defs = repo.applied().unwrap().definitions;
+    let defs = repo.applied().unwrap().registered();
     let entities = vec![("user_id".to_string(), users.iter().map(|&u| KeyValue::Int(u)).collect())];
     let cols = get_online_features(
         store,

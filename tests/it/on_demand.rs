@@ -60,7 +60,7 @@ async fn check(store: Arc<dyn OnlineStore>, name: &str) {
     let repo = Repo::open(&dir).unwrap();
     let (applying, handle) = (repo.clone(), tokio::runtime::Handle::current());
     tokio::task::spawn_blocking(move || applying.apply(false, now, handle).unwrap()).await.unwrap();
-    let defs = repo.applied().unwrap().definitions;
+    let defs = repo.applied().unwrap().registered();
     for view in &defs.feature_views {
         let file = dir.join(format!("sample_data/{}.parquet", view.name));
         let horizon = repo.config.event_horizon(chrono::Utc::now().timestamp_micros());

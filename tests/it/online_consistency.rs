@@ -27,7 +27,7 @@ async fn check(store: Arc<dyn OnlineStore>) {
     let handle = tokio::runtime::Handle::current();
     let repo2 = repo.clone();
     tokio::task::spawn_blocking(move || repo2.apply(false, now, handle).unwrap()).await.unwrap();
-    let defs = repo.applied().unwrap().definitions;
+    let defs = repo.applied().unwrap().registered();
     for view in &defs.feature_views {
         let file = dir.join(format!("sample_data/{}.parquet", view.name));
         quiver::offline::ingest::ingest(
@@ -172,7 +172,7 @@ async fn check_appends(store: Arc<dyn OnlineStore>) {
     let repo = Repo::open(tmp.path()).unwrap();
     let (applying, handle) = (repo.clone(), tokio::runtime::Handle::current());
     tokio::task::spawn_blocking(move || applying.apply(false, chrono::Utc::now(), handle).unwrap()).await.unwrap();
-    let (config, defs) = (repo.config.clone(), repo.applied().unwrap().definitions);
+    let (config, defs) = (repo.config.clone(), repo.applied().unwrap().registered());
     let view = defs.feature_view("v").unwrap();
     let batch = |drivers: Vec<i64>, ts: &dyn Fn(i64) -> i64, x: &dyn Fn(i64) -> i64| {
         let time = |f: &dyn Fn(i64) -> i64| {

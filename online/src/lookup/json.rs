@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use quiver_runtime::arrays::value_at;
 use quiver_runtime::encoding::{KeyValue, Value};
-use quiver_sdk::Definitions;
+use quiver_sdk::registry::Registered;
 use quiver_sdk::types::write_rfc3339;
 
 use super::on_demand::OnDemandPlan;
@@ -73,7 +73,7 @@ impl LookupPlan {
         &self,
         store: &dyn OnlineStore,
         project: &str,
-        defs: &Definitions,
+        defs: &Registered,
         asked: Entities<'_>,
         now: i64,
         phases: &mut LookupPhases,
@@ -102,7 +102,7 @@ impl LookupPlan {
 
     /// Each requested feature's values, statuses and times from the stored rows (`n`
     /// per view, views in plan order).
-    fn write_parts(&self, scratch: &mut Scratch, defs: &Definitions, stored: &[Option<Vec<u8>>], n: usize, now: i64) {
+    fn write_parts(&self, scratch: &mut Scratch, defs: &Registered, stored: &[Option<Vec<u8>>], n: usize, now: i64) {
         let Scratch { parts, times, values, inputs, live } = scratch;
         let answered = self.refs.len();
         if parts.len() < self.names.len() {
@@ -135,7 +135,7 @@ impl LookupPlan {
             let view = &defs.feature_views[planned.index];
             let rows = &stored[i * n..(i + 1) * n];
             if view.is_event_log() {
-                let answers = answer_records(defs, view, rows, now);
+                let answers = answer_records(&defs.layouts, view, rows, now);
                 for row in 0..rows.len() {
                     for &(j, k) in &planned.wanted {
                         let (value, status, ts) = answers.cell(row, k);
@@ -158,7 +158,7 @@ impl LookupPlan {
             for &(j, _) in &planned.wanted {
                 parts[j].view = Some(i);
             }
-            let mut reader = RowReader::new(defs, view, planned, now);
+            let mut reader = RowReader::new(&defs.layouts, view, planned, now);
             for (row, bytes) in rows.iter().enumerate() {
                 let read = reader.read(bytes.as_deref(), values);
                 time(shared, row, read.event_ts().unwrap_or(0));
@@ -308,6 +308,7 @@ mod tests {
     use quiver_runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
     use quiver_runtime::record::{AggRecord, Event, Layout};
     use quiver_sdk::definitions::fingerprint;
+    use quiver_sdk::registry::Registered;
     use quiver_sdk::{FeatureRef, yaml::parse_definitions};
     use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -399,7 +400,7 @@ on_demand_views:
     /// after others on the same thread (the reused buffers).
     #[tokio::test]
     async fn the_direct_answer_is_the_columns_answer() {
-        let defs = parse_definitions(DEFS).unwrap();
+        let defs = Registered::new(parse_definitions(DEFS).unwrap());
         let mut rng = StdRng::seed_from_u64(19);
         let store = Map::default();
         let (stats, pair, rides) =
@@ -551,7 +552,7 @@ on_demand_views:
         let first = RegistryDoc::empty("p");
         let first = first.applied(&old_defs, &first.plan(&old_defs), now, false);
         let second = first.applied(&new_defs, &first.plan(&new_defs), now, false);
-        let defs = second.definitions;
+        let defs = second.registered();
         let old_view = old_defs.feature_view("rides").unwrap();
         let old_layout = Layout::of(old_view);
         let mut rng = StdRng::seed_from_u64(7);
@@ -589,7 +590,8 @@ on_demand_views:
         assert_eq!(String::from_utf8(direct).unwrap(), String::from_utf8(response_json(&columns)).unwrap());
         // The registry's earlier layouts are what make the old records readable.
         let plan = LookupPlan::new(&new_defs, refs, false).unwrap();
-        let blank = plan.lookup(&store, "p", &new_defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
+        let blank =
+            plan.lookup(&store, "p", &Registered::new(new_defs), (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
         assert!(blank[1..].iter().all(|c| c.statuses.iter().all(|s| *s == Status::NotFound)));
     }
 }

@@ -3,6 +3,7 @@
 
 use quiver_runtime::encoding::{KeyValue, Value, store_key};
 use quiver_sdk::definitions::fingerprint;
+use quiver_sdk::registry::Registered;
 use quiver_sdk::{Definitions, FeatureRef, FeatureView, Found, KeyType};
 
 use crate::error::{Error, Result};
@@ -53,7 +54,7 @@ pub type EntityColumns = Vec<(String, Vec<KeyValue>)>;
 pub async fn get_online_features(
     store: &dyn OnlineStore,
     project: &str,
-    defs: &Definitions,
+    defs: &Registered,
     refs: &[FeatureRef],
     asked: Entities<'_>,
     now: i64,
@@ -272,7 +273,7 @@ impl LookupPlan {
         &self,
         store: &dyn OnlineStore,
         project: &str,
-        defs: &Definitions,
+        defs: &Registered,
         (entities, fields): Entities<'_>,
         now: i64,
         phases: &mut LookupPhases,
@@ -289,13 +290,13 @@ impl LookupPlan {
             let stored = &stored[i * n..(i + 1) * n];
             let mut live = planned.times.then(|| Vec::with_capacity(n));
             let built: Vec<Column> = if view.is_event_log() {
-                let answers = answer_records(defs, view, stored, now);
+                let answers = answer_records(&defs.layouts, view, stored, now);
                 if let Some(live) = &mut live {
                     live.extend((0..n).map(|row| answers.latest(row, &planned.wanted)));
                 }
                 planned.wanted.iter().map(|&(j, k)| aggregation_column(k, &self.names[j], &answers)).collect()
             } else {
-                feature_columns(defs, view, planned, &self.names, stored, now, live.as_mut())
+                feature_columns(&defs.layouts, view, planned, &self.names, stored, now, live.as_mut())
             };
             times.push(live);
             for (&(j, _), column) in planned.wanted.iter().zip(built) {

@@ -3,7 +3,8 @@
 
 use quiver_runtime::encoding::Value;
 use quiver_runtime::record::{AggRecord, Layout, WindowAnswer};
-use quiver_sdk::{Definitions, FeatureView};
+use quiver_sdk::FeatureView;
+use quiver_sdk::registry::EarlierLayouts;
 
 use super::{Column, Row, Status};
 
@@ -66,7 +67,7 @@ impl Answers {
 /// record has no events in any window; a record written under earlier aggregations of
 /// the view (before an `apply` changed them, until the entity is written again) answers
 /// those still defined the same way.
-pub(super) fn answer_records(defs: &Definitions, view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> Answers {
+pub(super) fn answer_records(earlier: &EarlierLayouts, view: &FeatureView, stored: &[Option<Vec<u8>>], now: i64) -> Answers {
     let layout = Layout::of(view);
     // An entity without a record: the answer of no events, the same for all.
     let none = AggRecord::empty(&layout).answer(&layout, now);
@@ -92,7 +93,7 @@ pub(super) fn answer_records(defs: &Definitions, view: &FeatureView, stored: &[O
     // Records of earlier layouts, a layout at a time.
     other.sort_unstable();
     for group in other.chunk_by(|a, b| a.0 == b.0) {
-        let Some(old) = defs.earlier_view(view, group[0].0) else { continue };
+        let Some(old) = earlier.earlier_view(view, group[0].0) else { continue };
         let old_layout = Layout::of(&old);
         let old_tails = old_layout.tails(now);
         let index = answers.earlier.len();

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 
 use quiver_runtime::encoding::{OnlineRow, Value};
+use quiver_sdk::FeatureView;
 use quiver_sdk::definitions::fingerprint;
-use quiver_sdk::{Definitions, FeatureView};
+use quiver_sdk::registry::EarlierLayouts;
 
 use super::{Column, Row, ViewPlan};
 
@@ -19,16 +20,16 @@ struct Layouts(HashMap<u64, Option<Vec<Option<usize>>>>);
 impl Layouts {
     /// `row` (written under another schema of `view`) in the view's current feature
     /// order; `None` when the registry does not know the schema it was written under.
-    fn conform(&mut self, defs: &Definitions, view: &quiver_sdk::FeatureView, row: OnlineRow) -> Option<OnlineRow> {
+    fn conform(&mut self, earlier: &EarlierLayouts, view: &quiver_sdk::FeatureView, row: OnlineRow) -> Option<OnlineRow> {
         let positions = self
             .0
             .entry(row.fingerprint)
             .or_insert_with(|| {
-                let old = defs.online_layout(row.fingerprint)?;
+                let old = earlier.online_layout(row.fingerprint)?;
                 Some(view.features.iter().map(|f| old.iter().position(|o| o.name == f.name && o.dtype == f.dtype)).collect())
             })
             .as_ref()?;
-        let width = defs.online_layout(row.fingerprint).map_or(0, <[_]>::len);
+        let width = earlier.online_layout(row.fingerprint).map_or(0, <[_]>::len);
         if row.values.len() != width {
             return None;
         }
@@ -42,7 +43,7 @@ impl Layouts {
 /// only the requested values built; a row written under another layout of the view is
 /// read by name, one that cannot be read is missing. Judged at `now` against the TTL.
 pub(super) struct RowReader<'a> {
-    defs: &'a Definitions,
+    earlier: &'a EarlierLayouts,
     view: &'a FeatureView,
     planned: &'a ViewPlan,
     now: i64,
@@ -50,8 +51,8 @@ pub(super) struct RowReader<'a> {
 }
 
 impl<'a> RowReader<'a> {
-    pub(super) fn new(defs: &'a Definitions, view: &'a FeatureView, planned: &'a ViewPlan, now: i64) -> RowReader<'a> {
-        RowReader { defs, view, planned, now, layouts: Layouts::default() }
+    pub(super) fn new(earlier: &'a EarlierLayouts, view: &'a FeatureView, planned: &'a ViewPlan, now: i64) -> RowReader<'a> {
+        RowReader { earlier, view, planned, now, layouts: Layouts::default() }
     }
 
     /// Reads `bytes` (`None`: no row stored) into `values`, in the view's feature order.
@@ -65,7 +66,7 @@ impl<'a> RowReader<'a> {
             }
             // A row written before the view's features changed: read by name.
             let row = OnlineRow { event_ts, created_ts, fingerprint: written, values: std::mem::take(values) };
-            *values = self.layouts.conform(self.defs, self.view, row)?.values;
+            *values = self.layouts.conform(self.earlier, self.view, row)?.values;
             Some(event_ts)
         });
         Row::judge(self.view, event_ts, self.now)
@@ -75,7 +76,7 @@ impl<'a> RowReader<'a> {
 /// The requested features of a plain view for each stored row, judged at `now`: each
 /// value moved into its column (cloned only for a feature requested twice).
 pub(super) fn feature_columns(
-    defs: &Definitions,
+    earlier: &EarlierLayouts,
     view: &FeatureView,
     planned: &ViewPlan,
     names: &[String],
@@ -85,7 +86,7 @@ pub(super) fn feature_columns(
 ) -> Vec<Column> {
     let n = stored.len();
     let mut columns: Vec<Column> = planned.wanted.iter().map(|&(j, _)| Column::empty(&names[j], n)).collect();
-    let mut reader = RowReader::new(defs, view, planned, now);
+    let mut reader = RowReader::new(earlier, view, planned, now);
     let mut values: Vec<Value> = Vec::new();
     for bytes in stored {
         let row = reader.read(bytes.as_deref(), &mut values);

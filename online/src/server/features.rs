@@ -15,8 +15,8 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use quiver_runtime::encoding::KeyValue;
-use quiver_sdk::Definitions;
 use quiver_sdk::definitions::Asked;
+use quiver_sdk::registry::Registered;
 use serde_json::Value as Json_;
 
 use super::registry_cache::RegistryCache;
@@ -280,7 +280,7 @@ impl<'a> Parsed<'a> {
 
 /// The plan of what `request` asks for under `defs`: the references read (or the
 /// service's), then [`LookupPlan::new`]'s checks, which every front end shares.
-fn plan(registry: &RegistryCache, defs: &Arc<Definitions>, asked: Asked<'_>, full_names: bool) -> Result<Arc<LookupPlan>, ApiError> {
+fn plan(registry: &RegistryCache, defs: &Arc<Registered>, asked: Asked<'_>, full_names: bool) -> Result<Arc<LookupPlan>, ApiError> {
     registry.plan(defs, asked, full_names, || {
         let refs = asked.refs(defs.as_ref()).map_err(|e| bad(e.to_string()))?;
         LookupPlan::new(defs, refs, full_names).map_err(|e| ApiError::of(&e))

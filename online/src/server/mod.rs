@@ -415,7 +415,7 @@ async fn metrics(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
 
 async fn registry(State(state): State<Arc<ServerState>>) -> Json<Json_> {
     let defs = state.registry.current();
-    Json(serde_json::to_value(defs.as_ref()).expect("definitions serialise"))
+    Json(serde_json::to_value(&defs.definitions).expect("definitions serialise"))
 }
 
 /// Appends pushed rows to a view's offline table; the streaming crate's Delta write

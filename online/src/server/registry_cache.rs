@@ -6,8 +6,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use quiver_runtime::write_time::WriteTransform;
+use quiver_sdk::FileRegistry;
 use quiver_sdk::definitions::Asked;
-use quiver_sdk::{Definitions, FileRegistry};
+use quiver_sdk::registry::Registered;
 
 use crate::lookup::LookupPlan;
 
@@ -48,7 +49,7 @@ pub struct RegistryCache {
 struct Cached {
     /// The file's modification time when last looked at (`None`: missing).
     mtime: Option<SystemTime>,
-    defs: Arc<Definitions>,
+    defs: Arc<Registered>,
     /// The registry version `defs` came from (0: nothing applied yet).
     version: u64,
     /// Why the file's current content is not in use, when it is not.
@@ -119,7 +120,7 @@ impl hashbrown::Equivalent<PlanKey> for Probe<'_> {
 #[derive(Debug)]
 struct Memo<K, V> {
     /// The definitions the values were built from.
-    defs: Option<Arc<Definitions>>,
+    defs: Option<Arc<Registered>>,
     by_key: hashbrown::HashMap<K, V>,
     cap: usize,
 }
@@ -130,11 +131,11 @@ impl<K: std::hash::Hash + Eq, V: Clone> Memo<K, V> {
     }
 
     /// The value kept for `probe` under `defs`.
-    fn get<Q: std::hash::Hash + hashbrown::Equivalent<K> + ?Sized>(&self, defs: &Arc<Definitions>, probe: &Q) -> Option<V> {
+    fn get<Q: std::hash::Hash + hashbrown::Equivalent<K> + ?Sized>(&self, defs: &Arc<Registered>, probe: &Q) -> Option<V> {
         self.defs.as_ref().filter(|d| Arc::ptr_eq(d, defs)).and_then(|_| self.by_key.get(probe)).cloned()
     }
 
-    fn insert(&mut self, defs: &Arc<Definitions>, key: K, value: V) {
+    fn insert(&mut self, defs: &Arc<Registered>, key: K, value: V) {
         if !self.defs.as_ref().is_some_and(|d| Arc::ptr_eq(d, defs)) || self.by_key.len() >= self.cap {
             self.by_key.clear();
             self.defs = Some(defs.clone());
@@ -147,7 +148,7 @@ impl<K: std::hash::Hash + Eq, V: Clone> Memo<K, V> {
 /// error is not kept).
 fn memoized<K: std::hash::Hash + Eq, V: Clone, Q: std::hash::Hash + hashbrown::Equivalent<K> + ?Sized, E>(
     memo: &RwLock<Memo<K, V>>,
-    defs: &Arc<Definitions>,
+    defs: &Arc<Registered>,
     probe: &Q,
     key: impl FnOnce() -> Option<K>,
     build: impl FnOnce() -> Result<V, E>,
@@ -172,7 +173,7 @@ impl RegistryCache {
         Ok(RegistryCache {
             registry,
             project: project.to_string(),
-            cached: RwLock::new(Cached { mtime, defs: Arc::new(doc.definitions), version: doc.version, stale: None }),
+            cached: RwLock::new(Cached { mtime, version: doc.version, defs: Arc::new(doc.registered()), stale: None }),
             errors: AtomicU64::new(0),
             born: Instant::now(),
             checked_ms: AtomicU64::new(0),
@@ -185,7 +186,7 @@ impl RegistryCache {
     /// than [`REGISTRY_CHECK`] ago: an apply reaches lookups within that time (a
     /// lookup naming a view, feature or service it does not know looks at once,
     /// through [`Self::current`]). Saves the lookup path a `stat` per request.
-    pub fn recent(&self) -> Arc<Definitions> {
+    pub fn recent(&self) -> Arc<Registered> {
         let now = self.millis();
         if now < self.checked_ms.load(Ordering::Relaxed).saturating_add(REGISTRY_CHECK.as_millis() as u64) {
             return self.cached.read().expect("registry lock").defs.clone();
@@ -205,7 +206,7 @@ impl RegistryCache {
     /// `build`'s; an error is not kept.
     pub fn plan<E>(
         &self,
-        defs: &Arc<Definitions>,
+        defs: &Arc<Registered>,
         asked: Asked<'_>,
         full_names: bool,
         build: impl FnOnce() -> Result<LookupPlan, E>,
@@ -222,7 +223,7 @@ impl RegistryCache {
     /// `build`'s; an error is not kept.
     pub fn write_transform<E>(
         &self,
-        defs: &Arc<Definitions>,
+        defs: &Arc<Registered>,
         view: &str,
         build: impl FnOnce() -> Result<Option<WriteTransform>, E>,
     ) -> Result<Option<Arc<WriteTransform>>, E> {
@@ -242,7 +243,7 @@ impl RegistryCache {
 
     /// The current definitions: re-read when the file's modification time changed;
     /// the last good ones when the file cannot be read.
-    pub fn current(&self) -> Arc<Definitions> {
+    pub fn current(&self) -> Arc<Registered> {
         self.checked_ms.store(self.millis(), Ordering::Relaxed);
         let mtime = mtime_of(self.registry.path());
         {
@@ -263,8 +264,8 @@ impl RegistryCache {
         };
         match loaded {
             Ok(doc) => {
-                cached.defs = Arc::new(doc.definitions);
                 cached.version = doc.version;
+                cached.defs = Arc::new(doc.registered());
                 cached.stale = None;
             }
             Err(e) => {
@@ -307,7 +308,7 @@ fn mtime_of(path: &std::path::Path) -> Option<SystemTime> {
 mod tests {
     use std::sync::Arc;
 
-    use super::RegistryCache;
+    use super::{Registered, RegistryCache};
     use crate::lookup::LookupPlan;
     use quiver_sdk::definitions::Asked;
 
@@ -318,7 +319,7 @@ mod tests {
         let cache = RegistryCache::new(dir.path().join("registry.json"), "p").unwrap();
         let defs = cache.current();
         let builds = std::cell::Cell::new(0);
-        let get = |defs: &Arc<quiver_sdk::Definitions>, view: &str| {
+        let get = |defs: &Arc<Registered>, view: &str| {
             cache
                 .write_transform(defs, view, || {
                     builds.set(builds.get() + 1);
@@ -346,7 +347,7 @@ mod tests {
         let cache = RegistryCache::new(dir.path().join("registry.json"), "p").unwrap();
         let defs = cache.current();
         let builds = std::cell::Cell::new(0);
-        let plan = |defs: &Arc<quiver_sdk::Definitions>, asked, full| {
+        let plan = |defs: &Arc<Registered>, asked, full| {
             cache
                 .plan(defs, asked, full, || {
                     builds.set(builds.get() + 1);

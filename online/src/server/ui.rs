@@ -58,7 +58,7 @@ pub(super) async fn app_css() -> Response {
 
 pub(super) async fn registry(State(state): State<Arc<ServerState>>) -> Json<Value> {
     let defs = state.registry.current();
-    let mut definitions = serde_json::to_value(defs.as_ref()).expect("definitions serialise");
+    let mut definitions = serde_json::to_value(&defs.definitions).expect("definitions serialise");
     // An aggregation that names no hop carries the one it gets, for the page to show.
     for (view, shown) in defs.feature_views.iter().zip(definitions["feature_views"].as_array_mut().into_iter().flatten()) {
         for (a, shown) in view.aggregations.iter().zip(shown["aggregations"].as_array_mut().into_iter().flatten()) {

@@ -296,19 +296,6 @@ pub struct Definitions {
     /// Request-time features (docs/transformations.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub on_demand_views: Vec<OnDemandView>,
-    /// The features of online rows written under earlier definitions of a view, by the
-    /// rows' schema fingerprint (16 hex digits, [`fingerprint`]): a
-    /// lookup reads such a row by feature name and type, so a feature added by `apply`
-    /// never blanks the features already served. Kept by the registry on every apply
-    /// that changes a view's features; never written by hand, not part of a plan.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub online_layouts: BTreeMap<String, Vec<Feature>>,
-    /// The aggregations of event-log records written under earlier definitions of a
-    /// view, by the same fingerprint as [`Definitions::online_layouts`]: a lookup answers
-    /// such a record's aggregations by definition, so an aggregation added by `apply`
-    /// never blanks those already served. Kept like `online_layouts`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub online_aggregations: BTreeMap<String, Vec<Aggregation>>,
 }
 
 impl Definitions {
@@ -326,23 +313,6 @@ impl Definitions {
             locate_json_error(&value)
                 .unwrap_or_else(|| DefinitionError::Shape { what: "definitions".to_string(), reason: whole.to_string() })
         })
-    }
-
-    /// The features of rows written under the schema `fingerprint` of a view, when the
-    /// registry kept them ([`Definitions::online_layouts`]).
-    pub fn online_layout(&self, fingerprint: u64) -> Option<&[Feature]> {
-        self.online_layouts.get(&format!("{fingerprint:016x}")).map(Vec::as_slice)
-    }
-
-    /// `view` as it was defined when online rows or records of `fingerprint` were
-    /// written: its features and (an event log) aggregations then, when the registry
-    /// kept them and they give that fingerprint.
-    pub fn earlier_view(&self, view: &FeatureView, fingerprint: u64) -> Option<FeatureView> {
-        let key = format!("{fingerprint:016x}");
-        let features = self.online_layouts.get(&key)?.clone();
-        let aggregations = self.online_aggregations.get(&key).cloned().unwrap_or_default();
-        let earlier = FeatureView { features, aggregations, ..view.clone() };
-        (self::fingerprint(&earlier) == fingerprint).then_some(earlier)
     }
 
     pub fn entity(&self, name: &str) -> Option<&Entity> {

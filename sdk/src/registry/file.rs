@@ -38,11 +38,12 @@ impl FileRegistry {
             Err(e) => return Err(Error::io(&self.path, e)),
         };
         let bad = |message: String| Error::Registry { file: self.path.clone(), message };
-        let value: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let mut value: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         let format = value.get("format").and_then(Value::as_u64).unwrap_or(0);
         if format != u64::from(REGISTRY_FORMAT) {
             return Err(bad(format!("format {format} is not the format this quiver reads ({REGISTRY_FORMAT})")));
         }
+        moved_layouts(&mut value);
         let doc = serde_json::from_value(value).map_err(|e| bad(format!("unreadable: {e}")))?;
         Ok(Some(doc))
     }
@@ -111,6 +112,24 @@ pub struct ApplyOutcome {
     pub written: bool,
     /// Breaking changes that `force` let through.
     pub forced: Vec<Breaking>,
+}
+
+/// Registries written before the earlier layouts had their own place kept them inside
+/// `definitions`: move them to `layouts`, where this version reads them.
+fn moved_layouts(doc: &mut Value) {
+    let Some(definitions) = doc.get_mut("definitions").and_then(Value::as_object_mut) else { return };
+    let moved: Vec<(String, Value)> = ["online_layouts", "online_aggregations"]
+        .into_iter()
+        .filter_map(|key| definitions.remove(key).map(|v| (key.to_string(), v)))
+        .collect();
+    if moved.is_empty() {
+        return;
+    }
+    let Some(object) = doc.as_object_mut() else { return };
+    let layouts = object.entry("layouts").or_insert_with(|| Value::Object(serde_json::Map::new()));
+    if let Some(layouts) = layouts.as_object_mut() {
+        layouts.extend(moved);
+    }
 }
 
 /// Applies `new` to the registry: a no-op when nothing changed; otherwise refuses

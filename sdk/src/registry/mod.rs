@@ -12,14 +12,15 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::definitions::fingerprint;
 use crate::definitions::{Definitions, FeatureView};
 use crate::error::Result;
 
 mod file;
+mod layouts;
 mod plan;
 
 pub use file::{APPLY_LOCK_WAIT, ApplyOutcome, ApplyRequest, FileRegistry, apply, apply_with, format_time};
+pub use layouts::{EarlierLayouts, Registered};
 pub use plan::{Change, ChangeOp, FieldChange, Plan, diff};
 
 /// The registry file format this version reads and writes.
@@ -35,6 +36,9 @@ pub struct RegistryDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<DateTime<Utc>>,
     pub definitions: Definitions,
+    /// The layouts of online rows written under earlier definitions of the views.
+    #[serde(default, skip_serializing_if = "EarlierLayouts::is_empty")]
+    pub layouts: EarlierLayouts,
     /// Per object (`feature_view/driver_hourly`): its own version, bumped whenever the
     /// object changes, so a feature service's version names one list of features.
     #[serde(default)]
@@ -163,9 +167,15 @@ impl RegistryDoc {
             version: 0,
             updated_at: None,
             definitions: Definitions::default(),
+            layouts: EarlierLayouts::default(),
             objects: BTreeMap::new(),
             history: Vec::new(),
         }
+    }
+
+    /// The applied definitions with the earlier layouts, as a lookup reads them.
+    pub fn registered(self) -> Registered {
+        Registered { definitions: self.definitions, layouts: self.layouts }
     }
 
     /// What applying `new` would change.
@@ -354,17 +364,7 @@ impl RegistryDoc {
         next.updated_at = Some(now);
         next.definitions = new.clone();
         // Online rows written under the views' current features stay readable by name.
-        next.definitions.online_layouts = self.definitions.online_layouts.clone();
-        next.definitions.online_aggregations = self.definitions.online_aggregations.clone();
-        for old in &self.definitions.feature_views {
-            let (before, after) = (fingerprint(old), new.feature_view(&old.name).map(fingerprint));
-            if after.is_some_and(|after| after != before) {
-                next.definitions.online_layouts.insert(format!("{before:016x}"), old.features.clone());
-                if old.is_event_log() {
-                    next.definitions.online_aggregations.insert(format!("{before:016x}"), old.aggregations.clone());
-                }
-            }
-        }
+        next.layouts.keep(&self.definitions, new);
         for change in &plan.changes {
             let key = change.key();
             match change.op {

@@ -116,11 +116,11 @@ fn the_gauge_and_the_report_give_one_psi_for_the_same_served_values() {
     let now = 1_767_225_600_000_000;
     let answer = Served {
         request_time: now,
-        defs: std::sync::Arc::new(
+        defs: std::sync::Arc::new(quiver_sdk::registry::Registered::new(
             Definitions::default()
                 .with_entity(Entity::new("user").with_join_key("user_id", KeyType::Int64))
                 .with_feature_view(FeatureView::new("v").with_entity("user").with_feature("f", DType::Float64)),
-        ),
+        )),
         refs: vec!["v:f".parse().unwrap()],
         n_keys: 1,
         fields: Vec::new(),

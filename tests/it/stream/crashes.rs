@@ -67,7 +67,7 @@ async fn stream_on_s3_tables_is_exactly_once_across_a_crash() {
 async fn assert_event_log(s: &Setup, produced: std::ops::Range<i64>) {
     use quiver::sdk::FeatureRef;
     let repo = Repo::open(&s.dir).unwrap();
-    let defs = repo.applied().unwrap().definitions;
+    let defs = repo.applied().unwrap().registered();
     let store = RedisStore::connect(&s.redis).await.unwrap();
     let refs: Vec<FeatureRef> = ["trips", "fare_sum", "last_seq"].iter().map(|a| FeatureRef::new("trip_log", *a)).collect();
     let drivers: Vec<i64> = (0..DRIVERS).collect();

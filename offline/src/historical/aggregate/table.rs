@@ -11,7 +11,7 @@ use quiver_runtime::encoding::Value;
 use quiver_runtime::state::Partial;
 use quiver_sdk::DType;
 
-use super::{Plan, Planned, is_latest};
+use super::plan::{Plan, Planned, is_latest};
 use crate::error::Result;
 use crate::schema::arrow_type;
 
