@@ -114,3 +114,69 @@ pub fn values_to_array<'a>(dtype: DType, values: impl ExactSizeIterator<Item = &
         }
     }
 }
+
+/// The zone of every timestamp value: shared, not allocated per value.
+static UTC: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("UTC"));
+
+/// A value of a feature of `dtype` as the row evaluator takes it (of [`DType::arrow_type`]);
+/// a value of another kind is null, as in [`values_to_array`].
+pub fn scalar_of(dtype: DType, v: &crate::encoding::Value) -> quiver_transform::ScalarValue {
+    use crate::encoding::Value;
+    use quiver_transform::ScalarValue as S;
+    match (dtype, v) {
+        (DType::Int32, Value::Int32(x)) => S::Int32(Some(*x)),
+        (DType::Int64, Value::Int64(x)) => S::Int64(Some(*x)),
+        (DType::Float32, Value::Float32(x)) => S::Float32(Some(*x)),
+        (DType::Float64, Value::Float64(x)) => S::Float64(Some(*x)),
+        (DType::Bool, Value::Bool(x)) => S::Boolean(Some(*x)),
+        (DType::String, Value::String(x)) => S::Utf8(Some(x.clone())),
+        (DType::Bytes, Value::Bytes(x)) => S::Binary(Some(x.clone())),
+        (DType::Timestamp, Value::Timestamp(x)) => timestamp_scalar(Some(*x)),
+        (DType::List(_), _) => {
+            let array = values_to_array(dtype, std::iter::once(v));
+            S::try_from_array(&array, 0).unwrap_or_else(|_| null_scalar(dtype))
+        }
+        _ => null_scalar(dtype),
+    }
+}
+
+/// A timestamp (UTC microseconds) as the row evaluator takes it.
+pub fn timestamp_scalar(micros: Option<i64>) -> quiver_transform::ScalarValue {
+    quiver_transform::ScalarValue::TimestampMicrosecond(micros, Some(Arc::clone(&UTC)))
+}
+
+/// A join key's value as the row evaluator takes it (of [`KeyType::dtype`]'s type).
+pub fn key_scalar(dtype: KeyType, v: &crate::encoding::KeyValue) -> quiver_transform::ScalarValue {
+    use crate::encoding::KeyValue;
+    use quiver_transform::ScalarValue as S;
+    match (dtype, v) {
+        (KeyType::Int64, KeyValue::Int(i)) => S::Int64(Some(*i)),
+        (KeyType::String, KeyValue::Str(s)) => S::Utf8(Some(s.clone())),
+        (KeyType::Int64, _) => S::Int64(None),
+        (KeyType::String, _) => S::Utf8(None),
+    }
+}
+
+/// The null of a feature of `dtype`, as the row evaluator takes it.
+pub fn null_scalar(dtype: DType) -> quiver_transform::ScalarValue {
+    quiver_transform::ScalarValue::try_from(&dtype.arrow_type()).unwrap_or(quiver_transform::ScalarValue::Null)
+}
+
+/// A value the row evaluator computed for a feature of `dtype` (of its Arrow type) as
+/// the online encoding's value: what [`value_at`] reads from a column of such values.
+pub fn value_of(dtype: DType, v: &quiver_transform::ScalarValue) -> crate::encoding::Value {
+    use crate::encoding::Value;
+    use quiver_transform::ScalarValue as S;
+    match (dtype, v) {
+        (DType::Int32, S::Int32(Some(x))) => Value::Int32(*x),
+        (DType::Int64, S::Int64(Some(x))) => Value::Int64(*x),
+        (DType::Float32, S::Float32(Some(x))) => Value::Float32(*x),
+        (DType::Float64, S::Float64(Some(x))) => Value::Float64(*x),
+        (DType::Bool, S::Boolean(Some(x))) => Value::Bool(*x),
+        (DType::String, S::Utf8(Some(x))) => Value::String(x.clone()),
+        (DType::Bytes, S::Binary(Some(x))) => Value::Bytes(x.clone()),
+        (DType::Timestamp, S::TimestampMicrosecond(Some(x), _)) => Value::Timestamp(*x),
+        (DType::List(_), S::List(list)) => value_at(list.as_ref(), 0, dtype),
+        _ => Value::Null,
+    }
+}

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, TimestampMicrosecondType};
-use quiver_transform::{ExprError, InputError, Output, Program};
+pub use quiver_transform::InputError;
+use quiver_transform::{ExprError, Output, Program, ScalarValue};
 
 use quiver_sdk::definitions::{Definitions, Feature, JoinKey};
 use quiver_sdk::on_demand::{ColumnOrigin, OnDemandView, described};
@@ -84,6 +85,17 @@ pub struct Computed {
     pub columns: Vec<ArrayRef>,
     /// Each row's event time (UTC microseconds): the latest among the stored rows its
     /// expression read, 0 when none; empty unless asked for.
+    pub event_times: Vec<Vec<i64>>,
+    /// Values that could not be computed (null), over every step.
+    pub failed: u64,
+}
+
+/// What [`Computation::evaluate_rows`] computed, per requested feature in order.
+#[derive(Debug, Clone)]
+pub struct RowsComputed {
+    /// Each row's value, of the feature's Arrow type.
+    pub values: Vec<Vec<ScalarValue>>,
+    /// As [`Computed::event_times`].
     pub event_times: Vec<Vec<i64>>,
     /// Values that could not be computed (null), over every step.
     pub failed: u64,
@@ -293,6 +305,47 @@ impl Computation {
         let event_times =
             if times { self.wanted.iter().map(|&(s, o)| latest(rows, &self.steps[s].times[o], supplied)).collect() } else { Vec::new() };
         Ok(Computed { columns, event_times, failed })
+    }
+}
+
+impl Computation {
+    /// [`Computation::evaluate`] by the row evaluator, each row alone (the same values,
+    /// docs/transformations.md#which-evaluator-runs-where): `value(i, row)` is input
+    /// `i`'s value at `row`, of its type ([`Input::arrow_type`]).
+    ///
+    /// # Errors
+    /// [`InputError`] when the values given do not fit a program's input.
+    pub fn evaluate_rows(&self, rows: usize, value: &dyn Fn(usize, usize) -> ScalarValue, times: bool) -> Result<RowsComputed, InputError> {
+        let mut values: Vec<Vec<ScalarValue>> = self.wanted.iter().map(|_| Vec::with_capacity(rows)).collect();
+        let mut event_times: Vec<Vec<i64>> =
+            if times { self.wanted.iter().map(|_| Vec::with_capacity(rows)).collect() } else { Vec::new() };
+        let mut failed = 0;
+        let mut outputs: Vec<Vec<ScalarValue>> = self.steps.iter().map(|_| Vec::new()).collect();
+        let mut input: Vec<ScalarValue> = Vec::new();
+        for row in 0..rows {
+            for (s, step) in self.steps.iter().enumerate() {
+                input.clear();
+                for source in &step.sources {
+                    input.push(match *source {
+                        Source::Input(i) => value(i, row),
+                        Source::Output(t, o) => outputs[t][o].clone(),
+                    });
+                }
+                outputs[s].clear();
+                failed += step.program.evaluate_row(&input, &mut outputs[s])?;
+            }
+            for (k, &(s, o)) in self.wanted.iter().enumerate() {
+                values[k].push(outputs[s][o].clone());
+                if times {
+                    let latest = self.steps[s].times[o]
+                        .iter()
+                        .filter_map(|&i| if let ScalarValue::TimestampMicrosecond(t, _) = value(i, row) { t } else { None })
+                        .max();
+                    event_times[k].push(latest.unwrap_or(0));
+                }
+            }
+        }
+        Ok(RowsComputed { values, event_times, failed })
     }
 }
 

@@ -20,7 +20,7 @@ use arrow::compute::{cast, concat, nullif};
 use arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
 use datafusion::common::{DataFusionError, ScalarValue};
 use datafusion::logical_expr::{ColumnarValue, Operator};
-use datafusion::physical_expr::expressions::{BinaryExpr, CaseExpr, CastExpr, Column, NegativeExpr};
+use datafusion::physical_expr::expressions::{BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, NegativeExpr};
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 
 use crate::chain::Chain;
@@ -49,7 +49,10 @@ pub(crate) fn wrap(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Ar
         }
         return Ok(Arc::new(chain.leniently(|part| wrap(part, schema), evaluate_part)?));
     }
+    // `IN (...)` stops at the first item equal to the value: a later item is computed
+    // for a row only if the earlier ones are not.
     let chooses = expr.downcast_ref::<CaseExpr>().is_some()
+        || expr.downcast_ref::<InListExpr>().is_some()
         || expr.downcast_ref::<BinaryExpr>().is_some_and(|b| matches!(b.op(), Operator::And | Operator::Or));
     let children = expr.children();
     if chooses || children.is_empty() {

@@ -24,13 +24,17 @@ use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
+mod canonical;
 mod chain;
 mod check;
 mod lenient;
 mod messages;
 mod rewrite;
+mod row;
 
 pub use check::{FUNCTIONS, MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_NODES};
+/// The value of one cell, as [`Program::evaluate_row`] takes and gives them.
+pub use datafusion::common::ScalarValue;
 use messages::{parse_reason, plain, planning_reason};
 pub use messages::{shown, type_name, with_article};
 use rewrite::{
@@ -102,6 +106,8 @@ struct Compiled {
     name: String,
     dtype: DataType,
     expr: Arc<dyn PhysicalExpr>,
+    /// The same plan for one row at a time (the row evaluator).
+    row: row::Node,
 }
 
 /// What [`Program::evaluate`] computed: a column per output, in order, and per output
@@ -137,6 +143,16 @@ impl Program {
     /// an unknown name (listing the known ones), a construct or function outside the
     /// language, or a type its declared type cannot hold.
     pub fn compile(columns: &[Column], outputs: &[Output]) -> Result<Program, ExprError> {
+        Self::compile_with(columns, outputs, true)
+    }
+
+    /// [`Program::compile`], with or without the parts that read no column computed
+    /// once at compile time (without: each is computed per row, by both evaluators —
+    /// how the differential fuzzer runs, so that neither is tested only on columns).
+    ///
+    /// # Errors
+    /// As [`Program::compile`].
+    pub fn compile_with(columns: &[Column], outputs: &[Output], fold: bool) -> Result<Program, ExprError> {
         // Parsing and checking recurse once per level of the text's nesting, bounded
         // only after parsing: on a thread whose stack any text within
         // `MAX_EXPR_CHARS` fits in.
@@ -144,13 +160,13 @@ impl Program {
             let compiling = std::thread::Builder::new()
                 .name("quiver-expr".into())
                 .stack_size(COMPILE_STACK)
-                .spawn_scoped(s, || Self::compile_here(columns, outputs))
+                .spawn_scoped(s, || Self::compile_here(columns, outputs, fold))
                 .expect("a thread to compile expressions on");
             compiling.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
     }
 
-    fn compile_here(columns: &[Column], outputs: &[Output]) -> Result<Program, ExprError> {
+    fn compile_here(columns: &[Column], outputs: &[Output], fold: bool) -> Result<Program, ExprError> {
         let refuse = |o: &Output, reason: String| ExprError { feature: o.name.clone(), expr: shown(&o.expr), reason };
         let schema: SchemaRef =
             Arc::new(Schema::new(columns.iter().map(|c| Field::new(&c.name, c.dtype.clone(), true)).collect::<Vec<_>>()));
@@ -175,8 +191,15 @@ impl Program {
             let physical = SESSION.create_physical_expr(logical, &df_schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             let physical = reindex(physical, &positions).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             let physical = fail_on_overflow(physical).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let folded = |p: Arc<dyn PhysicalExpr>| if fold { fold_constants(p, &schema) } else { Ok(p) };
+            // The row evaluator's plan: the same, before chains and lenient parts are
+            // wrapped for batches.
+            let row = folded(Arc::clone(&physical))
+                .and_then(|p| row::compile(&p, &schema))
+                .map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             let physical = chain::flatten(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
-            let physical = fold_constants(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let physical = canonical::wrap(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let physical = folded(physical).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             let physical = settle_arguments(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             let physical = lenient::wrap(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             let got = physical.data_type(&schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
@@ -186,7 +209,7 @@ impl Program {
                     format!("computes {}, which {} feature cannot hold", type_name(&got), with_article(&type_name(&output.dtype))),
                 ));
             }
-            compiled.push(Compiled { name: output.name.clone(), dtype: output.dtype.clone(), expr: physical });
+            compiled.push(Compiled { name: output.name.clone(), dtype: output.dtype.clone(), expr: physical, row });
         }
         Ok(Program { schema, outputs: compiled })
     }
@@ -235,6 +258,30 @@ impl Program {
             failed.push(n);
         }
         Ok(Evaluated { columns, failed })
+    }
+
+    /// Every output for one row by the row evaluator: `row` holds one value per column
+    /// of [`Program::input_schema`], of its type; the outputs' values, each of its
+    /// declared type, are appended to `out`. Returns how many could not be computed
+    /// (null). The same values as [`Program::evaluate`] over a batch holding the row.
+    ///
+    /// # Errors
+    /// [`InputError`] when `row` does not have one value per column.
+    pub fn evaluate_row(&self, row: &[ScalarValue], out: &mut Vec<ScalarValue>) -> Result<u64, InputError> {
+        if row.len() != self.schema.fields().len() {
+            return Err(InputError(format!("expected {} values, got {}", self.schema.fields().len(), row.len())));
+        }
+        let mut failed = 0;
+        for output in &self.outputs {
+            match output.row.evaluate(row).and_then(|v| row::declared(v, &output.dtype)) {
+                Ok(v) => out.push(v),
+                Err(_) => {
+                    failed += 1;
+                    out.push(row::null_of(&output.dtype));
+                }
+            }
+        }
+        Ok(failed)
     }
 }
 
@@ -325,5 +372,7 @@ const PARSE_DEPTH: usize = 10 * MAX_EXPR_DEPTH;
 /// The stack expressions are compiled on.
 const COMPILE_STACK: usize = 256 << 20;
 
+#[cfg(test)]
+mod row_fuzz;
 #[cfg(test)]
 mod tests;

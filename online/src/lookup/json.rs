@@ -8,7 +8,6 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
-use quiver_runtime::arrays::value_at;
 use quiver_runtime::encoding::{KeyValue, Value};
 use quiver_sdk::registry::Registered;
 use quiver_sdk::types::write_rfc3339;
@@ -187,12 +186,11 @@ impl LookupPlan {
             let times = |i: usize| -> &[Option<i64>] { &live[i] };
             on_demand.evaluate(&column, &times, asked, now, n)?
         };
-        for (o, (((j, dtype), array), times)) in on_demand.answered().zip(&computed.columns).zip(&computed.event_times).enumerate() {
+        for (o, (((j, _), values), times)) in on_demand.answered().zip(&computed.values).zip(&computed.event_times).enumerate() {
             let part = &mut parts[j];
-            for row in 0..times.len() {
-                let value = value_at(array.as_ref(), row, dtype);
+            for (row, value) in values.iter().enumerate() {
                 let status = if matches!(value, Value::Null) { Status::NullValue } else { Status::Present };
-                cell(part, row, &value, status);
+                cell(part, row, value, status);
             }
             // Features reading the same views have the same times: written once.
             if let Some(same) = computed.event_times[..o].iter().position(|t| t == times) {
@@ -313,7 +311,7 @@ mod tests {
     use rand::{Rng, SeedableRng, rngs::StdRng};
 
     use super::super::wire::response_json;
-    use super::super::{LookupPhases, LookupPlan, RequestFields, Status};
+    use super::super::{Evaluator, LookupPhases, LookupPlan, RequestFields, Status};
     use crate::WriteRow;
     use crate::store::OnlineStore;
 
@@ -397,7 +395,8 @@ on_demand_views:
     /// rows under an unknown layout, missing keys, aggregations, on-demand features
     /// (with values that cannot be computed), NaN and infinities — for feature lists with views
     /// interleaved, a feature asked twice, and 0 to 30 entity rows, each list answered
-    /// after others on the same thread (the reused buffers).
+    /// after others on the same thread (the reused buffers); on-demand features by the
+    /// row evaluator, and the same answer by DataFusion's (the reference).
     #[tokio::test]
     async fn the_direct_answer_is_the_columns_answer() {
         let defs = Registered::new(parse_definitions(DEFS).unwrap());
@@ -496,7 +495,7 @@ on_demand_views:
         for round in 0..3 {
             for (l, list) in lists.iter().enumerate() {
                 let refs: Vec<FeatureRef> = list.iter().map(|f| f.parse().unwrap()).collect();
-                let plan = LookupPlan::new(&defs, refs, (round + l) % 2 == 0).unwrap();
+                let mut plan = LookupPlan::new(&defs, refs, (round + l) % 2 == 0).unwrap();
                 let n = [0, 1, 7, 30][(round + l) % 4];
                 let drivers: Vec<KeyValue> = (0..n).map(|_| KeyValue::Int(rng.random_range(0..45))).collect();
                 let customers: Vec<KeyValue> = (0..n).map(|i| KeyValue::Str(format!("c{}", i % 4))).collect();
@@ -517,6 +516,13 @@ on_demand_views:
                 let direct = String::from_utf8(direct).unwrap();
                 non_finite += direct.matches(r#""NaN""#).count() + direct.matches(r#"Infinity""#).count();
                 assert_eq!(direct, String::from_utf8(want).unwrap(), "list {l}, {n} rows");
+                // The reference evaluator (DataFusion over the request's rows) answers the same.
+                plan.set_evaluator(Evaluator::Vectorized);
+                let mut reference = LookupPhases::default();
+                let vectorized = plan.answer_json(&store, "p", &defs, (&entities, &fields), NOW, &mut reference).await.unwrap();
+                assert_eq!(direct, String::from_utf8(vectorized).unwrap(), "list {l}, {n} rows: the row evaluator against DataFusion");
+                assert_eq!(reference.uncomputed, uncomputed, "list {l}: both evaluators count the same values uncomputed");
+                plan.set_evaluator(Evaluator::Row);
                 compared += columns.iter().map(|c| c.values.len()).sum::<usize>();
                 computed += columns
                     .iter()

@@ -17,7 +17,7 @@ mod status;
 pub mod wire;
 
 use on_demand::OnDemandPlan;
-pub use on_demand::{RequestFields, request_values};
+pub use on_demand::{Evaluator, RequestFields, request_values};
 use records::{aggregation_column, answer_records};
 use rows::{RowReader, feature_columns};
 pub use status::{Row, Status};
@@ -241,6 +241,14 @@ impl LookupPlan {
         let allowed: Vec<String> = self.keys.iter().map(String::as_str).chain(fields).map(|n| format!("`{n}`")).collect();
         let allowed = if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") };
         Err(Error::Request(format!("`{name}` is neither a join key nor a request field of the features asked for (allowed: {allowed})")))
+    }
+
+    /// Computes the plan's on-demand features with `evaluator` instead of the configured
+    /// one ([`Evaluator::configured`]).
+    pub fn set_evaluator(&mut self, evaluator: Evaluator) {
+        if let Some(on_demand) = &mut self.on_demand {
+            on_demand.evaluator = evaluator;
+        }
     }
 
     /// [`LookupPlan::given`] for every name of `asked`: each join key one the plan takes,

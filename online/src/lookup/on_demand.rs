@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, TimestampMicrosecondArray};
-use quiver_runtime::arrays::{key_array, value_at, values_to_array};
+use quiver_runtime::arrays::{key_array, key_scalar, scalar_of, timestamp_scalar, value_at, value_of, values_to_array};
 use quiver_runtime::encoding::{KeyValue, Value};
-use quiver_runtime::on_demand::{Computation, Computed, Input};
+use quiver_runtime::on_demand::{Computation, Input};
 use quiver_sdk::{DType, Definitions, Feature, JoinKey, KeyType, OnDemandView};
 
 use super::{Column, Entities, EntityColumns, Status, ViewPlan, read, view_plan};
@@ -33,10 +33,48 @@ pub fn request_values(field: &Feature, given: &[serde_json::Value]) -> Result<Ve
         .collect()
 }
 
+/// Which evaluator computes on-demand features online
+/// (docs/transformations.md#which-evaluator-runs-where).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evaluator {
+    /// Each entity row alone, without Arrow arrays: the default.
+    Row,
+    /// DataFusion over a batch of the request's rows, as offline: the reference.
+    Vectorized,
+}
+
+impl Evaluator {
+    /// The evaluator `QUIVER_ON_DEMAND_EVALUATOR` names (`row`, the default, or
+    /// `vectorized`), read once per process.
+    pub fn configured() -> Evaluator {
+        static CONFIGURED: std::sync::LazyLock<Evaluator> =
+            std::sync::LazyLock::new(|| match std::env::var("QUIVER_ON_DEMAND_EVALUATOR").as_deref() {
+                Ok("vectorized" | "datafusion") => Evaluator::Vectorized,
+                Ok("row" | "") | Err(_) => Evaluator::Row,
+                Ok(other) => {
+                    tracing::warn!(value = other, "QUIVER_ON_DEMAND_EVALUATOR is `row` or `vectorized`; using `row`");
+                    Evaluator::Row
+                }
+            });
+        *CONFIGURED
+    }
+}
+
+/// What the on-demand features asked for computed, per feature in answer order.
+pub(super) struct OnDemandValues {
+    pub(super) values: Vec<Vec<Value>>,
+    /// Each row's event time: the latest among the stored rows its expression read.
+    pub(super) event_times: Vec<Vec<i64>>,
+    /// Values that could not be computed (null).
+    pub(super) failed: u64,
+}
+
 /// The on-demand features of a lookup plan.
 #[derive(Debug)]
 pub(super) struct OnDemandPlan {
     computation: Computation,
+    /// Which evaluator computes them.
+    pub(super) evaluator: Evaluator,
     /// Per input of the computation: where the lookup finds it.
     sources: Vec<Supply>,
     /// Per on-demand feature asked for: its answer position.
@@ -105,7 +143,9 @@ impl OnDemandPlan {
                 Input::RequestTime => Supply::Now,
             });
         }
-        Ok(OnDemandPlan { computation, sources, positions: wanted.iter().map(|w| w.2).collect(), fields, needed_by, asked })
+        let evaluator = Evaluator::configured();
+        tracing::debug!(features = %asked.join(", "), ?evaluator, "on-demand features planned");
+        Ok(OnDemandPlan { computation, evaluator, sources, positions: wanted.iter().map(|w| w.2).collect(), fields, needed_by, asked })
     }
 
     pub(super) fn request_fields(&self) -> &[Feature] {
@@ -167,26 +207,46 @@ impl OnDemandPlan {
         (entities, fields): Entities<'_>,
         now: i64,
         n: usize,
-    ) -> Result<Computed> {
+    ) -> Result<OnDemandValues> {
+        let keys = |key: &JoinKey| &entities.iter().find(|(name, _)| *name == key.name).expect("checked").1;
+        let request = |i: usize| {
+            let field = &self.fields[i];
+            &fields.iter().find(|(name, _)| *name == field.name).expect("checked").1
+        };
+        let failed = |e: quiver_runtime::on_demand::InputError| Error::Request(format!("on-demand features: {}", e.0));
+        let dtypes: Vec<DType> = self.computation.outputs().map(|(_, _, dtype)| dtype).collect();
+        if self.evaluator == Evaluator::Row {
+            let value = |i: usize, row: usize| match &self.sources[i] {
+                Supply::Column(j, dtype) => scalar_of(*dtype, &column(*j)[row]),
+                Supply::Time(v) => timestamp_scalar(times(*v)[row]),
+                Supply::Key(key) => key_scalar(key.dtype, &keys(key)[row]),
+                Supply::Request(f) => scalar_of(self.fields[*f].dtype, &request(*f)[row]),
+                Supply::Now => timestamp_scalar(Some(now)),
+            };
+            let computed = self.computation.evaluate_rows(n, &value, true).map_err(failed)?;
+            let values =
+                computed.values.iter().zip(&dtypes).map(|(column, &dtype)| column.iter().map(|v| value_of(dtype, v)).collect()).collect();
+            return Ok(OnDemandValues { values, event_times: computed.event_times, failed: computed.failed });
+        }
         let stamps = |t: Vec<Option<i64>>| -> ArrayRef { Arc::new(TimestampMicrosecondArray::from(t).with_timezone("UTC")) };
         let mut supplied: Vec<ArrayRef> = Vec::with_capacity(self.sources.len());
         for source in &self.sources {
             supplied.push(match source {
                 Supply::Column(j, dtype) => values_to_array(*dtype, column(*j).iter()),
                 Supply::Time(i) => stamps(times(*i).to_vec()),
-                Supply::Key(key) => {
-                    let (_, values) = entities.iter().find(|(name, _)| *name == key.name).expect("checked");
-                    key_array(key.dtype, values.iter())
-                }
-                Supply::Request(i) => {
-                    let field = &self.fields[*i];
-                    let (_, values) = fields.iter().find(|(name, _)| *name == field.name).expect("checked");
-                    values_to_array(field.dtype, values.iter())
-                }
+                Supply::Key(key) => key_array(key.dtype, keys(key).iter()),
+                Supply::Request(i) => values_to_array(self.fields[*i].dtype, request(*i).iter()),
                 Supply::Now => stamps(vec![Some(now); n]),
             });
         }
-        self.computation.evaluate(n, &supplied, true).map_err(|e| Error::Request(format!("on-demand features: {}", e.0)))
+        let computed = self.computation.evaluate(n, &supplied, true).map_err(failed)?;
+        let values = computed
+            .columns
+            .iter()
+            .zip(&dtypes)
+            .map(|(array, &dtype)| (0..n).map(|row| value_at(array.as_ref(), row, dtype)).collect())
+            .collect();
+        Ok(OnDemandValues { values, event_times: computed.event_times, failed: computed.failed })
     }
 
     /// [`OnDemandPlan::evaluate`] into the features' answer columns, from the columns
@@ -206,10 +266,9 @@ impl OnDemandPlan {
             let times = |i: usize| -> &[Option<i64>] { times[i].as_deref().expect("read with its times") };
             self.evaluate(&column, &times, asked, now, n)?
         };
-        for (((j, dtype), array), times) in self.answered().zip(&computed.columns).zip(computed.event_times) {
+        for (((j, _), values), times) in self.answered().zip(computed.values).zip(computed.event_times) {
             let mut column = Column::empty(&names[j], n);
-            for (row, ts) in times.into_iter().enumerate() {
-                let value = value_at(array.as_ref(), row, dtype);
+            for (value, ts) in values.into_iter().zip(times) {
                 column.statuses.push(if matches!(value, Value::Null) { Status::NullValue } else { Status::Present });
                 column.values.push(value);
                 column.event_ts.push(Some(ts));

@@ -1,0 +1,670 @@
+//! The row evaluator (docs/transformations.md#which-evaluator-runs-where): a
+//! [`Program`](crate::Program)'s outputs computed for one row at a time, from the same
+//! checked plan the vectorized path runs — the same parse, language check, type check and
+//! rewrites, compiled from the same physical expression — without an Arrow array per
+//! operator. A lookup of a few entities costs what its operations cost, not what
+//! building a batch costs.
+//!
+//! Each operation of the plan becomes a [`Node`]. The operations a request's features
+//! spend their time in are computed here, by the very functions Arrow's kernels apply
+//! to each element (`ArrowNativeTypeOp`'s checked integer arithmetic and total float
+//! order, `str::to_uppercase`): column reads, literals, arithmetic and comparisons of
+//! one type, `AND`/`OR`/`NOT`, `IS [NOT] NULL`, `CASE` (and so `COALESCE`), the
+//! numeric widenings, float division and `upper`/`lower`. Every other operation is
+//! computed by its own DataFusion code over a one-row batch holding its operands'
+//! values, its literal operands kept literal: the code the vectorized path runs, on the
+//! row's values. Nothing is parsed again and no construct is left out: a plan that
+//! holds an operation this module does not know is refused when it is compiled.
+//!
+//! A row whose value cannot be computed (division by zero, overflow, an invalid cast)
+//! is null and counted, as the vectorized path makes it: that path gives every row the
+//! value it gets when computed alone, which is what this one computes. `AND`, `OR` and
+//! `CASE` compute an operand only for a row that needs it, as DataFusion does for a
+//! row alone. The differential fuzzer (`tests/row_fuzz.rs`) holds the two equal.
+
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow::compute::CastOptions;
+use arrow::datatypes::{ArrowNativeTypeOp, DataType, Field, Schema, SchemaRef};
+use datafusion::common::{DataFusionError, ScalarValue};
+use datafusion::logical_expr::{ColumnarValue, Operator};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::ScalarFunctionExpr;
+use datafusion::physical_expr::expressions::{
+    BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr, Literal, NegativeExpr, NotExpr,
+};
+
+use crate::{canonical, chain};
+
+/// One operation of an output's plan, for one row.
+#[derive(Debug, Clone)]
+pub(crate) enum Node {
+    Column(usize),
+    Literal(ScalarValue),
+    Binary(Box<Binary>),
+    /// A chain of one operator (`a + b - c + ...`, `p AND q AND r`) computed link by
+    /// link over the value so far, in the plan's order: no recursion per link.
+    Chain {
+        first: Box<Node>,
+        links: Vec<Binary>,
+    },
+    Not(Box<Node>),
+    IsNull(Box<Node>),
+    IsNotNull(Box<Node>),
+    Case(Box<Case>),
+    /// A cast between numeric types that Arrow computes with `as` (an integer to a wider
+    /// one or to a float, float32 to float64) or a duration's count: exact, never fails.
+    Widen {
+        input: Box<Node>,
+        to: DataType,
+    },
+    /// Float `/` or `%` that fails on a zero divisor (the plan's `quiver_float_*`).
+    FloatDivision {
+        remainder: bool,
+        left: Box<Node>,
+        right: Box<Node>,
+    },
+    /// `upper` or `lower` of a string.
+    Letters {
+        upper: bool,
+        input: Box<Node>,
+    },
+    /// `x [NOT] IN (...)` over items that are not all constant, which DataFusion computes
+    /// item by item, stopping at the first equal.
+    InList(Box<InList>),
+    /// Any other operation: computed by its own code over a one-row batch.
+    Own(Box<Own>),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Binary {
+    op: Operator,
+    /// Integer `+`, `-`, `*` fail on overflow (the plan's rule): always, here.
+    left: Node,
+    right: Node,
+    /// The plan's operation, for operand types computed by its own code.
+    own: Own,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Case {
+    base: Option<Node>,
+    /// Each `WHEN` and its `THEN`, with (a `CASE` with a base) `base = when` computed
+    /// by DataFusion's code, for types not compared here.
+    whens: Vec<(Node, Node, Option<Own>)>,
+    otherwise: Option<Node>,
+    /// The case's type: a branch of another is cast to it, as DataFusion does.
+    dtype: DataType,
+    /// The null of the case's type, when no branch is taken and there is no `ELSE`.
+    null: ScalarValue,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct InList {
+    value: Node,
+    /// Each item, with `value = item` by DataFusion's code for types not compared here.
+    items: Vec<(Node, Own)>,
+    negated: bool,
+}
+
+/// An operation computed by its own DataFusion code: its operands that are not literals
+/// read from the columns of a one-row batch.
+#[derive(Debug, Clone)]
+pub(crate) struct Own {
+    expr: Arc<dyn PhysicalExpr>,
+    /// Per operand of the operation: whether it is read from the batch (else it is a
+    /// literal, kept in the operation as the vectorized path keeps it).
+    read: Vec<bool>,
+    /// The operands read, compiled (when this node computes them itself), in the
+    /// batch's column order.
+    operands: Vec<Node>,
+    schema: SchemaRef,
+}
+
+/// A value that cannot be computed for the row.
+pub(crate) type Failed = DataFusionError;
+
+type Result<T> = std::result::Result<T, Failed>;
+
+/// Compiles `expr` (a plan over `schema`, before its chains and lenient parts are
+/// wrapped) for one row at a time.
+///
+/// # Errors
+/// An operation this evaluator does not know, naming it.
+pub(crate) fn compile(expr: &Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Node> {
+    // A chain of one operator, walked down its left side without recursing.
+    if let Some(b) = expr.downcast_ref::<BinaryExpr>()
+        && let Some(g) = chain::group(b.op())
+    {
+        let mut spine = vec![Arc::clone(expr)];
+        loop {
+            let left = Arc::clone(spine.last().and_then(|e| e.downcast_ref::<BinaryExpr>()).expect("a binary operation").left());
+            if left.downcast_ref::<BinaryExpr>().and_then(|l| chain::group(l.op())) != Some(g) {
+                break;
+            }
+            spine.push(left);
+        }
+        if spine.len() >= 2 {
+            let last = spine.last().and_then(|e| e.downcast_ref::<BinaryExpr>()).expect("a binary operation");
+            let first = compile(last.left(), schema)?;
+            let links = spine
+                .iter()
+                .rev()
+                .map(|e| {
+                    let b = e.downcast_ref::<BinaryExpr>().expect("a binary operation");
+                    binary(e, b, Node::Literal(ScalarValue::Null), schema)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Node::Chain { first: Box::new(first), links });
+        }
+    }
+    if let Some(c) = expr.downcast_ref::<Column>() {
+        return Ok(Node::Column(c.index()));
+    }
+    if let Some(l) = expr.downcast_ref::<Literal>() {
+        // As the vectorized plan folds a constant: its NaN the one NaN.
+        return Ok(Node::Literal(canonical::scalar(l.value().clone())));
+    }
+    if let Some(b) = expr.downcast_ref::<BinaryExpr>() {
+        let left = compile(b.left(), schema)?;
+        return Ok(Node::Binary(Box::new(binary(expr, b, left, schema)?)));
+    }
+    if let Some(n) = expr.downcast_ref::<NotExpr>() {
+        return Ok(Node::Not(Box::new(compile(n.arg(), schema)?)));
+    }
+    if let Some(n) = expr.downcast_ref::<IsNullExpr>() {
+        return Ok(Node::IsNull(Box::new(compile(n.arg(), schema)?)));
+    }
+    if let Some(n) = expr.downcast_ref::<IsNotNullExpr>() {
+        return Ok(Node::IsNotNull(Box::new(compile(n.arg(), schema)?)));
+    }
+    if let Some(c) = expr.downcast_ref::<CaseExpr>() {
+        let base = c.expr().map(|b| compile(b, schema)).transpose()?;
+        let whens = c
+            .when_then_expr()
+            .iter()
+            .map(|(w, t)| {
+                let equal = match c.expr() {
+                    Some(b) => {
+                        let eq: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(Arc::clone(b), Operator::Eq, Arc::clone(w)));
+                        Some(own(&eq, schema, false)?)
+                    }
+                    None => None,
+                };
+                Ok((compile(w, schema)?, compile(t, schema)?, equal))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let otherwise = c.else_expr().map(|e| compile(e, schema)).transpose()?;
+        let dtype = expr.data_type(schema)?;
+        let null = null_of(&dtype);
+        return Ok(Node::Case(Box::new(Case { base, whens, otherwise, dtype, null })));
+    }
+    if let Some(c) = expr.downcast_ref::<CastExpr>() {
+        let from = c.expr().data_type(schema)?;
+        if widens(&from, c.cast_type()) {
+            return Ok(Node::Widen { input: Box::new(compile(c.expr(), schema)?), to: c.cast_type().clone() });
+        }
+        return Ok(Node::Own(Box::new(own(expr, schema, true)?)));
+    }
+    if let Some(f) = expr.downcast_ref::<ScalarFunctionExpr>() {
+        let args = f.args();
+        let input = |i: usize| compile(&args[i], schema).map(Box::new);
+        match f.name() {
+            "quiver_float_division" | "quiver_float_remainder" if args.len() == 2 => {
+                return Ok(Node::FloatDivision { remainder: f.name() == "quiver_float_remainder", left: input(0)?, right: input(1)? });
+            }
+            "upper" | "lower" if args.len() == 1 && args[0].data_type(schema)? == DataType::Utf8 => {
+                return Ok(Node::Letters { upper: f.name() == "upper", input: input(0)? });
+            }
+            _ => return Ok(Node::Own(Box::new(own(expr, schema, true)?))),
+        }
+    }
+    if let Some(list) = expr.downcast_ref::<InListExpr>() {
+        return in_list(expr, list, schema);
+    }
+    let known = expr.downcast_ref::<NegativeExpr>().is_some() || expr.downcast_ref::<LikeExpr>().is_some();
+    if known {
+        return Ok(Node::Own(Box::new(own(expr, schema, true)?)));
+    }
+    Err(DataFusionError::NotImplemented(format!("the row evaluator has no operation `{expr}`")))
+}
+
+/// `x [NOT] IN (...)`: with items that are all constant (DataFusion then looks the value
+/// up in a set of them) by its own code; else item by item.
+fn in_list(expr: &Arc<dyn PhysicalExpr>, list: &InListExpr, schema: &SchemaRef) -> Result<Node> {
+    // DataFusion's test for a constant list: every item computes a value without a row.
+    let empty = RecordBatch::new_empty(Arc::clone(schema));
+    let constant = list.list().iter().all(|item| matches!(item.evaluate(&empty), Ok(ColumnarValue::Scalar(_))));
+    let value_type = list.expr().data_type(schema)?;
+    if constant {
+        let value: Arc<dyn PhysicalExpr> = Arc::new(Column::new("value", 0));
+        let children = std::iter::once(value).chain(list.list().iter().cloned()).collect();
+        let own = Own {
+            expr: Arc::clone(expr).with_new_children(children)?,
+            read: vec![true],
+            operands: vec![compile(list.expr(), schema)?],
+            schema: Arc::new(Schema::new(vec![Field::new("value", value_type, true)])),
+        };
+        return Ok(Node::Own(Box::new(own)));
+    }
+    let items = list
+        .list()
+        .iter()
+        .map(|item| {
+            let fields = vec![Field::new("value", value_type.clone(), true), Field::new("item", item.data_type(schema)?, true)];
+            let pair = Arc::new(Schema::new(fields));
+            let (value, one): (Arc<dyn PhysicalExpr>, Arc<dyn PhysicalExpr>) =
+                (Arc::new(Column::new("value", 0)), Arc::new(Column::new("item", 1)));
+            let equal: Arc<dyn PhysicalExpr> = Arc::new(InListExpr::try_new(value, vec![one], false, &pair)?);
+            Ok((compile(item, schema)?, Own { expr: equal, read: vec![true, true], operands: Vec::new(), schema: pair }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Node::InList(Box::new(InList { value: compile(list.expr(), schema)?, items, negated: list.negated() })))
+}
+
+impl InList {
+    fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+        let value = self.value.evaluate(row)?;
+        let mut found: Option<bool> = Some(false);
+        for (k, (item, equal)) in self.items.iter().enumerate() {
+            // Every row already found: the rest is not computed.
+            if k > 0 && found == Some(true) {
+                break;
+            }
+            let item = item.evaluate(row)?;
+            let same = if value.is_null() || item.is_null() {
+                None
+            } else {
+                match compare(Operator::Eq, &value, &item, false) {
+                    Some(ScalarValue::Boolean(b)) => b,
+                    _ => match equal.apply_read(vec![value.clone(), item])? {
+                        ScalarValue::Boolean(b) => b,
+                        other => return Err(DataFusionError::Internal(format!("IN compared to {}", other.data_type()))),
+                    },
+                }
+            };
+            found = match (found, same) {
+                (Some(true), _) | (_, Some(true)) => Some(true),
+                (None, _) | (_, None) => None,
+                _ => Some(false),
+            };
+        }
+        Ok(ScalarValue::Boolean(if self.negated { found.map(|f| !f) } else { found }))
+    }
+}
+
+/// `b` (the plan's node `e`) with its left operand already compiled as `left`.
+fn binary(e: &Arc<dyn PhysicalExpr>, b: &BinaryExpr, left: Node, schema: &SchemaRef) -> Result<Binary> {
+    let right = compile(b.right(), schema)?;
+    Ok(Binary { op: *b.op(), left, right, own: own(e, schema, false)? })
+}
+
+/// `expr` to be computed by its own code over a one-row batch: each operand that is
+/// not a literal read from a column of it. With `compile_operands`, the operands are
+/// compiled here; else the caller computes them (a binary operation's two, a case's
+/// base and value) and gives them in order.
+fn own(expr: &Arc<dyn PhysicalExpr>, schema: &SchemaRef, compile_operands: bool) -> Result<Own> {
+    let mut operands = Vec::new();
+    let mut fields = Vec::new();
+    let mut children = Vec::new();
+    let mut read = Vec::new();
+    for (i, child) in expr.children().into_iter().enumerate() {
+        read.push(child.downcast_ref::<Literal>().is_none());
+        if child.downcast_ref::<Literal>().is_some() {
+            children.push(Arc::clone(child));
+            continue;
+        }
+        let at = fields.len();
+        fields.push(Field::new(format!("operand_{i}"), child.data_type(schema)?, true));
+        children.push(Arc::new(Column::new(&format!("operand_{i}"), at)) as Arc<dyn PhysicalExpr>);
+        if compile_operands {
+            operands.push(compile(child, schema)?);
+        }
+    }
+    let expr = if children.is_empty() { Arc::clone(expr) } else { Arc::clone(expr).with_new_children(children)? };
+    Ok(Own { expr, read, operands, schema: Arc::new(Schema::new(fields)) })
+}
+
+/// Whether Arrow casts `from` to `to` exactly, with `as`, for every value.
+fn widens(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    from == to
+        || matches!((from, to), (Int8 | Int16 | Int32, Int64) | (Int8 | Int16, Int32) | (Float32, Float64))
+        || matches!((from, to), (Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64, Float64))
+        || matches!((from, to), (Duration(_), Int64))
+}
+
+impl Own {
+    /// Computes the operation for one row whose operands are `values`, every operand in
+    /// order (those kept literal are passed over).
+    fn apply(&self, values: Vec<ScalarValue>) -> Result<ScalarValue> {
+        let read = values.into_iter().zip(&self.read).filter(|(_, r)| **r).map(|(v, _)| v).collect();
+        self.apply_read(read)
+    }
+
+    /// Computes the operation for one row whose operands read from the batch are
+    /// `values`, in order.
+    fn apply_read(&self, values: Vec<ScalarValue>) -> Result<ScalarValue> {
+        let columns = values.iter().map(|v| v.to_array_of_size(1)).collect::<Result<Vec<ArrayRef>>>()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(1));
+        let batch = RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+        // Any NaN it computes is the one NaN, as in the vectorized plan.
+        Ok(canonical::scalar(match self.expr.evaluate(&batch)? {
+            ColumnarValue::Scalar(s) => s,
+            ColumnarValue::Array(a) => ScalarValue::try_from_array(&a, 0)?,
+        }))
+    }
+
+    fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+        let values = self.operands.iter().map(|o| o.evaluate(row)).collect::<Result<Vec<_>>>()?;
+        self.apply_read(values)
+    }
+}
+
+impl Node {
+    /// The value of this operation for `row` (one value per input column).
+    ///
+    /// # Errors
+    /// When the row's value cannot be computed.
+    pub(crate) fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+        match self {
+            Node::Column(i) => Ok(row[*i].clone()),
+            Node::Literal(v) => Ok(v.clone()),
+            Node::Binary(b) => {
+                let left = b.left.evaluate(row)?;
+                b.apply(left, row)
+            }
+            Node::Chain { first, links } => {
+                let mut so_far = first.evaluate(row)?;
+                for link in links {
+                    so_far = link.apply(so_far, row)?;
+                }
+                Ok(so_far)
+            }
+            Node::Not(n) => match n.evaluate(row)? {
+                ScalarValue::Boolean(b) => Ok(ScalarValue::Boolean(b.map(|b| !b))),
+                ScalarValue::Null => Ok(ScalarValue::Boolean(None)),
+                other => Err(DataFusionError::Internal(format!("NOT of {}", other.data_type()))),
+            },
+            Node::IsNull(n) => Ok(ScalarValue::Boolean(Some(n.evaluate(row)?.is_null()))),
+            Node::IsNotNull(n) => Ok(ScalarValue::Boolean(Some(!n.evaluate(row)?.is_null()))),
+            Node::Case(c) => c.evaluate(row),
+            Node::Widen { input, to } => widen(input.evaluate(row)?, to).map(canonical::scalar),
+            Node::FloatDivision { remainder, left, right } => {
+                let (l, r) = (left.evaluate(row)?, right.evaluate(row)?);
+                match (l, r) {
+                    (ScalarValue::Float64(Some(x)), ScalarValue::Float64(Some(y))) => {
+                        if y == 0.0 {
+                            return Err(DataFusionError::ArrowError(Box::new(arrow::error::ArrowError::DivideByZero), None));
+                        }
+                        Ok(canonical::scalar(ScalarValue::Float64(Some(if *remainder { x % y } else { x / y }))))
+                    }
+                    (ScalarValue::Float64(_), ScalarValue::Float64(_)) => Ok(ScalarValue::Float64(None)),
+                    (l, r) => Err(DataFusionError::Internal(format!("float division of {} and {}", l.data_type(), r.data_type()))),
+                }
+            }
+            Node::Letters { upper, input } => match input.evaluate(row)? {
+                ScalarValue::Utf8(s) => Ok(ScalarValue::Utf8(s.map(|s| if *upper { s.to_uppercase() } else { s.to_lowercase() }))),
+                other => Err(DataFusionError::Internal(format!("upper/lower of {}", other.data_type()))),
+            },
+            Node::InList(list) => list.evaluate(row),
+            Node::Own(o) => o.evaluate(row),
+        }
+    }
+}
+
+impl Case {
+    fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+        let value = self.branch(row)?;
+        if value.data_type() == self.dtype || value.is_null() && value.data_type() == DataType::Null {
+            return Ok(if value.data_type() == self.dtype { value } else { self.null.clone() });
+        }
+        match ColumnarValue::Scalar(value).cast_to(&self.dtype, None)? {
+            ColumnarValue::Scalar(v) => Ok(v),
+            ColumnarValue::Array(a) => ScalarValue::try_from_array(&a, 0),
+        }
+    }
+
+    /// The value of the branch the row takes.
+    fn branch(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+        let base = self.base.as_ref().map(|b| b.evaluate(row)).transpose()?;
+        // A null base matches no `WHEN`, which DataFusion then does not compute.
+        if base.as_ref().is_some_and(ScalarValue::is_null) {
+            return match &self.otherwise {
+                Some(e) => e.evaluate(row),
+                None => Ok(self.null.clone()),
+            };
+        }
+        for (when, then, equal) in &self.whens {
+            let w = when.evaluate(row)?;
+            let taken = match (&base, equal) {
+                // `CASE x WHEN v`: x = v; a null on either side never matches.
+                (Some(b), Some(equal)) => {
+                    !b.is_null()
+                        && !w.is_null()
+                        && is_true(&match compare(Operator::Eq, b, &w, false) {
+                            Some(v) => v,
+                            None => equal.apply(vec![b.clone(), w])?,
+                        })
+                }
+                _ => is_true(&w),
+            };
+            if taken {
+                return then.evaluate(row);
+            }
+        }
+        match &self.otherwise {
+            Some(e) => e.evaluate(row),
+            None => Ok(self.null.clone()),
+        }
+    }
+}
+
+fn is_true(v: &ScalarValue) -> bool {
+    matches!(v, ScalarValue::Boolean(Some(true)))
+}
+
+impl Binary {
+    /// This operation on `left` (computed) and its right operand, for `row`.
+    fn apply(&self, left: ScalarValue, row: &[ScalarValue]) -> Result<ScalarValue> {
+        match self.op {
+            // The right operand only where the left does not decide (DataFusion's
+            // short circuit for a row alone).
+            Operator::And | Operator::Or => {
+                let and = self.op == Operator::And;
+                let l = match left {
+                    ScalarValue::Boolean(b) => b,
+                    ScalarValue::Null => None,
+                    other => return Err(DataFusionError::Internal(format!("AND/OR of {}", other.data_type()))),
+                };
+                if l == Some(!and) {
+                    return Ok(ScalarValue::Boolean(l));
+                }
+                let r = match self.right.evaluate(row)? {
+                    ScalarValue::Boolean(b) => b,
+                    ScalarValue::Null => None,
+                    other => return Err(DataFusionError::Internal(format!("AND/OR of {}", other.data_type()))),
+                };
+                if l == Some(and) {
+                    return Ok(ScalarValue::Boolean(r));
+                }
+                // The left is null: Kleene logic.
+                Ok(ScalarValue::Boolean(match (and, r) {
+                    (true, Some(false)) => Some(false),
+                    (false, Some(true)) => Some(true),
+                    _ => None,
+                }))
+            }
+            op => {
+                let right = self.right.evaluate(row)?;
+                let native = if is_comparison(op) { compare(op, &left, &right, true).map(Ok) } else { arithmetic(op, &left, &right) };
+                // Any NaN it computes is the one NaN, as in the vectorized plan.
+                match native {
+                    Some(v) => v.map(canonical::scalar),
+                    None => self.own.apply(vec![left, right]),
+                }
+            }
+        }
+    }
+}
+
+fn is_comparison(op: Operator) -> bool {
+    matches!(op, Operator::Eq | Operator::NotEq | Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq)
+}
+
+/// `l op r` for two values of one type Arrow compares element by element as here
+/// (`None`: other types, left to DataFusion's code). Floats in Arrow's total order
+/// (NaN equals NaN and is greatest, -0.0 is below 0.0) — with `zeros_equal`, -0.0 taken
+/// as 0.0 first, as DataFusion's comparison operators do (its `CASE x WHEN v` does
+/// not); strings by their bytes.
+fn compare(op: Operator, l: &ScalarValue, r: &ScalarValue, zeros_equal: bool) -> Option<ScalarValue> {
+    use ScalarValue as S;
+    fn ord<T: ArrowNativeTypeOp>(op: Operator, a: T, b: T) -> bool {
+        match op {
+            Operator::Eq => a.is_eq(b),
+            Operator::NotEq => a.is_ne(b),
+            Operator::Lt => a.is_lt(b),
+            Operator::LtEq => a.is_le(b),
+            Operator::Gt => a.is_gt(b),
+            _ => a.is_ge(b),
+        }
+    }
+    fn with<T: Copy>(op: Operator, a: Option<T>, b: Option<T>, f: impl Fn(Operator, T, T) -> bool) -> ScalarValue {
+        ScalarValue::Boolean(a.zip(b).map(|(a, b)| f(op, a, b)))
+    }
+    Some(match (l, r) {
+        (S::Int64(a), S::Int64(b)) => with(op, *a, *b, ord),
+        (S::Int32(a), S::Int32(b)) => with(op, *a, *b, ord),
+        (S::Float64(a), S::Float64(b)) => {
+            let zero = |x: Option<f64>| x.map(|x| if zeros_equal && x == 0.0 { 0.0 } else { x });
+            with(op, zero(*a), zero(*b), ord)
+        }
+        (S::Float32(a), S::Float32(b)) => {
+            let zero = |x: Option<f32>| x.map(|x| if zeros_equal && x == 0.0 { 0.0 } else { x });
+            with(op, zero(*a), zero(*b), ord)
+        }
+        (S::Boolean(a), S::Boolean(b)) => with(op, *a, *b, |op, a: bool, b: bool| ord(op, u8::from(a), u8::from(b))),
+        (S::Utf8(a), S::Utf8(b)) => {
+            ScalarValue::Boolean(a.as_deref().zip(b.as_deref()).map(|(a, b)| ord_bytes(op, a.as_bytes(), b.as_bytes())))
+        }
+        (S::TimestampMicrosecond(a, za), S::TimestampMicrosecond(b, zb)) if za == zb => with(op, *a, *b, ord),
+        _ => return None,
+    })
+}
+
+fn ord_bytes(op: Operator, a: &[u8], b: &[u8]) -> bool {
+    match op {
+        Operator::Eq => a == b,
+        Operator::NotEq => a != b,
+        Operator::Lt => a < b,
+        Operator::LtEq => a <= b,
+        Operator::Gt => a > b,
+        _ => a >= b,
+    }
+}
+
+/// `l op r` for two values of one numeric type, as Arrow's kernels compute each
+/// element (`None`: other types, left to DataFusion's code): integers checked (an
+/// overflow or a zero divisor fails the row; `%` by -1 wraps), floats as IEEE.
+fn arithmetic(op: Operator, l: &ScalarValue, r: &ScalarValue) -> Option<Result<ScalarValue>> {
+    use ScalarValue as S;
+    fn int<T: ArrowNativeTypeOp>(
+        op: Operator,
+        a: Option<T>,
+        b: Option<T>,
+    ) -> Option<std::result::Result<Option<T>, arrow::error::ArrowError>> {
+        let (Some(a), Some(b)) = (a, b) else { return Some(Ok(None)) };
+        Some(
+            match op {
+                Operator::Plus => a.add_checked(b),
+                Operator::Minus => a.sub_checked(b),
+                Operator::Multiply => a.mul_checked(b),
+                Operator::Divide => a.div_checked(b),
+                Operator::Modulo if b.is_zero() => Err(arrow::error::ArrowError::DivideByZero),
+                Operator::Modulo => Ok(a.mod_wrapping(b)),
+                _ => return None,
+            }
+            .map(Some),
+        )
+    }
+    fn float<T: ArrowNativeTypeOp>(
+        op: Operator,
+        a: Option<T>,
+        b: Option<T>,
+    ) -> Option<std::result::Result<Option<T>, arrow::error::ArrowError>> {
+        let (Some(a), Some(b)) = (a, b) else { return Some(Ok(None)) };
+        Some(Ok(Some(match op {
+            Operator::Plus => a.add_wrapping(b),
+            Operator::Minus => a.sub_wrapping(b),
+            Operator::Multiply => a.mul_wrapping(b),
+            _ => return None,
+        })))
+    }
+    let arrow = |e: arrow::error::ArrowError| DataFusionError::ArrowError(Box::new(e), None);
+    match (l, r) {
+        (S::Int64(a), S::Int64(b)) => int(op, *a, *b).map(|v| v.map(S::Int64).map_err(arrow)),
+        (S::Int32(a), S::Int32(b)) => int(op, *a, *b).map(|v| v.map(S::Int32).map_err(arrow)),
+        (S::Float64(a), S::Float64(b)) => float(op, *a, *b).map(|v| v.map(S::Float64).map_err(arrow)),
+        (S::Float32(a), S::Float32(b)) => float(op, *a, *b).map(|v| v.map(S::Float32).map_err(arrow)),
+        (S::TimestampMicrosecond(a, za), S::TimestampMicrosecond(b, zb)) if op == Operator::Minus && za == zb => {
+            let (Some(a), Some(b)) = (a, b) else { return Some(Ok(S::DurationMicrosecond(None))) };
+            Some(a.sub_checked(*b).map(|d| S::DurationMicrosecond(Some(d))).map_err(arrow))
+        }
+        _ => None,
+    }
+}
+
+/// `v` cast to `to` where Arrow casts with `as` ([`widens`]).
+fn widen(v: ScalarValue, to: &DataType) -> Result<ScalarValue> {
+    use ScalarValue as S;
+    if &v.data_type() == to {
+        return Ok(v);
+    }
+    let int = |v: &S| -> Option<Option<i64>> {
+        Some(match v {
+            S::Int8(x) => x.map(i64::from),
+            S::Int16(x) => x.map(i64::from),
+            S::Int32(x) => x.map(i64::from),
+            S::Int64(x) => *x,
+            S::DurationSecond(x) | S::DurationMillisecond(x) | S::DurationMicrosecond(x) | S::DurationNanosecond(x) => *x,
+            _ => return None,
+        })
+    };
+    Ok(match to {
+        DataType::Int64 => S::Int64(int(&v).ok_or_else(|| cannot(&v, to))?),
+        DataType::Int32 => match v {
+            S::Int8(x) => S::Int32(x.map(i32::from)),
+            S::Int16(x) => S::Int32(x.map(i32::from)),
+            _ => return Err(cannot(&v, to)),
+        },
+        DataType::Float64 => S::Float64(match &v {
+            S::Float32(x) => x.map(f64::from),
+            S::UInt8(x) => x.map(f64::from),
+            S::UInt16(x) => x.map(f64::from),
+            S::UInt32(x) => x.map(f64::from),
+            S::UInt64(x) => x.map(|x| x as f64),
+            other => int(other).ok_or_else(|| cannot(&v, to))?.map(|x| x as f64),
+        }),
+        _ => return Err(cannot(&v, to)),
+    })
+}
+
+fn cannot(v: &ScalarValue, to: &DataType) -> DataFusionError {
+    DataFusionError::Internal(format!("widening {} to {to}", v.data_type()))
+}
+
+/// `v` (an output's value) as the output's declared type, as the vectorized path casts
+/// its column (Arrow's default options: a value that does not fit is null).
+pub(crate) fn declared(v: ScalarValue, dtype: &DataType) -> Result<ScalarValue> {
+    if &v.data_type() == dtype {
+        return Ok(v);
+    }
+    static OPTIONS: LazyLock<CastOptions<'static>> = LazyLock::new(CastOptions::default);
+    v.cast_to_with_options(dtype, &OPTIONS)
+}
+
+/// The null of `dtype`.
+pub(crate) fn null_of(dtype: &DataType) -> ScalarValue {
+    ScalarValue::try_from(dtype).unwrap_or(ScalarValue::Null)
+}
