@@ -14,11 +14,14 @@ and the age of the row at `request_time` — for 1, 10 and 100 entities:
 
 1. both servers answer the same values for the same request first (all but the age:
    Feast's on-demand view sees no event time, so it computes its age from its own clock);
-2. wrk (2 threads, 8 connections) loads `quiver serve` with and without the on-demand
-   features, and `feast serve` with them: requests/s, p50/p99;
-3. cachegrind counts quiver serve's user-space instructions per request with and without
-   them (N1 then N2 requests over one connection; the difference over N2 - N1). The
-   count moves by a few percent at most between runs, unlike req/s on a shared machine.
+2. wrk (2 threads, 8 connections) loads `quiver serve` with the on-demand features and
+   with the baseline — the same 15 cells, the 5 on-demand ones replaced by 5 stored
+   features of `driver_b` — and `feast serve` with them: requests/s, p50/p99;
+3. cachegrind counts quiver serve's user-space instructions per request for the baseline,
+   with the on-demand features by the row evaluator (the default), and by DataFusion
+   (`QUIVER_ON_DEMAND_EVALUATOR=vectorized`) (N1 then N2 requests over one connection; the
+   difference over N2 - N1). The count moves by a few percent at most between runs,
+   unlike req/s on a shared machine.
 """
 import argparse
 import json
@@ -35,6 +38,8 @@ from benchlib import free_port, stop_all, wait_http, wrk
 from serve_bench import VIEWS, feast_repo, generate, instructions, quiver_repo, timed
 
 STORED = [f"driver_a:{f}" for f in VIEWS["driver_a"]]
+# The baseline: as many cells, all stored.
+BASELINE = STORED + [f"driver_b:{f}" for f in VIEWS["driver_b"][:5]]
 ON_DEMAND = ["scoring:ratio", "scoring:band", "scoring:city_up", "scoring:per_amount", "scoring:age_s"]
 
 QUIVER_ON_DEMAND = """
@@ -79,7 +84,7 @@ def scoring(inputs):
 
 def body(ids, on_demand, rng):
     entities = {"driver_id": ids}
-    features = list(STORED)
+    features = list(STORED if on_demand else BASELINE)
     if on_demand:
         entities["amount"] = [round(rng.uniform(1, 500), 2) for _ in ids]
         entities["pickup_city"] = [rng.choice(["paris", "Berlin", "tokyo"]) for _ in ids]
@@ -151,34 +156,38 @@ def main():
             qo = wrk(qurl, computed, args.duration, work)
             fo = wrk(furl, computed, args.duration, work)
             rows.append((n, qp, qo, fo))
-            print(f"{n} entities: quiver {qp[0]:.0f} req/s without, {qo[0]:.0f} with on-demand (p50 {qo[1]:.2f} ms p99 "
+            print(f"{n} entities: quiver {qp[0]:.0f} req/s for 15 stored cells, {qo[0]:.0f} with 5 on-demand (p50 {qo[1]:.2f} ms p99 "
                   f"{qo[2]:.2f}); feast {fo[0]:.0f} req/s (p50 {fo[1]:.2f} p99 {fo[2]:.2f})", flush=True)
         counted = {}
         if not args.no_instructions:
             for n, (n1, n2) in {1: (200, 1200), 10: (100, 600), 100: (50, 250)}.items():
                 counts = []
-                for computed in (False, True):
+                for computed, evaluator in ((False, "row"), (True, "row"), (True, "vectorized")):
                     port = free_port()
-                    counts.append(instructions(q + ["serve", "--port", str(port)], port, body(ids[:n], computed, rng), (n1, n2), work))
+                    env = {**os.environ, "QUIVER_ON_DEMAND_EVALUATOR": evaluator}
+                    counts.append(instructions(q + ["serve", "--port", str(port)], port, body(ids[:n], computed, rng), (n1, n2), work,
+                                               env=env))
                 counted[n] = counts
-                print(f"{n} entities: {counts[0]:,.0f} instructions per request without, {counts[1]:,.0f} with "
-                      f"({counts[1] / counts[0]:.3f}x)", flush=True)
+                print(f"{n} entities: {counts[0]:,.0f} instructions per request for 15 stored cells, {counts[1]:,.0f} with 5 "
+                      f"on-demand by the row evaluator ({counts[1] / counts[0]:.3f}x), {counts[2]:,.0f} by DataFusion "
+                      f"({counts[2] / counts[0]:.3f}x)", flush=True)
 
         print()
-        print(f"driver_a's 10 stored features, plus 5 on-demand features; {args.entities:,} drivers; wrk 2 threads 8 connections "
+        print(f"driver_a's 10 stored features plus 5 on-demand features, against the baseline of the same 10 plus 5 stored "
+              f"features of driver_b; {args.entities:,} drivers; wrk 2 threads 8 connections "
               f"{args.duration} s; feast serve -w {args.feast_workers}, mode=\"python\"")
         print()
-        print("| entities | quiver req/s without | with | ratio | quiver p50 / p99 ms with | feast req/s with | quiver / feast |")
+        print("| entities | quiver req/s, 15 stored cells | with 5 on-demand | ratio | quiver p50 / p99 ms with | feast req/s with | quiver / feast |")
         print("|---|---|---|---|---|---|---|")
         for n, qp, qo, fo in rows:
             print(f"| {n} | {qp[0]:,.0f} | {qo[0]:,.0f} | {qo[0] / qp[0]:.2f} | {qo[1]:.2f} / {qo[2]:.2f} | {fo[0]:,.0f} | "
                   f"{qo[0] / fo[0]:.1f}x |")
         if counted:
             print()
-            print("| entities | instructions per request without | with | ratio |")
-            print("|---|---|---|---|")
-            for n, (a, b) in counted.items():
-                print(f"| {n} | {a:,.0f} | {b:,.0f} | {b / a:.3f}x |")
+            print("| entities | instructions per request, 15 stored cells | with 5 on-demand, row evaluator | ratio | by DataFusion | ratio |")
+            print("|---|---|---|---|---|---|")
+            for n, (a, b, c) in counted.items():
+                print(f"| {n} | {a:,.0f} | {b:,.0f} | {b / a:.3f}x | {c:,.0f} | {c / a:.3f}x |")
         print(json.dumps({"rows": rows, "instructions": counted}))
     finally:
         stop_all(procs)

@@ -70,6 +70,13 @@ pub(crate) enum Node {
         upper: bool,
         input: Box<Node>,
     },
+    /// `nullif(a, b)`: null where `a = b` (Arrow's order: -0.0 is not 0.0), else `a`;
+    /// its own code for types not compared here.
+    NullIf {
+        left: Box<Node>,
+        right: Box<Node>,
+        own: Box<Own>,
+    },
     /// `x [NOT] IN (...)` over items that are not all constant, which DataFusion computes
     /// item by item, stopping at the first equal.
     InList(Box<InList>),
@@ -213,6 +220,10 @@ pub(crate) fn compile(expr: &Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Resul
         match f.name() {
             "quiver_float_division" | "quiver_float_remainder" if args.len() == 2 => {
                 return Ok(Node::FloatDivision { remainder: f.name() == "quiver_float_remainder", left: input(0)?, right: input(1)? });
+            }
+            "nullif" if args.len() == 2 => {
+                let own = Box::new(own(expr, schema, false)?);
+                return Ok(Node::NullIf { left: input(0)?, right: input(1)?, own });
             }
             "upper" | "lower" if args.len() == 1 && args[0].data_type(schema)? == DataType::Utf8 => {
                 return Ok(Node::Letters { upper: f.name() == "upper", input: input(0)? });
@@ -408,6 +419,17 @@ impl Node {
                 ScalarValue::Utf8(s) => Ok(ScalarValue::Utf8(s.map(|s| if *upper { s.to_uppercase() } else { s.to_lowercase() }))),
                 other => Err(DataFusionError::Internal(format!("upper/lower of {}", other.data_type()))),
             },
+            Node::NullIf { left, right, own } => {
+                let (a, b) = (left.evaluate(row)?, right.evaluate(row)?);
+                if a.is_null() || b.is_null() {
+                    return Ok(a);
+                }
+                match compare(Operator::Eq, &a, &b, false) {
+                    Some(ScalarValue::Boolean(Some(true))) => Ok(null_of(&a.data_type())),
+                    Some(_) => Ok(a),
+                    None => own.apply(vec![a, b]),
+                }
+            }
             Node::InList(list) => list.evaluate(row),
             Node::Own(o) => o.evaluate(row),
         }
