@@ -22,11 +22,12 @@
 //! `CASE` compute an operand only for a row that needs it, as DataFusion does for a
 //! row alone. The differential fuzzer (`tests/row_fuzz.rs`) holds the two equal.
 
+use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
 
 use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::compute::CastOptions;
-use arrow::datatypes::{ArrowNativeTypeOp, DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{ArrowNativeTypeOp, DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::common::{DataFusionError, ScalarValue};
 use datafusion::logical_expr::{ColumnarValue, Operator};
 use datafusion::physical_expr::PhysicalExpr;
@@ -86,8 +87,8 @@ pub(crate) enum Node {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Binary {
+    /// Integer `+`, `-` and `*` fail on overflow: the plan's rule for every operation.
     op: Operator,
-    /// Integer `+`, `-`, `*` fail on overflow (the plan's rule): always, here.
     left: Node,
     right: Node,
     /// The plan's operation, for operand types computed by its own code.
@@ -129,10 +130,8 @@ pub(crate) struct Own {
     schema: SchemaRef,
 }
 
-/// A value that cannot be computed for the row.
-pub(crate) type Failed = DataFusionError;
-
-type Result<T> = std::result::Result<T, Failed>;
+/// An `Err` is a value that cannot be computed for the row.
+type Result<T> = std::result::Result<T, DataFusionError>;
 
 /// Compiles `expr` (a plan over `schema`, before its chains and lenient parts are
 /// wrapped) for one row at a time.
@@ -289,7 +288,7 @@ impl InList {
             } else {
                 match compare(Operator::Eq, &value, &item, false) {
                     Some(ScalarValue::Boolean(b)) => b,
-                    _ => match equal.apply_read(vec![value.clone(), item])? {
+                    _ => match equal.apply_read(vec![value.clone().into_owned(), item.into_owned()])? {
                         ScalarValue::Boolean(b) => b,
                         other => return Err(DataFusionError::Internal(format!("IN compared to {}", other.data_type()))),
                     },
@@ -368,9 +367,17 @@ impl Own {
     }
 
     fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
-        let values = self.operands.iter().map(|o| o.evaluate(row)).collect::<Result<Vec<_>>>()?;
+        let values = self.operands.iter().map(|o| o.evaluate(row).map(Cow::into_owned)).collect::<Result<Vec<_>>>()?;
         self.apply_read(values)
     }
+}
+
+/// A value an operation computed, or one it passes on from the row or the plan
+/// (a column, a literal, the branch a `CASE` takes) without a copy.
+type Value<'a> = Cow<'a, ScalarValue>;
+
+fn owned<'a>(v: ScalarValue) -> Result<Value<'a>> {
+    Ok(Cow::Owned(v))
 }
 
 impl Node {
@@ -378,10 +385,10 @@ impl Node {
     ///
     /// # Errors
     /// When the row's value cannot be computed.
-    pub(crate) fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+    pub(crate) fn evaluate<'a>(&'a self, row: &'a [ScalarValue]) -> Result<Value<'a>> {
         match self {
-            Node::Column(i) => Ok(row[*i].clone()),
-            Node::Literal(v) => Ok(v.clone()),
+            Node::Column(i) => Ok(Cow::Borrowed(&row[*i])),
+            Node::Literal(v) => Ok(Cow::Borrowed(v)),
             Node::Binary(b) => {
                 let left = b.left.evaluate(row)?;
                 b.apply(left, row)
@@ -393,30 +400,32 @@ impl Node {
                 }
                 Ok(so_far)
             }
-            Node::Not(n) => match n.evaluate(row)? {
-                ScalarValue::Boolean(b) => Ok(ScalarValue::Boolean(b.map(|b| !b))),
-                ScalarValue::Null => Ok(ScalarValue::Boolean(None)),
+            Node::Not(n) => match n.evaluate(row)?.as_ref() {
+                ScalarValue::Boolean(b) => owned(ScalarValue::Boolean(b.map(|b| !b))),
+                ScalarValue::Null => owned(ScalarValue::Boolean(None)),
                 other => Err(DataFusionError::Internal(format!("NOT of {}", other.data_type()))),
             },
-            Node::IsNull(n) => Ok(ScalarValue::Boolean(Some(n.evaluate(row)?.is_null()))),
-            Node::IsNotNull(n) => Ok(ScalarValue::Boolean(Some(!n.evaluate(row)?.is_null()))),
+            Node::IsNull(n) => owned(ScalarValue::Boolean(Some(n.evaluate(row)?.is_null()))),
+            Node::IsNotNull(n) => owned(ScalarValue::Boolean(Some(!n.evaluate(row)?.is_null()))),
             Node::Case(c) => c.evaluate(row),
-            Node::Widen { input, to } => widen(input.evaluate(row)?, to).map(canonical::scalar),
+            Node::Widen { input, to } => owned(canonical::scalar(widen(input.evaluate(row)?.as_ref(), to)?)),
             Node::FloatDivision { remainder, left, right } => {
                 let (l, r) = (left.evaluate(row)?, right.evaluate(row)?);
-                match (l, r) {
+                match (l.as_ref(), r.as_ref()) {
                     (ScalarValue::Float64(Some(x)), ScalarValue::Float64(Some(y))) => {
-                        if y == 0.0 {
+                        if *y == 0.0 {
                             return Err(DataFusionError::ArrowError(Box::new(arrow::error::ArrowError::DivideByZero), None));
                         }
-                        Ok(canonical::scalar(ScalarValue::Float64(Some(if *remainder { x % y } else { x / y }))))
+                        owned(canonical::scalar(ScalarValue::Float64(Some(if *remainder { x % y } else { x / y }))))
                     }
-                    (ScalarValue::Float64(_), ScalarValue::Float64(_)) => Ok(ScalarValue::Float64(None)),
+                    (ScalarValue::Float64(_), ScalarValue::Float64(_)) => owned(ScalarValue::Float64(None)),
                     (l, r) => Err(DataFusionError::Internal(format!("float division of {} and {}", l.data_type(), r.data_type()))),
                 }
             }
-            Node::Letters { upper, input } => match input.evaluate(row)? {
-                ScalarValue::Utf8(s) => Ok(ScalarValue::Utf8(s.map(|s| if *upper { s.to_uppercase() } else { s.to_lowercase() }))),
+            Node::Letters { upper, input } => match input.evaluate(row)?.as_ref() {
+                ScalarValue::Utf8(s) => {
+                    owned(ScalarValue::Utf8(s.as_deref().map(|s| if *upper { s.to_uppercase() } else { s.to_lowercase() })))
+                }
                 other => Err(DataFusionError::Internal(format!("upper/lower of {}", other.data_type()))),
             },
             Node::NullIf { left, right, own } => {
@@ -425,37 +434,40 @@ impl Node {
                     return Ok(a);
                 }
                 match compare(Operator::Eq, &a, &b, false) {
-                    Some(ScalarValue::Boolean(Some(true))) => Ok(null_of(&a.data_type())),
+                    Some(ScalarValue::Boolean(Some(true))) => owned(null_of(&a.data_type())),
                     Some(_) => Ok(a),
-                    None => own.apply(vec![a, b]),
+                    None => owned(own.apply(vec![a.into_owned(), b.into_owned()])?),
                 }
             }
-            Node::InList(list) => list.evaluate(row),
-            Node::Own(o) => o.evaluate(row),
+            Node::InList(list) => owned(list.evaluate(row)?),
+            Node::Own(o) => owned(o.evaluate(row)?),
         }
     }
 }
 
 impl Case {
-    fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+    fn evaluate<'a>(&'a self, row: &'a [ScalarValue]) -> Result<Value<'a>> {
         let value = self.branch(row)?;
-        if value.data_type() == self.dtype || value.is_null() && value.data_type() == DataType::Null {
-            return Ok(if value.data_type() == self.dtype { value } else { self.null.clone() });
+        if of_type(&value, &self.dtype) {
+            return Ok(value);
         }
-        match ColumnarValue::Scalar(value).cast_to(&self.dtype, None)? {
-            ColumnarValue::Scalar(v) => Ok(v),
-            ColumnarValue::Array(a) => ScalarValue::try_from_array(&a, 0),
+        if value.is_null() && value.data_type() == DataType::Null {
+            return Ok(Cow::Borrowed(&self.null));
+        }
+        match ColumnarValue::Scalar(value.into_owned()).cast_to(&self.dtype, None)? {
+            ColumnarValue::Scalar(v) => owned(v),
+            ColumnarValue::Array(a) => owned(ScalarValue::try_from_array(&a, 0)?),
         }
     }
 
     /// The value of the branch the row takes.
-    fn branch(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+    fn branch<'a>(&'a self, row: &'a [ScalarValue]) -> Result<Value<'a>> {
         let base = self.base.as_ref().map(|b| b.evaluate(row)).transpose()?;
         // A null base matches no `WHEN`, which DataFusion then does not compute.
-        if base.as_ref().is_some_and(ScalarValue::is_null) {
+        if base.as_ref().is_some_and(|b| b.is_null()) {
             return match &self.otherwise {
                 Some(e) => e.evaluate(row),
-                None => Ok(self.null.clone()),
+                None => Ok(Cow::Borrowed(&self.null)),
             };
         }
         for (when, then, equal) in &self.whens {
@@ -463,11 +475,10 @@ impl Case {
             let taken = match (&base, equal) {
                 // `CASE x WHEN v`: x = v; a null on either side never matches.
                 (Some(b), Some(equal)) => {
-                    !b.is_null()
-                        && !w.is_null()
+                    !w.is_null()
                         && is_true(&match compare(Operator::Eq, b, &w, false) {
                             Some(v) => v,
-                            None => equal.apply(vec![b.clone(), w])?,
+                            None => equal.apply(vec![b.clone().into_owned(), w.into_owned()])?,
                         })
                 }
                 _ => is_true(&w),
@@ -478,7 +489,7 @@ impl Case {
         }
         match &self.otherwise {
             Some(e) => e.evaluate(row),
-            None => Ok(self.null.clone()),
+            None => Ok(Cow::Borrowed(&self.null)),
         }
     }
 }
@@ -487,32 +498,48 @@ fn is_true(v: &ScalarValue) -> bool {
     matches!(v, ScalarValue::Boolean(Some(true)))
 }
 
+/// Whether `v` is of type `dtype` (the common types without building a `DataType`).
+fn of_type(v: &ScalarValue, dtype: &DataType) -> bool {
+    use ScalarValue as S;
+    match (v, dtype) {
+        (S::Float64(_), DataType::Float64)
+        | (S::Float32(_), DataType::Float32)
+        | (S::Int64(_), DataType::Int64)
+        | (S::Int32(_), DataType::Int32)
+        | (S::Boolean(_), DataType::Boolean)
+        | (S::Utf8(_), DataType::Utf8) => true,
+        (S::TimestampMicrosecond(_, zone), DataType::Timestamp(TimeUnit::Microsecond, want)) => zone.as_deref() == want.as_deref(),
+        (S::Float64(_) | S::Float32(_) | S::Int64(_) | S::Int32(_) | S::Boolean(_) | S::Utf8(_), _) => false,
+        _ => &v.data_type() == dtype,
+    }
+}
+
 impl Binary {
     /// This operation on `left` (computed) and its right operand, for `row`.
-    fn apply(&self, left: ScalarValue, row: &[ScalarValue]) -> Result<ScalarValue> {
+    fn apply<'a>(&'a self, left: Value<'a>, row: &'a [ScalarValue]) -> Result<Value<'a>> {
         match self.op {
             // The right operand only where the left does not decide (DataFusion's
             // short circuit for a row alone).
             Operator::And | Operator::Or => {
                 let and = self.op == Operator::And;
-                let l = match left {
-                    ScalarValue::Boolean(b) => b,
+                let l = match left.as_ref() {
+                    ScalarValue::Boolean(b) => *b,
                     ScalarValue::Null => None,
                     other => return Err(DataFusionError::Internal(format!("AND/OR of {}", other.data_type()))),
                 };
                 if l == Some(!and) {
-                    return Ok(ScalarValue::Boolean(l));
+                    return owned(ScalarValue::Boolean(l));
                 }
-                let r = match self.right.evaluate(row)? {
-                    ScalarValue::Boolean(b) => b,
+                let r = match self.right.evaluate(row)?.as_ref() {
+                    ScalarValue::Boolean(b) => *b,
                     ScalarValue::Null => None,
                     other => return Err(DataFusionError::Internal(format!("AND/OR of {}", other.data_type()))),
                 };
                 if l == Some(and) {
-                    return Ok(ScalarValue::Boolean(r));
+                    return owned(ScalarValue::Boolean(r));
                 }
                 // The left is null: Kleene logic.
-                Ok(ScalarValue::Boolean(match (and, r) {
+                owned(ScalarValue::Boolean(match (and, r) {
                     (true, Some(false)) => Some(false),
                     (false, Some(true)) => Some(true),
                     _ => None,
@@ -523,8 +550,8 @@ impl Binary {
                 let native = if is_comparison(op) { compare(op, &left, &right, true).map(Ok) } else { arithmetic(op, &left, &right) };
                 // Any NaN it computes is the one NaN, as in the vectorized plan.
                 match native {
-                    Some(v) => v.map(canonical::scalar),
-                    None => self.own.apply(vec![left, right]),
+                    Some(v) => owned(canonical::scalar(v?)),
+                    None => owned(self.own.apply(vec![left.into_owned(), right.into_owned()])?),
                 }
             }
         }
@@ -638,10 +665,10 @@ fn arithmetic(op: Operator, l: &ScalarValue, r: &ScalarValue) -> Option<Result<S
 }
 
 /// `v` cast to `to` where Arrow casts with `as` ([`widens`]).
-fn widen(v: ScalarValue, to: &DataType) -> Result<ScalarValue> {
+fn widen(v: &ScalarValue, to: &DataType) -> Result<ScalarValue> {
     use ScalarValue as S;
-    if &v.data_type() == to {
-        return Ok(v);
+    if of_type(v, to) {
+        return Ok(v.clone());
     }
     let int = |v: &S| -> Option<Option<i64>> {
         Some(match v {
@@ -654,21 +681,21 @@ fn widen(v: ScalarValue, to: &DataType) -> Result<ScalarValue> {
         })
     };
     Ok(match to {
-        DataType::Int64 => S::Int64(int(&v).ok_or_else(|| cannot(&v, to))?),
+        DataType::Int64 => S::Int64(int(v).ok_or_else(|| cannot(v, to))?),
         DataType::Int32 => match v {
             S::Int8(x) => S::Int32(x.map(i32::from)),
             S::Int16(x) => S::Int32(x.map(i32::from)),
-            _ => return Err(cannot(&v, to)),
+            _ => return Err(cannot(v, to)),
         },
-        DataType::Float64 => S::Float64(match &v {
+        DataType::Float64 => S::Float64(match v {
             S::Float32(x) => x.map(f64::from),
             S::UInt8(x) => x.map(f64::from),
             S::UInt16(x) => x.map(f64::from),
             S::UInt32(x) => x.map(f64::from),
             S::UInt64(x) => x.map(|x| x as f64),
-            other => int(other).ok_or_else(|| cannot(&v, to))?.map(|x| x as f64),
+            other => int(other).ok_or_else(|| cannot(v, to))?.map(|x| x as f64),
         }),
-        _ => return Err(cannot(&v, to)),
+        _ => return Err(cannot(v, to)),
     })
 }
 
@@ -678,9 +705,9 @@ fn cannot(v: &ScalarValue, to: &DataType) -> DataFusionError {
 
 /// `v` (an output's value) as the output's declared type, as the vectorized path casts
 /// its column (Arrow's default options: a value that does not fit is null).
-pub(crate) fn declared(v: ScalarValue, dtype: &DataType) -> Result<ScalarValue> {
-    if &v.data_type() == dtype {
-        return Ok(v);
+pub(crate) fn declared(v: Value<'_>, dtype: &DataType) -> Result<ScalarValue> {
+    if of_type(&v, dtype) {
+        return Ok(v.into_owned());
     }
     static OPTIONS: LazyLock<CastOptions<'static>> = LazyLock::new(CastOptions::default);
     v.cast_to_with_options(dtype, &OPTIONS)
