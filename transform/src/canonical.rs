@@ -38,6 +38,12 @@ pub(crate) fn wrap(expr: Arc<dyn PhysicalExpr>, schema: &Schema) -> Result<Arc<d
     .map(|t| t.data)
 }
 
+/// `e` without the wrapper that makes its NaNs the one NaN (the row evaluator does
+/// that itself).
+pub(crate) fn unwrapped(e: &Arc<dyn PhysicalExpr>) -> &Arc<dyn PhysicalExpr> {
+    e.downcast_ref::<OneNan>().map_or(e, |w| &w.inner)
+}
+
 /// `v` with a NaN made the one NaN.
 pub(crate) fn scalar(v: ScalarValue) -> ScalarValue {
     match v {

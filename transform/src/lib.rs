@@ -190,11 +190,12 @@ impl Program {
             let logical = safe_float_division(logical, &df_schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             let physical = SESSION.create_physical_expr(logical, &df_schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             let physical = reindex(physical, &positions).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
-            let physical = fail_on_overflow(physical).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
+            let physical = fail_on_overflow(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             let folded = |p: Arc<dyn PhysicalExpr>| if fold { fold_constants(p, &schema) } else { Ok(p) };
-            // The row evaluator's plan: the same, before chains and lenient parts are
-            // wrapped for batches.
-            let row = folded(Arc::clone(&physical))
+            // The row evaluator's plan: the same (its NaNs the one NaN before constants
+            // are folded), before chains and lenient parts are wrapped for batches.
+            let row = canonical::wrap(Arc::clone(&physical), &schema)
+                .and_then(folded)
                 .and_then(|p| row::compile(&p, &schema))
                 .map_err(|e| refuse(output, planning_reason(&e, columns)))?;
             let physical = chain::flatten(physical, &schema).map_err(|e| refuse(output, planning_reason(&e, columns)))?;

@@ -98,9 +98,17 @@ pub(crate) fn duration_epoch(e: &Expr, schema: &DFSchema) -> Result<Option<Expr>
     Ok(Some(Expr::ScalarFunction(ScalarFunction::new_udf(udf, vec![count, datafusion::logical_expr::lit(per_second)]))))
 }
 
-/// Integer `+`, `-` and `*` that overflow fail the row instead of wrapping around.
-pub(crate) fn fail_on_overflow(expr: Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
+/// Integer `+`, `-` and `*` that overflow fail the row instead of wrapping around; an
+/// `IN` list planned again over its checked items (its set of constant items was
+/// computed when it was planned, with the wrapping arithmetic: an item that overflows
+/// makes the list not constant, and the row fails as anywhere else).
+pub(crate) fn fail_on_overflow(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Arc<dyn PhysicalExpr>, DataFusionError> {
+    use datafusion::physical_expr::expressions::InListExpr;
     expr.transform_up(|e| {
+        if let Some(list) = e.downcast_ref::<InListExpr>() {
+            let checked = InListExpr::try_new(Arc::clone(list.expr()), list.list().to_vec(), list.negated(), schema)?;
+            return Ok(Transformed::yes(Arc::new(checked) as Arc<dyn PhysicalExpr>));
+        }
         let Some(b) = e.downcast_ref::<BinaryExpr>() else { return Ok(Transformed::no(e)) };
         let checked = BinaryExpr::new(Arc::clone(b.left()), *b.op(), Arc::clone(b.right())).with_fail_on_overflow(true);
         Ok(Transformed::yes(Arc::new(checked) as Arc<dyn PhysicalExpr>))

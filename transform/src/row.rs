@@ -139,13 +139,17 @@ type Result<T> = std::result::Result<T, DataFusionError>;
 /// # Errors
 /// An operation this evaluator does not know, naming it.
 pub(crate) fn compile(expr: &Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Node> {
+    // Every node makes the NaNs it computes the one NaN itself.
+    let expr = canonical::unwrapped(expr);
     // A chain of one operator, walked down its left side without recursing.
     if let Some(b) = expr.downcast_ref::<BinaryExpr>()
         && let Some(g) = chain::group(b.op())
     {
         let mut spine = vec![Arc::clone(expr)];
         loop {
-            let left = Arc::clone(spine.last().and_then(|e| e.downcast_ref::<BinaryExpr>()).expect("a binary operation").left());
+            let left = Arc::clone(canonical::unwrapped(
+                spine.last().and_then(|e| e.downcast_ref::<BinaryExpr>()).expect("a binary operation").left(),
+            ));
             if left.downcast_ref::<BinaryExpr>().and_then(|l| chain::group(l.op())) != Some(g) {
                 break;
             }
@@ -153,7 +157,7 @@ pub(crate) fn compile(expr: &Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Resul
         }
         if spine.len() >= 2 {
             let last = spine.last().and_then(|e| e.downcast_ref::<BinaryExpr>()).expect("a binary operation");
-            let first = compile(last.left(), schema)?;
+            let first = compile(canonical::unwrapped(last.left()), schema)?;
             let links = spine
                 .iter()
                 .rev()
@@ -430,12 +434,13 @@ impl Node {
             },
             Node::NullIf { left, right, own } => {
                 let (a, b) = (left.evaluate(row)?, right.evaluate(row)?);
+                // The value passed on is a NaN it computes, as the vectorized plan takes it.
                 if a.is_null() || b.is_null() {
-                    return Ok(a);
+                    return Ok(one_nan(a));
                 }
                 match compare(Operator::Eq, &a, &b, false) {
                     Some(ScalarValue::Boolean(Some(true))) => owned(null_of(&a.data_type())),
-                    Some(_) => Ok(a),
+                    Some(_) => Ok(one_nan(a)),
                     None => owned(own.apply(vec![a.into_owned(), b.into_owned()])?),
                 }
             }
@@ -491,6 +496,15 @@ impl Case {
             Some(e) => e.evaluate(row),
             None => Ok(Cow::Borrowed(&self.null)),
         }
+    }
+}
+
+/// `v`, its NaN the one NaN.
+fn one_nan(v: Value<'_>) -> Value<'_> {
+    match v.as_ref() {
+        ScalarValue::Float64(Some(x)) if x.is_nan() => Cow::Owned(ScalarValue::Float64(Some(f64::NAN))),
+        ScalarValue::Float32(Some(x)) if x.is_nan() => Cow::Owned(ScalarValue::Float32(Some(f32::NAN))),
+        _ => v,
     }
 }
 
