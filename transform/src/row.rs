@@ -632,44 +632,41 @@ fn ord_bytes(op: Operator, a: &[u8], b: &[u8]) -> bool {
 /// overflow or a zero divisor fails the row; `%` by -1 wraps), floats as IEEE.
 fn arithmetic(op: Operator, l: &ScalarValue, r: &ScalarValue) -> Option<Result<ScalarValue>> {
     use ScalarValue as S;
-    fn int<T: ArrowNativeTypeOp>(
+    /// Integers checked, floats as IEEE; `/` and `%` of floats are never here (the
+    /// plan's float division).
+    fn numeric<T: ArrowNativeTypeOp>(
         op: Operator,
         a: Option<T>,
         b: Option<T>,
+        integer: bool,
     ) -> Option<std::result::Result<Option<T>, arrow::error::ArrowError>> {
+        if !matches!(op, Operator::Plus | Operator::Minus | Operator::Multiply)
+            && !(integer && matches!(op, Operator::Divide | Operator::Modulo))
+        {
+            return None;
+        }
         let (Some(a), Some(b)) = (a, b) else { return Some(Ok(None)) };
         Some(
-            match op {
-                Operator::Plus => a.add_checked(b),
-                Operator::Minus => a.sub_checked(b),
-                Operator::Multiply => a.mul_checked(b),
-                Operator::Divide => a.div_checked(b),
-                Operator::Modulo if b.is_zero() => Err(arrow::error::ArrowError::DivideByZero),
-                Operator::Modulo => Ok(a.mod_wrapping(b)),
-                _ => return None,
+            match (op, integer) {
+                (Operator::Plus, true) => a.add_checked(b),
+                (Operator::Minus, true) => a.sub_checked(b),
+                (Operator::Multiply, true) => a.mul_checked(b),
+                (Operator::Plus, false) => Ok(a.add_wrapping(b)),
+                (Operator::Minus, false) => Ok(a.sub_wrapping(b)),
+                (Operator::Multiply, false) => Ok(a.mul_wrapping(b)),
+                (Operator::Divide, _) => a.div_checked(b),
+                _ if b.is_zero() => Err(arrow::error::ArrowError::DivideByZero),
+                _ => Ok(a.mod_wrapping(b)),
             }
             .map(Some),
         )
     }
-    fn float<T: ArrowNativeTypeOp>(
-        op: Operator,
-        a: Option<T>,
-        b: Option<T>,
-    ) -> Option<std::result::Result<Option<T>, arrow::error::ArrowError>> {
-        let (Some(a), Some(b)) = (a, b) else { return Some(Ok(None)) };
-        Some(Ok(Some(match op {
-            Operator::Plus => a.add_wrapping(b),
-            Operator::Minus => a.sub_wrapping(b),
-            Operator::Multiply => a.mul_wrapping(b),
-            _ => return None,
-        })))
-    }
     let arrow = |e: arrow::error::ArrowError| DataFusionError::ArrowError(Box::new(e), None);
     match (l, r) {
-        (S::Int64(a), S::Int64(b)) => int(op, *a, *b).map(|v| v.map(S::Int64).map_err(arrow)),
-        (S::Int32(a), S::Int32(b)) => int(op, *a, *b).map(|v| v.map(S::Int32).map_err(arrow)),
-        (S::Float64(a), S::Float64(b)) => float(op, *a, *b).map(|v| v.map(S::Float64).map_err(arrow)),
-        (S::Float32(a), S::Float32(b)) => float(op, *a, *b).map(|v| v.map(S::Float32).map_err(arrow)),
+        (S::Int64(a), S::Int64(b)) => numeric(op, *a, *b, true).map(|v| v.map(S::Int64).map_err(arrow)),
+        (S::Int32(a), S::Int32(b)) => numeric(op, *a, *b, true).map(|v| v.map(S::Int32).map_err(arrow)),
+        (S::Float64(a), S::Float64(b)) => numeric(op, *a, *b, false).map(|v| v.map(S::Float64).map_err(arrow)),
+        (S::Float32(a), S::Float32(b)) => numeric(op, *a, *b, false).map(|v| v.map(S::Float32).map_err(arrow)),
         (S::TimestampMicrosecond(a, za), S::TimestampMicrosecond(b, zb)) if op == Operator::Minus && za == zb => {
             let (Some(a), Some(b)) = (a, b) else { return Some(Ok(S::DurationMicrosecond(None))) };
             Some(a.sub_checked(*b).map(|d| S::DurationMicrosecond(Some(d))).map_err(arrow))

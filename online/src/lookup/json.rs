@@ -496,6 +496,8 @@ on_demand_views:
             for (l, list) in lists.iter().enumerate() {
                 let refs: Vec<FeatureRef> = list.iter().map(|f| f.parse().unwrap()).collect();
                 let mut plan = LookupPlan::new(&defs, refs, (round + l) % 2 == 0).unwrap();
+                // The row evaluator at every size (by default it stops at 8 rows).
+                plan.set_evaluator(Evaluator::Row);
                 let n = [0, 1, 7, 30][(round + l) % 4];
                 let drivers: Vec<KeyValue> = (0..n).map(|_| KeyValue::Int(rng.random_range(0..45))).collect();
                 let customers: Vec<KeyValue> = (0..n).map(|i| KeyValue::Str(format!("c{}", i % 4))).collect();

@@ -37,26 +37,44 @@ pub fn request_values(field: &Feature, given: &[serde_json::Value]) -> Result<Ve
 /// (docs/transformations.md#which-evaluator-runs-where).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Evaluator {
-    /// Each entity row alone, without Arrow arrays: the default.
+    /// The row evaluator for a request of fewer than [`ROW_EVALUATOR_BELOW`] entity
+    /// rows, DataFusion for a larger one: the default.
+    Auto,
+    /// Each entity row alone, without Arrow arrays.
     Row,
     /// DataFusion over a batch of the request's rows, as offline: the reference.
     Vectorized,
 }
 
+/// The request size from which DataFusion over the request's rows costs fewer
+/// instructions than the row evaluator (bench/RESULTS.md, the row evaluator: ~6,000 per
+/// row of five expressions against ~42,000 per batch plus ~300 per row).
+pub const ROW_EVALUATOR_BELOW: usize = 8;
+
 impl Evaluator {
-    /// The evaluator `QUIVER_ON_DEMAND_EVALUATOR` names (`row`, the default, or
+    /// The evaluator `QUIVER_ON_DEMAND_EVALUATOR` names (`auto`, the default, `row` or
     /// `vectorized`), read once per process.
     pub fn configured() -> Evaluator {
         static CONFIGURED: std::sync::LazyLock<Evaluator> =
             std::sync::LazyLock::new(|| match std::env::var("QUIVER_ON_DEMAND_EVALUATOR").as_deref() {
                 Ok("vectorized" | "datafusion") => Evaluator::Vectorized,
-                Ok("row" | "") | Err(_) => Evaluator::Row,
+                Ok("row") => Evaluator::Row,
+                Ok("auto" | "") | Err(_) => Evaluator::Auto,
                 Ok(other) => {
-                    tracing::warn!(value = other, "QUIVER_ON_DEMAND_EVALUATOR is `row` or `vectorized`; using `row`");
-                    Evaluator::Row
+                    tracing::warn!(value = other, "QUIVER_ON_DEMAND_EVALUATOR is `auto`, `row` or `vectorized`; using `auto`");
+                    Evaluator::Auto
                 }
             });
         *CONFIGURED
+    }
+
+    /// Whether `n` entity rows are computed by the row evaluator.
+    fn by_rows(self, n: usize) -> bool {
+        match self {
+            Evaluator::Auto => n < ROW_EVALUATOR_BELOW,
+            Evaluator::Row => true,
+            Evaluator::Vectorized => false,
+        }
     }
 }
 
@@ -215,7 +233,7 @@ impl OnDemandPlan {
         };
         let failed = |e: quiver_runtime::on_demand::InputError| Error::Request(format!("on-demand features: {}", e.0));
         let dtypes: Vec<DType> = self.computation.outputs().map(|(_, _, dtype)| dtype).collect();
-        if self.evaluator == Evaluator::Row {
+        if self.evaluator.by_rows(n) {
             let value = |i: usize, row: usize| match &self.sources[i] {
                 Supply::Column(j, dtype) => scalar_of(*dtype, &column(*j)[row]),
                 Supply::Time(v) => timestamp_scalar(times(*v)[row]),
