@@ -640,9 +640,9 @@ fn arithmetic(op: Operator, l: &ScalarValue, r: &ScalarValue) -> Option<Result<S
         b: Option<T>,
         integer: bool,
     ) -> Option<std::result::Result<Option<T>, arrow::error::ArrowError>> {
-        if !matches!(op, Operator::Plus | Operator::Minus | Operator::Multiply)
-            && !(integer && matches!(op, Operator::Divide | Operator::Modulo))
-        {
+        let applies = matches!(op, Operator::Plus | Operator::Minus | Operator::Multiply)
+            || integer && matches!(op, Operator::Divide | Operator::Modulo);
+        if !applies {
             return None;
         }
         let (Some(a), Some(b)) = (a, b) else { return Some(Ok(None)) };
