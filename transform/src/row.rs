@@ -9,8 +9,11 @@
 //! spend their time in are computed here, by the very functions Arrow's kernels apply
 //! to each element (`ArrowNativeTypeOp`'s checked integer arithmetic and total float
 //! order, `str::to_uppercase`): column reads, literals, arithmetic and comparisons of
-//! one type, `AND`/`OR`/`NOT`, `IS [NOT] NULL`, `CASE` (and so `COALESCE`), the
-//! numeric widenings, float division and `upper`/`lower`. Every other operation is
+//! one type (floats compared with -0.0 as 0.0, as DataFusion's operators do),
+//! `AND`/`OR`/`NOT`, `IS [NOT] NULL`, `CASE` (and so `COALESCE`), `IN` over items that
+//! are not all constant, the numeric widenings, float division, `nullif` and
+//! `upper`/`lower`. A NaN any of them computes is the one NaN (`canonical`), as in the
+//! vectorized plan. Every other operation is
 //! computed by its own DataFusion code over a one-row batch holding its operands'
 //! values, its literal operands kept literal: the code the vectorized path runs, on the
 //! row's values. Nothing is parsed again and no construct is left out: a plan that
@@ -19,8 +22,9 @@
 //! A row whose value cannot be computed (division by zero, overflow, an invalid cast)
 //! is null and counted, as the vectorized path makes it: that path gives every row the
 //! value it gets when computed alone, which is what this one computes. `AND`, `OR` and
-//! `CASE` compute an operand only for a row that needs it, as DataFusion does for a
-//! row alone. The differential fuzzer (`tests/row_fuzz.rs`) holds the two equal.
+//! `CASE` compute an operand only for a row that needs it, and `IN` stops at the first
+//! equal item, as DataFusion does for a row alone. The differential fuzzer
+//! (`row_fuzz.rs`) holds the two equal.
 
 use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
