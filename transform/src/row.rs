@@ -87,6 +87,8 @@ pub(crate) enum Node {
     InList(Box<InList>),
     /// Any other operation: computed by its own code over a one-row batch.
     Own(Box<Own>),
+    /// An operation (and its operands) computed by DataFusion's code over the whole row.
+    Whole(Box<Whole>),
 }
 
 #[derive(Debug, Clone)]
@@ -118,6 +120,25 @@ pub(crate) struct InList {
     /// Each item, with `value = item` by DataFusion's code for types not compared here.
     items: Vec<(Node, Own)>,
     negated: bool,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Whole {
+    expr: Arc<dyn PhysicalExpr>,
+    /// The program's input.
+    schema: SchemaRef,
+}
+
+impl Whole {
+    fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+        let columns = row.iter().map(|v| v.to_array_of_size(1)).collect::<Result<Vec<ArrayRef>>>()?;
+        let batch =
+            RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &RecordBatchOptions::new().with_row_count(Some(1)))?;
+        Ok(canonical::scalar(match self.expr.evaluate(&batch)? {
+            ColumnarValue::Scalar(s) => s,
+            ColumnarValue::Array(a) => ScalarValue::try_from_array(&a, 0)?,
+        }))
+    }
 }
 
 /// An operation computed by its own DataFusion code: its operands that are not literals
@@ -251,20 +272,24 @@ pub(crate) fn compile(expr: &Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Resul
 /// `x [NOT] IN (...)`: with items that are all constant (DataFusion then looks the value
 /// up in a set of them) by its own code; else item by item.
 fn in_list(expr: &Arc<dyn PhysicalExpr>, list: &InListExpr, schema: &SchemaRef) -> Result<Node> {
-    // DataFusion's test for a constant list: every item computes a value without a row.
+    // DataFusion's test for a constant list: every item computes a value without a row,
+    // and the values make one array.
     let empty = RecordBatch::new_empty(Arc::clone(schema));
-    let constant = list.list().iter().all(|item| matches!(item.evaluate(&empty), Ok(ColumnarValue::Scalar(_))));
+    let scalars: Option<Vec<ScalarValue>> = list
+        .list()
+        .iter()
+        .map(|item| match item.evaluate(&empty) {
+            Ok(ColumnarValue::Scalar(ScalarValue::Dictionary(_, v))) => Some(*v),
+            Ok(ColumnarValue::Scalar(v)) => Some(v),
+            _ => None,
+        })
+        .collect();
+    let constant = scalars.is_some_and(|s| ScalarValue::iter_to_array(s).is_ok());
     let value_type = list.expr().data_type(schema)?;
     if constant {
-        let value: Arc<dyn PhysicalExpr> = Arc::new(Column::new("value", 0));
-        let children = std::iter::once(value).chain(list.list().iter().cloned()).collect();
-        let own = Own {
-            expr: Arc::clone(expr).with_new_children(children)?,
-            read: vec![true],
-            operands: vec![compile(list.expr(), schema)?],
-            schema: Arc::new(Schema::new(vec![Field::new("value", value_type, true)])),
-        };
-        return Ok(Node::Own(Box::new(own)));
+        // DataFusion looks the value up in a set it built of the items when it planned
+        // the list (its test above): the whole operation by its own code, over the row.
+        return Ok(Node::Whole(Box::new(Whole { expr: Arc::clone(expr), schema: Arc::clone(schema) })));
     }
     let items = list
         .list()
@@ -450,6 +475,7 @@ impl Node {
             }
             Node::InList(list) => owned(list.evaluate(row)?),
             Node::Own(o) => owned(o.evaluate(row)?),
+            Node::Whole(w) => owned(w.evaluate(row)?),
         }
     }
 }

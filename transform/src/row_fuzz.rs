@@ -622,6 +622,20 @@ fn regressions() {
         // An `IN` item that overflows fails the row (DataFusion had computed its set of
         // constants with wrapping arithmetic).
         ("(i IN (9223372036854775807 + 1))", T::Bool, vec![("i", S::Int64(Some(i64::MIN)))]),
+        // An `IN` list DataFusion takes for constant (its items compute a value without a
+        // row) though an item reads columns: computed by its code over the whole row.
+        (
+            "coalesce(m, CASE WHEN (concat(upper(s), CASE s WHEN '1e3' THEN TRUE WHEN s THEN FALSE ELSE b END) IN (CASE CAST(n AS VARCHAR) WHEN u THEN s WHEN substring(u, j) THEN CAST(i AS VARCHAR) ELSE coalesce('1e3', u) END, CAST(CASE WHEN FALSE THEN 1e-310 ELSE -1e308 END AS VARCHAR))) THEN m ELSE m END)",
+            T::List,
+            vec![
+                ("i", S::Int64(Some(7))),
+                ("j", S::Int64(Some(2))),
+                ("n", S::Int32(Some(-1))),
+                ("s", S::Utf8(Some("😀x".into()))),
+                ("u", S::Utf8(Some(" x ".into()))),
+                ("b", S::Boolean(Some(false))),
+            ],
+        ),
     ];
     for ((text, t, given), fold) in cases.into_iter().flat_map(|case| [(case.clone(), false), (case, true)]) {
         let program = Program::compile_with(&columns, &[Output { name: "x".into(), dtype: declared(t), expr: text.into() }], fold)
