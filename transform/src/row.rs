@@ -16,7 +16,8 @@
 //! vectorized plan. Every other operation is
 //! computed by its own DataFusion code over a one-row batch holding its operands'
 //! values, its literal operands kept literal: the code the vectorized path runs, on the
-//! row's values. Nothing is parsed again and no construct is left out: a plan that
+//! row's values (an `IN` list DataFusion planned as a set of constants: by its code over
+//! the whole row). Nothing is parsed again and no construct is left out: a plan that
 //! holds an operation this module does not know is refused when it is compiled.
 //!
 //! A row whose value cannot be computed (division by zero, overflow, an invalid cast)
