@@ -1,4 +1,3 @@
-
 use std::collections::HashMap;
 
 use quiver_runtime::encoding::{KeyValue, OnlineRow, Value, store_key};
