@@ -163,19 +163,20 @@ pub fn null_scalar(dtype: DType) -> quiver_transform::ScalarValue {
 }
 
 /// A value the row evaluator computed for a feature of `dtype` (of its Arrow type) as
-/// the online encoding's value: what [`value_at`] reads from a column of such values.
-pub fn value_of(dtype: DType, v: &quiver_transform::ScalarValue) -> crate::encoding::Value {
+/// the online encoding's value: what [`value_at`] reads from a column of such values
+/// (a string or bytes moved, not copied).
+pub fn value_of(dtype: DType, v: quiver_transform::ScalarValue) -> crate::encoding::Value {
     use crate::encoding::Value;
     use quiver_transform::ScalarValue as S;
     match (dtype, v) {
-        (DType::Int32, S::Int32(Some(x))) => Value::Int32(*x),
-        (DType::Int64, S::Int64(Some(x))) => Value::Int64(*x),
-        (DType::Float32, S::Float32(Some(x))) => Value::Float32(*x),
-        (DType::Float64, S::Float64(Some(x))) => Value::Float64(*x),
-        (DType::Bool, S::Boolean(Some(x))) => Value::Bool(*x),
-        (DType::String, S::Utf8(Some(x))) => Value::String(x.clone()),
-        (DType::Bytes, S::Binary(Some(x))) => Value::Bytes(x.clone()),
-        (DType::Timestamp, S::TimestampMicrosecond(Some(x), _)) => Value::Timestamp(*x),
+        (DType::Int32, S::Int32(Some(x))) => Value::Int32(x),
+        (DType::Int64, S::Int64(Some(x))) => Value::Int64(x),
+        (DType::Float32, S::Float32(Some(x))) => Value::Float32(x),
+        (DType::Float64, S::Float64(Some(x))) => Value::Float64(x),
+        (DType::Bool, S::Boolean(Some(x))) => Value::Bool(x),
+        (DType::String, S::Utf8(Some(x))) => Value::String(x),
+        (DType::Bytes, S::Binary(Some(x))) => Value::Bytes(x),
+        (DType::Timestamp, S::TimestampMicrosecond(Some(x), _)) => Value::Timestamp(x),
         (DType::List(_), S::List(list)) => value_at(list.as_ref(), 0, dtype),
         _ => Value::Null,
     }

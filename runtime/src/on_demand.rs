@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use crate::encoding::Value;
 use arrow::array::{ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, TimestampMicrosecondType};
 pub use quiver_transform::InputError;
@@ -93,8 +94,8 @@ pub struct Computed {
 /// What [`Computation::evaluate_rows`] computed, per requested feature in order.
 #[derive(Debug, Clone)]
 pub struct RowsComputed {
-    /// Each row's value, of the feature's Arrow type.
-    pub values: Vec<Vec<ScalarValue>>,
+    /// Each row's value, as the online encoding holds a value of the feature's type.
+    pub values: Vec<Vec<Value>>,
     /// As [`Computed::event_times`].
     pub event_times: Vec<Vec<i64>>,
     /// Values that could not be computed (null), over every step.
@@ -316,12 +317,15 @@ impl Computation {
     /// # Errors
     /// [`InputError`] when the values given do not fit a program's input.
     pub fn evaluate_rows(&self, rows: usize, value: &dyn Fn(usize, usize) -> ScalarValue, times: bool) -> Result<RowsComputed, InputError> {
-        let mut values: Vec<Vec<ScalarValue>> = self.wanted.iter().map(|_| Vec::with_capacity(rows)).collect();
+        let mut values: Vec<Vec<Value>> = self.wanted.iter().map(|_| Vec::with_capacity(rows)).collect();
         let mut event_times: Vec<Vec<i64>> =
             if times { self.wanted.iter().map(|_| Vec::with_capacity(rows)).collect() } else { Vec::new() };
         let mut failed = 0;
-        let mut outputs: Vec<Vec<ScalarValue>> = self.steps.iter().map(|_| Vec::new()).collect();
-        let mut input: Vec<ScalarValue> = Vec::new();
+        let mut outputs: Vec<Vec<ScalarValue>> = self.steps.iter().map(|s| Vec::with_capacity(s.program.names().count())).collect();
+        let mut input: Vec<ScalarValue> = Vec::with_capacity(self.steps.iter().map(|s| s.sources.len()).max().unwrap_or(0));
+        // A value asked for once is moved into the answer (every step has read it by
+        // then); one asked for twice is copied until its last.
+        let last: Vec<bool> = self.wanted.iter().enumerate().map(|(k, w)| !self.wanted[k + 1..].contains(w)).collect();
         for row in 0..rows {
             for (s, step) in self.steps.iter().enumerate() {
                 input.clear();
@@ -335,7 +339,6 @@ impl Computation {
                 failed += step.program.evaluate_row(&input, &mut outputs[s])?;
             }
             for (k, &(s, o)) in self.wanted.iter().enumerate() {
-                values[k].push(outputs[s][o].clone());
                 if times {
                     let latest = self.steps[s].times[o]
                         .iter()
@@ -343,6 +346,9 @@ impl Computation {
                         .max();
                     event_times[k].push(latest.unwrap_or(0));
                 }
+                let v = &mut outputs[s][o];
+                let v = if last[k] { std::mem::replace(v, ScalarValue::Null) } else { v.clone() };
+                values[k].push(crate::arrays::value_of(self.outputs[k].2, v));
             }
         }
         Ok(RowsComputed { values, event_times, failed })

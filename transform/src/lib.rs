@@ -108,6 +108,8 @@ struct Compiled {
     expr: Arc<dyn PhysicalExpr>,
     /// The same plan for one row at a time (the row evaluator).
     row: row::Node,
+    /// `row` compiled for its types.
+    typed: row::Typed,
 }
 
 /// What [`Program::evaluate`] computed: a column per output, in order, and per output
@@ -210,7 +212,8 @@ impl Program {
                     format!("computes {}, which {} feature cannot hold", type_name(&got), with_article(&type_name(&output.dtype))),
                 ));
             }
-            compiled.push(Compiled { name: output.name.clone(), dtype: output.dtype.clone(), expr: physical, row });
+            let typed = row::Typed::of(&row, &schema);
+            compiled.push(Compiled { name: output.name.clone(), dtype: output.dtype.clone(), expr: physical, row, typed });
         }
         Ok(Program { schema, outputs: compiled })
     }
@@ -274,12 +277,13 @@ impl Program {
         }
         let mut failed = 0;
         for output in &self.outputs {
-            match output.row.evaluate(row).and_then(|v| row::declared(v, &output.dtype)) {
-                Ok(v) => out.push(v),
-                Err(_) => {
-                    failed += 1;
-                    out.push(row::null_of(&output.dtype));
-                }
+            let pushed = match output.typed.push(row, &output.dtype, out) {
+                Some(pushed) => pushed,
+                None => output.row.evaluate(row).and_then(|v| row::declared(v, &output.dtype)).map(|v| out.push(v)),
+            };
+            if pushed.is_err() {
+                failed += 1;
+                out.push(row::null_of(&output.dtype));
             }
         }
         Ok(failed)

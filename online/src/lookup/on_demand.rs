@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, TimestampMicrosecondArray};
-use quiver_runtime::arrays::{key_array, key_scalar, scalar_of, timestamp_scalar, value_at, value_of, values_to_array};
+use quiver_runtime::arrays::{key_array, key_scalar, scalar_of, timestamp_scalar, value_at, values_to_array};
 use quiver_runtime::encoding::{KeyValue, Value};
 use quiver_runtime::on_demand::{Computation, Input};
 use quiver_sdk::{DType, Definitions, Feature, JoinKey, KeyType, OnDemandView};
@@ -232,7 +232,6 @@ impl OnDemandPlan {
             &fields.iter().find(|(name, _)| *name == field.name).expect("checked").1
         };
         let failed = |e: quiver_runtime::on_demand::InputError| Error::Request(format!("on-demand features: {}", e.0));
-        let dtypes: Vec<DType> = self.computation.outputs().map(|(_, _, dtype)| dtype).collect();
         if self.evaluator.by_rows(n) {
             let value = |i: usize, row: usize| match &self.sources[i] {
                 Supply::Column(j, dtype) => scalar_of(*dtype, &column(*j)[row]),
@@ -242,9 +241,7 @@ impl OnDemandPlan {
                 Supply::Now => timestamp_scalar(Some(now)),
             };
             let computed = self.computation.evaluate_rows(n, &value, true).map_err(failed)?;
-            let values =
-                computed.values.iter().zip(&dtypes).map(|(column, &dtype)| column.iter().map(|v| value_of(dtype, v)).collect()).collect();
-            return Ok(OnDemandValues { values, event_times: computed.event_times, failed: computed.failed });
+            return Ok(OnDemandValues { values: computed.values, event_times: computed.event_times, failed: computed.failed });
         }
         let stamps = |t: Vec<Option<i64>>| -> ArrayRef { Arc::new(TimestampMicrosecondArray::from(t).with_timezone("UTC")) };
         let mut supplied: Vec<ArrayRef> = Vec::with_capacity(self.sources.len());
@@ -261,8 +258,8 @@ impl OnDemandPlan {
         let values = computed
             .columns
             .iter()
-            .zip(&dtypes)
-            .map(|(array, &dtype)| (0..n).map(|row| value_at(array.as_ref(), row, dtype)).collect())
+            .zip(self.computation.outputs())
+            .map(|(array, (_, _, dtype))| (0..n).map(|row| value_at(array.as_ref(), row, dtype)).collect())
             .collect();
         Ok(OnDemandValues { values, event_times: computed.event_times, failed: computed.failed })
     }

@@ -42,8 +42,12 @@ use datafusion::physical_expr::expressions::{
 
 use crate::{canonical, chain};
 
+mod cell;
+mod typed;
 mod values;
 
+pub(crate) use cell::{Cell, Computed, Failed};
+pub(crate) use typed::Typed;
 use values::{arithmetic, compare, is_comparison, is_true, of_type, one_nan, widen, widens};
 pub(crate) use values::{declared, null_of};
 
@@ -135,7 +139,8 @@ pub(crate) struct Whole {
 }
 
 impl Whole {
-    fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+    #[inline(never)]
+    fn evaluate(&self, row: &[ScalarValue]) -> Computed<ScalarValue> {
         let columns = row.iter().map(|v| v.to_array_of_size(1)).collect::<Result<Vec<ArrayRef>>>()?;
         let batch =
             RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &RecordBatchOptions::new().with_row_count(Some(1)))?;
@@ -160,7 +165,7 @@ pub(crate) struct Own {
     schema: SchemaRef,
 }
 
-/// An `Err` is a value that cannot be computed for the row.
+/// Compiling's result: an `Err` names what cannot be compiled.
 type Result<T> = std::result::Result<T, DataFusionError>;
 
 /// Compiles `expr` (a plan over `schema`, before its chains and lenient parts are
@@ -312,7 +317,8 @@ fn in_list(expr: &Arc<dyn PhysicalExpr>, list: &InListExpr, schema: &SchemaRef) 
 }
 
 impl InList {
-    fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
+    #[inline(never)]
+    fn evaluate<'a>(&'a self, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
         let value = self.value.evaluate(row)?;
         let mut found: Option<bool> = Some(false);
         for (k, (item, equal)) in self.items.iter().enumerate() {
@@ -325,10 +331,10 @@ impl InList {
                 None
             } else {
                 match compare(Operator::Eq, &value, &item, false) {
-                    Some(ScalarValue::Boolean(b)) => b,
-                    _ => match equal.apply_read(vec![value.clone().into_owned(), item.into_owned()])? {
+                    Some(Cell::Bool(b)) => b,
+                    _ => match equal.apply_read(vec![value.clone().into_scalar(), item.into_scalar()])? {
                         ScalarValue::Boolean(b) => b,
-                        other => return Err(DataFusionError::Internal(format!("IN compared to {}", other.data_type()))),
+                        _ => return Err(Failed),
                     },
                 }
             };
@@ -338,7 +344,7 @@ impl InList {
                 _ => Some(false),
             };
         }
-        Ok(ScalarValue::Boolean(if self.negated { found.map(|f| !f) } else { found }))
+        Ok(Cell::Bool(if self.negated { found.map(|f| !f) } else { found }))
     }
 }
 
@@ -377,14 +383,14 @@ fn own(expr: &Arc<dyn PhysicalExpr>, schema: &SchemaRef, compile_operands: bool)
 impl Own {
     /// Computes the operation for one row whose operands are `values`, every operand in
     /// order (those kept literal are passed over).
-    fn apply(&self, values: Vec<ScalarValue>) -> Result<ScalarValue> {
+    fn apply(&self, values: Vec<ScalarValue>) -> Computed<ScalarValue> {
         let read = values.into_iter().zip(&self.read).filter(|(_, r)| **r).map(|(v, _)| v).collect();
         self.apply_read(read)
     }
 
     /// Computes the operation for one row whose operands read from the batch are
     /// `values`, in order.
-    fn apply_read(&self, values: Vec<ScalarValue>) -> Result<ScalarValue> {
+    fn apply_read(&self, values: Vec<ScalarValue>) -> Computed<ScalarValue> {
         let columns = values.iter().map(|v| v.to_array_of_size(1)).collect::<Result<Vec<ArrayRef>>>()?;
         let options = RecordBatchOptions::new().with_row_count(Some(1));
         let batch = RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
@@ -395,29 +401,36 @@ impl Own {
         }))
     }
 
-    fn evaluate(&self, row: &[ScalarValue]) -> Result<ScalarValue> {
-        let values = self.operands.iter().map(|o| o.evaluate(row).map(Cow::into_owned)).collect::<Result<Vec<_>>>()?;
+    #[inline(never)]
+    fn evaluate(&self, row: &[ScalarValue]) -> Computed<ScalarValue> {
+        let values = self.operands.iter().map(|o| o.evaluate(row).map(Cell::into_scalar)).collect::<Computed<Vec<_>>>()?;
         self.apply_read(values)
     }
 }
 
-/// A value an operation computed, or one it passes on from the row or the plan
-/// (a column, a literal, the branch a `CASE` takes) without a copy.
-type Value<'a> = Cow<'a, ScalarValue>;
-
-fn owned<'a>(v: ScalarValue) -> Result<Value<'a>> {
-    Ok(Cow::Owned(v))
-}
-
 impl Node {
-    /// The value of this operation for `row` (one value per input column).
+    /// The value of this operation for `row` (one value per input column): a value
+    /// of the row or the plan passed on borrowed (a column, a literal, the branch a
+    /// `CASE` takes).
     ///
     /// # Errors
     /// When the row's value cannot be computed.
-    pub(crate) fn evaluate<'a>(&'a self, row: &'a [ScalarValue]) -> Result<Value<'a>> {
+    #[inline(always)]
+    pub(crate) fn evaluate<'a>(&'a self, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
+        // A column or a literal (most operands) read where it is used, not by a call.
         match self {
-            Node::Column(i) => Ok(Cow::Borrowed(&row[*i])),
-            Node::Literal(v) => Ok(Cow::Borrowed(v)),
+            Node::Column(i) => Ok(Cell::of(&row[*i])),
+            Node::Literal(v) => Ok(Cell::of(v)),
+            _ => self.compute(row),
+        }
+    }
+
+    /// [`Node::evaluate`] of an operation.
+    #[inline(never)]
+    fn compute<'a>(&'a self, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
+        match self {
+            Node::Column(i) => Ok(Cell::of(&row[*i])),
+            Node::Literal(v) => Ok(Cell::of(v)),
             Node::Binary(b) => {
                 let left = b.left.evaluate(row)?;
                 b.apply(left, row)
@@ -429,76 +442,87 @@ impl Node {
                 }
                 Ok(so_far)
             }
-            Node::Not(n) => match n.evaluate(row)?.as_ref() {
-                ScalarValue::Boolean(b) => owned(ScalarValue::Boolean(b.map(|b| !b))),
-                ScalarValue::Null => owned(ScalarValue::Boolean(None)),
-                other => Err(DataFusionError::Internal(format!("NOT of {}", other.data_type()))),
+            Node::Not(n) => match n.evaluate(row)?.boolean() {
+                Some(b) => Ok(Cell::Bool(b.map(|b| !b))),
+                None => Err(Failed),
             },
-            Node::IsNull(n) => owned(ScalarValue::Boolean(Some(n.evaluate(row)?.is_null()))),
-            Node::IsNotNull(n) => owned(ScalarValue::Boolean(Some(!n.evaluate(row)?.is_null()))),
+            Node::IsNull(n) => Ok(Cell::Bool(Some(n.evaluate(row)?.is_null()))),
+            Node::IsNotNull(n) => Ok(Cell::Bool(Some(!n.evaluate(row)?.is_null()))),
             Node::Case(c) => c.evaluate(row),
-            Node::Widen { input, to } => owned(canonical::scalar(widen(input.evaluate(row)?.as_ref(), to)?)),
-            Node::FloatDivision { remainder, left, right } => {
-                let (l, r) = (left.evaluate(row)?, right.evaluate(row)?);
-                match (l.as_ref(), r.as_ref()) {
-                    (ScalarValue::Float64(Some(x)), ScalarValue::Float64(Some(y))) => {
-                        if *y == 0.0 {
-                            return Err(DataFusionError::ArrowError(Box::new(arrow::error::ArrowError::DivideByZero), None));
-                        }
-                        owned(canonical::scalar(ScalarValue::Float64(Some(if *remainder { x % y } else { x / y }))))
-                    }
-                    (ScalarValue::Float64(_), ScalarValue::Float64(_)) => owned(ScalarValue::Float64(None)),
-                    (l, r) => Err(DataFusionError::Internal(format!("float division of {} and {}", l.data_type(), r.data_type()))),
-                }
-            }
-            Node::Letters { upper, input } => match input.evaluate(row)?.as_ref() {
-                ScalarValue::Utf8(s) => {
-                    owned(ScalarValue::Utf8(s.as_deref().map(|s| if *upper { s.to_uppercase() } else { s.to_lowercase() })))
-                }
-                other => Err(DataFusionError::Internal(format!("upper/lower of {}", other.data_type()))),
-            },
-            Node::NullIf { left, right, own } => {
-                let (a, b) = (left.evaluate(row)?, right.evaluate(row)?);
-                // The value passed on is a NaN it computes, as the vectorized plan takes it.
-                if a.is_null() || b.is_null() {
-                    return Ok(one_nan(a));
-                }
-                match compare(Operator::Eq, &a, &b, false) {
-                    Some(ScalarValue::Boolean(Some(true))) => owned(null_of(&a.data_type())),
-                    Some(_) => Ok(one_nan(a)),
-                    None => owned(own.apply(vec![a.into_owned(), b.into_owned()])?),
-                }
-            }
-            Node::InList(list) => owned(list.evaluate(row)?),
-            Node::Own(o) => owned(o.evaluate(row)?),
-            Node::Whole(w) => owned(w.evaluate(row)?),
+            Node::Widen { input, to } => Ok(one_nan(widen(input.evaluate(row)?, to)?)),
+            Node::FloatDivision { remainder, left, right } => float_division(*remainder, left, right, row),
+            Node::Letters { upper, input } => letters(*upper, input, row),
+            Node::NullIf { left, right, own } => null_if(left, right, own, row),
+            Node::InList(list) => list.evaluate(row),
+            Node::Own(o) => Ok(Cell::owned(o.evaluate(row)?)),
+            Node::Whole(w) => Ok(Cell::owned(w.evaluate(row)?)),
         }
     }
 }
 
+/// Float `/` or `%` that fails on a zero divisor. (Each operation but the commonest
+/// is a function of its own, out of line: [`Node::evaluate`] stays small, and so does
+/// what each call of it costs.)
+#[inline(never)]
+fn float_division<'a>(remainder: bool, left: &'a Node, right: &'a Node, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
+    match (left.evaluate(row)?, right.evaluate(row)?) {
+        (Cell::F64(Some(x)), Cell::F64(Some(y))) => {
+            if y == 0.0 {
+                return Err(Failed);
+            }
+            Ok(one_nan(Cell::F64(Some(if remainder { x % y } else { x / y }))))
+        }
+        (Cell::F64(_), Cell::F64(_)) => Ok(Cell::F64(None)),
+        _ => Err(Failed),
+    }
+}
+
+#[inline(never)]
+fn letters<'a>(upper: bool, input: &'a Node, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
+    match input.evaluate(row)? {
+        Cell::Str(s) => Ok(Cell::Str(s.map(|s| Cow::Owned(if upper { s.to_uppercase() } else { s.to_lowercase() })))),
+        _ => Err(Failed),
+    }
+}
+
+#[inline(never)]
+fn null_if<'a>(left: &'a Node, right: &'a Node, own: &Own, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
+    let (a, b) = (left.evaluate(row)?, right.evaluate(row)?);
+    // The value passed on is a NaN it computes, as the vectorized plan takes it.
+    if a.is_null() || b.is_null() {
+        return Ok(one_nan(a));
+    }
+    match compare(Operator::Eq, &a, &b, false) {
+        Some(Cell::Bool(Some(true))) => Ok(a.null()),
+        Some(_) => Ok(one_nan(a)),
+        None => Ok(Cell::owned(own.apply(vec![a.into_scalar(), b.into_scalar()])?)),
+    }
+}
+
 impl Case {
-    fn evaluate<'a>(&'a self, row: &'a [ScalarValue]) -> Result<Value<'a>> {
+    #[inline(never)]
+    fn evaluate<'a>(&'a self, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
         let value = self.branch(row)?;
         if of_type(&value, &self.dtype) {
             return Ok(value);
         }
-        if value.is_null() && value.data_type() == DataType::Null {
-            return Ok(Cow::Borrowed(&self.null));
+        if value.is_untyped_null() {
+            return Ok(Cell::of(&self.null));
         }
-        match ColumnarValue::Scalar(value.into_owned()).cast_to(&self.dtype, None)? {
-            ColumnarValue::Scalar(v) => owned(v),
-            ColumnarValue::Array(a) => owned(ScalarValue::try_from_array(&a, 0)?),
+        match ColumnarValue::Scalar(value.into_scalar()).cast_to(&self.dtype, None)? {
+            ColumnarValue::Scalar(v) => Ok(Cell::owned(v)),
+            ColumnarValue::Array(a) => Ok(Cell::owned(ScalarValue::try_from_array(&a, 0)?)),
         }
     }
 
     /// The value of the branch the row takes.
-    fn branch<'a>(&'a self, row: &'a [ScalarValue]) -> Result<Value<'a>> {
+    fn branch<'a>(&'a self, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
         let base = self.base.as_ref().map(|b| b.evaluate(row)).transpose()?;
         // A null base matches no `WHEN`, which DataFusion then does not compute.
-        if base.as_ref().is_some_and(|b| b.is_null()) {
+        if base.as_ref().is_some_and(Cell::is_null) {
             return match &self.otherwise {
                 Some(e) => e.evaluate(row),
-                None => Ok(Cow::Borrowed(&self.null)),
+                None => Ok(Cell::of(&self.null)),
             };
         }
         for (when, then, equal) in &self.whens {
@@ -507,10 +531,12 @@ impl Case {
                 // `CASE x WHEN v`: x = v; a null on either side never matches.
                 (Some(b), Some(equal)) => {
                     !w.is_null()
-                        && is_true(&match compare(Operator::Eq, b, &w, false) {
-                            Some(v) => v,
-                            None => equal.apply(vec![b.clone().into_owned(), w.into_owned()])?,
-                        })
+                        && match compare(Operator::Eq, b, &w, false) {
+                            Some(v) => is_true(&v),
+                            None => {
+                                matches!(equal.apply(vec![b.clone().into_scalar(), w.into_scalar()])?, ScalarValue::Boolean(Some(true)))
+                            }
+                        }
                 }
                 _ => is_true(&w),
             };
@@ -520,51 +546,52 @@ impl Case {
         }
         match &self.otherwise {
             Some(e) => e.evaluate(row),
-            None => Ok(Cow::Borrowed(&self.null)),
+            None => Ok(Cell::of(&self.null)),
         }
     }
 }
 
 impl Binary {
     /// This operation on `left` (computed) and its right operand, for `row`.
-    fn apply<'a>(&'a self, left: Value<'a>, row: &'a [ScalarValue]) -> Result<Value<'a>> {
+    fn apply<'a>(&'a self, left: Cell<'a>, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
         match self.op {
             // The right operand only where the left does not decide (DataFusion's
             // short circuit for a row alone).
-            Operator::And | Operator::Or => {
-                let and = self.op == Operator::And;
-                let l = match left.as_ref() {
-                    ScalarValue::Boolean(b) => *b,
-                    ScalarValue::Null => None,
-                    other => return Err(DataFusionError::Internal(format!("AND/OR of {}", other.data_type()))),
-                };
-                if l == Some(!and) {
-                    return owned(ScalarValue::Boolean(l));
-                }
-                let r = match self.right.evaluate(row)?.as_ref() {
-                    ScalarValue::Boolean(b) => *b,
-                    ScalarValue::Null => None,
-                    other => return Err(DataFusionError::Internal(format!("AND/OR of {}", other.data_type()))),
-                };
-                if l == Some(and) {
-                    return owned(ScalarValue::Boolean(r));
-                }
-                // The left is null: Kleene logic.
-                owned(ScalarValue::Boolean(match (and, r) {
-                    (true, Some(false)) => Some(false),
-                    (false, Some(true)) => Some(true),
-                    _ => None,
-                }))
-            }
+            Operator::And | Operator::Or => self.logical(&left, row),
             op => {
                 let right = self.right.evaluate(row)?;
                 let native = if is_comparison(op) { compare(op, &left, &right, true).map(Ok) } else { arithmetic(op, &left, &right) };
                 // Any NaN it computes is the one NaN, as in the vectorized plan.
                 match native {
-                    Some(v) => owned(canonical::scalar(v?)),
-                    None => owned(self.own.apply(vec![left.into_owned(), right.into_owned()])?),
+                    Some(v) => Ok(one_nan(v?)),
+                    None => self.by_own_code(left, right),
                 }
             }
         }
+    }
+
+    /// `AND` or `OR`, Kleene's logic.
+    #[inline(never)]
+    fn logical<'a>(&'a self, left: &Cell<'a>, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
+        let and = self.op == Operator::And;
+        let l = left.boolean().ok_or(Failed)?;
+        if l == Some(!and) {
+            return Ok(Cell::Bool(l));
+        }
+        let r = self.right.evaluate(row)?.boolean().ok_or(Failed)?;
+        if l == Some(and) {
+            return Ok(Cell::Bool(r));
+        }
+        // The left is null.
+        Ok(Cell::Bool(match (and, r) {
+            (true, Some(false)) => Some(false),
+            (false, Some(true)) => Some(true),
+            _ => None,
+        }))
+    }
+
+    #[inline(never)]
+    fn by_own_code<'a>(&self, left: Cell<'a>, right: Cell<'a>) -> Computed<Cell<'a>> {
+        Ok(Cell::owned(self.own.apply(vec![left.into_scalar(), right.into_scalar()])?))
     }
 }

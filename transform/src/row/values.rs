@@ -2,15 +2,14 @@
 //! compute each element: comparisons, arithmetic, widening casts, a value's type, and
 //! an output's value as its declared type.
 
-use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use arrow::compute::CastOptions;
 use arrow::datatypes::{ArrowNativeTypeOp, DataType, TimeUnit};
-use datafusion::common::{DataFusionError, ScalarValue};
+use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 
-use super::{Result, Value};
+use super::cell::{Cell, Computed, Failed};
 
 /// Whether Arrow casts `from` to `to` exactly, with `as`, for every value.
 pub(super) fn widens(from: &DataType, to: &DataType) -> bool {
@@ -22,31 +21,32 @@ pub(super) fn widens(from: &DataType, to: &DataType) -> bool {
 }
 
 /// `v`, its NaN the one NaN.
-pub(super) fn one_nan(v: Value<'_>) -> Value<'_> {
-    match v.as_ref() {
-        ScalarValue::Float64(Some(x)) if x.is_nan() => Cow::Owned(ScalarValue::Float64(Some(f64::NAN))),
-        ScalarValue::Float32(Some(x)) if x.is_nan() => Cow::Owned(ScalarValue::Float32(Some(f32::NAN))),
-        _ => v,
+pub(super) fn one_nan(v: Cell<'_>) -> Cell<'_> {
+    match v {
+        Cell::F64(Some(x)) if x.is_nan() => Cell::F64(Some(f64::NAN)),
+        Cell::F32(Some(x)) if x.is_nan() => Cell::F32(Some(f32::NAN)),
+        v => v,
     }
 }
 
-pub(super) fn is_true(v: &ScalarValue) -> bool {
-    matches!(v, ScalarValue::Boolean(Some(true)))
+pub(super) fn is_true(v: &Cell<'_>) -> bool {
+    matches!(v, Cell::Bool(Some(true)))
 }
 
 /// Whether `v` is of type `dtype` (the common types without building a `DataType`).
-pub(super) fn of_type(v: &ScalarValue, dtype: &DataType) -> bool {
-    use ScalarValue as S;
+pub(super) fn of_type(v: &Cell<'_>, dtype: &DataType) -> bool {
     match (v, dtype) {
-        (S::Float64(_), DataType::Float64)
-        | (S::Float32(_), DataType::Float32)
-        | (S::Int64(_), DataType::Int64)
-        | (S::Int32(_), DataType::Int32)
-        | (S::Boolean(_), DataType::Boolean)
-        | (S::Utf8(_), DataType::Utf8) => true,
-        (S::TimestampMicrosecond(_, zone), DataType::Timestamp(TimeUnit::Microsecond, want)) => zone.as_deref() == want.as_deref(),
-        (S::Float64(_) | S::Float32(_) | S::Int64(_) | S::Int32(_) | S::Boolean(_) | S::Utf8(_), _) => false,
-        _ => &v.data_type() == dtype,
+        (Cell::F64(_), DataType::Float64)
+        | (Cell::F32(_), DataType::Float32)
+        | (Cell::I64(_), DataType::Int64)
+        | (Cell::I32(_), DataType::Int32)
+        | (Cell::Bool(_), DataType::Boolean)
+        | (Cell::Str(_), DataType::Utf8)
+        | (Cell::Duration(_), DataType::Duration(TimeUnit::Microsecond)) => true,
+        (Cell::Ts(_, zone), DataType::Timestamp(TimeUnit::Microsecond, want)) => zone.as_deref() == want.as_deref(),
+        (Cell::Other(v), _) => &v.data_type() == dtype,
+        (Cell::Owned(v), _) => &v.data_type() == dtype,
+        _ => false,
     }
 }
 
@@ -59,8 +59,7 @@ pub(super) fn is_comparison(op: Operator) -> bool {
 /// (NaN equals NaN and is greatest, -0.0 is below 0.0) — with `zeros_equal`, -0.0 taken
 /// as 0.0 first, as DataFusion's comparison operators do (its `CASE x WHEN v` does
 /// not); strings by their bytes.
-pub(super) fn compare(op: Operator, l: &ScalarValue, r: &ScalarValue, zeros_equal: bool) -> Option<ScalarValue> {
-    use ScalarValue as S;
+pub(super) fn compare<'a>(op: Operator, l: &Cell<'_>, r: &Cell<'_>, zeros_equal: bool) -> Option<Cell<'a>> {
     fn ord<T: ArrowNativeTypeOp>(op: Operator, a: T, b: T) -> bool {
         match op {
             Operator::Eq => a.is_eq(b),
@@ -71,25 +70,23 @@ pub(super) fn compare(op: Operator, l: &ScalarValue, r: &ScalarValue, zeros_equa
             _ => a.is_ge(b),
         }
     }
-    fn with<T: Copy>(op: Operator, a: Option<T>, b: Option<T>, f: impl Fn(Operator, T, T) -> bool) -> ScalarValue {
-        ScalarValue::Boolean(a.zip(b).map(|(a, b)| f(op, a, b)))
+    fn with<'a, T: Copy>(op: Operator, a: Option<T>, b: Option<T>, f: impl Fn(Operator, T, T) -> bool) -> Cell<'a> {
+        Cell::Bool(a.zip(b).map(|(a, b)| f(op, a, b)))
     }
     Some(match (l, r) {
-        (S::Int64(a), S::Int64(b)) => with(op, *a, *b, ord),
-        (S::Int32(a), S::Int32(b)) => with(op, *a, *b, ord),
-        (S::Float64(a), S::Float64(b)) => {
+        (Cell::I64(a), Cell::I64(b)) => with(op, *a, *b, ord),
+        (Cell::I32(a), Cell::I32(b)) => with(op, *a, *b, ord),
+        (Cell::F64(a), Cell::F64(b)) => {
             let zero = |x: Option<f64>| x.map(|x| if zeros_equal && x == 0.0 { 0.0 } else { x });
             with(op, zero(*a), zero(*b), ord)
         }
-        (S::Float32(a), S::Float32(b)) => {
+        (Cell::F32(a), Cell::F32(b)) => {
             let zero = |x: Option<f32>| x.map(|x| if zeros_equal && x == 0.0 { 0.0 } else { x });
             with(op, zero(*a), zero(*b), ord)
         }
-        (S::Boolean(a), S::Boolean(b)) => with(op, *a, *b, |op, a: bool, b: bool| ord(op, u8::from(a), u8::from(b))),
-        (S::Utf8(a), S::Utf8(b)) => {
-            ScalarValue::Boolean(a.as_deref().zip(b.as_deref()).map(|(a, b)| ord_bytes(op, a.as_bytes(), b.as_bytes())))
-        }
-        (S::TimestampMicrosecond(a, za), S::TimestampMicrosecond(b, zb)) if za == zb => with(op, *a, *b, ord),
+        (Cell::Bool(a), Cell::Bool(b)) => with(op, *a, *b, |op, a: bool, b: bool| ord(op, u8::from(a), u8::from(b))),
+        (Cell::Str(a), Cell::Str(b)) => Cell::Bool(a.as_deref().zip(b.as_deref()).map(|(a, b)| ord_bytes(op, a.as_bytes(), b.as_bytes()))),
+        (Cell::Ts(a, za), Cell::Ts(b, zb)) if za == zb => with(op, *a, *b, ord),
         _ => return None,
     })
 }
@@ -107,17 +104,12 @@ pub(super) fn ord_bytes(op: Operator, a: &[u8], b: &[u8]) -> bool {
 
 /// `l op r` for two values of one numeric type, as Arrow's kernels compute each
 /// element (`None`: other types, left to DataFusion's code): integers checked (an
-/// overflow or a zero divisor fails the row; `%` by -1 wraps), floats as IEEE.
-pub(super) fn arithmetic(op: Operator, l: &ScalarValue, r: &ScalarValue) -> Option<Result<ScalarValue>> {
-    use ScalarValue as S;
+/// overflow or a zero divisor fails the row; `%` by -1 wraps), floats as IEEE; the
+/// difference of two timestamps checked, as Arrow's.
+pub(super) fn arithmetic<'a>(op: Operator, l: &Cell<'_>, r: &Cell<'_>) -> Option<Computed<Cell<'a>>> {
     /// Integers checked, floats as IEEE; `/` and `%` of floats are never here (the
     /// plan's float division).
-    fn numeric<T: ArrowNativeTypeOp>(
-        op: Operator,
-        a: Option<T>,
-        b: Option<T>,
-        integer: bool,
-    ) -> Option<std::result::Result<Option<T>, arrow::error::ArrowError>> {
+    fn numeric<T: ArrowNativeTypeOp>(op: Operator, a: Option<T>, b: Option<T>, integer: bool) -> Option<Computed<Option<T>>> {
         let applies = matches!(op, Operator::Plus | Operator::Minus | Operator::Multiply)
             || integer && matches!(op, Operator::Divide | Operator::Modulo);
         if !applies {
@@ -136,29 +128,43 @@ pub(super) fn arithmetic(op: Operator, l: &ScalarValue, r: &ScalarValue) -> Opti
                 _ if b.is_zero() => Err(arrow::error::ArrowError::DivideByZero),
                 _ => Ok(a.mod_wrapping(b)),
             }
-            .map(Some),
+            .map(Some)
+            .map_err(Failed::from),
         )
     }
-    let arrow = |e: arrow::error::ArrowError| DataFusionError::ArrowError(Box::new(e), None);
     match (l, r) {
-        (S::Int64(a), S::Int64(b)) => numeric(op, *a, *b, true).map(|v| v.map(S::Int64).map_err(arrow)),
-        (S::Int32(a), S::Int32(b)) => numeric(op, *a, *b, true).map(|v| v.map(S::Int32).map_err(arrow)),
-        (S::Float64(a), S::Float64(b)) => numeric(op, *a, *b, false).map(|v| v.map(S::Float64).map_err(arrow)),
-        (S::Float32(a), S::Float32(b)) => numeric(op, *a, *b, false).map(|v| v.map(S::Float32).map_err(arrow)),
-        (S::TimestampMicrosecond(a, za), S::TimestampMicrosecond(b, zb)) if op == Operator::Minus && za == zb => {
-            let (Some(a), Some(b)) = (a, b) else { return Some(Ok(S::DurationMicrosecond(None))) };
-            Some(a.sub_checked(*b).map(|d| S::DurationMicrosecond(Some(d))).map_err(arrow))
+        (Cell::I64(a), Cell::I64(b)) => numeric(op, *a, *b, true).map(|v| v.map(Cell::I64)),
+        (Cell::I32(a), Cell::I32(b)) => numeric(op, *a, *b, true).map(|v| v.map(Cell::I32)),
+        (Cell::F64(a), Cell::F64(b)) => numeric(op, *a, *b, false).map(|v| v.map(Cell::F64)),
+        (Cell::F32(a), Cell::F32(b)) => numeric(op, *a, *b, false).map(|v| v.map(Cell::F32)),
+        (Cell::Ts(a, za), Cell::Ts(b, zb)) if op == Operator::Minus && za == zb => {
+            let (Some(a), Some(b)) = (a, b) else { return Some(Ok(Cell::Duration(None))) };
+            Some(a.sub_checked(*b).map(|d| Cell::Duration(Some(d))).map_err(Failed::from))
         }
         _ => None,
     }
 }
 
 /// `v` cast to `to` where Arrow casts with `as` ([`widens`]).
-pub(super) fn widen(v: &ScalarValue, to: &DataType) -> Result<ScalarValue> {
-    use ScalarValue as S;
-    if of_type(v, to) {
-        return Ok(v.clone());
+pub(super) fn widen<'a>(v: Cell<'a>, to: &DataType) -> Computed<Cell<'a>> {
+    if of_type(&v, to) {
+        return Ok(v);
     }
+    Ok(match (to, v) {
+        (DataType::Int64, Cell::I32(x)) => Cell::I64(x.map(i64::from)),
+        (DataType::Int64, Cell::Duration(x)) => Cell::I64(x),
+        (DataType::Float64, Cell::F32(x)) => Cell::F64(x.map(f64::from)),
+        (DataType::Float64, Cell::I32(x)) => Cell::F64(x.map(f64::from)),
+        (DataType::Float64, Cell::I64(x) | Cell::Duration(x)) => Cell::F64(x.map(|x| x as f64)),
+        (_, Cell::Other(v)) => Cell::owned(widen_scalar(v, to)?),
+        (_, Cell::Owned(v)) => Cell::owned(widen_scalar(&v, to)?),
+        _ => return Err(Failed),
+    })
+}
+
+/// [`widen`] of a value of a type not held inline.
+fn widen_scalar(v: &ScalarValue, to: &DataType) -> Computed<ScalarValue> {
+    use ScalarValue as S;
     let int = |v: &S| -> Option<Option<i64>> {
         Some(match v {
             S::Int8(x) => x.map(i64::from),
@@ -170,11 +176,11 @@ pub(super) fn widen(v: &ScalarValue, to: &DataType) -> Result<ScalarValue> {
         })
     };
     Ok(match to {
-        DataType::Int64 => S::Int64(int(v).ok_or_else(|| cannot(v, to))?),
+        DataType::Int64 => S::Int64(int(v).ok_or(Failed)?),
         DataType::Int32 => match v {
             S::Int8(x) => S::Int32(x.map(i32::from)),
             S::Int16(x) => S::Int32(x.map(i32::from)),
-            _ => return Err(cannot(v, to)),
+            _ => return Err(Failed),
         },
         DataType::Float64 => S::Float64(match v {
             S::Float32(x) => x.map(f64::from),
@@ -182,24 +188,20 @@ pub(super) fn widen(v: &ScalarValue, to: &DataType) -> Result<ScalarValue> {
             S::UInt16(x) => x.map(f64::from),
             S::UInt32(x) => x.map(f64::from),
             S::UInt64(x) => x.map(|x| x as f64),
-            other => int(other).ok_or_else(|| cannot(v, to))?.map(|x| x as f64),
+            other => int(other).ok_or(Failed)?.map(|x| x as f64),
         }),
-        _ => return Err(cannot(v, to)),
+        _ => return Err(Failed),
     })
-}
-
-pub(super) fn cannot(v: &ScalarValue, to: &DataType) -> DataFusionError {
-    DataFusionError::Internal(format!("widening {} to {to}", v.data_type()))
 }
 
 /// `v` (an output's value) as the output's declared type, as the vectorized path casts
 /// its column (Arrow's default options: a value that does not fit is null).
-pub(crate) fn declared(v: Value<'_>, dtype: &DataType) -> Result<ScalarValue> {
+pub(crate) fn declared(v: Cell<'_>, dtype: &DataType) -> Computed<ScalarValue> {
     if of_type(&v, dtype) {
-        return Ok(v.into_owned());
+        return Ok(v.into_scalar());
     }
     static OPTIONS: LazyLock<CastOptions<'static>> = LazyLock::new(CastOptions::default);
-    v.cast_to_with_options(dtype, &OPTIONS)
+    Ok(v.into_scalar().cast_to_with_options(dtype, &OPTIONS)?)
 }
 
 /// The null of `dtype`.
