@@ -480,7 +480,7 @@ fn float_division<'a>(remainder: bool, left: &'a Node, right: &'a Node, row: &'a
 #[inline(never)]
 fn letters<'a>(upper: bool, input: &'a Node, row: &'a [ScalarValue]) -> Computed<Cell<'a>> {
     match input.evaluate(row)? {
-        Cell::Str(s) => Ok(Cell::Str(s.map(|s| Cow::Owned(if upper { s.to_uppercase() } else { s.to_lowercase() })))),
+        Cell::Str(s) => Ok(Cell::Str(s.map(|s| Cow::Owned(values::letters(&s, upper))))),
         _ => Err(Failed),
     }
 }

@@ -14,7 +14,7 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 
 use super::cell::{Cell, Computed, Failed};
-use super::values::{is_comparison, ord_bytes};
+use super::values::{is_comparison, letters, ord_bytes};
 use super::{Binary, Case, Node};
 
 type Row<'a> = &'a [ScalarValue];
@@ -74,7 +74,27 @@ impl<T: Native> Op<T> {
         }
     }
 }
-type OfStr = Arc<dyn for<'a> Fn(Row<'a>) -> Computed<Option<Text<'a>>> + Send + Sync>;
+/// A typed string operation, as [`Op`].
+#[derive(Clone)]
+pub(crate) enum OfStr {
+    Column(usize),
+    Literal(Option<Arc<str>>),
+    Fn(Arc<dyn for<'a> Fn(Row<'a>) -> Computed<Option<Text<'a>>> + Send + Sync>),
+}
+
+impl OfStr {
+    #[inline(always)]
+    fn get<'a>(&self, row: Row<'a>) -> Computed<Option<Text<'a>>> {
+        match self {
+            OfStr::Column(i) => match &row[*i] {
+                ScalarValue::Utf8(x) => Ok(x.as_deref().map(Text::Row)),
+                _ => Err(Failed),
+            },
+            OfStr::Literal(x) => Ok(x.clone().map(Text::Literal)),
+            OfStr::Fn(f) => f(row),
+        }
+    }
+}
 
 /// A string: read from the row, a literal of the plan (shared: a function of the row
 /// cannot lend what it holds), or computed.
@@ -156,7 +176,7 @@ impl Typed {
             (Typed::F64(f), DataType::Float64) => f.get(row).and_then(|v| put(ScalarValue::Float64(v))),
             (Typed::I64(f), DataType::Int64) => f.get(row).and_then(|v| put(ScalarValue::Int64(v))),
             (Typed::Bool(f), DataType::Boolean) => f.get(row).and_then(|v| put(ScalarValue::Boolean(v))),
-            (Typed::Str(f), DataType::Utf8) => f(row).and_then(|s| put(ScalarValue::Utf8(s.map(Text::into_string)))),
+            (Typed::Str(f), DataType::Utf8) => f.get(row).and_then(|s| put(ScalarValue::Utf8(s.map(Text::into_string)))),
             _ => return None,
         })
     }
@@ -175,7 +195,7 @@ fn text<F>(f: F) -> OfStr
 where
     F: for<'a> Fn(Row<'a>) -> Computed<Option<Text<'a>>> + Send + Sync + 'static,
 {
-    Arc::new(f)
+    OfStr::Fn(Arc::new(f))
 }
 
 /// `node`'s value as `T`, computed by [`Node::evaluate`].
@@ -197,10 +217,7 @@ fn typed(node: &Node, schema: &SchemaRef) -> Option<Typed> {
                 DataType::Float64 => Typed::F64(Op::Column(i)),
                 DataType::Int64 => Typed::I64(Op::Column(i)),
                 DataType::Boolean => Typed::Bool(Op::Column(i)),
-                DataType::Utf8 => Typed::Str(text(move |row| match &row[i] {
-                    ScalarValue::Utf8(x) => Ok(x.as_deref().map(Text::Row)),
-                    _ => Err(Failed),
-                })),
+                DataType::Utf8 => Typed::Str(OfStr::Column(i)),
                 // The row's values are of the column's type, its zone too.
                 DataType::Timestamp(TimeUnit::Microsecond, zone) => Typed::Ts(Op::Micros(i), zone.clone()),
                 _ => return None,
@@ -212,7 +229,7 @@ fn typed(node: &Node, schema: &SchemaRef) -> Option<Typed> {
             ScalarValue::Boolean(x) => Typed::Bool(Op::Literal(x)),
             ScalarValue::Utf8(x) => {
                 let x: Option<Arc<str>> = x.map(Arc::from);
-                Typed::Str(text(move |_| Ok(x.clone().map(Text::Literal))))
+                Typed::Str(OfStr::Literal(x))
             }
             ScalarValue::TimestampMicrosecond(x, zone) => Typed::Ts(Op::Literal(x), zone),
             _ => return None,
@@ -260,9 +277,7 @@ fn typed(node: &Node, schema: &SchemaRef) -> Option<Typed> {
         Node::Letters { upper, input } => {
             let Typed::Str(input) = Typed::of(input, schema) else { return None };
             let upper = *upper;
-            Typed::Str(text(move |row| {
-                Ok(input(row)?.map(|s| Text::Owned(if upper { s.as_str().to_uppercase() } else { s.as_str().to_lowercase() })))
-            }))
+            Typed::Str(text(move |row| Ok(input.get(row)?.map(|s| Text::Owned(letters(s.as_str(), upper))))))
         }
         Node::NullIf { left, right, .. } => match (Typed::of(left, schema), Typed::of(right, schema)) {
             // Null where equal in Arrow's order (-0.0 is not 0.0, NaN is NaN).
@@ -292,7 +307,7 @@ fn is_null(t: &Typed, row: Row<'_>) -> Computed<bool> {
         Typed::F64(f) => f.get(row)?.is_none(),
         Typed::I64(f) | Typed::Duration(f) | Typed::Ts(f, _) => f.get(row)?.is_none(),
         Typed::Bool(f) => f.get(row)?.is_none(),
-        Typed::Str(f) => f(row)?.is_none(),
+        Typed::Str(f) => f.get(row)?.is_none(),
         Typed::Node(n) => n.evaluate(row)?.is_null(),
     })
 }
@@ -357,7 +372,7 @@ fn binary(op: Operator, left: Typed, b: &Binary, schema: &SchemaRef) -> Option<T
                 Ok(a.zip(b).map(|(a, b)| ord(op, u8::from(a), u8::from(b))))
             }),
             (Typed::Str(l), Typed::Str(r)) => of(move |row| {
-                let (a, b) = (l(row)?, r(row)?);
+                let (a, b) = (l.get(row)?, r.get(row)?);
                 Ok(a.zip(b).map(|(a, b)| ord_bytes(op, a.as_str().as_bytes(), b.as_str().as_bytes())))
             }),
             _ => return None,
@@ -459,7 +474,7 @@ fn case(c: &Case, schema: &SchemaRef) -> Option<Typed> {
         DataType::Boolean => all!(Bool),
         DataType::Utf8 => {
             let fs = branches.iter().map(|b| if let Typed::Str(f) = b { Some(f.clone()) } else { None }).collect::<Option<Vec<_>>>()?;
-            Typed::Str(text(move |row| fs[taken(row)?](row)))
+            Typed::Str(text(move |row| fs[taken(row)?].get(row)))
         }
         _ => return None,
     })

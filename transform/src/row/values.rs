@@ -145,6 +145,11 @@ pub(super) fn arithmetic<'a>(op: Operator, l: &Cell<'_>, r: &Cell<'_>) -> Option
     }
 }
 
+/// `upper(s)` or `lower(s)`: Unicode's case mapping, as DataFusion's.
+pub(super) fn letters(s: &str, upper: bool) -> String {
+    if upper { s.to_uppercase() } else { s.to_lowercase() }
+}
+
 /// `v` cast to `to` where Arrow casts with `as` ([`widens`]).
 pub(super) fn widen<'a>(v: Cell<'a>, to: &DataType) -> Computed<Cell<'a>> {
     if of_type(&v, to) {
