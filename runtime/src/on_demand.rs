@@ -312,14 +312,20 @@ impl Computation {
 impl Computation {
     /// [`Computation::evaluate`] by the row evaluator, each row alone (the same values,
     /// docs/transformations.md#which-evaluator-runs-where): `value(i, row)` is input
-    /// `i`'s value at `row`, of its type ([`Input::arrow_type`]).
+    /// `i`'s value at `row`, of its type ([`Input::arrow_type`]); with `times`, each
+    /// row's event times too, `times(i, row)` being an [`Input::EventTime`]'s time.
     ///
     /// # Errors
     /// [`InputError`] when the values given do not fit a program's input.
-    pub fn evaluate_rows(&self, rows: usize, value: &dyn Fn(usize, usize) -> ScalarValue, times: bool) -> Result<RowsComputed, InputError> {
+    pub fn evaluate_rows(
+        &self,
+        rows: usize,
+        value: &dyn Fn(usize, usize) -> ScalarValue,
+        times: Option<&dyn Fn(usize, usize) -> Option<i64>>,
+    ) -> Result<RowsComputed, InputError> {
         let mut values: Vec<Vec<Value>> = self.wanted.iter().map(|_| Vec::with_capacity(rows)).collect();
         let mut event_times: Vec<Vec<i64>> =
-            if times { self.wanted.iter().map(|_| Vec::with_capacity(rows)).collect() } else { Vec::new() };
+            if times.is_some() { self.wanted.iter().map(|_| Vec::with_capacity(rows)).collect() } else { Vec::new() };
         let mut failed = 0;
         let mut outputs: Vec<Vec<ScalarValue>> = self.steps.iter().map(|s| Vec::with_capacity(s.program.names().count())).collect();
         let mut input: Vec<ScalarValue> = Vec::with_capacity(self.steps.iter().map(|s| s.sources.len()).max().unwrap_or(0));
@@ -338,13 +344,17 @@ impl Computation {
                 outputs[s].clear();
                 failed += step.program.evaluate_row(&input, &mut outputs[s])?;
             }
+            let mut same: Option<(&[usize], i64)> = None;
             for (k, &(s, o)) in self.wanted.iter().enumerate() {
-                if times {
-                    let latest = self.steps[s].times[o]
-                        .iter()
-                        .filter_map(|&i| if let ScalarValue::TimestampMicrosecond(t, _) = value(i, row) { t } else { None })
-                        .max();
-                    event_times[k].push(latest.unwrap_or(0));
+                if let Some(time) = times {
+                    // Features reading the same views have the same time: found once.
+                    let of = self.steps[s].times[o].as_slice();
+                    let latest = match same {
+                        Some((before, t)) if before == of => t,
+                        _ => of.iter().filter_map(|&i| time(i, row)).max().unwrap_or(0),
+                    };
+                    same = Some((of, latest));
+                    event_times[k].push(latest);
                 }
                 let v = &mut outputs[s][o];
                 let v = if last[k] { std::mem::replace(v, ScalarValue::Null) } else { v.clone() };

@@ -48,7 +48,7 @@ fn main() {
                 ScalarValue::Float64(Some(1.25)),
                 ScalarValue::Float64(Some(3.0)),
                 ScalarValue::Float64(Some(x * 1.7)),
-                ScalarValue::Float64(Some(if r % 7 == 0 { 0.0 } else { x })),
+                ScalarValue::Float64(Some(if r.is_multiple_of(7) { 0.0 } else { x })),
                 ScalarValue::TimestampMicrosecond(Some(1_700_000_000_000_000 + r as i64), utc.clone()),
                 ScalarValue::Float64(Some(12.5)),
                 ScalarValue::Utf8(Some(["paris", "Berlin", "tokyo"][r % 3].to_string())),

@@ -47,9 +47,10 @@ pub enum Evaluator {
 }
 
 /// The request size from which DataFusion over the request's rows costs fewer
-/// instructions than the row evaluator (bench/RESULTS.md, the row evaluator: ~6,000 per
-/// row of five expressions against ~42,000 per batch plus ~300 per row).
-pub const ROW_EVALUATOR_BELOW: usize = 8;
+/// instructions than the row evaluator (bench/RESULTS.md, the row evaluator at 10
+/// entities: ~210,000 instructions per request and ~15,000 more per row, DataFusion
+/// ~218,000 and ~11,500).
+pub const ROW_EVALUATOR_BELOW: usize = 16;
 
 impl Evaluator {
     /// The evaluator `QUIVER_ON_DEMAND_EVALUATOR` names (`auto`, the default, `row` or
@@ -103,6 +104,14 @@ pub(super) struct OnDemandPlan {
     needed_by: Vec<String>,
     /// Names of the features asked for, for messages.
     asked: Vec<String>,
+}
+
+/// A [`Supply`]'s values in one request.
+enum Found<'v> {
+    Values(&'v [Value], DType),
+    Times(&'v [Option<i64>]),
+    Keys(&'v [KeyValue], KeyType),
+    Now,
 }
 
 #[derive(Debug)]
@@ -233,14 +242,29 @@ impl OnDemandPlan {
         };
         let failed = |e: quiver_runtime::on_demand::InputError| Error::Request(format!("on-demand features: {}", e.0));
         if self.evaluator.by_rows(n) {
-            let value = |i: usize, row: usize| match &self.sources[i] {
-                Supply::Column(j, dtype) => scalar_of(*dtype, &column(*j)[row]),
-                Supply::Time(v) => timestamp_scalar(times(*v)[row]),
-                Supply::Key(key) => key_scalar(key.dtype, &keys(key)[row]),
-                Supply::Request(f) => scalar_of(self.fields[*f].dtype, &request(*f)[row]),
-                Supply::Now => timestamp_scalar(Some(now)),
+            // Each input's values found once per request, not per row.
+            let found: Vec<Found<'_>> = self
+                .sources
+                .iter()
+                .map(|source| match source {
+                    Supply::Column(j, dtype) => Found::Values(column(*j), *dtype),
+                    Supply::Time(v) => Found::Times(times(*v)),
+                    Supply::Key(key) => Found::Keys(keys(key), key.dtype),
+                    Supply::Request(f) => Found::Values(request(*f), self.fields[*f].dtype),
+                    Supply::Now => Found::Now,
+                })
+                .collect();
+            let value = |i: usize, row: usize| match &found[i] {
+                Found::Values(values, dtype) => scalar_of(*dtype, &values[row]),
+                Found::Times(t) => timestamp_scalar(t[row]),
+                Found::Keys(keys, dtype) => key_scalar(*dtype, &keys[row]),
+                Found::Now => timestamp_scalar(Some(now)),
             };
-            let computed = self.computation.evaluate_rows(n, &value, true).map_err(failed)?;
+            let time = |i: usize, row: usize| match &found[i] {
+                Found::Times(t) => t[row],
+                _ => None,
+            };
+            let computed = self.computation.evaluate_rows(n, &value, Some(&time)).map_err(failed)?;
             return Ok(OnDemandValues { values: computed.values, event_times: computed.event_times, failed: computed.failed });
         }
         let stamps = |t: Vec<Option<i64>>| -> ArrayRef { Arc::new(TimestampMicrosecondArray::from(t).with_timezone("UTC")) };

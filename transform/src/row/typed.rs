@@ -19,6 +19,8 @@ use super::{Binary, Case, Node};
 
 type Row<'a> = &'a [ScalarValue];
 type Of<T> = Op<T>;
+type RowFn<T> = Arc<dyn Fn(Row<'_>) -> Computed<Option<T>> + Send + Sync>;
+type StrFn = Arc<dyn for<'a> Fn(Row<'a>) -> Computed<Option<Text<'a>>> + Send + Sync>;
 
 /// A typed operation: a column or a literal read where it is used (most operands are
 /// one), any other a function of the row.
@@ -28,7 +30,7 @@ pub(crate) enum Op<T> {
     /// A timestamp column (microseconds).
     Micros(usize),
     Literal(Option<T>),
-    Fn(Arc<dyn Fn(Row<'_>) -> Computed<Option<T>> + Send + Sync>),
+    Fn(RowFn<T>),
 }
 
 /// A type held unboxed: how a row's value of it is read.
@@ -79,7 +81,7 @@ impl<T: Native> Op<T> {
 pub(crate) enum OfStr {
     Column(usize),
     Literal(Option<Arc<str>>),
-    Fn(Arc<dyn for<'a> Fn(Row<'a>) -> Computed<Option<Text<'a>>> + Send + Sync>),
+    Fn(StrFn),
 }
 
 impl OfStr {
