@@ -140,6 +140,49 @@ pub fn scalar_of(dtype: DType, v: &crate::encoding::Value) -> quiver_transform::
     }
 }
 
+/// Makes `slot` [`scalar_of`]`(dtype, v)`, keeping what it holds where it is of the same
+/// kind (a string's buffer, a timestamp's zone): a row evaluator's input row refilled
+/// for each entity row allocates nothing.
+pub fn set_scalar(dtype: DType, v: &crate::encoding::Value, slot: &mut quiver_transform::ScalarValue) {
+    use crate::encoding::Value;
+    use quiver_transform::ScalarValue as S;
+    match (dtype, v, &mut *slot) {
+        (DType::Float64, Value::Float64(x), S::Float64(s)) => *s = Some(*x),
+        (DType::Int64, Value::Int64(x), S::Int64(s)) => *s = Some(*x),
+        (DType::Int32, Value::Int32(x), S::Int32(s)) => *s = Some(*x),
+        (DType::Float32, Value::Float32(x), S::Float32(s)) => *s = Some(*x),
+        (DType::Bool, Value::Bool(x), S::Boolean(s)) => *s = Some(*x),
+        (DType::String, Value::String(x), S::Utf8(Some(s))) => {
+            s.clear();
+            s.push_str(x);
+        }
+        (DType::Timestamp, Value::Timestamp(x), S::TimestampMicrosecond(s, Some(_))) => *s = Some(*x),
+        _ => *slot = scalar_of(dtype, v),
+    }
+}
+
+/// Makes `slot` [`timestamp_scalar`]`(micros)`, keeping its zone.
+pub fn set_timestamp(micros: Option<i64>, slot: &mut quiver_transform::ScalarValue) {
+    match slot {
+        quiver_transform::ScalarValue::TimestampMicrosecond(s, Some(_)) => *s = micros,
+        _ => *slot = timestamp_scalar(micros),
+    }
+}
+
+/// Makes `slot` [`key_scalar`]`(dtype, v)`, keeping a string's buffer.
+pub fn set_key(dtype: KeyType, v: &crate::encoding::KeyValue, slot: &mut quiver_transform::ScalarValue) {
+    use crate::encoding::KeyValue;
+    use quiver_transform::ScalarValue as S;
+    match (dtype, v, &mut *slot) {
+        (KeyType::Int64, KeyValue::Int(i), S::Int64(s)) => *s = Some(*i),
+        (KeyType::String, KeyValue::Str(x), S::Utf8(Some(s))) => {
+            s.clear();
+            s.push_str(x);
+        }
+        _ => *slot = key_scalar(dtype, v),
+    }
+}
+
 /// A timestamp (UTC microseconds) as the row evaluator takes it.
 pub fn timestamp_scalar(micros: Option<i64>) -> quiver_transform::ScalarValue {
     quiver_transform::ScalarValue::TimestampMicrosecond(micros, Some(Arc::clone(&UTC)))

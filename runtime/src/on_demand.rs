@@ -10,7 +10,9 @@ use crate::encoding::Value;
 use arrow::array::{ArrayRef, AsArray, RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, TimestampMicrosecondType};
 pub use quiver_transform::InputError;
-use quiver_transform::{ExprError, Output, Program, ScalarValue};
+/// A value of one input or output of the row evaluator ([`Computation::evaluate_rows`]).
+pub use quiver_transform::ScalarValue;
+use quiver_transform::{ExprError, Output, Program};
 
 use quiver_sdk::definitions::{Definitions, Feature, JoinKey};
 use quiver_sdk::on_demand::{ColumnOrigin, OnDemandView, described};
@@ -311,16 +313,17 @@ impl Computation {
 
 impl Computation {
     /// [`Computation::evaluate`] by the row evaluator, each row alone (the same values,
-    /// docs/transformations.md#which-evaluator-runs-where): `value(i, row)` is input
-    /// `i`'s value at `row`, of its type ([`Input::arrow_type`]); with `times`, each
-    /// row's event times too, `times(i, row)` being an [`Input::EventTime`]'s time.
+    /// docs/transformations.md#which-evaluator-runs-where): `value(i, row, slot)` makes
+    /// `slot` input `i`'s value at `row`, of its type ([`Input::arrow_type`]) — the slot
+    /// holds that input's value at the row before, for reuse; with `times`, each row's
+    /// event times too, `times(i, row)` being an [`Input::EventTime`]'s time.
     ///
     /// # Errors
     /// [`InputError`] when the values given do not fit a program's input.
     pub fn evaluate_rows(
         &self,
         rows: usize,
-        value: &dyn Fn(usize, usize) -> ScalarValue,
+        value: &dyn Fn(usize, usize, &mut ScalarValue),
         times: Option<&dyn Fn(usize, usize) -> Option<i64>>,
     ) -> Result<RowsComputed, InputError> {
         let mut values: Vec<Vec<Value>> = self.wanted.iter().map(|_| Vec::with_capacity(rows)).collect();
@@ -328,21 +331,22 @@ impl Computation {
             if times.is_some() { self.wanted.iter().map(|_| Vec::with_capacity(rows)).collect() } else { Vec::new() };
         let mut failed = 0;
         let mut outputs: Vec<Vec<ScalarValue>> = self.steps.iter().map(|s| Vec::with_capacity(s.program.names().count())).collect();
-        let mut input: Vec<ScalarValue> = Vec::with_capacity(self.steps.iter().map(|s| s.sources.len()).max().unwrap_or(0));
+        // Per step, its input row, refilled for each row in place.
+        let mut inputs: Vec<Vec<ScalarValue>> = self.steps.iter().map(|s| vec![ScalarValue::Null; s.sources.len()]).collect();
         // A value asked for once is moved into the answer (every step has read it by
         // then); one asked for twice is copied until its last.
         let last: Vec<bool> = self.wanted.iter().enumerate().map(|(k, w)| !self.wanted[k + 1..].contains(w)).collect();
         for row in 0..rows {
             for (s, step) in self.steps.iter().enumerate() {
-                input.clear();
-                for source in &step.sources {
-                    input.push(match *source {
-                        Source::Input(i) => value(i, row),
-                        Source::Output(t, o) => outputs[t][o].clone(),
-                    });
+                let input = &mut inputs[s];
+                for (slot, source) in input.iter_mut().zip(&step.sources) {
+                    match *source {
+                        Source::Input(i) => value(i, row, slot),
+                        Source::Output(t, o) => *slot = outputs[t][o].clone(),
+                    }
                 }
                 outputs[s].clear();
-                failed += step.program.evaluate_row(&input, &mut outputs[s])?;
+                failed += step.program.evaluate_row(input, &mut outputs[s])?;
             }
             let mut same: Option<(&[usize], i64)> = None;
             for (k, &(s, o)) in self.wanted.iter().enumerate() {

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, TimestampMicrosecondArray};
-use quiver_runtime::arrays::{key_array, key_scalar, scalar_of, timestamp_scalar, value_at, values_to_array};
+use quiver_runtime::arrays::{key_array, set_key, set_scalar, set_timestamp, value_at, values_to_array};
 use quiver_runtime::encoding::{KeyValue, Value};
-use quiver_runtime::on_demand::{Computation, Input};
+use quiver_runtime::on_demand::{Computation, Input, ScalarValue};
 use quiver_sdk::{DType, Definitions, Feature, JoinKey, KeyType, OnDemandView};
 
 use super::{Column, Entities, EntityColumns, Status, ViewPlan, read, view_plan};
@@ -254,11 +254,11 @@ impl OnDemandPlan {
                     Supply::Now => Found::Now,
                 })
                 .collect();
-            let value = |i: usize, row: usize| match &found[i] {
-                Found::Values(values, dtype) => scalar_of(*dtype, &values[row]),
-                Found::Times(t) => timestamp_scalar(t[row]),
-                Found::Keys(keys, dtype) => key_scalar(*dtype, &keys[row]),
-                Found::Now => timestamp_scalar(Some(now)),
+            let value = |i: usize, row: usize, slot: &mut ScalarValue| match &found[i] {
+                Found::Values(values, dtype) => set_scalar(*dtype, &values[row], slot),
+                Found::Times(t) => set_timestamp(t[row], slot),
+                Found::Keys(keys, dtype) => set_key(*dtype, &keys[row], slot),
+                Found::Now => set_timestamp(Some(now), slot),
             };
             let time = |i: usize, row: usize| match &found[i] {
                 Found::Times(t) => t[row],

@@ -14,7 +14,7 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Operator;
 
 use super::cell::{Cell, Computed, Failed};
-use super::values::{is_comparison, letters, ord_bytes};
+use super::values::{is_comparison, letters, ord, ord_bytes};
 use super::{Binary, Case, Node};
 
 type Row<'a> = &'a [ScalarValue];
@@ -421,17 +421,6 @@ fn binary(op: Operator, left: Typed, b: &Binary, schema: &SchemaRef) -> Option<T
         })),
         _ => return None,
     })
-}
-
-fn ord<T: ArrowNativeTypeOp>(op: Operator, a: T, b: T) -> bool {
-    match op {
-        Operator::Eq => a.is_eq(b),
-        Operator::NotEq => a.is_ne(b),
-        Operator::Lt => a.is_lt(b),
-        Operator::LtEq => a.is_le(b),
-        Operator::Gt => a.is_gt(b),
-        _ => a.is_ge(b),
-    }
 }
 
 /// A `CASE` without a base whose every branch computes a value of the case's type.

@@ -60,16 +60,6 @@ pub(super) fn is_comparison(op: Operator) -> bool {
 /// as 0.0 first, as DataFusion's comparison operators do (its `CASE x WHEN v` does
 /// not); strings by their bytes.
 pub(super) fn compare<'a>(op: Operator, l: &Cell<'_>, r: &Cell<'_>, zeros_equal: bool) -> Option<Cell<'a>> {
-    fn ord<T: ArrowNativeTypeOp>(op: Operator, a: T, b: T) -> bool {
-        match op {
-            Operator::Eq => a.is_eq(b),
-            Operator::NotEq => a.is_ne(b),
-            Operator::Lt => a.is_lt(b),
-            Operator::LtEq => a.is_le(b),
-            Operator::Gt => a.is_gt(b),
-            _ => a.is_ge(b),
-        }
-    }
     fn with<'a, T: Copy>(op: Operator, a: Option<T>, b: Option<T>, f: impl Fn(Operator, T, T) -> bool) -> Cell<'a> {
         Cell::Bool(a.zip(b).map(|(a, b)| f(op, a, b)))
     }
@@ -89,6 +79,18 @@ pub(super) fn compare<'a>(op: Operator, l: &Cell<'_>, r: &Cell<'_>, zeros_equal:
         (Cell::Ts(a, za), Cell::Ts(b, zb)) if za == zb => with(op, *a, *b, ord),
         _ => return None,
     })
+}
+
+/// `a op b` in Arrow's order of `T` (floats: total, NaN greatest).
+pub(super) fn ord<T: ArrowNativeTypeOp>(op: Operator, a: T, b: T) -> bool {
+    match op {
+        Operator::Eq => a.is_eq(b),
+        Operator::NotEq => a.is_ne(b),
+        Operator::Lt => a.is_lt(b),
+        Operator::LtEq => a.is_le(b),
+        Operator::Gt => a.is_gt(b),
+        _ => a.is_ge(b),
+    }
 }
 
 pub(super) fn ord_bytes(op: Operator, a: &[u8], b: &[u8]) -> bool {
