@@ -9,12 +9,19 @@
 //! instead (what a lookup of one entity paid before the row evaluator); with `harness`,
 //! nothing is computed: the loop's own cost, subtracted from both. `./run
 //! bench-on-demand` does this.
+//!
+//! It allocates with mimalloc, the allocator the `quiver` binary serves with: the two
+//! strings each row returns are the evaluator's only allocations, and what they cost is
+//! the allocator's (bench/RESULTS.md gives the figure under glibc's malloc too).
 
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::{DataType, TimeUnit};
 use quiver_transform::{Column, Output, Program, ScalarValue};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let mut args = std::env::args().skip(1);
