@@ -35,7 +35,7 @@ impl RepoInsights {
 
     /// The version of `view`'s table (`None`: no table yet), from its log.
     async fn version(&self, view: &FeatureView) -> Result<Option<u64>, String> {
-        Ok(table_versions(&self.config, &[view]).await.map_err(|e| e.to_string())?.remove(&view.name).flatten())
+        Ok(table_versions(&self.config, &[view]).await.map_err(|e| e.to_string())?.remove(&view.versioned_name()).flatten())
     }
 
     /// The summary of `view`'s table at its current version, cached by version.

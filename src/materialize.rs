@@ -56,7 +56,7 @@ async fn load_view(
     let began = Instant::now();
     let latest = latest_per_entity(config, defs, view, window).await?;
     let Some(batch) = latest.batch else {
-        return Ok((ViewReport { view: view.name.clone(), entities: 0, written: 0, expired: 0 }, latest.version));
+        return Ok((ViewReport { view: view.versioned_name(), entities: 0, written: 0, expired: 0 }, latest.version));
     };
     let scanned = began.elapsed();
     // Each batch is encoded when its turn comes, while the store still works on the
@@ -66,7 +66,7 @@ async fn load_view(
         let part = batch.slice(at, WRITE_BATCH.min(batch.num_rows() - at));
         move || Cow::Owned(online_rows(project, defs, view, &part))
     });
-    let Written { written, expired } = write_batches(store, batches, &view.name, progress).await?;
+    let Written { written, expired } = write_batches(store, batches, &view.storage_name(), progress).await?;
     tracing::debug!(
         view = %view.name,
         entities = batch.num_rows(),
@@ -75,7 +75,7 @@ async fn load_view(
         encode_and_write_s = (began.elapsed() - scanned).as_secs_f64(),
         "materialized"
     );
-    Ok((ViewReport { view: view.name.clone(), entities: batch.num_rows(), written, expired }, latest.version))
+    Ok((ViewReport { view: view.versioned_name(), entities: batch.num_rows(), written, expired }, latest.version))
 }
 
 /// Rebuilds the online records of an event log (docs/aggregations.md) from every event its windows
@@ -93,8 +93,8 @@ async fn load_event_log(
     let since = quiver_runtime::record::Layout::of(view).earliest_tail(now);
     let events = events_since(config, defs, view, since, None).await?;
     let rows = quiver_streaming::write::event_log_rows(&config.project, view, &events, now);
-    let Written { written, expired } = write_all(store, &rows, &view.name, progress).await?;
-    Ok((ViewReport { view: view.name.clone(), entities: rows.len(), written, expired }, events.version))
+    let Written { written, expired } = write_all(store, &rows, &view.storage_name(), progress).await?;
+    Ok((ViewReport { view: view.versioned_name(), entities: rows.len(), written, expired }, events.version))
 }
 
 /// What the writes of one view did.
@@ -239,7 +239,7 @@ pub async fn materialize_incremental(
     let mut reports = Vec::new();
     let done = state.get(&store.name()).cloned().unwrap_or_default();
     for view in views {
-        let before = done.get(&view.name).copied();
+        let before = done.get(&*view.storage_name()).copied();
         let window = match before {
             Some(p) => EventRange::Since { version: p.version, prev_end: p.end, end },
             None => EventRange::Range { start: i64::MIN, end },
@@ -247,7 +247,7 @@ pub async fn materialize_incremental(
         let (report, version) = load_view(config, defs, view, window, store, progress).await?;
         if let Some(version) = version {
             let end = before.map_or(end, |p| p.end.max(end));
-            updates.push((view.name.clone(), ViewProgress { version, end }));
+            updates.push((view.versioned_name(), ViewProgress { version, end }));
         }
         reports.push(report);
     }

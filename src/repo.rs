@@ -19,8 +19,8 @@ impl Repo {
             quiver_sdk::Error::Definition { file: Some(self.definitions_path.clone()), error: Box::new(source) }.into()
         };
         let log = table_identity(&self.config.serving_log.location);
-        let mut seen: Vec<(String, &str, String)> = Vec::new();
-        for view in &defs.feature_views {
+        let mut seen: Vec<(String, String, String)> = Vec::new();
+        for view in defs.all_view_versions() {
             let location = self.config.view_table(view);
             let id = table_identity(&location);
             if id == log || id.starts_with(&format!("{log}/")) || log.starts_with(&format!("{id}/")) {
@@ -30,27 +30,23 @@ impl Repo {
                 if *other_id == id {
                     return Err(refuse(quiver_sdk::DefinitionError::SharedTable {
                         first: other.to_string(),
-                        second: view.name.clone(),
+                        second: view.versioned_name(),
                         table: location.to_string(),
                     }));
                 }
                 // (outer view, inner view, inner table)
                 let nested = if id.starts_with(&format!("{other_id}/")) {
-                    Some((*other, view.name.as_str(), location.to_string()))
+                    Some((other.clone(), view.versioned_name(), location.to_string()))
                 } else if other_id.starts_with(&format!("{id}/")) {
-                    Some((view.name.as_str(), *other, other_location.clone()))
+                    Some((view.versioned_name(), other.clone(), other_location.clone()))
                 } else {
                     None
                 };
                 if let Some((first, second, table)) = nested {
-                    return Err(refuse(quiver_sdk::DefinitionError::NestedTable {
-                        first: first.to_string(),
-                        second: second.to_string(),
-                        table,
-                    }));
+                    return Err(refuse(quiver_sdk::DefinitionError::NestedTable { first, second, table }));
                 }
             }
-            seen.push((id, &view.name, location.to_string()));
+            seen.push((id, view.versioned_name(), location.to_string()));
         }
         Ok(())
     }
@@ -166,15 +162,18 @@ impl Repo {
 
     /// The diff from the registry to `features.yaml`, removing also the objects named in
     /// `remove` (`kind/name` or a name) that another front end defined; the objects
-    /// another front end defined are otherwise kept ([`Plan::kept`]).
+    /// another front end defined are otherwise kept ([`Plan::kept`]); the views a
+    /// breaking change gives a new version ([`Plan::versions`]). `runtime` reads the
+    /// Delta tables; call from outside it.
     ///
     /// # Errors
     /// As [`Repo::definitions`] and [`Repo::applied`], and a name in `remove` that is not
     /// registered or that `features.yaml` defines.
-    pub fn plan(&self, remove: Vec<String>) -> Result<Plan> {
+    pub fn plan(&self, remove: Vec<String>, runtime: tokio::runtime::Handle) -> Result<Plan> {
         let defs = self.definitions()?;
         let origin = Origin::new(DEFINITIONS_FILE).removing(remove);
-        Ok(self.applied()?.plan_from(&defs, &origin)?.1)
+        let probe = DeltaProbe::new(&self.config, runtime);
+        Ok(self.applied()?.plan_versions(&defs, &origin, &probe, false)?.1)
     }
 
     /// Applies `features.yaml`: refuses breaking changes to views whose Delta tables hold
@@ -220,15 +219,18 @@ impl Repo {
         runtime: tokio::runtime::Handle,
     ) -> Result<Applied> {
         defs.validate().map_err(quiver_sdk::Error::from)?;
-        self.check_tables_distinct(&defs)?;
         let probe = DeltaProbe::new(&self.config, runtime.clone());
         let mut created_tables = Vec::new();
-        // Missing tables are created after every check passed and before the registry
-        // is written, so a failure leaves the registry as it was.
-        let mut ensure_tables = || -> quiver_sdk::Result<()> {
-            for view in &defs.feature_views {
+        // Missing tables (every live version's) are created after every check passed
+        // and before the registry is written, so a failure leaves the registry as it was.
+        let mut ensure_tables = |recorded: &Definitions| -> quiver_sdk::Result<()> {
+            self.check_tables_distinct(recorded).map_err(|e| match e {
+                crate::Error::Sdk(e) => e,
+                other => quiver_sdk::Error::Store(quiver_sdk::ErrorKind::Invalid, other.to_string()),
+            })?;
+            for view in recorded.all_view_versions() {
                 let location = self.config.view_table(view);
-                let schema = quiver_offline::schema::table_schema(&defs, view);
+                let schema = quiver_offline::schema::table_schema(recorded, view);
                 let created = runtime
                     .block_on(quiver_offline::delta::ensure_table(&location, &schema, &view.name))
                     .map_err(|e| quiver_sdk::Error::Store(e.kind(), e.to_string()))?;
@@ -242,7 +244,7 @@ impl Repo {
         let outcome = registry::apply_with(&self.registry(), &self.config.project, &request, &mut ensure_tables)?;
         if !outcome.written {
             // Nothing changed; still make sure every view has its table.
-            ensure_tables()?;
+            ensure_tables(&self.applied()?.definitions)?;
         }
         Ok(Applied { outcome, created_tables })
     }

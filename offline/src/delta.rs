@@ -161,6 +161,32 @@ pub fn object_store(location: &StoreLocation) -> Result<Arc<dyn object_store::Ob
     deltalake::logstore::store_for(&url, options(location)).map_err(|e| Error::delta(location, e))
 }
 
+/// Deletes the table at `location`, every file of it (`quiver retire --delete-data`);
+/// a table that is not there is no error. Returns how many files went (a local folder
+/// counts as one).
+///
+/// # Errors
+/// [`Error::Location`] when a file cannot be listed or deleted.
+pub async fn delete_table(location: &StoreLocation) -> Result<u64> {
+    let failed = |message: String| Error::Location { table: location.to_string(), message };
+    if let StoreLocation::Local(path) = location {
+        return match std::fs::remove_dir_all(path) {
+            Ok(()) => Ok(1),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(failed(format!("cannot delete {}: {e}", path.display()))),
+        };
+    }
+    use futures::TryStreamExt;
+    use object_store::ObjectStoreExt;
+    let store = object_store(location)?;
+    let files: Vec<object_store::path::Path> =
+        store.list(None).map_ok(|m| m.location).try_collect().await.map_err(|e| failed(format!("cannot list the table's files: {e}")))?;
+    for file in &files {
+        store.delete(file).await.map_err(|e| failed(format!("cannot delete {file}: {e}")))?;
+    }
+    Ok(files.len() as u64)
+}
+
 /// Whether the table at `location` exists and holds at least one data file.
 ///
 /// # Errors

@@ -106,6 +106,46 @@ impl EmbeddedStore {
             })
             .collect()
     }
+
+    fn prefix_blocking(&self, prefix: &str, remove: bool) -> Result<u64> {
+        let now = now_ms();
+        if remove {
+            let txn = self.db.begin_write().map_err(|e| self.fail(e))?;
+            let removed;
+            {
+                let mut table = txn.open_table(ROWS).map_err(|e| self.fail(e))?;
+                let mut keys = Vec::new();
+                for entry in table.range(prefix..).map_err(|e| self.fail(e))? {
+                    let (key, value) = entry.map_err(|e| self.fail(e))?;
+                    if !key.value().starts_with(prefix) {
+                        break;
+                    }
+                    keys.push((key.value().to_string(), expiry(value.value()).is_none_or(|at| at > now)));
+                }
+                for (key, _) in &keys {
+                    table.remove(key.as_str()).map_err(|e| self.fail(e))?;
+                }
+                removed = keys.iter().filter(|(_, live)| *live).count();
+            }
+            txn.commit().map_err(|e| self.fail(e))?;
+            return Ok(removed as u64);
+        }
+        let txn = self.db.begin_read().map_err(|e| self.fail(e))?;
+        let table = match txn.open_table(ROWS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(self.fail(e)),
+        };
+        let mut live = 0;
+        for entry in table.range(prefix..).map_err(|e| self.fail(e))? {
+            let (key, value) = entry.map_err(|e| self.fail(e))?;
+            if !key.value().starts_with(prefix) {
+                break;
+            }
+            live += u64::from(expiry(value.value()).is_none_or(|at| at > now));
+        }
+        Ok(live)
+    }
 }
 
 /// The expiry of a stored value, `None` for none (or a value too short to have one).
@@ -130,5 +170,11 @@ impl OnlineStore for EmbeddedStore {
         let this = self.clone();
         let keys = keys.to_vec();
         tokio::task::spawn_blocking(move || this.read_blocking(&keys)).await.map_err(|e| self.fail(e))?
+    }
+
+    async fn keys_with_prefix(&self, prefix: &str, remove: bool) -> Result<u64> {
+        let this = self.clone();
+        let prefix = prefix.to_string();
+        tokio::task::spawn_blocking(move || this.prefix_blocking(&prefix, remove)).await.map_err(|e| self.fail(e))?
     }
 }

@@ -25,4 +25,4 @@ pub use embedded::EmbeddedStore;
 pub use error::{Error, Result};
 pub use redis_cluster::RedisClusterStore;
 pub use redis_store::RedisStore;
-pub use store::{OnlineStore, WriteRow, open_store};
+pub use store::{OnlineStore, WriteRow, open_store, view_prefix};

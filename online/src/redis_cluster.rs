@@ -218,4 +218,57 @@ impl OnlineStore for RedisClusterStore {
         let mut conn = self.conn();
         redis::cmd("MGET").arg(keys).query_async(&mut conn).await.map_err(|e| self.unavailable(&e))
     }
+
+    /// Scans every master on a connection of its own (a SCAN cursor is one node's).
+    async fn keys_with_prefix(&self, prefix: &str, remove: bool) -> Result<u64> {
+        let mut conn = self.conn();
+        let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(&mut conn).await.map_err(|e| self.unavailable(&e))?;
+        let mut total = 0;
+        for addr in masters(&nodes) {
+            let url = node_url(&self.urls[0], &addr);
+            let failed = |e: redis::RedisError| Error::Unavailable { store: format!("redis cluster node {addr}"), message: e.to_string() };
+            let client = redis::Client::open(url.as_str()).map_err(failed)?;
+            let mut node = client.get_multiplexed_async_connection().await.map_err(failed)?;
+            total += crate::redis_store::scan_prefix(&mut node, prefix, remove).await.map_err(failed)?;
+        }
+        Ok(total)
+    }
+}
+
+/// The `host:port` of every master that is not failing, from `CLUSTER NODES`.
+fn masters(nodes: &str) -> Vec<String> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            let master = flags.split(',').any(|f| f == "master") && !flags.contains("fail");
+            master.then(|| fields[1].split('@').next().unwrap_or(fields[1]).to_string())
+        })
+        .collect()
+}
+
+/// The seed's URL (scheme, credentials, database) at another node's address.
+fn node_url(seed: &str, addr: &str) -> String {
+    let (scheme, rest) = seed.split_once("://").unwrap_or(("redis", seed));
+    let (auth, host) = match rest.rfind('@') {
+        Some(at) => (&rest[..=at], &rest[at + 1..]),
+        None => ("", rest),
+    };
+    let tail = host.find('/').map_or("", |slash| &host[slash..]);
+    format!("{scheme}://{auth}{addr}{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn masters_are_read_from_cluster_nodes() {
+        let nodes = "a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460\n\
+                     b2 127.0.0.1:7003@17003 slave a1 0 0 1 connected\n\
+                     c3 127.0.0.1:7001@17001,host master - 0 0 2 connected 5461-10922\n\
+                     d4 127.0.0.1:7002@17002 master,fail - 0 0 3 connected\n";
+        assert_eq!(super::masters(nodes), ["127.0.0.1:7000", "127.0.0.1:7001"]);
+        assert_eq!(super::node_url("redis://:pw@10.0.0.1:7000/0", "10.0.0.2:7001"), "redis://:pw@10.0.0.2:7001/0");
+        assert_eq!(super::node_url("redis://10.0.0.1:7000", "10.0.0.2:7001"), "redis://10.0.0.2:7001");
+    }
 }

@@ -284,10 +284,54 @@ impl OnlineStore for RedisStore {
         let mut conn = self.conn.clone();
         redis::cmd("MGET").arg(keys).query_async(&mut conn).await.map_err(|e| self.unavailable(e))
     }
+
+    async fn keys_with_prefix(&self, prefix: &str, remove: bool) -> Result<u64> {
+        let mut conn = self.conn.clone();
+        scan_prefix(&mut conn, prefix, remove).await.map_err(|e| self.unavailable(e))
+    }
+}
+
+/// `SCAN ... MATCH prefix*` over one node, the keys each counted once (a SCAN may return
+/// a key twice), and with `remove` each page `UNLINK`ed as it comes. The count is of the
+/// keys removed when removing.
+pub(crate) async fn scan_prefix<C: redis::aio::ConnectionLike + Send>(conn: &mut C, prefix: &str, remove: bool) -> redis::RedisResult<u64> {
+    let pattern = format!("{}*", glob_escape(prefix));
+    let (mut cursor, mut seen, mut removed) = (0u64, std::collections::HashSet::new(), 0u64);
+    loop {
+        let (next, keys): (u64, Vec<String>) =
+            redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).query_async(conn).await?;
+        if remove && !keys.is_empty() {
+            let n: u64 = redis::cmd("UNLINK").arg(&keys).query_async(conn).await?;
+            removed += n;
+        }
+        seen.extend(keys);
+        if next == 0 {
+            return Ok(if remove { removed } else { seen.len() as u64 });
+        }
+        cursor = next;
+    }
+}
+
+/// `text` with Redis's glob characters escaped, so it matches only itself.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_prefix_matches_only_itself() {
+        assert_eq!(super::glob_escape("quiver:p:v@2:"), "quiver:p:v@2:");
+        assert_eq!(super::glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+
     #[test]
     fn passwords_stay_out_of_messages() {
         assert_eq!(super::redact("redis://:hunter2@127.0.0.1:6379/0"), "redis://***@127.0.0.1:6379/0");

@@ -54,6 +54,23 @@ pub trait OnlineStore: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// [`crate::Error::Unavailable`] when the store cannot be reached.
     async fn read(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>>;
+
+    /// How many keys start with `prefix` — one version of a view's key space,
+    /// `quiver:<project>:<view>@N:` ([`view_prefix`]) — and, with `remove`, removes
+    /// them: for `quiver retire` and `quiver versions` (docs/versions.md).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unavailable`] when the store cannot be reached;
+    /// [`crate::Error::Misconfigured`] from a store that cannot list its keys.
+    async fn keys_with_prefix(&self, prefix: &str, remove: bool) -> Result<u64> {
+        let _ = (prefix, remove);
+        Err(crate::Error::Misconfigured { store: self.name(), message: "this store cannot list its keys".to_string() })
+    }
+}
+
+/// The prefix of every key of one version of a view: `quiver:<project>:<storage name>:`.
+pub fn view_prefix(project: &str, view: &quiver_sdk::FeatureView) -> String {
+    format!("quiver:{project}:{}:", view.storage_name())
 }
 
 /// The `max_future_skew` a store uses unless told otherwise: 5 minutes, microseconds.

@@ -207,8 +207,27 @@ async fn absent_and_stored_keys_in_one_batch(store: &dyn OnlineStore, p: &str) {
     assert_eq!(got.iter().map(value_of).collect::<Vec<_>>(), [Some(5), Some(4), Some(6), Some(8), Some(9)]);
 }
 
+/// A view version's keys are counted and removed by their prefix, and nothing else:
+/// not the keys of another version of the view, nor of a view whose name the first's
+/// prefix starts.
+async fn keys_by_prefix(store: &dyn OnlineStore, p: &str) {
+    let rows = |view: &str, n: i64| (0..n).map(|i| row(&store_key(p, view, &[KeyValue::Int(i)]), 1, 0, i)).collect::<Vec<_>>();
+    store.write(&rows("stats", 40)).await.unwrap();
+    store.write(&rows("stats@2", 25)).await.unwrap();
+    store.write(&rows("stats2", 3)).await.unwrap();
+    let prefix = |view: &str| format!("quiver:{p}:{view}:");
+    assert_eq!(store.keys_with_prefix(&prefix("stats@2"), false).await.unwrap(), 25);
+    assert_eq!(store.keys_with_prefix(&prefix("stats"), false).await.unwrap(), 40);
+    assert_eq!(store.keys_with_prefix(&prefix("stats@2"), true).await.unwrap(), 25);
+    assert_eq!(store.keys_with_prefix(&prefix("stats@2"), false).await.unwrap(), 0);
+    let kept = store.read(&[store_key(p, "stats", &[KeyValue::Int(7)]), store_key(p, "stats2", &[KeyValue::Int(2)])]).await.unwrap();
+    assert_eq!(kept.iter().map(value_of).collect::<Vec<_>>(), [Some(7), Some(2)], "other versions and views are kept");
+    assert_eq!(store.read(&[store_key(p, "stats@2", &[KeyValue::Int(3)])]).await.unwrap(), [None]);
+}
+
 async fn suite(store: Arc<dyn OnlineStore>, name: &str) {
     let p = prefix(name);
+    keys_by_prefix(store.as_ref(), &p).await;
     absent_and_stored_keys_in_one_batch(store.as_ref(), &p).await;
     round_trip_and_missing(store.as_ref(), &p).await;
     guarded_write_rules(store.as_ref(), &p).await;

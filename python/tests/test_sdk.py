@@ -202,6 +202,37 @@ def test_online_after_materialize(store):
     assert np_keys.to_dict()["fare"] == got["fare"][:2]
 
 
+def test_a_breaking_change_from_python_is_a_version_served_beside_the_first(store):
+    """A breaking change applied from Python to a view with data makes its version 2
+    (docs/versions.md): the registered service stays on version 1 and answers what it
+    answered, `view@1:feature` reads version 1 online and offline, the latest reads
+    version 2 (empty yet), the columns keep their names, and a version that does not
+    exist or one view at two versions is refused."""
+    store.materialize(NOW - timedelta(days=1), NOW)
+    before = store.get_online_features(store.get_feature_service("ranker"), [{"rider_id": 2}], full_feature_names=True).to_dict()
+    rider, trips, svc = definitions()
+    trips2 = qv.FeatureView(
+        name="trips", entities=[rider], ttl=timedelta(minutes=90), online=True,
+        source=qv.DeltaSource(timestamp_field="event_timestamp", created_timestamp_field="created_timestamp"),
+        schema=[qv.Field("fare", qv.String), qv.Field("city", qv.String), qv.Field("embedding", qv.Array(qv.Float32))])
+    assert store.apply([rider, trips2, svc]) == 2
+    assert list(store.get_feature_service("ranker").features) == ["trips@1:fare", "trips@1:city"]
+    after = store.get_online_features(store.get_feature_service("ranker"), [{"rider_id": 2}], full_feature_names=True).to_dict()
+    assert after == before and list(after) == ["rider_id", "trips__fare", "trips__city"]
+    assert store.get_online_features(["trips@1:fare"], [{"rider_id": 2}]).to_dict()["fare"] == before["trips__fare"]
+    assert store.get_online_features(["trips:fare"], [{"rider_id": 2}]).statuses["fare"] == ["NOT_FOUND"]
+    job = store.get_historical_features(entity_df=spine(), features=["trips@1:fare"]).to_arrow()
+    old = store.get_historical_features(entity_df=spine(), feature_service="ranker").to_arrow()
+    assert job.column("trips__fare").to_pylist() == old.column("trips__fare").to_pylist()
+    assert any(v is not None for v in job.column("trips__fare").to_pylist())
+    with pytest.raises(qv.NotFoundError, match=r"view `trips` has no version 3 \(it never had one, or it was retired; live: 1, 2\)"):
+        store.get_online_features(["trips@3:fare"], [{"rider_id": 2}])
+    with pytest.raises(qv.ValidationError, match=r"view `trips` is asked at version .*`trips@1:fare`.*`trips:city`|`trips:city`.*`trips@1:fare`"):
+        store.get_online_features(["trips@1:fare", "trips:city"], [{"rider_id": 2}])
+    with pytest.raises(qv.ValidationError, match="bad feature reference `trips@0:fare`"):
+        store.get_online_features(["trips@0:fare"], [{"rider_id": 2}])
+
+
 def test_push_reaches_both_stores(store):
     t = NOW - timedelta(minutes=1)
     fresh = pd.DataFrame({"rider_id": [4], "event_timestamp": [pd.Timestamp(t)], "created_timestamp": [pd.Timestamp(t)],
@@ -679,13 +710,14 @@ def test_on_demand_views_from_python_equal_yaml(tmp_path):
                                  features=[qv.Field("fare_ratio", qv.Float64, expr="trips.fare * trips.cty")])
     with pytest.raises(qv.ValidationError, match="on-demand view `scoring`, feature `fare_ratio`: `trips.fare \\* trips.cty`: unknown name"):
         s.apply([bad])
-    # A changed expression is a breaking change, applied with force=True.
+    # A changed expression is a breaking change: the on-demand view's next version.
     changed = qv.OnDemandFeatureView(name="scoring", inputs=[trips], request=[qv.Field("amount", qv.Float64)],
                                      features=[qv.Field("fare_ratio", qv.Float64, expr="amount / NULLIF(trips.fare, 0.0)"),
                                                qv.Field("home", qv.Bool, expr="lower(trips.city) = 'c1'")])
-    with pytest.raises(qv.ValidationError, match="would change its expression"):
-        s.apply([changed])
-    assert s.apply([changed], force=True) == 2
+    assert s.apply([changed]) == 2
+    doc = reg(b)["definitions"]
+    assert [(v["name"], v.get("version", 1)) for v in doc["on_demand_views"]] == [("scoring", 2)]
+    assert [(v["name"], v.get("version", 1)) for v in doc["earlier_versions"]["on_demand_views"]] == [("scoring", 1)]
     with pytest.raises(qv.ValidationError, match="feature `x`: no expr"):
         qv.OnDemandFeatureView(name="o", inputs=["trips"], features=[qv.Field("x", qv.Float64)])
     with pytest.raises(TypeError, match="an input must be FeatureView or OnDemandFeatureView or str"):

@@ -173,7 +173,7 @@ impl ViewRow {
     /// The online store's key, packed row and expiry for this row.
     pub fn online(&self, project: &str, view: &FeatureView, fingerprint: u64) -> (String, Vec<u8>, Option<i64>) {
         let row = OnlineRow::encode_parts(self.event_ts, self.created_ts.unwrap_or(i64::MIN), fingerprint, &self.values);
-        (store_key(project, &view.name, &self.keys), row, expire_at_ms(view, self.event_ts))
+        (store_key(project, &view.storage_name(), &self.keys), row, expire_at_ms(view, self.event_ts))
     }
 }
 

@@ -26,6 +26,10 @@ pub enum DefinitionError {
     UnknownEntity { view: String, entity: String, known: String },
     #[error("feature service `{service}`: unknown feature view `{view}` (known: {known})")]
     UnknownView { service: String, view: String, known: String },
+    /// A reference to a version of a view that is not live (docs/versions.md); `by`
+    /// names the service or on-demand view.
+    #[error("{by}: {reason}")]
+    UnknownVersion { by: String, reason: String },
     #[error("feature service `{service}`: unknown feature `{reference}` (feature view `{view}` has: {known})")]
     UnknownFeature { service: String, reference: String, view: String, known: String },
     #[error("feature service `{service}`: {}", BadFeatureRef(got.clone()))]
@@ -127,6 +131,10 @@ pub enum Error {
     /// be reached, or settings it refuses).
     #[error("{1}")]
     Store(ErrorKind, String),
+    /// A version of a view that does not exist or cannot be retired (docs/versions.md),
+    /// with the kind of the refusal.
+    #[error("{1}")]
+    Version(ErrorKind, String),
     /// A file that could not be read or written.
     #[error("{path}: {error}", path = path.display())]
     Io {
@@ -157,7 +165,7 @@ impl Error {
             Error::Definition { .. } | Error::Config { .. } | Error::Breaking(_) => ErrorKind::Invalid,
             Error::Registry { .. } => ErrorKind::Internal,
             Error::Locked { .. } => ErrorKind::Conflict,
-            Error::Store(kind, _) => *kind,
+            Error::Store(kind, _) | Error::Version(kind, _) => *kind,
             Error::Io { error, .. } => match error.kind() {
                 std::io::ErrorKind::NotFound => ErrorKind::NotFound,
                 std::io::ErrorKind::WouldBlock => ErrorKind::Conflict,
@@ -189,6 +197,9 @@ pub struct BadFeatureRef(pub String);
 
 impl fmt::Display for BadFeatureRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.contains('@') {
+            return write!(f, "bad feature reference `{}` (expected `view:feature` or `view@N:feature`, N a version from 1)", self.0);
+        }
         write!(f, "bad feature reference `{}` (expected `view:feature`)", self.0)
     }
 }

@@ -56,11 +56,71 @@ impl Definitions {
     /// assert!(err.contains("unknown feature view `nope`"), "{err}");
     /// ```
     pub fn validate(&self) -> Result<(), DefinitionError> {
-        self.check_entities()?;
-        self.check_views()?;
-        self.check_on_demand_views()?;
-        self.check_services()?;
-        self.check_monitoring()
+        // A reference to a version these definitions do not hold — a file pinning a
+        // version the registry holds — is checked against the view's latest; `apply`
+        // checks the version itself against the registry ([`Definitions::check_versions`]).
+        let unpinned;
+        let defs = match self.without_unknown_versions() {
+            Some(d) => {
+                unpinned = d;
+                &unpinned
+            }
+            None => self,
+        };
+        defs.check_entities()?;
+        defs.check_views()?;
+        defs.check_on_demand_views()?;
+        defs.check_services()?;
+        defs.check_monitoring()
+    }
+
+    /// Every reference to a version (`view@N:feature` of a service, `view@N` input of an
+    /// on-demand view, of any live version) names a live version (docs/versions.md).
+    ///
+    /// # Errors
+    /// [`DefinitionError::UnknownVersion`] naming who refers to it and the live ones.
+    pub fn check_versions(&self) -> Result<(), DefinitionError> {
+        for s in &self.feature_services {
+            for r in s.features.iter().filter(|r| r.version.is_some()) {
+                if let Some(missing) = self.missing_version(&r.view_name()) {
+                    return Err(DefinitionError::UnknownVersion { by: format!("feature service `{}`", s.name), reason: missing.0 });
+                }
+            }
+        }
+        for o in self.on_demand_views.iter().chain(&self.earlier_versions.on_demand_views) {
+            for input in &o.inputs {
+                if let Some(missing) = self.missing_version(input) {
+                    return Err(DefinitionError::UnknownVersion {
+                        by: format!("on-demand view `{}`", o.versioned_name()),
+                        reason: missing.0,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// These definitions with each reference to a version they do not hold made a
+    /// reference to the view's latest; `None` when there is none.
+    fn without_unknown_versions(&self) -> Option<Definitions> {
+        let unknown = |name: &str| self.missing_version(name).is_some();
+        let any = self.feature_services.iter().flat_map(|s| &s.features).any(|r| r.version.is_some() && unknown(&r.view_name()))
+            || self.on_demand_views.iter().flat_map(|o| &o.inputs).any(|i| unknown(i));
+        if !any {
+            return None;
+        }
+        let mut out = self.clone();
+        for r in out.feature_services.iter_mut().flat_map(|s| &mut s.features) {
+            if r.version.is_some() && unknown(&r.view_name()) {
+                r.version = None;
+            }
+        }
+        for input in out.on_demand_views.iter_mut().flat_map(|o| &mut o.inputs) {
+            if unknown(input) {
+                *input = crate::definitions::split_version(input).map_or_else(|| input.clone(), |(name, _)| name.to_string());
+            }
+        }
+        Some(out)
     }
 
     /// On-demand views (docs/transformations.md): names, inputs defined before them,
@@ -86,7 +146,8 @@ impl Definitions {
             let scope = format!(" in on-demand view `{}`", view.name);
             no_duplicates("input", &scope, view.inputs.iter().map(|i| i.as_str()))?;
             for input in &view.inputs {
-                let earlier = self.on_demand_views[..at].iter().any(|o| &o.name == input);
+                let plain = crate::definitions::split_version(input).map_or(input.as_str(), |(name, _)| name);
+                let earlier = self.on_demand_views[..at].iter().any(|o| o.name == plain);
                 if self.feature_view(input).is_none() && !earlier {
                     let reason = if self.on_demand_view(input).is_some() {
                         format!("input `{input}` is an on-demand view defined after it, or itself (define it first)")
@@ -234,7 +295,7 @@ impl Definitions {
             let scope = format!(" in feature service `{}`", service.name);
             no_duplicates("feature reference", &scope, refs.iter().map(|r| r.as_str()))?;
             for (reference, text) in service.features.iter().zip(&refs) {
-                if let Some(demand) = self.on_demand_view(&reference.view) {
+                if let Some(demand) = self.on_demand_view(&reference.view_name()) {
                     if demand.feature(&reference.feature).is_none() {
                         return Err(DefinitionError::UnknownFeature {
                             service: service.name.clone(),
@@ -245,10 +306,10 @@ impl Definitions {
                     }
                     continue;
                 }
-                let Some(view) = self.feature_view(&reference.view) else {
+                let Some(view) = self.feature_view(&reference.view_name()) else {
                     return Err(DefinitionError::UnknownView {
                         service: service.name.clone(),
-                        view: reference.view.clone(),
+                        view: reference.view_name(),
                         known: known(
                             self.feature_views.iter().map(|v| v.name.as_str()).chain(self.on_demand_views.iter().map(|v| v.name.as_str())),
                         ),

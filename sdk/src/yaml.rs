@@ -227,6 +227,7 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
         let aggregations = v.aggregations.into_iter().map(|a| convert_aggregation(&v.name, a)).collect::<Result<_, _>>()?;
         defs.feature_views.push(FeatureView {
             name: v.name,
+            version: crate::definitions::FIRST_VERSION,
             entities: v.entities,
             features,
             ttl,
@@ -295,6 +296,7 @@ fn convert(raw: RawDefinitions) -> Result<Definitions, DefinitionError> {
         }
         defs.on_demand_views.push(OnDemandView {
             name: v.name,
+            version: crate::definitions::FIRST_VERSION,
             inputs: v.inputs,
             request,
             features,

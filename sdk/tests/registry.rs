@@ -1,4 +1,5 @@
-//! The registry: per-field diff, apply, refusal of breaking changes, --force, no-op.
+//! The registry: per-field diff, apply, breaking changes made into new versions,
+//! --force, no-op.
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
@@ -169,8 +170,11 @@ fn changed_features_keep_the_earlier_online_layout() {
     assert_eq!(read.definitions, doc.definitions);
 }
 
+/// A breaking change to a view that holds data is made into the view's next version,
+/// beside the previous one, with the registered service pinned to the previous one
+/// (docs/versions.md); `--force` replaces in place instead.
 #[test]
-fn breaking_changes_to_views_with_data_are_refused_unless_forced() {
+fn breaking_changes_to_views_with_data_become_new_versions_unless_forced() {
     let dir = tempfile::tempdir().unwrap();
     let reg = FileRegistry::new(dir.path().join("registry.json"));
     apply(&reg, "demo", &defs(BASE), &Holding::new(&[]), false, t(1)).unwrap();
@@ -180,27 +184,53 @@ fn breaking_changes_to_views_with_data_are_refused_unless_forced() {
     let cases = [
         (
             changed("{name: trips, dtype: int64}", "{name: trips, dtype: float64}"),
-            "feature view `stats` holds data and feature `trips` would change type from int64 to float64",
+            "feature `trips` would change type from int64 to float64",
         ),
-        (changed(", {name: trips, dtype: int64}", ""), "feature view `stats` holds data and feature `trips` would be removed"),
+        (changed(", {name: trips, dtype: int64}", ""), "feature `trips` would be removed"),
         (
-            changed("dtype: int64}]}", "dtype: string}]}"),
-            "feature view `stats` holds data and its join keys would change from [driver_id:int64] to [driver_id:string]",
+            defs(
+                &BASE
+                    .replacen("feature_views:", "  - {name: rider, join_keys: [{name: rider_id, dtype: int64}]}\nfeature_views:", 1)
+                    .replacen("  - name: stats\n    entities: [driver]", "  - name: stats\n    entities: [rider]", 1),
+            ),
+            "its join keys would change from [driver_id:int64] to [rider_id:int64]",
         ),
     ];
     for (new, expected) in &cases {
-        let err = apply(&reg, "demo", new, &holding, false, t(2)).unwrap_err();
-        assert!(matches!(err, Error::Breaking(_)), "{err}");
-        let msg = err.to_string();
-        assert!(msg.contains(expected), "{msg}");
-        assert!(msg.contains("--force"), "{msg}");
-        assert_eq!(std::fs::read(reg.path()).unwrap(), before, "refused apply wrote");
+        std::fs::write(reg.path(), &before).unwrap();
+        let outcome = apply(&reg, "demo", new, &holding, false, t(2)).unwrap();
+        assert_eq!(outcome.version, 2);
+        assert!(outcome.forced.is_empty());
+        let [made] = &outcome.plan.versions[..] else { panic!("{:?}", outcome.plan.versions) };
+        assert_eq!((made.view.as_str(), made.version, made.previous), ("stats", 2, 1));
+        assert!(made.reasons.iter().any(|r| r.contains(expected)), "{:?}", made.reasons);
+        assert_eq!(made.pinned, ["feature_service ranker"]);
+        assert!(outcome.plan.to_string().contains("^ feature_view stats: version 2 beside version 1 ("), "{}", outcome.plan);
+        let doc = reg.load().unwrap().unwrap();
+        let d = &doc.definitions;
+        assert_eq!(d.feature_view("stats").unwrap().version, 2);
+        assert_eq!(d.feature_view("stats@1").unwrap(), defs(BASE).feature_view("stats").unwrap(), "version 1 kept as it was");
+        assert_eq!(d.feature_service("ranker").unwrap().features[0].to_string(), "stats@1:conv_rate");
+        assert!(doc.history.last().unwrap().changes.iter().any(|c| c.starts_with("^ feature_view stats: version 2")), "{:?}", doc.history);
+        // The same definitions again change nothing: the service stays pinned.
+        assert!(!apply(&reg, "demo", new, &holding, false, t(3)).unwrap().written);
     }
 
-    // The same change to a view with no data is fine.
+    // A change to an entity's keys is no new version: every version reads them.
+    std::fs::write(reg.path(), &before).unwrap();
+    let err =
+        apply(&reg, "demo", &changed("driver_id, dtype: int64}]}", "driver_id, dtype: string}]}"), &holding, false, t(2)).unwrap_err();
+    assert!(matches!(err, Error::Breaking(_)), "{err}");
+    assert!(err.to_string().contains("its join keys would change from [driver_id:int64] to [driver_id:string] (an entity's keys"), "{err}");
+    assert_eq!(std::fs::read(reg.path()).unwrap(), before, "refused apply wrote");
+
+    // The same change to a view with no data is made in place.
+    std::fs::write(reg.path(), &before).unwrap();
     let new = changed("{name: x, dtype: int64}", "{name: x, dtype: string}");
-    assert_eq!(apply(&reg, "demo", &new, &holding, false, t(2)).unwrap().version, 2);
-    // Adding a feature to a view with data breaks nothing.
+    let outcome = apply(&reg, "demo", &new, &holding, false, t(2)).unwrap();
+    assert_eq!((outcome.version, outcome.plan.versions.len()), (2, 0));
+    assert_eq!(reg.load().unwrap().unwrap().definitions.feature_view("empty_view").unwrap().version, 1);
+    // Adding a feature to a view with data breaks nothing: same version.
     let mut added = new.clone();
     added.feature_views[0].features.push(quiver_sdk::Feature {
         name: "temp".into(),
@@ -208,17 +238,22 @@ fn breaking_changes_to_views_with_data_are_refused_unless_forced() {
         description: String::new(),
         expr: String::new(),
     });
-    assert_eq!(apply(&reg, "demo", &added, &holding, false, t(3)).unwrap().version, 3);
+    let outcome = apply(&reg, "demo", &added, &holding, false, t(3)).unwrap();
+    assert_eq!((outcome.version, outcome.plan.versions.len()), (3, 0));
 
-    // --force lets a breaking change through and records that it did.
+    // --force replaces in place and records that it did.
     let mut forced = added.clone();
     forced.feature_views[0].features.retain(|f| f.name != "trips");
     let outcome = apply(&reg, "demo", &forced, &holding, true, t(4)).unwrap();
     assert_eq!(outcome.version, 4);
     assert_eq!(outcome.forced.len(), 1);
+    assert!(outcome.plan.versions.is_empty());
     let doc = reg.load().unwrap().unwrap();
     assert!(doc.history.last().unwrap().forced);
-    assert!(doc.definitions.feature_view("stats").unwrap().feature("trips").is_none());
+    let stats = doc.definitions.feature_view("stats").unwrap();
+    assert!(stats.feature("trips").is_none());
+    assert_eq!(stats.version, 1);
+    assert!(doc.definitions.earlier_versions.is_empty());
 }
 
 #[test]
@@ -269,7 +304,7 @@ fn a_front_end_never_removes_what_another_defined_unless_told() {
     let probe = Holding::new(&[]);
     let run = |new: &Definitions, origin: &Origin| {
         let request = ApplyRequest { new, origin, probe: &probe, force: false, now: t(1) };
-        apply_with(&reg, "demo", &request, &mut || Ok(()))
+        apply_with(&reg, "demo", &request, &mut |_| Ok(()))
     };
     // Python defines everything.
     run(&defs(BASE), &Origin::new("python")).unwrap();
@@ -339,9 +374,14 @@ feature_views:
             "raw column `cents` would change type from int64 to float64",
         ),
     ];
+    let before = std::fs::read(reg.path()).unwrap();
     for (text, expected) in &cases {
-        let err = apply(&reg, "demo", &defs(text), &holding, false, t(2)).unwrap_err();
-        assert!(err.to_string().contains(expected), "{err}");
+        std::fs::write(reg.path(), &before).unwrap();
+        let outcome = apply(&reg, "demo", &defs(text), &holding, false, t(2)).unwrap();
+        let [made] = &outcome.plan.versions[..] else { panic!("{:?}", outcome.plan.versions) };
+        assert!(made.reasons.iter().any(|r| r.contains(expected)), "{:?}", made.reasons);
     }
-    assert_eq!(apply(&reg, "demo", &defs(&cases[0].0), &Holding::new(&[]), false, t(2)).unwrap().version, 2);
+    std::fs::write(reg.path(), &before).unwrap();
+    let outcome = apply(&reg, "demo", &defs(&cases[0].0), &Holding::new(&[]), false, t(2)).unwrap();
+    assert_eq!((outcome.version, outcome.plan.versions.len()), (2, 0), "no data: changed in place");
 }

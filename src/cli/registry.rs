@@ -1,4 +1,4 @@
-//! The registry commands: `plan`, `apply`, `list`, `describe`.
+//! The registry commands: `plan`, `apply`, `list`, `describe`, `versions`, `retire`.
 
 use std::path::Path;
 
@@ -40,6 +40,89 @@ pub struct Describe {
     name: String,
 }
 
+/// Show every live version of a view: when it was made, what changed from the
+/// previous one, its rows offline and keys online, and what reads it.
+#[derive(Debug, clap::Args)]
+pub struct Versions {
+    /// A feature view or an on-demand view.
+    view: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Retire a version of a view no service or on-demand view reads: its online keys and
+/// registry entry go (its Delta table stays unless --delete-data).
+#[derive(Debug, clap::Args)]
+pub struct Retire {
+    /// The version, `view@N`.
+    #[arg(value_name = "VIEW@N")]
+    target: String,
+    /// Also delete the version's Delta table.
+    #[arg(long)]
+    delete_data: bool,
+}
+
+impl Versions {
+    pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
+        let repo = ctx.open()?;
+        let rt = runtime()?;
+        let versions = repo.versions(&self.view, rt.handle())?;
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(&versions)?);
+            return Ok(());
+        }
+        print!("{}", render_versions(&self.view, &versions));
+        Ok(())
+    }
+}
+
+impl Retire {
+    pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
+        let repo = ctx.open()?;
+        let rt = runtime()?;
+        let r = repo.retire(&self.target, self.delete_data, chrono::Utc::now(), rt.handle())?;
+        let table = match (&r.table, r.table_deleted) {
+            (Some(t), true) => format!("; its table {t} deleted"),
+            (Some(t), false) => format!("; its table {t} kept (--delete-data deletes it)"),
+            (None, _) => String::new(),
+        };
+        println!(
+            "retired {}: {} online removed{table}; registry is at version {}",
+            r.name,
+            quiver_sdk::error::count(r.keys_removed, "key"),
+            r.registry_version
+        );
+        Ok(())
+    }
+}
+
+/// One line per version, then its changes from the previous one, indented.
+fn render_versions(name: &str, versions: &[quiver::ops::VersionInfo]) -> String {
+    let mut out = format!("{name}: {} live\n", quiver_sdk::error::count(versions.len(), "version"));
+    out.push_str(&format!(
+        "  {:<12} {:<22} {:<9} {:>12} {:>12}  {}\n",
+        "version", "created", "registry", "rows offline", "keys online", "read by"
+    ));
+    let or_dash = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |n| n.to_string());
+    for v in versions {
+        let version = if v.latest { format!("{} (latest)", v.version) } else { v.version.to_string() };
+        let read_by = if v.read_by.is_empty() { "-".to_string() } else { v.read_by.join(", ") };
+        out.push_str(&format!(
+            "  {:<12} {:<22} {:<9} {:>12} {:>12}  {read_by}\n",
+            version,
+            v.created.as_deref().unwrap_or("-"),
+            or_dash(v.registry_version),
+            or_dash(v.rows_offline),
+            or_dash(v.keys_online),
+        ));
+        for change in &v.changes {
+            out.push_str(&format!("      {change}\n"));
+        }
+    }
+    out
+}
+
 impl Plan {
     pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
         cmd_plan(&ctx.repo, self.remove)
@@ -67,7 +150,8 @@ impl Describe {
 fn cmd_plan(dir: &Path, remove: Vec<String>) -> anyhow::Result<()> {
     let repo = Repo::open(dir)?;
     let applied = repo.applied()?;
-    let plan = repo.plan(remove)?;
+    let rt = runtime()?;
+    let plan = repo.plan(remove, rt.handle().clone())?;
     if !plan.is_empty() || !plan.kept.is_empty() {
         println!("{plan}");
     }
@@ -140,12 +224,13 @@ fn render_list(doc: &RegistryDoc) -> String {
             (format!("ttl {}", v.ttl), format!("{:>2} features", v.features.len()))
         };
         out.push_str(&format!(
-            "  {:<24} v{:<3} entities {:<20} {:<10} {served}{}\n",
+            "  {:<24} v{:<3} entities {:<20} {:<10} {served}{}{}\n",
             v.name,
             meta(doc, "feature_view", &v.name).map_or(0, |m| m.version),
             v.entities.join(","),
             window,
-            if v.online { "  online" } else { "" }
+            if v.online { "  online" } else { "" },
+            live_versions(defs.view_versions(&v.name).iter().map(|v| v.version)),
         ));
     }
     out.push_str(&format!("\nfeature services ({})\n", defs.feature_services.len()));
@@ -161,16 +246,28 @@ fn render_list(doc: &RegistryDoc) -> String {
         out.push_str(&format!("\non-demand views ({})\n", defs.on_demand_views.len()));
         for v in &defs.on_demand_views {
             out.push_str(&format!(
-                "  {:<24} v{:<3} inputs {:<20} {:>2} features, {} request fields\n",
+                "  {:<24} v{:<3} inputs {:<20} {:>2} features, {} request fields",
                 v.name,
                 meta(doc, "on_demand_view", &v.name).map_or(0, |m| m.version),
                 v.inputs.join(","),
                 v.features.len(),
                 v.request.len()
             ));
+            out.push_str(&live_versions(defs.on_demand_versions(&v.name).iter().map(|v| v.version)));
+            out.push('\n');
         }
     }
     out
+}
+
+/// `  versions 1, 2 (latest 2)` when a view has more than one live version
+/// (docs/versions.md); nothing otherwise.
+fn live_versions(versions: impl Iterator<Item = u32>) -> String {
+    let all: Vec<String> = versions.map(|v| v.to_string()).collect();
+    match all.last() {
+        Some(latest) if all.len() > 1 => format!("  versions {} (latest {latest})", all.join(", ")),
+        _ => String::new(),
+    }
 }
 
 fn cmd_describe(dir: &Path, name: &str) -> anyhow::Result<()> {

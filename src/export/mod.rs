@@ -213,8 +213,10 @@ async fn plan(repo: &Repo, source: &Spine, options: ExportOptions, original: Opt
     }
     let doc = repo.applied()?;
     let registry_version = doc.version;
-    let defs = &doc.definitions;
-    let service = defs.find_service(&options.service).map_err(|e| Error::NotFound(e.0))?;
+    let service = doc.definitions.find_service(&options.service).map_err(|e| Error::NotFound(e.0))?;
+    // Each view at the version the service reads (docs/versions.md#references).
+    let pinned = crate::ops::pinned(&doc.definitions, &service.features)?;
+    let defs: &Definitions = &pinned;
     let requests = resolve(defs, &service.features)?;
     let mut views: Vec<&quiver_sdk::FeatureView> = requests.iter().map(|r| r.view).collect();
     // A `--rows-of` view is read at a pinned version too.
@@ -268,7 +270,7 @@ async fn plan(repo: &Repo, source: &Spine, options: ExportOptions, original: Opt
         .features
         .iter()
         .map(|r| ManifestFeature {
-            reference: r.to_string(),
+            reference: defs.as_read(r).to_string(),
             column: r.column_name(),
             dtype: defs.feature_dtype(r).map_or_else(String::new, |t| t.as_str().to_string()),
         })
@@ -285,7 +287,7 @@ async fn plan(repo: &Repo, source: &Spine, options: ExportOptions, original: Opt
         "project": repo.config.project,
         "delta_versions": delta_versions,
         "spine_sha256": spine_info.sha256,
-        "features": service.features.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "features": service.features.iter().map(|r| defs.as_read(r).to_string()).collect::<Vec<_>>(),
         "options": options,
     });
     if original.is_some_and(|m| m.definitions.is_empty()) {
@@ -312,7 +314,7 @@ async fn plan(repo: &Repo, source: &Spine, options: ExportOptions, original: Opt
             definitions,
         },
         spine,
-        defs: doc.definitions,
+        defs: defs.clone(),
     })
 }
 

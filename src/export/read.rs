@@ -27,7 +27,9 @@ pub(super) fn definitions_read(
     rows_of: Option<&FeatureView>,
 ) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    out.insert(format!("feature_service:{}", service.name), digest(service, None));
+    // The references as read: a service pinned to version 1 reads what it read unpinned.
+    let as_read = FeatureService { features: service.features.iter().map(|r| defs.as_read(r)).collect(), ..service.clone() };
+    out.insert(format!("feature_service:{}", service.name), digest(&as_read, None));
     let mut views: BTreeMap<&str, (&FeatureView, BTreeSet<&str>)> = BTreeMap::new();
     for r in requests.iter() {
         views.entry(r.view.name.as_str()).or_insert_with(|| (r.view, BTreeSet::new())).1.extend(r.features.iter().copied());

@@ -80,8 +80,9 @@ impl<'a> Historical<'a> {
     }
 
     async fn run(self) -> Result<Joined> {
-        let defs = self.repo.defs()?;
-        let refs = self.features.resolve(&defs)?;
+        let registry = self.repo.defs()?;
+        let refs = self.features.resolve(&registry)?;
+        let defs = super::pinned(&registry, &refs)?;
         let requests = historical::resolve(&defs, &refs)?;
         let key_types: Vec<(String, DataType)> = requests.spine_types(&defs);
         let label = self.spine.label();

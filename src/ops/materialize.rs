@@ -50,7 +50,7 @@ impl Repo {
 /// The online views among `names` (all online views when empty).
 fn online_views<'d>(defs: &'d quiver_sdk::Definitions, names: &[String]) -> Result<Vec<&'d FeatureView>> {
     if names.is_empty() {
-        return Ok(defs.feature_views.iter().filter(|v| v.takes_online_writes()).collect());
+        return Ok(defs.all_view_versions().filter(|v| v.takes_online_writes()).collect());
     }
     names
         .iter()

@@ -83,6 +83,7 @@ mod monitor;
 mod serve;
 mod stream;
 mod verify;
+mod versions;
 mod write;
 
 use std::future::Future;
@@ -105,6 +106,7 @@ pub use quiver_offline::historical::{MadeSpine, RowsOf};
 pub use serve::{Serve, Server};
 pub use stream::Stream;
 pub use verify::{VerifyLog, VerifySample};
+pub use versions::{RetireReport, VersionInfo};
 pub use write::{Ingest, Push, Rows};
 
 pub use crate::spine::Spine;
@@ -287,6 +289,20 @@ impl Repo {
     pub(crate) fn event_horizon(&self) -> i64 {
         self.config.event_horizon(quiver_sdk::Timestamp::now().0)
     }
+}
+
+/// The definitions a request for `refs` reads: each view at the version asked for
+/// (docs/versions.md#references).
+///
+/// # Errors
+/// [`Error::NotFound`] for a version that is not live; [`Error::Invalid`] for one view
+/// asked at two versions.
+pub(crate) fn pinned<'a>(defs: &'a Definitions, refs: &[FeatureRef]) -> Result<std::borrow::Cow<'a, Definitions>> {
+    use quiver_sdk::definitions::VersionError;
+    defs.pinned(refs).map_err(|e| match e {
+        VersionError::NotFound(e) => Error::NotFound(e.0),
+        VersionError::Conflict(e) => Error::Invalid(e),
+    })
 }
 
 /// The applied view called `name`.

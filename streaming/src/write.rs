@@ -51,7 +51,11 @@ pub fn online_rows(project: &str, defs: &Definitions, view: &FeatureView, batch:
                     .map(|(k, f)| value_at(batch.column(layout.feature(k)).as_ref(), r, f.dtype))
                     .collect(),
             };
-            WriteRow { key: store_key(project, &view.name, &key_values), row: row.encode(), expire_at_ms: expire_at_ms(view, event_ts) }
+            WriteRow {
+                key: store_key(project, &view.storage_name(), &key_values),
+                row: row.encode(),
+                expire_at_ms: expire_at_ms(view, event_ts),
+            }
         })
         .collect()
 }
@@ -185,7 +189,11 @@ pub fn event_log_rows(project: &str, view: &FeatureView, events: &EntityEvents, 
         .iter()
         .map(|(keys, events)| {
             let record = AggRecord::build(&layout, events, quiver_sdk::Timestamp(now), version);
-            WriteRow { key: store_key(project, &view.name, keys), row: record.encode(&layout), expire_at_ms: record.expire_at_ms(&layout) }
+            WriteRow {
+                key: store_key(project, &view.storage_name(), keys),
+                row: record.encode(&layout),
+                expire_at_ms: record.expire_at_ms(&layout),
+            }
         })
         .collect()
 }

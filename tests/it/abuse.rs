@@ -370,7 +370,8 @@ fn closed_within(mut s: TcpStream, limit: Duration) -> bool {
 
 /// Adding a feature (an apply without `--force`) keeps the features already served:
 /// rows written before it are read by name, the new feature is NULL_VALUE until data
-/// arrives; verify agrees. Removing a feature stays `--force` only.
+/// arrives; verify agrees. Removing a feature makes the view's next version, served
+/// beside the first.
 #[test]
 fn adding_a_feature_never_blanks_the_features_already_served() {
     let Some(url) = common::redis_url("adding_a_feature_never_blanks_the_features_already_served") else { return };
@@ -399,10 +400,27 @@ fn adding_a_feature_never_blanks_the_features_already_served() {
     let (code, body) = server.post("/push", &push.to_string());
     assert_eq!(code, 200, "{body}");
     assert_eq!(lookup(&server, &["trips:tip"], 2)[0], (serde_json::json!(0.5), "PRESENT".to_string()));
-    // Removing a feature of a view that holds data needs --force.
+    // Removing a feature of a view that holds data makes version 2; version 1 is still
+    // served, by its own keys, beside it.
     let removed = added.replace("      - {name: tip, dtype: float64}\n", "");
     std::fs::write(dir.join("features.yaml"), &removed).unwrap();
-    fails(&dir, &["apply"], &["feature view `trips` holds data", "feature `tip` would be removed"]);
+    let out = ok(&dir, &["apply"]);
+    assert!(out.contains("^ feature_view trips: version 2 beside version 1 (feature `tip` would be removed)"), "{out}");
+    // The server picks the new registry up within its check interval.
+    let began = std::time::Instant::now();
+    while !server.get("/registry").1.contains("\"earlier_versions\"") {
+        assert!(began.elapsed() < Duration::from_secs(10), "the server did not read the new registry");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(lookup(&server, &["trips@1:tip"], 2)[0], (serde_json::json!(0.5), "PRESENT".to_string()));
+    assert_eq!(lookup(&server, &["trips@1:fare"], 1)[0], (serde_json::json!(1.5), "PRESENT".to_string()));
+    assert_eq!(lookup(&server, &["trips:fare"], 1)[0], (serde_json::Value::Null, "NOT_FOUND".to_string()), "version 2 has no rows yet");
+    let push = serde_json::json!({"feature_view": "trips@2", "to": "online",
+        "df": {"driver_id": [1], "event_timestamp": [rfc3339(now)], "fare": [9.0], "seq": [4]}});
+    let (code, body) = server.post("/push", &push.to_string());
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(lookup(&server, &["trips:fare"], 1)[0], (serde_json::json!(9.0), "PRESENT".to_string()));
+    assert_eq!(lookup(&server, &["trips@1:fare"], 1)[0], (serde_json::json!(1.5), "PRESENT".to_string()), "version 1 unchanged");
 }
 
 /// A registry file that cannot be read (half-written, deleted) never takes `quiver

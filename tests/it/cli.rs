@@ -209,8 +209,11 @@ fn bad_definitions_name_the_file_and_field() {
     fails(&repo, &["apply"], 1, &["features.yaml: feature view `customer_rides`, aggregation", "sum needs a numeric column"]);
 }
 
+/// A breaking change to a view with data makes its next version (docs/versions.md): a
+/// new Delta table beside the first, the service pinned to version 1; `--force`
+/// replaces in place instead.
 #[test]
-fn breaking_changes_to_a_view_with_data_need_force() {
+fn breaking_changes_to_a_view_with_data_make_a_new_version_or_are_forced() {
     let (_tmp, repo) = demo_repo();
     ok(&repo, &["apply"]);
     ok(&repo, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]);
@@ -218,22 +221,49 @@ fn breaking_changes_to_a_view_with_data_need_force() {
     std::fs::write(
         repo.join("features.yaml"),
         yaml.replacen("{name: avg_daily_trips, dtype: int64}", "{name: avg_daily_trips, dtype: float64}", 1)
-            // The same kind of change to a view without data goes through.
+            // The same kind of change to a view without data is made in place.
             .replacen("{name: rides_together, dtype: int64}", "{name: rides_together, dtype: int32}", 1),
     )
     .unwrap();
     let before = std::fs::read(repo.join("registry.json")).unwrap();
+    let plan = ok(&repo, &["plan"]);
+    assert!(
+        plan.contains("^ feature_view driver_hourly: version 2 beside version 1 (feature `avg_daily_trips` would change type from int64 to float64); stays on version 1: feature_service ranker_v1"),
+        "{plan}"
+    );
+    assert_eq!(std::fs::read(repo.join("registry.json")).unwrap(), before, "plan writes nothing");
+    let out = ok(&repo, &["apply"]);
+    assert!(out.contains("is at version 2"), "{out}");
+    assert!(out.contains("created delta table") && out.contains("driver_hourly.v2"), "{out}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(repo.join("registry.json")).unwrap()).unwrap();
+    let defs = &doc["definitions"];
+    let view = |v: &serde_json::Value| (v["name"].as_str().unwrap().to_string(), v["version"].as_u64().unwrap_or(1));
+    let latest: Vec<_> = defs["feature_views"].as_array().unwrap().iter().map(view).collect();
+    assert!(latest.contains(&("driver_hourly".to_string(), 2)) && latest.contains(&("driver_customer".to_string(), 1)), "{latest:?}");
+    assert_eq!(defs["earlier_versions"]["feature_views"][0]["name"], "driver_hourly");
+    assert_eq!(defs["feature_services"][0]["features"][0], "driver_hourly@1:conv_rate");
+    assert!(repo.join("data/driver_hourly.v2/_delta_log").is_dir(), "version 2 has its own table");
+    // A version that does not exist, or a malformed one, is refused by name.
     fails(
         &repo,
-        &["apply"],
+        &["online", "--features", "driver_hourly@3:conv_rate", "--entity", "driver_id=1001"],
         1,
-        &["feature view `driver_hourly` holds data", "`avg_daily_trips` would change type from int64 to float64", "--force"],
+        &["view `driver_hourly` has no version 3 (it never had one, or it was retired; live: 1, 2)"],
     );
-    assert_eq!(std::fs::read(repo.join("registry.json")).unwrap(), before);
+    fails(
+        &repo,
+        &["online", "--features", "driver_hourly@x:conv_rate", "--entity", "driver_id=1001"],
+        1,
+        &["bad feature reference `driver_hourly@x:conv_rate` (expected `view:feature` or `view@N:feature`"],
+    );
+    // --force replaces in place.
+    std::fs::write(repo.join("registry.json"), &before).unwrap();
     let forced = quiver_in(&repo, &["apply", "--force"], &[]);
     assert_eq!(forced.code, 0, "{}", forced.stderr);
     assert!(forced.stdout.contains("is at version 2"), "{}", forced.stdout);
     assert!(forced.stderr.contains("warning: forced: feature view `driver_hourly` holds data"), "{}", forced.stderr);
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(repo.join("registry.json")).unwrap()).unwrap();
+    assert!(doc["definitions"].get("earlier_versions").is_none(), "{}", doc["definitions"]);
 }
 
 #[test]

@@ -25,4 +25,5 @@ mod redis_cluster;
 mod stream;
 mod ui;
 mod verify;
+mod versions;
 mod write_time;

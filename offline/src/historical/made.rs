@@ -181,7 +181,7 @@ impl MadeSpine {
         let converter = RowConverter::new(fields)?;
         let mut rows = converter.empty_rows(0, 0);
         for view in joined {
-            let range = ScanRange { lo: None, hi: at, extra: None, version: versions.get(&view.name).copied() };
+            let range = ScanRange { lo: None, hi: at, extra: None, version: versions.get(&*view.storage_name()).copied() };
             let scan = scan_view_at(&config.view_table(view), defs, view, &[], range).await?;
             for batch in &scan.batches {
                 let columns: Vec<ArrayRef> = batch.columns()[..keys.len()]
@@ -224,7 +224,7 @@ impl MadeSpine {
             None => (None, i64::MAX),
         };
         let features: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
-        let range = ScanRange { lo, hi, extra: None, version: versions.get(&view.name).copied() };
+        let range = ScanRange { lo, hi, extra: None, version: versions.get(&*view.storage_name()).copied() };
         let scan = scan_view_at(&config.view_table(view), defs, view, &features, range).await?;
         let keys = defs.join_keys(view);
         let (ts_at, seq_at) = (keys.len(), keys.len() + 1 + usize::from(view.source.created_timestamp_field.is_some()));

@@ -464,7 +464,7 @@ impl Join<'_> {
     fn need<'r>(&self, request: &ViewRequest<'r>) -> Result<ScanNeed<'r>> {
         let view = request.view;
         let (min_t, max_t) = (self.times.iter().min().copied().unwrap_or(0), self.times.iter().max().copied().unwrap_or(0));
-        let version = self.options.versions.get(&view.name).copied();
+        let version = self.options.versions.get(&*view.storage_name()).copied();
         if view.is_event_log() {
             return Ok(aggregate::need(request, min_t, max_t, version));
         }

@@ -219,7 +219,7 @@ pub async fn table_versions(config: &Config, views: &[&FeatureView]) -> Result<B
     let mut out = BTreeMap::new();
     for view in views {
         let table = open_table(&config.view_table(view)).await?;
-        out.insert(view.name.clone(), table.and_then(|t| t.version()));
+        out.insert(view.versioned_name(), table.and_then(|t| t.version()));
     }
     Ok(out)
 }

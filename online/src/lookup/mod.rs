@@ -152,8 +152,10 @@ pub struct LookupPlan {
 
 #[derive(Debug)]
 struct ViewPlan {
-    /// Its position in `Definitions::feature_views`.
+    /// Its position in `Definitions::feature_views` of the definitions the plan read.
     index: usize,
+    /// The view, at the version the plan reads (docs/versions.md#references).
+    view: FeatureView,
     join_keys: Vec<quiver_sdk::JoinKey>,
     /// Per requested feature of this view: its position in the answer's features and
     /// among the view's features (an event log: its aggregations).
@@ -176,12 +178,18 @@ impl LookupPlan {
     /// [`Error::NotFound`] for an unknown view or feature; [`Error::Request`] for a
     /// feature asked for twice, or one of a view that is not online (`online: false`).
     pub fn new(defs: &Definitions, refs: Vec<FeatureRef>, full_names: bool) -> Result<LookupPlan> {
+        let pinned = defs.pinned(&refs).map_err(|e| match e {
+            quiver_sdk::definitions::VersionError::NotFound(e) => Error::NotFound(e.0),
+            quiver_sdk::definitions::VersionError::Conflict(e) => Error::Request(e),
+        })?;
+        let defs: &Definitions = &pinned;
         let mut views: Vec<ViewPlan> = Vec::new();
         let mut names = Vec::with_capacity(refs.len());
         let mut wanted = Vec::new();
         for (j, r) in refs.iter().enumerate() {
             let found = defs.find(r).map_err(|e| Error::NotFound(e.0))?;
-            if refs[..j].contains(r) {
+            // `v:f` and `v@1:f` of a view at version 1 are one feature asked twice.
+            if refs[..j].iter().any(|o| o.view == r.view && o.feature == r.feature) {
                 return Err(Error::Request(format!("feature `{r}` is asked for twice")));
             }
             names.push(if full_names { r.column_name() } else { r.feature.clone() });
@@ -289,12 +297,12 @@ impl LookupPlan {
         if let Some(on_demand) = &self.on_demand {
             on_demand.check(entities, fields)?;
         }
-        let (n, stored, read) = self.read_stored(store, project, defs, entities, phases).await?;
+        let (n, stored, read) = self.read_stored(store, project, entities, phases).await?;
         // Each view's columns, put in answer order (then those on-demand features read).
         let mut columns: Vec<Option<Column>> = self.names.iter().map(|_| None).collect();
         let mut times: Vec<Option<Vec<Option<i64>>>> = Vec::with_capacity(self.views.len());
         for (i, planned) in self.views.iter().enumerate() {
-            let view = &defs.feature_views[planned.index];
+            let view = &planned.view;
             let stored = &stored[i * n..(i + 1) * n];
             let mut live = planned.times.then(|| Vec::with_capacity(n));
             let built: Vec<Column> = if view.is_event_log() {
@@ -327,13 +335,12 @@ impl LookupPlan {
         &self,
         store: &dyn OnlineStore,
         project: &str,
-        defs: &Definitions,
         entities: &EntityColumns,
         phases: &mut LookupPhases,
     ) -> Result<(usize, Vec<Option<Vec<u8>>>, std::time::Instant)> {
         let began = std::time::Instant::now();
         let n = check_lengths(entities)?;
-        let keys = self.store_keys(project, defs, entities, n)?;
+        let keys = self.store_keys(project, entities, n)?;
         let sent = std::time::Instant::now();
         phases.keys = sent - began;
         let stored = store.read(&keys).await?;
@@ -344,13 +351,13 @@ impl LookupPlan {
 
     /// One store key per (view, row), views in plan order, after checking that every
     /// view's join keys are given with the right types.
-    fn store_keys(&self, project: &str, defs: &Definitions, entities: &EntityColumns, n: usize) -> Result<Vec<String>> {
+    fn store_keys(&self, project: &str, entities: &EntityColumns, n: usize) -> Result<Vec<String>> {
         let bad = |m: String| Error::Request(m);
         let mut keys = Vec::with_capacity(self.views.len() * n);
         let mut columns = Vec::new();
         let mut values: Vec<KeyValue> = Vec::new();
         for planned in &self.views {
-            let name = &defs.feature_views[planned.index].name;
+            let name = planned.view.storage_name();
             columns.clear();
             for key in &planned.join_keys {
                 let Some((_, values)) = entities.iter().find(|(k, _)| *k == key.name) else {
@@ -367,7 +374,7 @@ impl LookupPlan {
             for row in 0..n {
                 values.clear();
                 values.extend(columns.iter().map(|c| c[row].clone()));
-                keys.push(store_key(project, name, &values));
+                keys.push(store_key(project, &name, &values));
             }
         }
         Ok(keys)
@@ -399,6 +406,7 @@ fn view_plan(views: &mut Vec<ViewPlan>, defs: &Definitions, view: &FeatureView, 
     }
     views.push(ViewPlan {
         index,
+        view: view.clone(),
         join_keys: defs.join_keys(view),
         wanted: Vec::new(),
         shared: Vec::new(),

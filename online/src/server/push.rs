@@ -60,7 +60,7 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     // A view with write-time expressions takes its raw rows (docs/transformations.md#write-time).
     let transform = state
         .registry
-        .write_transform(&defs, &view.name, || quiver_runtime::write_time::WriteTransform::new(&defs, view))
+        .write_transform(&defs, &view.versioned_name(), || quiver_runtime::write_time::WriteTransform::new(&defs, view))
         .map_err(|e| bad(format!("feature view `{name}`: {e}")))?;
     let reads = transform.as_deref().map_or(view, |t| t.raw_view());
     let reader = quiver_runtime::rows::RowReader::new(&defs, reads);

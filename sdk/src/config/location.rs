@@ -48,6 +48,21 @@ impl StoreLocation {
         }
     }
 
+    /// The sibling location whose last part has `suffix` appended (`t` -> `t.v2`).
+    pub fn suffixed(&self, suffix: &str) -> StoreLocation {
+        match self {
+            StoreLocation::Local(p) => {
+                let mut text = p.as_os_str().to_os_string();
+                if text.to_string_lossy().ends_with('/') {
+                    text = p.components().as_path().as_os_str().to_os_string();
+                }
+                text.push(suffix);
+                StoreLocation::Local(PathBuf::from(text))
+            }
+            StoreLocation::Uri(u, o) => StoreLocation::Uri(format!("{}{suffix}", u.trim_end_matches('/')), o.clone()),
+        }
+    }
+
     /// A folder (relative ones taken from `repo`) or, with a `scheme://`, an object-store
     /// URI reached with `options`.
     pub fn parse(repo: &Path, text: &str, options: &StorageOptions) -> StoreLocation {

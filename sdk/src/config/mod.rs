@@ -285,10 +285,12 @@ impl Config {
     /// The Delta table location of a view: its source path if set (relative paths are
     /// taken from the repository), else `<offline root>/<view>`.
     pub fn view_table(&self, view: &crate::FeatureView) -> StoreLocation {
-        match &view.source.path {
+        let table = match &view.source.path {
             Some(p) => StoreLocation::parse(&self.repo, p, &self.storage_options),
             None => self.offline_root.join(&view.name),
-        }
+        };
+        // Version N of a view has its own table beside version 1's (docs/versions.md#storage).
+        if view.version == crate::definitions::FIRST_VERSION { table } else { table.suffixed(&format!(".v{}", view.version)) }
     }
 }
 

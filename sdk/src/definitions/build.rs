@@ -73,6 +73,7 @@ impl FeatureView {
     pub fn new(name: impl Into<String>) -> Self {
         FeatureView {
             name: name.into(),
+            version: super::FIRST_VERSION,
             entities: Vec::new(),
             features: Vec::new(),
             ttl: Ttl::UNBOUNDED,

@@ -9,38 +9,85 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::{Definitions, NotFound};
 pub use crate::error::BadFeatureRef;
 
-/// A `view:feature` reference. Output columns are named `view__feature`.
+/// A `view:feature` reference, or `view@N:feature` for version `N` of the view
+/// (docs/versions.md); without a version it reads the latest. Output columns are
+/// named `view__feature` whatever the version.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FeatureRef {
     pub view: String,
     pub feature: String,
+    /// The view's version asked for; `None`: the latest.
+    pub version: Option<u32>,
 }
 
 impl FeatureRef {
     pub fn new(view: impl Into<String>, feature: impl Into<String>) -> Self {
-        FeatureRef { view: view.into(), feature: feature.into() }
+        FeatureRef { view: view.into(), feature: feature.into(), version: None }
     }
 
-    /// The output column name, `view__feature`.
+    /// The same reference pinned to `version` of its view.
+    #[must_use]
+    pub fn at(mut self, version: u32) -> Self {
+        self.version = Some(version);
+        self
+    }
+
+    /// The output column name, `view__feature` (the version is not part of it: a
+    /// model's inputs keep their names across versions).
     pub fn column_name(&self) -> String {
         format!("{}__{}", self.view, self.feature)
+    }
+
+    /// The view as a name [`super::Definitions::feature_view`] reads: `view` or
+    /// `view@N`.
+    pub fn view_name(&self) -> String {
+        versioned_name(&self.view, self.version)
+    }
+}
+
+/// `view` or `view@N`.
+pub fn versioned_name(view: &str, version: Option<u32>) -> String {
+    match version {
+        Some(n) => format!("{view}@{n}"),
+        None => view.to_string(),
+    }
+}
+
+/// Splits `view@N` into the view and its version; `view` alone has none. `None` for a
+/// malformed version (`view@`, `view@x`, `view@0`, `view@1@2`).
+pub fn split_version(text: &str) -> Option<(&str, Option<u32>)> {
+    match text.split_once('@') {
+        None => Some((text, None)),
+        Some((view, n)) => {
+            let digits = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+            let n: u32 = if digits { n.parse().ok()? } else { return None };
+            (!view.is_empty() && n >= 1).then_some((view, Some(n)))
+        }
     }
 }
 
 impl fmt::Display for FeatureRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.view, self.feature)
+        match self.version {
+            Some(n) => write!(f, "{}@{n}:{}", self.view, self.feature),
+            None => write!(f, "{}:{}", self.view, self.feature),
+        }
     }
 }
 
 impl FromStr for FeatureRef {
     type Err = BadFeatureRef;
 
-    /// Parses `view:feature`; both parts non-empty, exactly one colon.
+    /// Parses `view:feature` or `view@N:feature`: both parts non-empty, exactly one
+    /// colon, `N` a whole number from 1.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadFeatureRef(s.to_string());
         match s.split_once(':') {
-            Some((v, f)) if !v.is_empty() && !f.is_empty() && !f.contains(':') => Ok(FeatureRef::new(v.trim(), f.trim())),
-            _ => Err(BadFeatureRef(s.to_string())),
+            Some((v, f)) if !v.is_empty() && !f.is_empty() && !f.contains(':') => {
+                let (view, version) = split_version(v.trim()).ok_or_else(bad)?;
+                Ok(FeatureRef { view: view.to_string(), feature: f.trim().to_string(), version })
+            }
+            _ => Err(bad()),
         }
     }
 }

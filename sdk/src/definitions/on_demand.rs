@@ -16,8 +16,13 @@ use crate::types::DType;
 #[serde(deny_unknown_fields)]
 pub struct OnDemandView {
     pub name: String,
+    /// Its version (docs/versions.md): a change of a feature's expression or type
+    /// creates the next one beside it. Assigned by the registry.
+    #[serde(default = "super::first_version", skip_serializing_if = "super::is_first_version")]
+    pub version: u32,
     /// The feature views (or on-demand views defined before this one) its expressions
-    /// read, as of the request.
+    /// read, as of the request: `view` reads the latest version, `view@N` version `N`
+    /// (pinned by `apply` when the view it read gets a new version).
     #[serde(default)]
     pub inputs: Vec<String>,
     /// The values each request (or spine row) carries for it.
@@ -45,6 +50,11 @@ pub struct OnDemandFeature {
 }
 
 impl OnDemandView {
+    /// `name` for version 1, `name@N` otherwise.
+    pub fn versioned_name(&self) -> String {
+        super::versioned_name(&self.name, (self.version != super::FIRST_VERSION).then_some(self.version))
+    }
+
     pub fn feature(&self, name: &str) -> Option<&OnDemandFeature> {
         self.features.iter().find(|f| f.name == name)
     }
@@ -54,6 +64,7 @@ impl OnDemandView {
     pub fn new(name: impl Into<String>) -> Self {
         OnDemandView {
             name: name.into(),
+            version: super::FIRST_VERSION,
             inputs: Vec::new(),
             request: Vec::new(),
             features: Vec::new(),

@@ -43,21 +43,23 @@ pub fn columns(defs: &Definitions, view: &OnDemandView) -> Vec<Column> {
 pub fn described(defs: &Definitions, view: &OnDemandView) -> Vec<(Column, ColumnOrigin)> {
     let mut out = Vec::new();
     for input in &view.inputs {
+        // An expression names an input by its view's name, whatever version it reads.
+        let name = crate::definitions::split_version(input).map_or(input.as_str(), |(name, _)| name);
         if let Some(v) = defs.feature_view(input) {
             for f in v.served_features() {
                 let origin = ColumnOrigin::Stored { view: input.clone(), feature: f.name.clone(), dtype: f.dtype };
-                out.push((Column::qualified(input, &f.name, f.dtype.arrow_type()), origin));
+                out.push((Column::qualified(name, &f.name, f.dtype.arrow_type()), origin));
             }
             if !v.is_event_log() {
                 out.push((
-                    Column::qualified(input, EVENT_TIMESTAMP, timestamp_arrow_type()),
+                    Column::qualified(name, EVENT_TIMESTAMP, timestamp_arrow_type()),
                     ColumnOrigin::EventTime { view: input.clone() },
                 ));
             }
         } else if let Some(o) = defs.on_demand_view(input) {
             for f in &o.features {
                 let origin = ColumnOrigin::Computed { view: input.clone(), feature: f.name.clone() };
-                out.push((Column::qualified(input, &f.name, f.dtype.arrow_type()), origin));
+                out.push((Column::qualified(name, &f.name, f.dtype.arrow_type()), origin));
             }
         }
     }
@@ -117,6 +119,7 @@ fn walk<'d>(defs: &'d Definitions, view: &'d OnDemandView, f: &mut dyn FnMut(&'d
         let position = |name: &str| defs.on_demand_views.iter().position(|v| v.name == name);
         let here = position(&o.name).unwrap_or(usize::MAX);
         for input in o.inputs.iter().rev() {
+            let input = crate::definitions::split_version(input).map_or(input.as_str(), |(name, _)| name);
             if let Some(i) = position(input).filter(|&i| i < here) {
                 stack.push(&defs.on_demand_views[i]);
             }

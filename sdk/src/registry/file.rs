@@ -132,8 +132,10 @@ fn moved_layouts(doc: &mut Value) {
     }
 }
 
-/// Applies `new` to the registry: a no-op when nothing changed; otherwise refuses
-/// breaking changes to views that hold data (unless `force`), then writes version + 1.
+/// Applies `new` to the registry: a no-op when nothing changed; otherwise makes each
+/// breaking change to a view that holds data into the view's next version (or, with
+/// `force`, replaces it in place), refuses the removal of a view that holds data
+/// (unless `force`), then writes version + 1.
 ///
 /// # Errors
 /// [`Error::Breaking`] naming the first breaking change (the registry is unchanged), or
@@ -147,7 +149,7 @@ pub fn apply(
     now: DateTime<Utc>,
 ) -> Result<ApplyOutcome> {
     let request = ApplyRequest { new, origin: &Origin::new("rust"), probe, force, now };
-    apply_with(registry, project, &request, &mut || Ok(()))
+    apply_with(registry, project, &request, &mut |_| Ok(()))
 }
 
 /// One apply: the definitions, where they come from, how to probe the views for data,
@@ -171,8 +173,9 @@ impl fmt::Debug for ApplyRequest<'_> {
     }
 }
 
-/// As [`apply`] of `request`, calling `before_write` after every check has passed and
-/// before the registry is written (not at all for a no-op), so that the stores can be
+/// As [`apply`] of `request`, calling `before_write` with the definitions to record
+/// (every live version of every view) after every check has passed and before the
+/// registry is written (not at all for a no-op), so that the stores can be
 /// prepared first: if it fails, the registry is left as it was. The definitions recorded
 /// are [`RegistryDoc::plan_from`]'s: objects another front end defined are kept.
 ///
@@ -183,18 +186,18 @@ pub fn apply_with(
     registry: &FileRegistry,
     project: &str,
     request: &ApplyRequest<'_>,
-    before_write: &mut dyn FnMut() -> Result<()>,
+    before_write: &mut dyn FnMut(&Definitions) -> Result<()>,
 ) -> Result<ApplyOutcome> {
     // Load, check and write under one lock: two applies never both read version N and
     // write N + 1 (the second waits and applies on top of the first).
     let _lock = registry.lock(APPLY_LOCK_WAIT)?;
     let doc = registry.load_or_empty(project)?;
-    let (new, plan) = doc.plan_from(request.new, request.origin)?;
+    let (new, plan, breaking) = doc.plan_versions(request.new, request.origin, request.probe, request.force)?;
     if plan.is_empty() {
         return Ok(ApplyOutcome { plan, version: doc.version, written: false, forced: Vec::new() });
     }
     new.validate()?;
-    let breaking = doc.breaking_changes(&new, request.probe)?;
+    new.check_versions()?;
     if let Some(first) = breaking.first()
         && !request.force
     {
@@ -205,7 +208,7 @@ pub fn apply_with(
         return Err(Error::Breaking(format!("{first}{more}")));
     }
     let next = doc.applied_from(&new, &plan, request.now, request.force && !breaking.is_empty(), Some(&request.origin.name));
-    before_write()?;
+    before_write(&next.definitions)?;
     registry.save(&next)?;
     Ok(ApplyOutcome { plan, version: next.version, written: true, forced: breaking })
 }

@@ -18,10 +18,12 @@ use crate::error::Result;
 mod file;
 mod layouts;
 mod plan;
+mod versions;
 
 pub use file::{APPLY_LOCK_WAIT, ApplyOutcome, ApplyRequest, FileRegistry, apply, apply_with, format_time};
 pub use layouts::{EarlierLayouts, Registered};
 pub use plan::{Change, ChangeOp, FieldChange, Plan, diff};
+pub use versions::{NewVersion, Retiring, retire};
 
 /// The registry file format this version reads and writes.
 pub const REGISTRY_FORMAT: u32 = 1;
@@ -145,6 +147,9 @@ pub struct Breaking {
     /// Of an on-demand view (which holds no data: its features are what its
     /// expressions compute).
     pub on_demand: bool,
+    /// No new version can take it, only `--force`: the view's removal, or a change to
+    /// an entity it reads (every version of the view reads its entities' keys).
+    pub in_place: bool,
     pub reason: String,
 }
 
@@ -193,6 +198,7 @@ impl RegistryDoc {
     /// that `new` defines.
     pub fn plan_from(&self, new: &Definitions, origin: &Origin) -> Result<(Definitions, Plan)> {
         let mut merged = new.clone();
+        self.stamp(&mut merged);
         let mut kept = Vec::new();
         let named = |kind: ObjectKind, name: &str| origin.remove.iter().any(|r| *r == name || *r == format!("{kind}/{name}"));
         for r in &origin.remove {
@@ -248,6 +254,11 @@ impl RegistryDoc {
                 merged.on_demand_views.push(v.clone());
             }
         }
+        // A view removed takes its earlier versions with it.
+        let views: Vec<String> = merged.feature_views.iter().map(|v| v.name.clone()).collect();
+        let demands: Vec<String> = merged.on_demand_views.iter().map(|v| v.name.clone()).collect();
+        merged.earlier_versions.feature_views.retain(|v| views.contains(&v.name));
+        merged.earlier_versions.on_demand_views.retain(|v| demands.contains(&v.name));
         let mut plan = diff(&self.definitions, &merged);
         plan.kept = kept;
         Ok((merged, plan))
@@ -271,16 +282,24 @@ impl RegistryDoc {
             if !probe.holds_data(view)? {
                 continue;
             }
-            let mut add = |reason: String| out.push(Breaking { view: view.name.clone(), on_demand: false, reason });
+            let mut reasons: Vec<(bool, String)> = Vec::new();
+            let mut add = |reason: String| reasons.push((false, reason));
             let Some(next) = next else {
-                add("would be removed".to_string());
+                out.push(Breaking { view: view.name.clone(), on_demand: false, in_place: true, reason: "would be removed".to_string() });
                 continue;
             };
             let keys = |d: &Definitions, v: &FeatureView| {
                 d.join_keys(v).iter().map(|k| format!("{}:{}", k.name, k.dtype)).collect::<Vec<_>>().join(", ")
             };
             let (old_keys, new_keys) = (keys(old, view), keys(new, next));
-            if old_keys != new_keys {
+            let mut shared_keys = None;
+            if old_keys != new_keys && view.entities == next.entities {
+                // The same entities with other keys: every version of every view
+                // reading them would read its keys anew.
+                shared_keys = Some(format!(
+                    "its join keys would change from [{old_keys}] to [{new_keys}] (an entity's keys are shared by every version of every view reading it: define a new entity for the new keys, or --force)"
+                ));
+            } else if old_keys != new_keys {
                 add(format!("its join keys would change from [{old_keys}] to [{new_keys}]"));
             }
             for feature in &view.features {
@@ -327,6 +346,10 @@ impl RegistryDoc {
             if a.path != b.path {
                 add(format!("its table path would change from {:?} to {:?}", a.path, b.path));
             }
+            reasons.extend(shared_keys.map(|reason| (true, reason)));
+            let breaking =
+                reasons.into_iter().map(|(in_place, reason)| Breaking { view: view.name.clone(), on_demand: false, in_place, reason });
+            out.extend(breaking);
         }
         // An on-demand feature whose expression or type changes is another feature
         // under the same name: a model trained on it would be served something else.
@@ -334,7 +357,7 @@ impl RegistryDoc {
             let Some(next) = new.on_demand_view(&view.name) else { continue };
             for feature in &view.features {
                 let Some(f) = next.feature(&feature.name) else { continue };
-                let mut add = |reason: String| out.push(Breaking { view: view.name.clone(), on_demand: true, reason });
+                let mut add = |reason: String| out.push(Breaking { view: view.name.clone(), on_demand: true, in_place: false, reason });
                 if f.expr != feature.expr {
                     add(format!(
                         "feature `{}` would change its expression from `{}` to `{}` (give the new expression a new name, or --force)",
@@ -390,7 +413,7 @@ impl RegistryDoc {
             version: next.version,
             applied_at: now,
             forced,
-            changes: plan.changes.iter().map(Change::summary).collect(),
+            changes: plan.changes.iter().map(Change::summary).chain(plan.versions.iter().map(|v| format!("^ {v}"))).collect(),
         });
         next
     }

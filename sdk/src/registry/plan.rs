@@ -57,6 +57,9 @@ pub struct Plan {
     pub changes: Vec<Change>,
     /// Objects the new definitions lack that stay, defined by another front end.
     pub kept: Vec<Kept>,
+    /// Views a breaking change gives a new version beside the previous one
+    /// (docs/versions.md).
+    pub versions: Vec<super::NewVersion>,
 }
 
 impl Plan {
@@ -103,6 +106,9 @@ impl fmt::Display for Plan {
                     }
                 }
             }
+        }
+        for v in &self.versions {
+            writeln!(f, "^ {v}")?;
         }
         for k in &self.kept {
             let from = k.origin.as_deref().map_or_else(|| "before origins were recorded".to_string(), |o| format!("from {o}"));
@@ -214,5 +220,5 @@ pub fn diff(old: &Definitions, new: &Definitions) -> Plan {
         }
     }
     changes.sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
-    Plan { changes, kept: Vec::new() }
+    Plan { changes, kept: Vec::new(), versions: Vec::new() }
 }

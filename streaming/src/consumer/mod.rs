@@ -110,8 +110,9 @@ impl StreamOptions {
     }
 }
 
-/// The views `quiver stream VIEW...` reads: those named, or every view with a stream
-/// source when none is named.
+/// The views `quiver stream VIEW...` reads: those named (`view` or `view@N`), or every
+/// live version of every view with a stream source when none is named (`defs` as
+/// [`Definitions::every_version_listed`] gives them).
 ///
 /// # Errors
 /// [`Error::Config`] for an unknown view, a view without a stream source, or none at all.
@@ -248,8 +249,12 @@ fn connect(
     options: &StreamOptions,
     rt: Handle,
 ) -> Result<(Arc<Mutex<Pipeline>>, BaseConsumer<StreamContext>)> {
-    let chosen: Vec<usize> =
-        stream_views(&defs, views)?.iter().map(|v| defs.feature_views.iter().position(|w| w.name == v.name).expect("from defs")).collect();
+    // Every live version of a view is fed, each into its own table and keys.
+    let defs = Arc::new(defs.every_version_listed());
+    let chosen: Vec<usize> = stream_views(&defs, views)?
+        .iter()
+        .map(|v| defs.feature_views.iter().position(|w| w.name == v.name && w.version == v.version).expect("from defs"))
+        .collect();
     let mut by_topic: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, &vi) in chosen.iter().enumerate() {
         let topic = defs.feature_views[vi].source.stream.as_ref().expect("stream views").topic.clone();

@@ -338,14 +338,15 @@ impl Pipeline {
                 return Ok(());
             }
         };
-        let defs = Arc::new(doc.definitions);
+        let defs = Arc::new(doc.definitions.every_version_listed());
         let mut views = Vec::with_capacity(self.views.len());
         for i in 0..self.views.len() {
             let old = self.view(i);
-            let Some(at) = defs.feature_views.iter().position(|v| v.name == old.name) else {
+            let Some(at) = defs.feature_views.iter().position(|v| v.name == old.name && v.version == old.version) else {
                 return Err(Error::Config(format!(
                     "registry version {}: feature view `{}` is no longer defined; restart `quiver stream`",
-                    doc.version, old.name
+                    doc.version,
+                    old.versioned_name()
                 )));
             };
             let new_topic = defs.feature_views[at].source.stream.as_ref().map(|s| s.topic.as_str());

@@ -81,7 +81,7 @@ impl LookupPlan {
             on_demand.check(asked.0, asked.1)?;
         }
         let entities = asked.0;
-        let (n, stored, read) = self.read_stored(store, project, defs, entities, phases).await?;
+        let (n, stored, read) = self.read_stored(store, project, entities, phases).await?;
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             self.write_parts(&mut scratch, defs, &stored, n, now);
@@ -131,7 +131,7 @@ impl LookupPlan {
             live.iter_mut().for_each(Vec::clear);
         }
         for (i, planned) in self.views.iter().enumerate() {
-            let view = &defs.feature_views[planned.index];
+            let view = &planned.view;
             let rows = &stored[i * n..(i + 1) * n];
             if view.is_event_log() {
                 let answers = answer_records(&defs.layouts, view, rows, now);
