@@ -229,7 +229,7 @@ impl OnlineStore for RedisClusterStore {
             let failed = |e: redis::RedisError| Error::Unavailable { store: format!("redis cluster node {addr}"), message: e.to_string() };
             let client = redis::Client::open(url.as_str()).map_err(failed)?;
             let mut node = client.get_multiplexed_async_connection().await.map_err(failed)?;
-            total += crate::redis_store::scan_prefix(&mut node, prefix, remove).await.map_err(failed)?;
+            total += crate::redis_store::scan_prefix(&mut node, prefix, remove, true).await.map_err(failed)?;
         }
         Ok(total)
     }

@@ -287,22 +287,37 @@ impl OnlineStore for RedisStore {
 
     async fn keys_with_prefix(&self, prefix: &str, remove: bool) -> Result<u64> {
         let mut conn = self.conn.clone();
-        scan_prefix(&mut conn, prefix, remove).await.map_err(|e| self.unavailable(e))
+        scan_prefix(&mut conn, prefix, remove, false).await.map_err(|e| self.unavailable(e))
     }
 }
 
 /// `SCAN ... MATCH prefix*` over one node, the keys each counted once (a SCAN may return
-/// a key twice), and with `remove` each page `UNLINK`ed as it comes. The count is of the
-/// keys removed when removing.
-pub(crate) async fn scan_prefix<C: redis::aio::ConnectionLike + Send>(conn: &mut C, prefix: &str, remove: bool) -> redis::RedisResult<u64> {
+/// a key twice), and with `remove` each page `UNLINK`ed as it comes — one `UNLINK` per
+/// hash slot with `by_slot` (a cluster node refuses keys of several slots in one
+/// command). The count is of the keys removed when removing.
+pub(crate) async fn scan_prefix<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    remove: bool,
+    by_slot: bool,
+) -> redis::RedisResult<u64> {
     let pattern = format!("{}*", glob_escape(prefix));
     let (mut cursor, mut seen, mut removed) = (0u64, std::collections::HashSet::new(), 0u64);
     loop {
         let (next, keys): (u64, Vec<String>) =
             redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).query_async(conn).await?;
         if remove && !keys.is_empty() {
-            let n: u64 = redis::cmd("UNLINK").arg(&keys).query_async(conn).await?;
-            removed += n;
+            let mut groups: std::collections::HashMap<Option<redis::cluster_routing::Slot>, Vec<&String>> =
+                std::collections::HashMap::new();
+            for key in &keys {
+                groups.entry(by_slot.then(|| redis::cluster_routing::Slot::for_key(key.as_bytes()))).or_default().push(key);
+            }
+            let mut pipe = redis::pipe();
+            for group in groups.values() {
+                pipe.cmd("UNLINK").arg(group);
+            }
+            let counts: Vec<u64> = pipe.query_async(conn).await?;
+            removed += counts.iter().sum::<u64>();
         }
         seen.extend(keys);
         if next == 0 {

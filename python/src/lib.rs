@@ -104,6 +104,17 @@ fn registry_json(py: Python<'_>, repo: String) -> PyResult<String> {
     })
 }
 
+/// Every live version of the view `view` as JSON (`quiver versions VIEW --json`).
+#[pyfunction]
+fn versions(py: Python<'_>, repo: String, view: String) -> PyResult<String> {
+    run(py, async move {
+        let repo = open(&repo)?;
+        let handle = tokio::runtime::Handle::current();
+        let versions = tokio::task::spawn_blocking(move || repo.versions(&view, &handle)).await??;
+        Ok(serde_json::to_string(&versions)?)
+    })
+}
+
 /// Appends a table of `view`'s rows to its Delta table in one commit, unless the table
 /// already holds the same content (and not `allow_duplicate`); returns (rows, table
 /// version (`None` when the source filter dropped every row), whether it was a
@@ -239,7 +250,14 @@ fn plan(py: Python<'_>, repo: String, definitions_json: String, remove: Vec<Stri
         let repo = open(&repo)?;
         defs.validate().map_err(quiver::sdk::Error::from)?;
         let origin = quiver::sdk::registry::Origin::new("python").removing(remove);
-        let (_, plan) = repo.applied()?.plan_from(&defs, &origin).map_err(quiver::Error::from)?;
+        let handle = tokio::runtime::Handle::current();
+        // As `quiver plan`: the views a breaking change gives a new version, read from
+        // their tables (off the runtime's threads, which the probe blocks on).
+        let plan = tokio::task::spawn_blocking(move || -> anyhow::Result<quiver::sdk::Plan> {
+            let probe = quiver::offline::DeltaProbe::new(&repo.config, handle);
+            Ok(repo.applied()?.plan_versions(&defs, &origin, &probe, false).map_err(quiver::Error::from)?.1)
+        })
+        .await??;
         Ok((plan.to_string(), plan.counts()))
     })
 }
@@ -467,6 +485,7 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(push, m)?)?;
     m.add_function(wrap_pyfunction!(definition, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(versions, m)?)?;
     m.add_function(wrap_pyfunction!(export, m)?)?;
     m.add_function(wrap_pyfunction!(verify_sample, m)?)?;
     m.add_function(wrap_pyfunction!(monitor, m)?)?;

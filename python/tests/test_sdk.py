@@ -231,6 +231,12 @@ def test_a_breaking_change_from_python_is_a_version_served_beside_the_first(stor
         store.get_online_features(["trips@1:fare", "trips:city"], [{"rider_id": 2}])
     with pytest.raises(qv.ValidationError, match="bad feature reference `trips@0:fare`"):
         store.get_online_features(["trips@0:fare"], [{"rider_id": 2}])
+    versions = store.list_versions("trips")
+    assert [(v["version"], v["latest"], v["read_by"]) for v in versions] == [(1, False, ["feature_service ranker"]), (2, True, [])]
+    assert versions[0]["rows_offline"] == table().num_rows and versions[1]["rows_offline"] == 0
+    assert versions[1]["changes"] == ['features[fare].dtype: "float64" -> "string"']
+    with pytest.raises(qv.NotFoundError, match="unknown feature view `nope`"):
+        store.list_versions("nope")
 
 
 def test_push_reaches_both_stores(store):

@@ -213,10 +213,34 @@ async fn plan(repo: &Repo, source: &Spine, options: ExportOptions, original: Opt
     }
     let doc = repo.applied()?;
     let registry_version = doc.version;
-    let service = doc.definitions.find_service(&options.service).map_err(|e| Error::NotFound(e.0))?;
+    let registered = doc.definitions.find_service(&options.service).map_err(|e| Error::NotFound(e.0))?;
+    // A reproduction reads the versions the training set read, whatever the service
+    // reads now (docs/versions.md#training-sets): its manifest's references, each at the
+    // version it names (`view:feature`, as recorded, is version 1).
+    let service = match original.filter(|m| !m.features.is_empty()) {
+        Some(m) => {
+            let mut features = Vec::with_capacity(m.features.len());
+            for f in &m.features {
+                let r: quiver_sdk::FeatureRef = f
+                    .reference
+                    .parse()
+                    .map_err(|e: quiver_sdk::definitions::BadFeatureRef| out_err(Path::new(&m.spine.path), e.to_string()))?;
+                let version = r.version.unwrap_or(quiver_sdk::definitions::FIRST_VERSION);
+                features.push(r.at(version));
+            }
+            quiver_sdk::FeatureService { features, ..registered.clone() }
+        }
+        None => registered.clone(),
+    };
+    let service = &service;
     // Each view at the version the service reads (docs/versions.md#references).
     let pinned = crate::ops::pinned(&doc.definitions, &service.features)?;
-    let defs: &Definitions = &pinned;
+    let mut owned = pinned.into_owned();
+    // The shards join the service as planned here.
+    if let Some(slot) = owned.feature_services.iter_mut().find(|s| s.name == service.name) {
+        slot.clone_from(service);
+    }
+    let defs: &Definitions = &owned;
     let requests = resolve(defs, &service.features)?;
     let mut views: Vec<&quiver_sdk::FeatureView> = requests.iter().map(|r| r.view).collect();
     // A `--rows-of` view is read at a pinned version too.
@@ -314,7 +338,7 @@ async fn plan(repo: &Repo, source: &Spine, options: ExportOptions, original: Opt
             definitions,
         },
         spine,
-        defs: defs.clone(),
+        defs: owned.clone(),
     })
 }
 

@@ -114,6 +114,9 @@ fn a_breaking_change_is_served_beside_the_version_a_service_was_trained_on() {
     ok(&dir, &["apply"]);
     let served = online(&dir, &["--service", "ranker_v1"]);
     assert!(served.contains("20.5"), "{served}");
+    // A reproduction reads what the training set read, not what its service reads now.
+    let out = ok(&dir, &["export", "--reproduce", "train_v1/manifest.json", "--out", "train_again2"]);
+    assert!(out.contains("every shard identical to the manifest"), "{out}");
     let out = ok(&dir, &["retire", "driver_hourly@1"]);
     assert!(out.contains(&format!("retired driver_hourly@1: {v1_keys} keys online removed")), "{out}");
     assert_eq!(redis_keys(&url, &format!("quiver:{project}:driver_hourly:")), 0);
@@ -124,4 +127,10 @@ fn a_breaking_change_is_served_beside_the_version_a_service_was_trained_on() {
         &["online", "--features", "driver_hourly@1:conv_rate", "--entity", "driver_id=1001"],
         &["view `driver_hourly` has no version 1", "live: 2"],
     );
+    fails(
+        &dir,
+        &["export", "--reproduce", "train_v1/manifest.json", "--out", "train_again3"],
+        &["view `driver_hourly` has no version 1 (it never had one, or it was retired; live: 2)"],
+    );
+    assert!(!dir.join("train_again3").exists(), "a refused reproduction writes nothing");
 }

@@ -140,6 +140,10 @@ pub struct LookupPlan {
     names: Vec<String>,
     /// The names as the answer's JSON writes them, each after a comma.
     names_json: Vec<u8>,
+    /// `,"feature_view_metadata":[{"name":...,"version":N},...]`: each view the
+    /// features asked for are of, in request order, with the version read (Feast's
+    /// `include_feature_view_version_metadata`; docs/versions.md).
+    versions_json: Vec<u8>,
     /// The views read, in order of first request; one store key per (view, row).
     views: Vec<ViewPlan>,
     /// The join keys a request may give ([`LookupPlan::given`]): those of the views read and
@@ -217,12 +221,37 @@ impl LookupPlan {
         for v in &mut views {
             v.shared = v.wanted.iter().enumerate().map(|(i, (_, k))| v.wanted[i + 1..].iter().any(|(_, l)| l == k)).collect();
         }
+        let mut versions_json = br#","feature_view_metadata":["#.to_vec();
+        let mut listed: Vec<&str> = Vec::new();
+        for r in &refs {
+            let version = match defs.find(r) {
+                Ok(Found::Stored(view, _)) => view.version,
+                Ok(Found::OnDemand(view, _)) => view.version,
+                Err(_) => continue,
+            };
+            if !listed.contains(&r.view.as_str()) {
+                if !listed.is_empty() {
+                    versions_json.push(b',');
+                }
+                listed.push(&r.view);
+                versions_json.extend_from_slice(br#"{"name":"#);
+                wire::json_str(&mut versions_json, &r.view);
+                versions_json.extend_from_slice(format!(r#","version":{version}}}"#).as_bytes());
+            }
+        }
+        versions_json.push(b']');
         let mut names_json = Vec::new();
         for name in &names[..refs.len()] {
             names_json.push(b',');
             wire::json_str(&mut names_json, name);
         }
-        Ok(LookupPlan { refs, names, names_json, views, keys, on_demand })
+        Ok(LookupPlan { refs, names, names_json, versions_json, views, keys, on_demand })
+    }
+
+    /// The answer's `feature_view_metadata` member, with its leading comma: each view
+    /// read and its version (docs/versions.md).
+    pub fn versions_json(&self) -> &[u8] {
+        &self.versions_json
     }
 
     /// The request fields the on-demand features asked for read (directly or through

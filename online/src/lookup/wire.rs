@@ -10,7 +10,14 @@ use super::{Column, Status};
 /// The `/get-online-features` answer, written straight into one buffer: building a
 /// `serde_json::Value` tree first costs an allocation per value, which dominates the
 /// server's time at 100 entities x 20 features.
+#[cfg(test)]
 pub(crate) fn response_json(columns: &[Column]) -> Vec<u8> {
+    response_json_with(columns, &[])
+}
+
+/// [`response_json`] with `metadata` (members, each after a comma) after the feature
+/// names.
+pub(crate) fn response_json_with(columns: &[Column], metadata: &[u8]) -> Vec<u8> {
     // A cell is about 60 bytes (a value, `"PRESENT",` and a 27-character time): sized
     // once, so a 100 KB answer is not copied as it grows.
     let cells: usize = columns.iter().map(|c| c.values.len()).sum();
@@ -23,7 +30,9 @@ pub(crate) fn response_json(columns: &[Column]) -> Vec<u8> {
         }
         json_str(&mut out, &c.name);
     }
-    out.extend_from_slice(br#"]},"results":["#);
+    out.push(b']');
+    out.extend_from_slice(metadata);
+    out.extend_from_slice(br#"},"results":["#);
     let mut previous_times: Option<(usize, std::ops::Range<usize>)> = None;
     for (i, c) in columns.iter().enumerate() {
         if i > 0 {

@@ -21,7 +21,7 @@ use serde_json::Value as Json_;
 
 use super::registry_cache::RegistryCache;
 use super::{ApiError, Metrics, ServerState, Unique, bad, repeated, twice, unique_keys};
-use crate::lookup::wire::response_json;
+use crate::lookup::wire::response_json_with;
 use crate::lookup::{EntityColumns, LookupPhases, LookupPlan, RequestFields, check_size, request_values};
 use crate::serving_log::Served;
 
@@ -55,6 +55,9 @@ struct Parsed<'a> {
     /// A feature service's name; `Err` with the message when it is not a string.
     service: Option<Result<String, String>>,
     full_names: bool,
+    /// Feast's `include_feature_view_version_metadata`: the answer's metadata names each
+    /// view read and its version (docs/versions.md).
+    versions: bool,
 }
 
 /// A `features` list: its strings, or why it is not a list of strings.
@@ -65,8 +68,8 @@ enum Features<'a> {
 }
 
 /// The fast reading: every field typed. Fields it does not know are ignored, never
-/// rejected (Feast clients send `include_feature_view_version_metadata` and more), but
-/// read to refuse a repeated key in them, as a repeated field is refused.
+/// rejected (Feast clients send more), but read to refuse a repeated key in them, as a
+/// repeated field is refused.
 #[derive(Debug)]
 struct TypedRequest<'a> {
     /// Each value an integer that fits `i64` or a string.
@@ -76,6 +79,8 @@ struct TypedRequest<'a> {
     feature_service: Option<TypedKey>,
     /// Anything but a boolean (or null) is left to the checked reading to refuse.
     full_feature_names: Option<bool>,
+    /// Likewise.
+    include_feature_view_version_metadata: Option<bool>,
 }
 
 impl<'de: 'a, 'a> serde::Deserialize<'de> for TypedRequest<'a> {
@@ -87,16 +92,23 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for TypedRequest<'a> {
                 f.write_str("a request object")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TypedRequest<'a>, A::Error> {
-                let mut r = TypedRequest { entities: None, features: None, feature_service: None, full_feature_names: None };
+                let mut r = TypedRequest {
+                    entities: None,
+                    features: None,
+                    feature_service: None,
+                    full_feature_names: None,
+                    include_feature_view_version_metadata: None,
+                };
                 // The fields met (nothing allocated unless the body has others); keys
                 // with escapes are left to the checked reading.
-                let (mut met, mut others) = ([false; 4], Vec::<&'de str>::new());
+                let (mut met, mut others) = ([false; 5], Vec::<&'de str>::new());
                 while let Some(key) = map.next_key::<&'de str>()? {
                     let field = match key {
                         "entities" => 0,
                         "features" => 1,
                         "feature_service" => 2,
                         "full_feature_names" => 3,
+                        "include_feature_view_version_metadata" => 4,
                         _ => {
                             map.next_value_seed(Unique { within: Some(key) })?;
                             others.push(key);
@@ -110,7 +122,8 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for TypedRequest<'a> {
                         0 => r.entities = map.next_value()?,
                         1 => r.features = map.next_value()?,
                         2 => r.feature_service = map.next_value()?,
-                        _ => r.full_feature_names = map.next_value()?,
+                        3 => r.full_feature_names = map.next_value()?,
+                        _ => r.include_feature_view_version_metadata = map.next_value()?,
                     }
                 }
                 match repeated(others.iter().copied()) {
@@ -202,6 +215,8 @@ struct CheckedRequest {
     feature_service: Option<Json_>,
     #[serde(default)]
     full_feature_names: Option<Json_>,
+    #[serde(default)]
+    include_feature_view_version_metadata: Option<Json_>,
 }
 
 fn service_of(service: Option<Json_>) -> Option<Result<String, String>> {
@@ -212,12 +227,12 @@ fn service_of(service: Option<Json_>) -> Option<Result<String, String>> {
     }
 }
 
-/// `full_feature_names`: a boolean, or absent or null (false).
-fn full_names_of(flag: Option<&Json_>) -> Result<bool, ApiError> {
+/// A flag (`full_feature_names`): a boolean, or absent or null (false).
+fn flag_of(name: &str, flag: Option<&Json_>) -> Result<bool, ApiError> {
     match flag {
         None | Some(Json_::Null) => Ok(false),
         Some(Json_::Bool(b)) => Ok(*b),
-        Some(other) => Err(bad(format!("`full_feature_names` must be true or false, got {other}"))),
+        Some(other) => Err(bad(format!("`{name}` must be true or false, got {other}"))),
     }
 }
 
@@ -232,6 +247,7 @@ impl<'a> Parsed<'a> {
             features: r.features.map(Features::List),
             service: service_of(r.feature_service.map(|s| s.0.json())),
             full_names: r.full_feature_names.unwrap_or(false),
+            versions: r.include_feature_view_version_metadata.unwrap_or(false),
         })
     }
 
@@ -262,7 +278,8 @@ impl<'a> Parsed<'a> {
             entities,
             features,
             service: service_of(r.feature_service.clone()),
-            full_names: full_names_of(r.full_feature_names.as_ref())?,
+            full_names: flag_of("full_feature_names", r.full_feature_names.as_ref())?,
+            versions: flag_of("include_feature_view_version_metadata", r.include_feature_view_version_metadata.as_ref())?,
         })
     }
 
@@ -326,11 +343,11 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
     let (store, project) = (state.store.as_ref(), &state.project);
     let body = match &state.serving_log {
         // No columns needed: the answer is written straight from the stored rows.
-        None => state.store_call(plan.answer_json(store, project, &defs, (&keys, &fields), now, &mut lookup)).await?,
+        None => state.store_call(plan.answer_json(store, project, &defs, (&keys, &fields), now, &mut lookup, request.versions)).await?,
         Some(log) => {
             let result = state.store_call(plan.lookup(store, project, &defs, (&keys, &fields), now, &mut lookup)).await?;
             let encoding = Instant::now();
-            let body = response_json(&result);
+            let body = response_json_with(&result, if request.versions { plan.versions_json() } else { &[] });
             lookup.encode = encoding.elapsed();
             // After the answer is written: the log gets the columns, the client the bytes.
             log.log(Served { request_time: now, defs, refs: plan.refs.clone(), n_keys: keys.len(), columns: result, fields });

@@ -156,6 +156,19 @@ async fn feast_shaped_answers_with_statuses() {
     let (_, body) =
         features(&f.state, json!({"entities": {"driver_id": [1]}, "features": ["stats:rate"], "full_feature_names": true})).await;
     assert_eq!(body["metadata"]["feature_names"], json!(["driver_id", "stats__rate"]));
+    assert!(body["metadata"].get("feature_view_metadata").is_none(), "only when asked: {body}");
+    // Feast's `include_feature_view_version_metadata`: each view read, its version.
+    let asked = json!({"entities": {"driver_id": [1], "customer_id": ["c1"]}, "features": ["stats:rate", "pair:n", "stats@1:trips"],
+        "include_feature_view_version_metadata": true});
+    let (status, body) = features(&f.state, asked).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["metadata"]["feature_view_metadata"], json!([{"name": "stats", "version": 1}, {"name": "pair", "version": 1}]));
+    assert_eq!(body["results"][2]["values"], json!([50.0]));
+    let (status, body) =
+        features(&f.state, json!({"entities": {"driver_id": [1]}, "features": ["stats:rate"], "include_feature_view_version_metadata": 1}))
+            .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.to_string().contains("`include_feature_view_version_metadata` must be true or false, got 1"), "{body}");
 }
 
 /// Captures what the server hands its serving log.

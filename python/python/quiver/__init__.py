@@ -181,6 +181,20 @@ class FeatureStore:
         """The registered on-demand views."""
         return [OnDemandFeatureView._from_json(d) for d in self._registered("on_demand_views")]
 
+    def list_versions(self, name: str) -> list[dict]:
+        """Every live version of the feature view or on-demand view ``name``, oldest
+        first (docs/versions.md), as ``quiver versions NAME --json`` gives them: each
+        with ``version``, ``latest``, ``created``, ``registry_version``, ``changes``
+        (from the previous version), ``table``, ``rows_offline``, ``keys_online`` and
+        ``read_by``.
+
+        Raises
+        ------
+        NotFoundError
+            No such view (the message names the known ones).
+        """
+        return json.loads(_quiver.versions(self.repo_path, name))
+
     def get_on_demand_feature_view(self, name: str) -> OnDemandFeatureView:
         """The registered on-demand view ``name``.
 

@@ -64,10 +64,12 @@ thread_local! {
 
 impl LookupPlan {
     /// [`LookupPlan::lookup`], answered as the `/get-online-features` JSON document (the join
-    /// keys as given, then the features), recording the time of its phases in `phases`.
+    /// keys as given, then the features), recording the time of its phases in `phases`;
+    /// with `versions`, its metadata names each view read and its version.
     ///
     /// # Errors
     /// As [`LookupPlan::lookup`].
+    #[expect(clippy::too_many_arguments, reason = "the lookup's own arguments, then how the answer is written")]
     pub async fn answer_json(
         &self,
         store: &dyn OnlineStore,
@@ -76,6 +78,7 @@ impl LookupPlan {
         asked: Entities<'_>,
         now: i64,
         phases: &mut LookupPhases,
+        versions: bool,
     ) -> Result<Vec<u8>> {
         if let Some(on_demand) = &self.on_demand {
             on_demand.check(asked.0, asked.1)?;
@@ -90,7 +93,7 @@ impl LookupPlan {
             }
             let written = Instant::now();
             phases.decode = written - read;
-            let out = self.assemble(&scratch, entities);
+            let out = self.assemble(&scratch, entities, if versions { &self.versions_json } else { &[] });
             phases.encode = written.elapsed();
             if scratch.bytes() > KEEP_BYTES {
                 *scratch = Scratch::default();
@@ -206,7 +209,7 @@ impl LookupPlan {
 
     /// The answer document: the names, the join-key columns as given, then each
     /// feature's part.
-    fn assemble<'a>(&self, scratch: &'a Scratch, entities: &EntityColumns) -> Vec<u8> {
+    fn assemble<'a>(&self, scratch: &'a Scratch, entities: &EntityColumns, metadata: &[u8]) -> Vec<u8> {
         let parts = &scratch.parts[..self.refs.len()];
         let times_of = |p: &'a Part| -> &'a [u8] {
             match (p.view, p.shares) {
@@ -229,7 +232,9 @@ impl LookupPlan {
         }
         // The features' names, written once per plan: each after a comma.
         out.extend_from_slice(&self.names_json[usize::from(entities.is_empty() && !self.names_json.is_empty())..]);
-        out.extend_from_slice(br#"]},"results":["#);
+        out.push(b']');
+        out.extend_from_slice(metadata);
+        out.extend_from_slice(br#"},"results":["#);
         let mut first = true;
         let mut open = |out: &mut Vec<u8>| {
             if !std::mem::take(&mut first) {

@@ -202,19 +202,21 @@ async fn the_direct_answer_is_the_columns_answer() {
             let notes = (0..n).map(|_| Value::String(text(&mut rng))).collect();
             let fields: RequestFields = vec![("amount".to_string(), amounts), ("note".to_string(), notes)];
             let mut phases = LookupPhases::default();
-            let direct = plan.answer_json(&store, "p", &defs, (&entities, &fields), NOW, &mut phases).await.unwrap();
+            // The views' versions in the metadata in every other answer, both writers alike.
+            let versions = (round + l) % 3 == 1;
+            let direct = plan.answer_json(&store, "p", &defs, (&entities, &fields), NOW, &mut phases, versions).await.unwrap();
             let uncomputed = phases.uncomputed;
             uncomputed_total += uncomputed;
             let columns = plan.lookup(&store, "p", &defs, (&entities, &fields), NOW, &mut phases).await.unwrap();
             assert_eq!(phases.uncomputed, 2 * uncomputed, "list {l}: both paths count the same values uncomputed");
-            let want = response_json(&columns);
+            let want = crate::lookup::wire::response_json_with(&columns, if versions { plan.versions_json() } else { &[] });
             let direct = String::from_utf8(direct).unwrap();
             non_finite += direct.matches(r#""NaN""#).count() + direct.matches(r#"Infinity""#).count();
             assert_eq!(direct, String::from_utf8(want).unwrap(), "list {l}, {n} rows");
             // The reference evaluator (DataFusion over the request's rows) answers the same.
             plan.set_evaluator(Evaluator::Vectorized);
             let mut reference = LookupPhases::default();
-            let vectorized = plan.answer_json(&store, "p", &defs, (&entities, &fields), NOW, &mut reference).await.unwrap();
+            let vectorized = plan.answer_json(&store, "p", &defs, (&entities, &fields), NOW, &mut reference, versions).await.unwrap();
             assert_eq!(direct, String::from_utf8(vectorized).unwrap(), "list {l}, {n} rows: the row evaluator against DataFusion");
             assert_eq!(reference.uncomputed, uncomputed, "list {l}: both evaluators count the same values uncomputed");
             plan.set_evaluator(Evaluator::Row);
@@ -285,7 +287,7 @@ async fn records_of_earlier_aggregations_answer_the_ones_they_hold() {
         assert_eq!(cell(2), (Value::Null, Status::NotFound), "driver {d}: the new aggregation");
         assert_eq!(cell(4), (Value::Null, Status::NotFound), "driver {d}: a changed window is another aggregation");
     }
-    let direct = plan.answer_json(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases).await.unwrap();
+    let direct = plan.answer_json(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases, false).await.unwrap();
     assert_eq!(String::from_utf8(direct).unwrap(), String::from_utf8(response_json(&columns)).unwrap());
     // The registry's earlier layouts are what make the old records readable.
     let plan = LookupPlan::new(&new_defs, refs, false).unwrap();
