@@ -160,6 +160,8 @@ struct ViewPlan {
     index: usize,
     /// The view, at the version the plan reads (docs/versions.md#references).
     view: FeatureView,
+    /// Its keys' view part (`view`, `view@N`), made once per plan, not per request.
+    storage: String,
     join_keys: Vec<quiver_sdk::JoinKey>,
     /// Per requested feature of this view: its position in the answer's features and
     /// among the view's features (an event log: its aggregations).
@@ -386,7 +388,7 @@ impl LookupPlan {
         let mut columns = Vec::new();
         let mut values: Vec<KeyValue> = Vec::new();
         for planned in &self.views {
-            let name = planned.view.storage_name();
+            let name = &planned.storage;
             columns.clear();
             for key in &planned.join_keys {
                 let Some((_, values)) = entities.iter().find(|(k, _)| *k == key.name) else {
@@ -403,7 +405,7 @@ impl LookupPlan {
             for row in 0..n {
                 values.clear();
                 values.extend(columns.iter().map(|c| c[row].clone()));
-                keys.push(store_key(project, &name, &values));
+                keys.push(store_key(project, name, &values));
             }
         }
         Ok(keys)
@@ -436,6 +438,7 @@ fn view_plan(views: &mut Vec<ViewPlan>, defs: &Definitions, view: &FeatureView, 
     views.push(ViewPlan {
         index,
         view: view.clone(),
+        storage: view.storage_name().into_owned(),
         join_keys: defs.join_keys(view),
         wanted: Vec::new(),
         shared: Vec::new(),

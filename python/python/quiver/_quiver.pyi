@@ -25,6 +25,7 @@ __all__ = [
     "push",
     "registry_json",
     "verify_sample",
+    "versions",
 ]
 
 class QuiverError(Exception): ...
