@@ -16,6 +16,7 @@ mod rows;
 mod status;
 pub mod wire;
 
+pub use json::AnswerAt;
 use on_demand::OnDemandPlan;
 pub use on_demand::{Evaluator, RequestFields, request_values};
 use records::{aggregation_column, answer_records};
@@ -192,8 +193,17 @@ impl LookupPlan {
         let mut views: Vec<ViewPlan> = Vec::new();
         let mut names = Vec::with_capacity(refs.len());
         let mut wanted = Vec::new();
+        // Each view the features are of, with the version read, in request order.
+        let mut read_versions: Vec<(&str, u32)> = Vec::new();
         for (j, r) in refs.iter().enumerate() {
             let found = defs.find(r).map_err(|e| Error::NotFound(e.0))?;
+            let version = match &found {
+                Found::Stored(view, _) => view.version,
+                Found::OnDemand(view, _) => view.version,
+            };
+            if !read_versions.iter().any(|(v, _)| *v == r.view) {
+                read_versions.push((&r.view, version));
+            }
             // `v:f` and `v@1:f` of a view at version 1 are one feature asked twice.
             if refs[..j].iter().any(|o| o.view == r.view && o.feature == r.feature) {
                 return Err(Error::Request(format!("feature `{r}` is asked for twice")));
@@ -224,22 +234,13 @@ impl LookupPlan {
             v.shared = v.wanted.iter().enumerate().map(|(i, (_, k))| v.wanted[i + 1..].iter().any(|(_, l)| l == k)).collect();
         }
         let mut versions_json = br#","feature_view_metadata":["#.to_vec();
-        let mut listed: Vec<&str> = Vec::new();
-        for r in &refs {
-            let version = match defs.find(r) {
-                Ok(Found::Stored(view, _)) => view.version,
-                Ok(Found::OnDemand(view, _)) => view.version,
-                Err(_) => continue,
-            };
-            if !listed.contains(&r.view.as_str()) {
-                if !listed.is_empty() {
-                    versions_json.push(b',');
-                }
-                listed.push(&r.view);
-                versions_json.extend_from_slice(br#"{"name":"#);
-                wire::json_str(&mut versions_json, &r.view);
-                versions_json.extend_from_slice(format!(r#","version":{version}}}"#).as_bytes());
+        for (k, (view, version)) in read_versions.iter().enumerate() {
+            if k > 0 {
+                versions_json.push(b',');
             }
+            versions_json.extend_from_slice(br#"{"name":"#);
+            wire::json_str(&mut versions_json, view);
+            versions_json.extend_from_slice(format!(r#","version":{version}}}"#).as_bytes());
         }
         versions_json.push(b']');
         let mut names_json = Vec::new();

@@ -22,7 +22,7 @@ use serde_json::Value as Json_;
 use super::registry_cache::RegistryCache;
 use super::{ApiError, Metrics, ServerState, Unique, bad, repeated, twice, unique_keys};
 use crate::lookup::wire::response_json_with;
-use crate::lookup::{EntityColumns, LookupPhases, LookupPlan, RequestFields, check_size, request_values};
+use crate::lookup::{AnswerAt, EntityColumns, LookupPhases, LookupPlan, RequestFields, check_size, request_values};
 use crate::serving_log::Served;
 
 /// One value of an `entities` column as read: a join-key value, or any other JSON value
@@ -343,7 +343,18 @@ pub(super) async fn get_features(State(state): State<Arc<ServerState>>, body: ax
     let (store, project) = (state.store.as_ref(), &state.project);
     let body = match &state.serving_log {
         // No columns needed: the answer is written straight from the stored rows.
-        None => state.store_call(plan.answer_json(store, project, &defs, (&keys, &fields), now, &mut lookup, request.versions)).await?,
+        None => {
+            state
+                .store_call(plan.answer_json(
+                    store,
+                    project,
+                    &defs,
+                    (&keys, &fields),
+                    AnswerAt { now, versions: request.versions },
+                    &mut lookup,
+                ))
+                .await?
+        }
         Some(log) => {
             let result = state.store_call(plan.lookup(store, project, &defs, (&keys, &fields), now, &mut lookup)).await?;
             let encoding = Instant::now();

@@ -62,24 +62,33 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::default();
 }
 
+/// When an answer is read for, and how its metadata is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnswerAt {
+    /// The request's time, UTC microseconds.
+    pub now: i64,
+    /// Feast's `include_feature_view_version_metadata`: name each view read and its
+    /// version (docs/versions.md).
+    pub versions: bool,
+}
+
 impl LookupPlan {
     /// [`LookupPlan::lookup`], answered as the `/get-online-features` JSON document (the join
-    /// keys as given, then the features), recording the time of its phases in `phases`;
-    /// with `versions`, its metadata names each view read and its version.
+    /// keys as given, then the features) at `at.now`, recording the time of its phases in
+    /// `phases`; with `at.versions`, its metadata names each view read and its version.
     ///
     /// # Errors
     /// As [`LookupPlan::lookup`].
-    #[expect(clippy::too_many_arguments, reason = "the lookup's own arguments, then how the answer is written")]
     pub async fn answer_json(
         &self,
         store: &dyn OnlineStore,
         project: &str,
         defs: &Registered,
         asked: Entities<'_>,
-        now: i64,
+        at: AnswerAt,
         phases: &mut LookupPhases,
-        versions: bool,
     ) -> Result<Vec<u8>> {
+        let AnswerAt { now, versions } = at;
         if let Some(on_demand) = &self.on_demand {
             on_demand.check(asked.0, asked.1)?;
         }

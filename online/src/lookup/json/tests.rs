@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use super::super::wire::response_json;
 use super::super::{Evaluator, LookupPhases, LookupPlan, RequestFields, Status};
+use super::AnswerAt;
 use crate::WriteRow;
 use crate::store::OnlineStore;
 
@@ -204,7 +205,8 @@ async fn the_direct_answer_is_the_columns_answer() {
             let mut phases = LookupPhases::default();
             // The views' versions in the metadata in every other answer, both writers alike.
             let versions = (round + l) % 3 == 1;
-            let direct = plan.answer_json(&store, "p", &defs, (&entities, &fields), NOW, &mut phases, versions).await.unwrap();
+            let direct =
+                plan.answer_json(&store, "p", &defs, (&entities, &fields), AnswerAt { now: NOW, versions }, &mut phases).await.unwrap();
             let uncomputed = phases.uncomputed;
             uncomputed_total += uncomputed;
             let columns = plan.lookup(&store, "p", &defs, (&entities, &fields), NOW, &mut phases).await.unwrap();
@@ -216,7 +218,8 @@ async fn the_direct_answer_is_the_columns_answer() {
             // The reference evaluator (DataFusion over the request's rows) answers the same.
             plan.set_evaluator(Evaluator::Vectorized);
             let mut reference = LookupPhases::default();
-            let vectorized = plan.answer_json(&store, "p", &defs, (&entities, &fields), NOW, &mut reference, versions).await.unwrap();
+            let vectorized =
+                plan.answer_json(&store, "p", &defs, (&entities, &fields), AnswerAt { now: NOW, versions }, &mut reference).await.unwrap();
             assert_eq!(direct, String::from_utf8(vectorized).unwrap(), "list {l}, {n} rows: the row evaluator against DataFusion");
             assert_eq!(reference.uncomputed, uncomputed, "list {l}: both evaluators count the same values uncomputed");
             plan.set_evaluator(Evaluator::Row);
@@ -287,7 +290,10 @@ async fn records_of_earlier_aggregations_answer_the_ones_they_hold() {
         assert_eq!(cell(2), (Value::Null, Status::NotFound), "driver {d}: the new aggregation");
         assert_eq!(cell(4), (Value::Null, Status::NotFound), "driver {d}: a changed window is another aggregation");
     }
-    let direct = plan.answer_json(&store, "p", &defs, (&entities, &RequestFields::new()), NOW, &mut phases, false).await.unwrap();
+    let direct = plan
+        .answer_json(&store, "p", &defs, (&entities, &RequestFields::new()), AnswerAt { now: NOW, versions: false }, &mut phases)
+        .await
+        .unwrap();
     assert_eq!(String::from_utf8(direct).unwrap(), String::from_utf8(response_json(&columns)).unwrap());
     // The registry's earlier layouts are what make the old records readable.
     let plan = LookupPlan::new(&new_defs, refs, false).unwrap();
