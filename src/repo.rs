@@ -140,12 +140,21 @@ impl Repo {
         Ok(Repo { definitions_path: dir.join(DEFINITIONS_FILE), config })
     }
 
-    /// The definitions in `features.yaml`, validated.
+    /// The definitions in `features.yaml`, validated as a file to apply: its services'
+    /// references to features the views' latest versions lack are checked by `plan` and
+    /// `apply` once the registry's pins are in place
+    /// ([`Definitions::validate_unmerged`]).
     ///
     /// # Errors
     /// A one-line error naming the file and the definition at fault.
     pub fn definitions(&self) -> Result<Definitions> {
-        Ok(quiver_sdk::yaml::load_definitions(&self.definitions_path)?)
+        Ok(quiver_sdk::yaml::load_definitions_unmerged(&self.definitions_path)?)
+    }
+
+    /// `error` of the definitions applied from `origin`, naming `features.yaml` when
+    /// they came from it.
+    fn in_definitions(&self, origin: &Origin, error: quiver_sdk::Error) -> quiver_sdk::Error {
+        if origin.name == DEFINITIONS_FILE { error.in_file(&self.definitions_path) } else { error }
     }
 
     pub fn registry(&self) -> FileRegistry {
@@ -173,7 +182,11 @@ impl Repo {
         let defs = self.definitions()?;
         let origin = Origin::new(DEFINITIONS_FILE).removing(remove);
         let probe = DeltaProbe::new(&self.config, runtime);
-        Ok(self.applied()?.plan_versions(&defs, &origin, &probe, false)?.1)
+        let (merged, plan, _) = self.applied()?.plan_versions(&defs, &origin, &probe, false)?;
+        // What an apply would record, checked as it would check it: the services'
+        // references with the registry's pins in place.
+        merged.validate().and_then(|()| merged.check_versions()).map_err(|e| self.in_definitions(&origin, e.into()))?;
+        Ok(plan)
     }
 
     /// Applies `features.yaml`: refuses breaking changes to views whose Delta tables hold
@@ -218,7 +231,7 @@ impl Repo {
         now: DateTime<Utc>,
         runtime: tokio::runtime::Handle,
     ) -> Result<Applied> {
-        defs.validate().map_err(quiver_sdk::Error::from)?;
+        defs.validate_unmerged().map_err(|e| self.in_definitions(origin, e.into()))?;
         let probe = DeltaProbe::new(&self.config, runtime.clone());
         let mut created_tables = Vec::new();
         // Missing tables (every live version's) are created after every check passed
@@ -241,7 +254,8 @@ impl Repo {
             Ok(())
         };
         let request = registry::ApplyRequest { new: &defs, origin, probe: &probe, force, now };
-        let outcome = registry::apply_with(&self.registry(), &self.config.project, &request, &mut ensure_tables)?;
+        let outcome = registry::apply_with(&self.registry(), &self.config.project, &request, &mut ensure_tables)
+            .map_err(|e| self.in_definitions(origin, e))?;
         if !outcome.written {
             // Nothing changed; still make sure every view has its table.
             ensure_tables(&self.applied()?.definitions)?;

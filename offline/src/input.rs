@@ -274,7 +274,7 @@ pub(crate) fn widen(array: &ArrayRef, target: &DataType) -> std::result::Result<
     cast_with_options(array, target, &options).map_err(|e| e.to_string())
 }
 
-fn display_type(t: &DataType) -> String {
+pub(crate) fn display_type(t: &DataType) -> String {
     match t {
         DataType::Utf8 => "string".into(),
         DataType::Binary => "bytes".into(),
@@ -282,7 +282,7 @@ fn display_type(t: &DataType) -> String {
     }
 }
 
-fn can_widen(source: &DataType, target: &DataType) -> bool {
+pub(crate) fn can_widen(source: &DataType, target: &DataType) -> bool {
     use DataType::*;
     let int32_ok = |t: &DataType| matches!(t, Int8 | Int16 | Int32 | UInt8 | UInt16);
     let int64_ok = |t: &DataType| int32_ok(t) || matches!(t, Int64 | UInt32);

@@ -7,6 +7,7 @@
 //!   column).
 //! - [`input`]: reading Parquet/CSV/JSON lines and conforming columns to a view.
 //! - [`ingest`]: one file, one Delta commit, all or nothing.
+//! - [`backfill`]: a view version's rows derived from an earlier version's.
 //! - [`keys`]: dense entity ids for the as-of kernel.
 //! - [`historical`]: scans, the kernel (`quiver-gpu-join`'s [`AsOfKernel`] trait),
 //!   the gather, Parquet output.
@@ -14,6 +15,7 @@
 //! [`AsOfKernel`]: quiver_gpu_join::AsOfKernel
 
 pub mod append_table;
+pub mod backfill;
 pub mod delta;
 pub mod error;
 pub mod historical;

@@ -40,6 +40,15 @@ fn no_duplicates<'a>(kind: &'static str, scope: &str, names: impl Iterator<Item 
     Ok(())
 }
 
+/// How [`Definitions::validate_with`] checks the features services reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Services {
+    /// Every reference names a feature of the version it reads.
+    Checked,
+    /// Only what the definitions alone can answer ([`Definitions::validate_unmerged`]).
+    Deferred,
+}
+
 impl Definitions {
     /// Checks the definitions as a whole.
     ///
@@ -56,6 +65,24 @@ impl Definitions {
     /// assert!(err.contains("unknown feature view `nope`"), "{err}");
     /// ```
     pub fn validate(&self) -> Result<(), DefinitionError> {
+        self.validate_with(Services::Checked)
+    }
+
+    /// As [`Definitions::validate`], but a feature service's references are checked
+    /// only where these definitions alone can answer: a reference to a version they do
+    /// not hold, or to a feature the view's latest version lacks, is left to the check
+    /// of the definitions as the registry will hold them — the registry may pin it to a
+    /// version that has the feature (docs/versions.md#services-and-on-demand-views-are-pinned).
+    /// `apply` and `plan` check the definitions of a file this way, then
+    /// [`Definitions::validate`] what they would record.
+    ///
+    /// # Errors
+    /// As [`Definitions::validate`], less those references.
+    pub fn validate_unmerged(&self) -> Result<(), DefinitionError> {
+        self.validate_with(Services::Deferred)
+    }
+
+    fn validate_with(&self, services: Services) -> Result<(), DefinitionError> {
         // A reference to a version these definitions do not hold — a file pinning a
         // version the registry holds — is checked against the view's latest; `apply`
         // checks the version itself against the registry ([`Definitions::check_versions`]).
@@ -70,7 +97,7 @@ impl Definitions {
         defs.check_entities()?;
         defs.check_views()?;
         defs.check_on_demand_views()?;
-        defs.check_services()?;
+        defs.check_services(services)?;
         defs.check_monitoring()
     }
 
@@ -284,7 +311,7 @@ impl Definitions {
     }
 
     /// Services name existing views and features, each once.
-    fn check_services(&self) -> Result<(), DefinitionError> {
+    fn check_services(&self, services: Services) -> Result<(), DefinitionError> {
         no_duplicates("feature service", "", self.feature_services.iter().map(|s| s.name.as_str()))?;
         for service in &self.feature_services {
             check_name("feature service", &service.name)?;
@@ -295,8 +322,9 @@ impl Definitions {
             let scope = format!(" in feature service `{}`", service.name);
             no_duplicates("feature reference", &scope, refs.iter().map(|r| r.as_str()))?;
             for (reference, text) in service.features.iter().zip(&refs) {
+                let deferred = services == Services::Deferred && reference.version.is_none();
                 if let Some(demand) = self.on_demand_view(&reference.view_name()) {
-                    if demand.feature(&reference.feature).is_none() {
+                    if demand.feature(&reference.feature).is_none() && !deferred {
                         return Err(DefinitionError::UnknownFeature {
                             service: service.name.clone(),
                             reference: text.clone(),
@@ -315,7 +343,7 @@ impl Definitions {
                         ),
                     });
                 };
-                if view.served_feature(&reference.feature).is_none() {
+                if view.served_feature(&reference.feature).is_none() && !deferred {
                     return Err(DefinitionError::UnknownFeature {
                         service: service.name.clone(),
                         reference: text.clone(),

@@ -160,14 +160,30 @@ struct RawService {
 /// assert_eq!(defs.feature_views[0].ttl.secs(), 7200);
 /// ```
 pub fn parse_definitions(text: &str) -> Result<Definitions> {
+    let defs = parse_unvalidated(text)?;
+    defs.validate()?;
+    Ok(defs)
+}
+
+/// As [`parse_definitions`], validated as a file to apply is
+/// ([`Definitions::validate_unmerged`]: a service's references to features the latest
+/// versions lack are checked once merged with the registry's pins).
+///
+/// # Errors
+/// As [`parse_definitions`], less those references.
+pub fn parse_definitions_unmerged(text: &str) -> Result<Definitions> {
+    let defs = parse_unvalidated(text)?;
+    defs.validate_unmerged()?;
+    Ok(defs)
+}
+
+fn parse_unvalidated(text: &str) -> Result<Definitions> {
     let raw: RawDefinitions = if is_blank(text) {
         RawDefinitions::default()
     } else {
         serde_yaml::from_str(text).map_err(|e| DefinitionError::Yaml(yaml_message(&e)))?
     };
-    let defs = convert(raw)?;
-    defs.validate()?;
-    Ok(defs)
+    Ok(convert(raw)?)
 }
 
 /// Reads, parses and validates a `features.yaml`; errors name the file.
@@ -177,6 +193,15 @@ pub fn parse_definitions(text: &str) -> Result<Definitions> {
 pub fn load_definitions(path: &Path) -> Result<Definitions> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     parse_definitions(&text).map_err(|e| e.in_file(path))
+}
+
+/// As [`load_definitions`], validated as [`parse_definitions_unmerged`] does.
+///
+/// # Errors
+/// As [`parse_definitions_unmerged`], plus [`Error::Io`] when the file cannot be read.
+pub fn load_definitions_unmerged(path: &Path) -> Result<Definitions> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    parse_definitions_unmerged(&text).map_err(|e| e.in_file(path))
 }
 
 /// True for a document of only comments and blank lines (an `init` skeleton).

@@ -1,4 +1,5 @@
-//! `quiver ingest VIEW FILE` and `quiver push VIEW FILE [--to ...]`.
+//! `quiver ingest VIEW FILE`, `quiver push VIEW FILE [--to ...]` and `quiver backfill
+//! VIEW@N [--from M]`.
 
 use std::path::PathBuf;
 
@@ -107,6 +108,44 @@ impl Push {
             parts.join("; "),
             began.elapsed().as_secs_f64(),
             shaped_note(report.dropped, report.uncomputed)
+        );
+        Ok(())
+    }
+}
+
+/// Fill a version of a view from an earlier version's stored rows, where every column
+/// it reads can be derived from them (one Delta commit; rows it already holds are not
+/// written again). `quiver materialize` then fills its online keys.
+#[derive(Debug, clap::Args)]
+pub struct Backfill {
+    /// The version filled, `view@N` (the latest without `@N`).
+    #[arg(value_name = "VIEW@N")]
+    view: String,
+    /// The version read (default: the newest live version before it).
+    #[arg(long, value_name = "M")]
+    from: Option<u32>,
+}
+
+impl Backfill {
+    pub fn run(self, ctx: &Ctx) -> anyhow::Result<()> {
+        let repo = ctx.open()?;
+        let rt = runtime()?;
+        let bar = progress_bar();
+        let began = std::time::Instant::now();
+        let r = rt.block_on(async { repo.backfill(&self.view).from_version(self.from).with_progress(progress_on(&bar)).await })?;
+        bar.finish_and_clear();
+        let held = if r.already > 0 { format!(", {} already there", rows(r.already)) } else { String::new() };
+        let what = match r.table_version {
+            Some(v) => format!("wrote {} (table version {v})", rows(r.written)),
+            None => "nothing to write".to_string(),
+        };
+        println!(
+            "backfilled {} from {}: read {}{held}; {what} in {:.2} s{}",
+            r.to,
+            r.from,
+            rows(r.read),
+            began.elapsed().as_secs_f64(),
+            shaped_note(r.dropped, r.uncomputed)
         );
         Ok(())
     }

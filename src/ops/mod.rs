@@ -102,11 +102,12 @@ pub use historical::{Historical, Joined};
 pub use lookup::Lookup;
 pub use materialize::{Materialize, MaterializeIncremental};
 pub use monitor::{Monitor, Monitored};
+pub use quiver_offline::backfill::BackfillReport;
 pub use quiver_offline::historical::{MadeSpine, RowsOf};
 pub use serve::{Serve, Server};
 pub use stream::Stream;
 pub use verify::{VerifyLog, VerifySample};
-pub use versions::{RetireReport, VersionInfo};
+pub use versions::{Backfill, RetireReport, VersionInfo};
 pub use write::{Ingest, Push, Rows};
 
 pub use crate::spine::Spine;

@@ -1,11 +1,14 @@
-//! `quiver versions VIEW` and `quiver retire VIEW@N` (docs/versions.md): the live
-//! versions of a view, and taking one out of service.
+//! `quiver versions VIEW`, `quiver backfill VIEW@N` and `quiver retire VIEW@N`
+//! (docs/versions.md): the live versions of a view, filling a new one from an earlier
+//! one's rows, and taking one out of service.
 
 use chrono::{DateTime, Utc};
 use quiver_online::view_prefix;
 use quiver_sdk::registry::{self, ChangeOp, Retiring, diff, format_time};
 use quiver_sdk::{Definitions, ErrorKind, RegistryDoc};
 use serde::Serialize;
+
+use quiver_offline::backfill::BackfillReport;
 
 use crate::error::{Error, Result};
 use crate::repo::Repo;
@@ -43,7 +46,61 @@ pub struct RetireReport {
     pub registry_version: u64,
 }
 
+/// Fills a version of a view from an earlier version's stored rows ([`Repo::backfill`]).
+#[derive(Debug)]
+#[must_use]
+pub struct Backfill<'a> {
+    repo: &'a Repo,
+    view: String,
+    from: Option<u32>,
+    progress: super::Progress,
+}
+
+setters!(Backfill { progress });
+
+impl Backfill<'_> {
+    /// The version read (default: the newest live one before the version filled).
+    pub fn from_version(mut self, version: Option<u32>) -> Self {
+        self.from = version;
+        self
+    }
+
+    async fn run(self) -> Result<BackfillReport> {
+        let defs = self.repo.defs()?;
+        let to = super::view(&defs, &self.view)?;
+        let earlier = defs.view_versions(&to.name).into_iter().filter(|v| v.version < to.version);
+        let from = match self.from {
+            Some(n) if n >= to.version => {
+                return Err(Error::Invalid(format!(
+                    "backfill {}@{} from version {n}: the version read must be earlier than the one filled",
+                    to.name, to.version
+                )));
+            }
+            Some(n) => super::view(&defs, &quiver_sdk::definitions::versioned_name(&to.name, Some(n)))?,
+            None => earlier.last().ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{}@{} is the first live version of `{}`: there is no earlier one to backfill it from",
+                    to.name, to.version, to.name
+                ))
+            })?,
+        };
+        let progress = self.progress.clone();
+        let report = quiver_offline::backfill::backfill(&self.repo.config, &defs, from, to, &move |p, n| progress.report(p, n)).await?;
+        Ok(report)
+    }
+}
+
+awaitable!(Backfill => BackfillReport);
+
 impl Repo {
+    /// Fills `view` (`view@N`; the latest without a version) from an earlier live
+    /// version's stored rows, where every column it reads can be derived from them:
+    /// one Delta commit of the rows its table does not already hold
+    /// (docs/versions.md#backfill). Its online keys are filled by `materialize`.
+    pub fn backfill(&self, view: &str) -> Backfill<'_> {
+        Backfill { repo: self, view: view.to_string(), from: None, progress: super::no_progress() }
+    }
+
     /// Every live version of the view `name` (a feature view or an on-demand view),
     /// oldest first. `runtime` reads the tables and the online store; call from outside
     /// it.

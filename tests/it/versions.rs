@@ -134,3 +134,120 @@ fn a_breaking_change_is_served_beside_the_version_a_service_was_trained_on() {
     );
     assert!(!dir.join("train_again3").exists(), "a refused reproduction writes nothing");
 }
+
+/// `(driver_id, event time in UTC microseconds, a float64 column, an int64 or float64
+/// column as float64)` of every row of the Parquet `files`, sorted.
+type Row = (i64, i64, Option<u64>, Option<u64>);
+
+fn rows_of(files: &[std::path::PathBuf], float: &str, scale: f64, number: &str) -> Vec<Row> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{DataType, Float64Type, Int64Type, TimeUnit};
+    let mut out = Vec::new();
+    for file in files {
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(file).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let cast = |name: &str, to: &DataType| arrow::compute::cast(batch.column_by_name(name).unwrap(), to).unwrap();
+            let ids = cast("driver_id", &DataType::Int64);
+            let times = cast("event_timestamp", &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())));
+            let times = arrow::compute::cast(&times, &DataType::Int64).unwrap();
+            let (floats, numbers) = (cast(float, &DataType::Float64), cast(number, &DataType::Float64));
+            let (floats, numbers) = (floats.as_primitive::<Float64Type>(), numbers.as_primitive::<Float64Type>());
+            for i in 0..batch.num_rows() {
+                let at = |a: &arrow::array::Float64Array| (!a.is_null(i)).then(|| a.value(i));
+                out.push((
+                    ids.as_primitive::<Int64Type>().value(i),
+                    times.as_primitive::<Int64Type>().value(i),
+                    at(floats).map(|v| (v * scale).to_bits()),
+                    at(numbers).map(f64::to_bits),
+                ));
+            }
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// The Parquet files of the Delta table in `dir` (a table written by appends only: every
+/// file is live).
+fn table_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "parquet")).collect()
+}
+
+/// The commits in a Delta table's log.
+fn commits(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("_delta_log"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "json"))
+        .count()
+}
+
+#[test]
+fn backfill_derives_a_version_from_the_stored_rows_or_refuses_naming_the_column() {
+    let tmp = tempfile::tempdir().unwrap();
+    ok(tmp.path(), &["init", "demo", "--demo"]);
+    let dir = tmp.path().join("demo");
+    ok(&dir, &["apply"]);
+    ok(&dir, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]);
+    // Version 2: a stored feature made a write-time expression of the column version 1
+    // stored, with a filter over it; a type widened; a feature dropped.
+    let yaml = std::fs::read_to_string(dir.join("features.yaml")).unwrap();
+    let v2 = yaml.replacen(
+        "      created_timestamp_field: created_timestamp\n    features:\n      - {name: conv_rate, dtype: float64}\n      - {name: acc_rate, dtype: float64}\n      - {name: avg_daily_trips, dtype: int64}",
+        "      created_timestamp_field: created_timestamp\n      raw: [{name: conv_rate, dtype: float64}]\n      filter: \"conv_rate > 0.5\"\n    features:\n      - {name: conv_pct, dtype: float64, expr: \"conv_rate * 100\"}\n      - {name: avg_daily_trips, dtype: float64}",
+        1,
+    );
+    assert_ne!(v2, yaml);
+    std::fs::write(dir.join("features.yaml"), &v2).unwrap();
+    // The service reading the removed features stays on version 1 without a change to it.
+    let out = ok(&dir, &["apply"]);
+    assert!(out.contains("version 2 beside version 1") && out.contains("stays on version 1: feature_service ranker_v1"), "{out}");
+
+    // The oracle: the sample's rows as version 2 defines them, computed here.
+    let sample = rows_of(&[dir.join("sample_data/driver_hourly.parquet")], "conv_rate", 1.0, "avg_daily_trips");
+    let kept: Vec<Row> = sample
+        .iter()
+        .filter(|r| r.2.is_some_and(|c| f64::from_bits(c) > 0.5))
+        .map(|r| (r.0, r.1, r.2.map(|c| (f64::from_bits(c) * 100.0).to_bits()), r.3))
+        .collect();
+    assert!(!kept.is_empty() && kept.len() < sample.len(), "the filter keeps some rows and drops some");
+    let table = dir.join("data/driver_hourly.v2");
+    let out = ok(&dir, &["backfill", "driver_hourly@2"]);
+    assert!(
+        out.contains(&format!("backfilled driver_hourly@2 from driver_hourly@1: read {} rows; wrote {} rows", sample.len(), kept.len())),
+        "{out}"
+    );
+    assert!(out.contains(&format!("{} rows dropped by the source filter", sample.len() - kept.len())), "{out}");
+    assert_eq!(rows_of(&table_files(&table), "conv_pct", 1.0, "avg_daily_trips"), kept);
+    // One commit after the table's creation; run again, nothing is written.
+    assert_eq!(commits(&table), 2);
+    let out = ok(&dir, &["backfill", "driver_hourly@2"]);
+    assert!(out.contains(&format!("{} rows already there; nothing to write", kept.len())), "{out}");
+    assert_eq!(commits(&table), 2, "a second backfill commits nothing");
+
+    // Version 3 narrows the type back: not derivable from version 2, which is refused
+    // naming the column and writes nothing; version 1 stores it as version 3 reads it.
+    let v3 = v2.replacen("{name: avg_daily_trips, dtype: float64}", "{name: avg_daily_trips, dtype: int64}", 1);
+    std::fs::write(dir.join("features.yaml"), &v3).unwrap();
+    ok(&dir, &["apply"]);
+    fails(
+        &dir,
+        &["backfill", "driver_hourly@3"],
+        &[
+            "cannot backfill driver_hourly@3 from driver_hourly@2: driver_hourly@3 reads `avg_daily_trips` as int64, and driver_hourly@2 stores it as float64, which cannot be converted without loss",
+        ],
+    );
+    assert_eq!(commits(&dir.join("data/driver_hourly.v3")), 1, "a refused backfill writes nothing");
+    let out = ok(&dir, &["backfill", "driver_hourly@3", "--from", "1"]);
+    assert!(out.contains(&format!("wrote {} rows", kept.len())), "{out}");
+    fails(&dir, &["backfill", "driver_hourly@1"], &["driver_hourly@1 is the first live version of `driver_hourly`"]);
+    fails(&dir, &["backfill", "driver_hourly@3", "--from", "3"], &["the version read must be earlier than the one filled"]);
+    fails(&dir, &["backfill", "driver_hourly@9"], &["view `driver_hourly` has no version 9", "live: 1, 2, 3"]);
+    // `versions` counts the rows it holds.
+    let out = ok(&dir, &["versions", "driver_hourly", "--json"]);
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed[2]["rows_offline"], kept.len());
+}

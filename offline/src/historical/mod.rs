@@ -19,7 +19,7 @@ mod kernel_input;
 pub mod latest;
 pub mod made;
 pub mod output;
-mod scan;
+pub(crate) mod scan;
 pub mod spine;
 
 use std::collections::BTreeMap;

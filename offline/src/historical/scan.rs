@@ -14,20 +14,20 @@ use crate::schema::SEQ_COLUMN;
 
 /// The scanned rows of one view: keys, event time, created time (if any), seq, then
 /// the requested features that the table has.
-pub(super) struct Scan {
-    pub(super) batches: Vec<RecordBatch>,
-    pub(super) rows: usize,
+pub(crate) struct Scan {
+    pub(crate) batches: Vec<RecordBatch>,
+    pub(crate) rows: usize,
     /// The table version read (`None`: no table).
-    pub(super) version: Option<u64>,
+    pub(crate) version: Option<u64>,
     /// For each requested feature, its column in `batches`, or `None` when the table
     /// has no such column yet (a feature added after the data was written).
-    pub(super) feature_columns: Vec<Option<usize>>,
+    pub(crate) feature_columns: Vec<Option<usize>>,
 }
 
 impl Scan {
     /// The scan with only its feature columns (the keys and times, once the kernel's
     /// input is built, are dropped).
-    pub(super) fn features_only(self) -> Result<Scan> {
+    pub(crate) fn features_only(self) -> Result<Scan> {
         let present: Vec<usize> = self.feature_columns.iter().flatten().copied().collect();
         let mut next = 0;
         Ok(Scan {
@@ -48,30 +48,30 @@ impl Scan {
     }
 }
 
-pub(super) fn ts_literal(v: i64) -> Expr {
+pub(crate) fn ts_literal(v: i64) -> Expr {
     lit(ScalarValue::TimestampMicrosecond(Some(v), Some("UTC".into())))
 }
 
 /// Which rows of a table a scan reads: event times in `[lo, hi]` (no lower bound for
 /// `None`), an extra filter, at a Delta version (the latest for `None`).
 #[derive(Debug, Clone)]
-pub(super) struct ScanRange {
-    pub(super) lo: Option<i64>,
-    pub(super) hi: i64,
-    pub(super) extra: Option<Expr>,
-    pub(super) version: Option<u64>,
+pub(crate) struct ScanRange {
+    pub(crate) lo: Option<i64>,
+    pub(crate) hi: i64,
+    pub(crate) extra: Option<Expr>,
+    pub(crate) version: Option<u64>,
 }
 
 impl ScanRange {
     /// Every row, at the latest version.
-    pub(super) fn all() -> ScanRange {
+    pub(crate) fn all() -> ScanRange {
         ScanRange { lo: None, hi: i64::MAX, extra: None, version: None }
     }
 }
 
 /// Scans `view`'s table at `location`: keys, event time, created time (if any), seq,
 /// then those of `features` the table has, for the rows of `range`.
-pub(super) async fn scan_view_at(
+pub(crate) async fn scan_view_at(
     location: &quiver_sdk::StoreLocation,
     defs: &Definitions,
     view: &FeatureView,
@@ -126,7 +126,7 @@ async fn read_table(table: &deltalake::DeltaTable, name: &str) -> Result<datafus
 ///
 /// # Errors
 /// [`Error::Request`] when the table lacks a key, time or seq column.
-pub(super) fn scan_columns(
+pub(crate) fn scan_columns(
     name: &str,
     available: &[String],
     defs: &Definitions,
