@@ -2,7 +2,8 @@
 //! service trained on version 1, a breaking change making version 2, both served side
 //! by side with their own values, the service still answering version 1's values
 //! unchanged, the training set exported before the change reproduced byte for byte
-//! after it, the service moved, and version 1 retired.
+//! after it, version 2 backfilled from version 1's rows, the service moved, and version
+//! 1 retired.
 
 use std::path::Path;
 
@@ -72,7 +73,11 @@ fn a_breaking_change_is_served_beside_the_version_a_service_was_trained_on() {
     .unwrap();
     ok(&dir, &["push", "driver_hourly@2", "v2.jsonl"]);
     assert_eq!(redis_keys(&url, &format!("quiver:{project}:driver_hourly@2:")), 1);
+    // Version 1's rows backfilled into version 2 (the pushed row is not version 1's).
+    let out = ok(&dir, &["backfill", "driver_hourly@2"]);
+    assert!(out.contains("from driver_hourly@1: read 736 rows; wrote 736 rows"), "{out}");
     ok(&dir, &["materialize", "2000-01-01T00:00:00Z", "now"]);
+    assert_eq!(redis_keys(&url, &format!("quiver:{project}:driver_hourly@2:")), v1_keys, "every driver, in version 2's keys");
     // The service answers what it answered before, byte for byte; version 2 its own.
     assert_eq!(online(&dir, &["--service", "ranker_v1"]), trained, "the pinned service's answer changed");
     let latest = online(&dir, &["--features", "driver_hourly:avg_daily_trips,driver_hourly:conv_rate"]);
@@ -95,8 +100,8 @@ fn a_breaking_change_is_served_beside_the_version_a_service_was_trained_on() {
     assert_eq!(listed[0]["version"], 1);
     assert_eq!(listed[0]["read_by"], serde_json::json!(["feature_service ranker_v1"]));
     assert_eq!(listed[0]["keys_online"], v1_keys);
-    assert_eq!(listed[1]["keys_online"], 1);
-    assert_eq!(listed[1]["rows_offline"], 1);
+    assert_eq!(listed[1]["keys_online"], v1_keys);
+    assert_eq!(listed[1]["rows_offline"], 737);
     assert_eq!(listed[1]["changes"], serde_json::json!(["features[avg_daily_trips].dtype: \"int64\" -> \"float64\""]));
     let before = std::fs::read(dir.join("registry.json")).unwrap();
     fails(&dir, &["retire", "driver_hourly@1"], &["cannot retire `driver_hourly@1`: read by feature_service ranker_v1"]);
@@ -120,7 +125,7 @@ fn a_breaking_change_is_served_beside_the_version_a_service_was_trained_on() {
     let out = ok(&dir, &["retire", "driver_hourly@1"]);
     assert!(out.contains(&format!("retired driver_hourly@1: {v1_keys} keys online removed")), "{out}");
     assert_eq!(redis_keys(&url, &format!("quiver:{project}:driver_hourly:")), 0);
-    assert_eq!(redis_keys(&url, &format!("quiver:{project}:driver_hourly@2:")), 1, "version 2's keys stay");
+    assert_eq!(redis_keys(&url, &format!("quiver:{project}:driver_hourly@2:")), v1_keys, "version 2's keys stay");
     assert!(dir.join("data/driver_hourly/_delta_log").is_dir(), "the table stays without --delete-data");
     fails(
         &dir,
