@@ -237,6 +237,16 @@ def test_a_breaking_change_from_python_is_a_version_served_beside_the_first(stor
     assert versions[1]["changes"] == ['features[fare].dtype: "float64" -> "string"']
     with pytest.raises(qv.NotFoundError, match="unknown feature view `nope`"):
         store.list_versions("nope")
+    # Moving the service is one change: its versions.
+    moved = qv.FeatureService(name="ranker", features=["trips:fare", "trips:city"], versions={"trips": 2})
+    assert moved.features == ["trips@2:fare", "trips@2:city"]
+    assert store.apply([rider, trips2, moved]) == 3
+    assert list(store.get_feature_service("ranker").features) == ["trips@2:fare", "trips@2:city"]
+    assert store.get_online_features(store.get_feature_service("ranker"), [{"rider_id": 2}]).statuses["fare"] == ["NOT_FOUND"]
+    with pytest.raises(ValueError, match=r"`trips@1:fare` names version 1 of `trips`, and versions pins it to 2"):
+        qv.FeatureService(name="ranker", features=["trips@1:fare"], versions={"trips": 2})
+    with pytest.raises(ValueError, match="version of `trips` must be a whole number from 1, got 0"):
+        qv.FeatureService(name="ranker", features=["trips:fare"], versions={"trips": 0})
 
 
 def test_push_reaches_both_stores(store):

@@ -442,16 +442,25 @@ class FeatureService(_Definition):
     Passed to ``get_online_features`` or ``get_historical_features``, it is used as
     given: its own ``features``, not those of a registered service of the same name
     (``FeatureStore.get_feature_service(name)`` gives the registered one).
+
+    A reference reads the view's latest version unless it names one
+    (``"driver_hourly@1:conv_rate"``) or ``versions`` pins the view
+    (``versions={"driver_hourly": 1}`` makes every ``driver_hourly:...`` of the service
+    read version 1); moving a service to a new version is changing that number
+    (docs/versions.md). A registered service that a breaking change pinned keeps its
+    pins when applied again with unpinned references.
     """
 
     def __init__(self, *, name: str, features: Sequence[str], description: str = "",
-                 tags: Mapping[str, str] | None = None, monitoring: Mapping[str, float] | None = None):
+                 tags: Mapping[str, str] | None = None, monitoring: Mapping[str, float] | None = None,
+                 versions: Mapping[str, int] | None = None):
         _expect(name, str, "FeatureService's name")
         _expect(features, (list, tuple), f"feature service `{name}`: features")
         for f in features:
             _expect(f, str, f"feature service `{name}`: a feature reference")
         self.name = name
-        self.features = list(features)
+        self.versions = _versions(versions, f"feature service `{name}`: versions")
+        self.features = [_pin(f, self.versions, name) for f in features]
         self.description = description
         self.tags = dict(tags or {})
         self.monitoring = _thresholds(monitoring, f"feature service `{name}`: monitoring")
@@ -470,6 +479,32 @@ class FeatureService(_Definition):
     def _from_json(cls, d: dict) -> FeatureService:
         return cls(name=d["name"], features=d["features"], description=d.get("description", ""), tags=d.get("tags"),
                    monitoring=d.get("monitoring"))
+
+
+def _versions(value: Any, what: str) -> dict[str, int]:
+    """A service's ``versions``: view names to versions (whole numbers from 1)."""
+    if value is None:
+        return {}
+    _expect(value, Mapping, what)
+    for view, version in value.items():
+        _expect(view, str, f"{what}: a view's name")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ValueError(f"{what}: version of `{view}` must be a whole number from 1, got {version!r}")
+    return dict(value)
+
+
+def _pin(reference: str, versions: Mapping[str, int], service: str) -> str:
+    """``reference`` with the version ``versions`` pins its view to; one that names
+    another version is refused naming both."""
+    view, sep, feature = reference.partition(":")
+    name, at, written = view.partition("@")
+    if not sep or name not in versions:
+        return reference
+    pinned = versions[name]
+    if at and written != str(pinned):
+        raise ValueError(f"feature service `{service}`: `{reference}` names version {written} of `{name}`, "
+                         f"and versions pins it to {pinned}")
+    return f"{name}@{pinned}:{feature}"
 
 
 class OnDemandFeatureView(_Definition):

@@ -177,6 +177,36 @@ impl FeatureService {
         self
     }
 
+    /// Adds `view@N:feature`: the feature as version `version` of the view defines it,
+    /// whatever version is the latest (docs/versions.md).
+    #[must_use]
+    pub fn with_feature_at(mut self, view: impl Into<String>, version: u32, feature: impl Into<String>) -> Self {
+        self.features.push(FeatureRef::new(view, feature).at(version));
+        self
+    }
+
+    /// Pins every reference to `view` to version `version`: moving a service to a new
+    /// version of a view is this one change.
+    ///
+    /// ```
+    /// use quiver_sdk::FeatureService;
+    /// let ranker = FeatureService::new("ranker")
+    ///     .with_feature("driver_hourly", "conv_rate")
+    ///     .with_feature("customer_profile", "age")
+    ///     .with_version("driver_hourly", 2);
+    /// let refs: Vec<String> = ranker.features.iter().map(ToString::to_string).collect();
+    /// assert_eq!(refs, ["driver_hourly@2:conv_rate", "customer_profile:age"]);
+    /// let pinned = FeatureService::new("ranker").with_feature_at("driver_hourly", 1, "conv_rate");
+    /// assert_eq!(pinned.features[0].to_string(), "driver_hourly@1:conv_rate");
+    /// ```
+    #[must_use]
+    pub fn with_version(mut self, view: &str, version: u32) -> Self {
+        for r in self.features.iter_mut().filter(|r| r.view == view) {
+            *r = r.clone().at(version);
+        }
+        self
+    }
+
     /// Sets the service's monitoring thresholds (docs/monitoring.md).
     #[must_use]
     pub fn with_monitoring(mut self, thresholds: Thresholds) -> Self {
