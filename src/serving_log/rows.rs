@@ -109,27 +109,40 @@ impl LogColumns {
     }
 }
 
+/// The name the log gives the view `r` read (as its storage names it: `view` for
+/// version 1, `view@N` after it; a plain reference reads the latest), and `view@N`.
+fn version_read(defs: &quiver_sdk::Definitions, r: &quiver_sdk::FeatureRef) -> (String, String) {
+    use quiver_sdk::definitions::{FIRST_VERSION, versioned_name};
+    let version = r.version.unwrap_or_else(|| {
+        defs.on_demand_view(&r.view).map(|o| o.version).or_else(|| defs.feature_view(&r.view).map(|v| v.version)).unwrap_or(FIRST_VERSION)
+    });
+    (versioned_name(&r.view, (version != FIRST_VERSION).then_some(version)), format!("{}@{version}", r.view))
+}
+
 /// Appends the log rows of one answer to `out`: per feature view asked for, one row
 /// per entity row. Views whose keys the answer lacks (it cannot happen for a
 /// successful lookup) are skipped.
 pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) {
     let keys = &served.columns[..served.n_keys.min(served.columns.len())];
     let n = keys.first().map_or(0, |c| c.values.len());
-    let mut views: Vec<&str> = Vec::new();
-    for r in &served.refs {
-        if !views.contains(&r.view.as_str()) {
-            views.push(&r.view);
+    // Each reference's view as the version it read is stored: `view` for version 1,
+    // `view@N` after it (a plain reference reads the latest).
+    let read: Vec<(String, String)> = served.refs.iter().map(|r| version_read(&served.defs, r)).collect();
+    let mut views: Vec<&(String, String)> = Vec::new();
+    for r in &read {
+        if !views.contains(&r) {
+            views.push(r);
         }
     }
-    for name in views {
+    for (name, asked) in views {
         // A feature view: its join keys; an on-demand view: the join keys its inputs
         // take that the request gave, then its request fields as given.
-        let (key_columns, fields, own_times) = if let Some(view) = served.defs.feature_view(name) {
+        let (key_columns, fields, own_times) = if let Some(view) = served.defs.feature_view(asked) {
             let key_columns: Option<Vec<&Column>> =
                 served.defs.join_keys(view).iter().map(|k| keys.iter().find(|c| c.name == k.name)).collect();
             let Some(key_columns) = key_columns else { continue };
             (key_columns, Vec::new(), view.is_event_log())
-        } else if let Some(view) = served.defs.on_demand_view(name) {
+        } else if let Some(view) = served.defs.on_demand_view(asked) {
             let key_columns: Vec<&Column> =
                 on_demand::keys(&served.defs, view).iter().filter_map(|k| keys.iter().find(|c| c.name == k.name)).collect();
             let fields: Vec<&(String, Vec<quiver_runtime::encoding::Value>)> = on_demand::request_fields(&served.defs, view)
@@ -143,7 +156,7 @@ pub fn append_log_rows(served: &Served, request_id: &str, out: &mut LogColumns) 
         // This view's feature columns, each feature once.
         let mut features: Vec<(&str, &Column)> = Vec::new();
         for (i, r) in served.refs.iter().enumerate() {
-            if r.view == name
+            if read[i].0 == *name
                 && !features.iter().any(|(f, _)| *f == r.feature)
                 && let Some(c) = served.columns.get(served.n_keys + i)
             {

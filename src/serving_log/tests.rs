@@ -148,3 +148,55 @@ async fn a_failing_serving_log_never_fails_a_request_and_keeps_its_rows() {
     let rows: usize = read(&config.location, Timestamp::MIN..Timestamp(i64::MAX)).await.unwrap().iter().map(|b| b.num_rows()).sum();
     assert_eq!(rows, 12);
 }
+
+/// Each log row names the version it read as its storage does (`driver_hourly` for
+/// version 1, `driver_hourly@2`), and `verify --since` replays each against that
+/// version: a pinned request for version 1 and a plain one for version 2, whose
+/// answers differ, both agree with their own version's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_and_its_replay_read_the_version_each_request_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let repo = demo(&dir, true).await;
+    let yaml = std::fs::read_to_string(dir.join("features.yaml")).unwrap();
+    let changed = yaml.replacen("{name: avg_daily_trips, dtype: int64}", "{name: avg_daily_trips, dtype: float64}", 1);
+    std::fs::write(dir.join("features.yaml"), changed).unwrap();
+    let (applying, handle) = (repo.clone(), tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || applying.apply(false, chrono::Utc::now(), handle)).await.unwrap().unwrap();
+    repo.backfill("driver_hourly@2").await.unwrap();
+    let at = quiver_sdk::types::format_instant(chrono::Utc::now().timestamp_micros() - 60_000_000);
+    let row = format!(
+        "{{\"driver_id\": 1001, \"event_timestamp\": \"{at}\", \"created_timestamp\": \"{at}\", \"conv_rate\": 0.5, \"acc_rate\": 0.5, \"avg_daily_trips\": 99.5}}\n"
+    );
+    std::fs::write(dir.join("v2.jsonl"), row).unwrap();
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    repo.materialize_incremental(chrono::Utc::now().into()).with_store(store.clone()).await.unwrap();
+    repo.push("driver_hourly@2", Rows::file(dir.join("v2.jsonl"))).with_store(store.clone()).await.unwrap();
+    let defs = repo.applied().unwrap().definitions;
+    let log = DeltaServingLog::start(&repo.config.serving_log, None);
+    let state = Arc::new(crate::server::server_state(&repo.config, store, Some(log.clone())).unwrap());
+    let now = chrono::Utc::now().timestamp_micros();
+    let mut answers = Vec::new();
+    for features in [r#"["driver_hourly@1:avg_daily_trips"]"#, r#"["driver_hourly:avg_daily_trips"]"#] {
+        let body = format!(r#"{{"entities": {{"driver_id": [1001, 1002]}}, "features": {features}}}"#);
+        let req = axum::http::Request::builder().method("POST").uri("/get-online-features").header("content-type", "application/json");
+        let resp = router(state.clone()).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+        let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        answers.push(answer["results"][1]["values"][0].clone());
+    }
+    assert_ne!(answers[0], answers[1], "version 2 has its own row for driver 1001: {answers:?}");
+    assert_eq!(answers[1], serde_json::json!(99.5));
+    log.flush().await.unwrap();
+    let logged = read(&repo.config.serving_log.location, Timestamp(now - 3_600_000_000)..Timestamp(now + 3_600_000_000)).await.unwrap();
+    let mut views: Vec<String> = logged.iter().flat_map(|b| (0..b.num_rows()).map(move |r| b.view(r).to_string())).collect();
+    views.dedup();
+    assert_eq!(views, ["driver_hourly", "driver_hourly@2"]);
+    let report =
+        crate::verify::verify_log(&repo.config, &defs, now - 3_600_000_000, now + 3_600_000_000, false, &quiver_gpu_join::CpuKernel::new())
+            .await
+            .unwrap();
+    let judged: Vec<(&str, u64, u64)> = report.features.iter().map(|f| (f.feature.as_str(), f.compared, f.matches)).collect();
+    assert_eq!(judged, [("driver_hourly:avg_daily_trips", 2, 2), ("driver_hourly@2:avg_daily_trips", 2, 2)], "{:?}", report.features);
+}

@@ -8,6 +8,7 @@ use quiver_offline::schema::value_at;
 use quiver_online::lookup::wire::value_json;
 use quiver_online::lookup::{Row, Status};
 use quiver_runtime::encoding::{KeyValue, Value};
+use quiver_sdk::definitions::FIRST_VERSION;
 use quiver_sdk::error::count;
 use quiver_sdk::on_demand;
 use quiver_sdk::types::format_instant;
@@ -58,11 +59,13 @@ pub async fn verify_log(
     for name in names {
         let logged = &by_view[name];
         report.rows += logged.len() as u64;
-        if let Some(view) = defs.on_demand_view(name) {
+        // The log names the version read as its storage does: `view` for version 1.
+        let version = if name.contains('@') { name.to_string() } else { format!("{name}@{FIRST_VERSION}") };
+        if let Some(view) = defs.on_demand_view(&version) {
             replay.on_demand(view, logged, &mut report).await?;
             continue;
         }
-        let Some(view) = defs.feature_view(name) else {
+        let Some(view) = defs.feature_view(&version) else {
             report.skipped.push(format!("{} of feature view `{name}`, which is no longer defined", count(logged.len(), "row")));
             continue;
         };
@@ -87,7 +90,7 @@ impl Replay<'_> {
 
     /// Replays one view's logged rows into `report`.
     async fn view(&self, view: &FeatureView, logged: &[Logged], report: &mut LogReport) -> Result<()> {
-        let name = &view.name;
+        let name = &view.versioned_name();
         // The spine: each logged row's keys at its request time.
         let keys = self.defs.join_keys(view);
         let mut parsed: Vec<Vec<KeyValue>> = Vec::with_capacity(logged.len());
@@ -140,11 +143,13 @@ impl Replay<'_> {
     /// in the join, so a stale row is still found: the status is decided here, as the
     /// online lookup decides it.
     async fn offline_join(&self, view: &FeatureView, spine: &RecordBatch) -> Result<RecordBatch> {
-        let mut unbounded = self.defs.clone();
+        let refs: Vec<FeatureRef> =
+            view.served_features().iter().map(|f| super::versioned_ref(&view.name, view.version, &f.name)).collect();
+        // The version logged in place of the latest, as the request that read it did.
+        let mut unbounded = crate::ops::pinned(self.defs, &refs)?.into_owned();
         for v in unbounded.feature_views.iter_mut().filter(|v| v.name == view.name) {
             v.ttl = quiver_sdk::Ttl::UNBOUNDED;
         }
-        let refs: Vec<FeatureRef> = view.served_features().iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
         let resolved = resolve(&unbounded, &refs)?;
         let options = HistoricalOptions { event_times: !view.is_event_log(), created_cutoff: self.created_cutoff, ..Default::default() };
         let rows = SpineRows { source: "serving log", rows: spine };
@@ -202,7 +207,7 @@ impl Replay<'_> {
     /// status follows from the value, and the event time is the one served
     /// (docs/transformations.md#consistency).
     async fn on_demand(&self, view: &OnDemandView, logged: &[Logged], report: &mut LogReport) -> Result<()> {
-        let name = &view.name;
+        let name = &view.versioned_name();
         let keys = on_demand::keys(self.defs, view);
         let fields = on_demand::request_fields(self.defs, view);
         // The features logged (each row names those asked for), still defined.
@@ -261,11 +266,12 @@ impl Replay<'_> {
         let spine = super::spine_batch(&given, &key_rows, kept.iter().map(|&at| self.row(at).0.request_time(at.1)))?;
         let spine = with_fields(spine, &fields, &field_rows)?;
         drop((key_rows, field_rows));
-        let refs: Vec<FeatureRef> = asked.iter().map(|f| FeatureRef::new(name, *f)).collect();
-        let resolved = resolve(self.defs, &refs)?;
+        let refs: Vec<FeatureRef> = asked.iter().map(|f| super::versioned_ref(&view.name, view.version, f)).collect();
+        let defs = crate::ops::pinned(self.defs, &refs)?;
+        let resolved = resolve(&defs, &refs)?;
         let options = HistoricalOptions { created_cutoff: self.created_cutoff, ..Default::default() };
         let rows = SpineRows { source: "serving log", rows: &spine };
-        let joined = match historical(self.config, self.defs, rows, &resolved, options, self.kernel, &|_, _| {}).await {
+        let joined = match historical(self.config, &defs, rows, &resolved, options, self.kernel, &|_, _| {}).await {
             Ok(joined) => joined,
             Err(e) => {
                 report.skipped.push(format!("{} of `{name}` cannot be replayed: {e}", count(kept.len(), "row")));

@@ -132,6 +132,12 @@ pub struct LogReport {
 /// Floats that agree to 1e-9 relative (docs/aggregations.md: an aggregation's float sums are added
 /// in another order online than offline). An infinity agrees with the same infinity
 /// only, a NaN with a NaN only (docs/consistency.md).
+/// `name@N:feature`: version `version` of a view (docs/versions.md), whichever is the
+/// latest, so that a request for it reads that version.
+pub(crate) fn versioned_ref(name: &str, version: u32, feature: &str) -> quiver_sdk::FeatureRef {
+    quiver_sdk::FeatureRef::new(name, feature).at(version)
+}
+
 pub(crate) fn floats_close(a: f64, b: f64) -> bool {
     if a.is_finite() && b.is_finite() { (a - b).abs() <= 1e-9 * a.abs().max(b.abs()) } else { a == b || (a.is_nan() && b.is_nan()) }
 }

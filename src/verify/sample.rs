@@ -16,7 +16,9 @@ use rand::seq::index::sample;
 use super::{EXAMPLES, FeatureReport, floats_close, same_value, show};
 use crate::error::Result;
 
-/// Compares up to `n` sampled entities per online view at `now` (UTC microseconds).
+/// Compares up to `n` sampled entities per online view at `now` (UTC microseconds):
+/// every live version of each, its features reported as `view@N:feature` for a version
+/// after the first (docs/versions.md).
 ///
 /// # Errors
 /// An unreadable table or an unavailable online store.
@@ -30,7 +32,9 @@ pub async fn verify_sample(
 ) -> Result<Vec<FeatureReport>> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut reports = Vec::new();
-    for view in defs.feature_views.iter().filter(|v| v.online) {
+    // Each view's versions together, oldest first.
+    let views: Vec<&FeatureView> = defs.feature_views.iter().flat_map(|v| defs.view_versions(&v.name)).filter(|v| v.online).collect();
+    for &view in &views {
         if view.is_event_log() {
             reports.extend(sample_event_log(config, defs, store, view, n, now, &mut rng).await?);
             continue;
@@ -38,7 +42,7 @@ pub async fn verify_sample(
         let mut per_feature: Vec<FeatureReport> = view
             .features
             .iter()
-            .map(|f| FeatureReport { feature: format!("{}:{}", view.name, f.name), ..FeatureReport::default() })
+            .map(|f| FeatureReport { feature: format!("{}:{}", view.versioned_name(), f.name), ..FeatureReport::default() })
             .collect();
         let latest = latest_per_entity(config, defs, view, EventRange::Range { start: i64::MIN, end: now }).await?;
         let Some(batch) = latest.batch else {
@@ -48,7 +52,7 @@ pub async fn verify_sample(
         let keys = defs.join_keys(view);
         let rows: Vec<usize> = sample(&mut rng, batch.num_rows(), n.min(batch.num_rows())).into_iter().collect();
         let entities = sampled_entities(&batch, &keys, &rows);
-        let refs: Vec<FeatureRef> = view.features.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
+        let refs: Vec<FeatureRef> = view.features.iter().map(|f| reference(view, &f.name)).collect();
         let online = get_online_features(store, &config.project, defs, &refs, (&entities, &Vec::new()), now, false).await?;
         let sampled = Sampled { view, batch: &batch, layout: ViewLayout::rows(defs, view), rows: &rows, entities: &entities, now };
         for (k, report) in per_feature.iter_mut().enumerate() {
@@ -56,10 +60,16 @@ pub async fn verify_sample(
         }
         reports.extend(per_feature);
     }
-    for view in defs.on_demand_views.iter().filter(|v| on_demand::request_fields(defs, v).is_empty()) {
+    let on_demand = defs.on_demand_views.iter().chain(&defs.earlier_versions.on_demand_views);
+    for view in on_demand.filter(|v| on_demand::request_fields(defs, v).is_empty()) {
         reports.extend(sample_on_demand(config, defs, store, view, n, now, &mut rng).await?);
     }
     Ok(reports)
+}
+
+/// `view@N:feature` of `view`'s version.
+fn reference(view: &FeatureView, feature: &str) -> FeatureRef {
+    super::versioned_ref(&view.name, view.version, feature)
 }
 
 /// An on-demand view without request fields: sampled entities (each join key's values
@@ -76,7 +86,7 @@ async fn sample_on_demand(
     now: i64,
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Vec<FeatureReport>> {
-    let refs: Vec<FeatureRef> = view.features.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
+    let refs: Vec<FeatureRef> = view.features.iter().map(|f| super::versioned_ref(&view.name, view.version, &f.name)).collect();
     if quiver_online::lookup::LookupPlan::new(defs, refs.clone(), false).is_err() {
         return Ok(Vec::new());
     }
@@ -102,15 +112,17 @@ async fn sample_on_demand(
     let online = get_online_features(store, &config.project, defs, &refs, (&entities, &Vec::new()), now, false).await?;
     let picked: Vec<Vec<KeyValue>> = (0..m).map(|j| columns.iter().map(|c| c[j].clone()).collect()).collect();
     let spine = super::spine_batch(&keys, &picked, std::iter::repeat_n(now, m))?;
-    let requests = quiver_offline::historical::resolve(defs, &refs)?;
+    // The versions its inputs are pinned to, in place of the latest.
+    let pinned = crate::ops::pinned(defs, &refs)?;
+    let requests = quiver_offline::historical::resolve(&pinned, &refs)?;
     let rows = quiver_offline::historical::SpineRows { source: "verify --sample", rows: &spine };
     let kernel = quiver_gpu_join::CpuKernel::new();
     let options = quiver_offline::historical::HistoricalOptions::default();
-    let offline = quiver_offline::historical::historical(config, defs, rows, &requests, options, &kernel, &|_, _| {}).await?;
+    let offline = quiver_offline::historical::historical(config, &pinned, rows, &requests, options, &kernel, &|_, _| {}).await?;
     let exact = !super::reads_aggregations(defs, view);
     let mut reports = Vec::with_capacity(refs.len());
     for (k, feature) in view.features.iter().enumerate() {
-        let mut report = FeatureReport { feature: format!("{}:{}", view.name, feature.name), ..FeatureReport::default() };
+        let mut report = FeatureReport { feature: format!("{}:{}", view.versioned_name(), feature.name), ..FeatureReport::default() };
         let column = &online[keys.len() + k];
         for j in 0..m {
             let want = value_at(offline.column(spine.num_columns() + k).as_ref(), j, feature.dtype);
@@ -156,8 +168,10 @@ async fn sample_event_log(
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Vec<FeatureReport>> {
     let served = view.served_features();
-    let mut reports: Vec<FeatureReport> =
-        served.iter().map(|f| FeatureReport { feature: format!("{}:{}", view.name, f.name), ..FeatureReport::default() }).collect();
+    let mut reports: Vec<FeatureReport> = served
+        .iter()
+        .map(|f| FeatureReport { feature: format!("{}:{}", view.versioned_name(), f.name), ..FeatureReport::default() })
+        .collect();
     let since = quiver_runtime::record::Layout::of(view).earliest_tail(now);
     let events = quiver_offline::historical::events_since(config, defs, view, since, None).await?;
     if events.entities.is_empty() {
@@ -168,14 +182,16 @@ async fn sample_event_log(
     let keys = defs.join_keys(view);
     let entities: Vec<(String, Vec<KeyValue>)> =
         keys.iter().enumerate().map(|(i, k)| (k.name.clone(), picked.iter().map(|p| p[i].clone()).collect())).collect();
-    let refs: Vec<FeatureRef> = served.iter().map(|f| FeatureRef::new(&view.name, &f.name)).collect();
+    let refs: Vec<FeatureRef> = served.iter().map(|f| reference(view, &f.name)).collect();
     let online = get_online_features(store, &config.project, defs, &refs, (&entities, &Vec::new()), now, false).await?;
     let spine = super::spine_batch(&keys, &picked, std::iter::repeat_n(now, picked.len()))?;
-    let requests = quiver_offline::historical::resolve(defs, &refs)?;
+    // The version sampled in place of the latest, as any request for it reads it.
+    let pinned = crate::ops::pinned(defs, &refs)?;
+    let requests = quiver_offline::historical::resolve(&pinned, &refs)?;
     let rows = quiver_offline::historical::SpineRows { source: "verify --sample", rows: &spine };
     let kernel = quiver_gpu_join::CpuKernel::new();
     let options = quiver_offline::historical::HistoricalOptions::default();
-    let offline = quiver_offline::historical::historical(config, defs, rows, &requests, options, &kernel, &|_, _| {}).await?;
+    let offline = quiver_offline::historical::historical(config, &pinned, rows, &requests, options, &kernel, &|_, _| {}).await?;
     for (k, report) in reports.iter_mut().enumerate() {
         let column = &online[keys.len() + k];
         let off = offline.column(spine.num_columns() + k);

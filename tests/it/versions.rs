@@ -255,4 +255,13 @@ fn backfill_derives_a_version_from_the_stored_rows_or_refuses_naming_the_column(
     let out = ok(&dir, &["versions", "driver_hourly", "--json"]);
     let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed[2]["rows_offline"], kept.len());
+    // `verify` samples every live version online against its own table.
+    ok(&dir, &["materialize", "2000-01-01T00:00:00Z", "now"]);
+    let out = ok(&dir, &["verify", "--sample", "20"]);
+    for feature in ["driver_hourly:conv_rate", "driver_hourly@2:conv_pct", "driver_hourly@3:avg_daily_trips"] {
+        let line = out.lines().find(|l| l.split_whitespace().next() == Some(feature)).unwrap_or_else(|| panic!("{feature}: {out}"));
+        let counts: Vec<u64> = line.split_whitespace().skip(1).map(|n| n.parse().unwrap()).collect();
+        assert!(counts[0] > 0 && counts[0] == counts[1], "{line}");
+    }
+    assert!(out.lines().any(|l| l.starts_with("0 of ")), "{out}");
 }
