@@ -19,6 +19,10 @@ Redis, the broker, the producer and quiver share this machine's cores. With --sh
 view has write-time expressions (a filter and 4 computed features; the rows it drops
 count as done).
 
+With --versions 2 the view has two live versions reading the topic (a breaking change,
+`n`'s type, applied after one row was written: docs/versions.md), so the stream writes
+every event twice, once into each version's table and keys; events/s counts events.
+
 With --instructions it measures instead what the quiver process executes per event,
 which does not move with the machine's load as events/s does: this script runs itself
 twice on backlogs of 50,000 and 150,000 events with `quiver stream` under
@@ -159,6 +163,8 @@ def main():
     ap.add_argument("--shaped", action="store_true",
                     help="the view computes 4 of its 6 features from raw columns and filters 2%% of the rows out "
                          "(docs/transformations.md#write-time)")
+    ap.add_argument("--versions", type=int, choices=(1, 2), default=1,
+                    help="live versions of the view reading the topic (2: every event is written twice)")
     args = ap.parse_args()
     quiver = os.path.abspath(args.quiver)
     if args.instructions:
@@ -204,6 +210,18 @@ feature_views:
       - {name: n, dtype: int64}
 """)
         subprocess.run([quiver, "--repo", repo, "apply"], check=True, capture_output=True)
+        if args.versions == 2:
+            # One row, then a breaking change: version 2 beside version 1, both streamed.
+            row = os.path.join(work, "row.jsonl")
+            with open(row, "w") as fh:
+                fh.write(message(-1, "2025-12-31T00:00:00+00:00") + "\n")
+            subprocess.run([quiver, "--repo", repo, "push", "events", row, "--to", "offline"], check=True, capture_output=True)
+            path = os.path.join(repo, "features.yaml")
+            text = open(path).read()
+            open(path, "w").write(text.replace("{name: n, dtype: int64}", "{name: n, dtype: float64}", 1))
+            out = subprocess.run([quiver, "--repo", repo, "apply"], check=True, capture_output=True, text=True).stdout
+            if "version 2 beside version 1" not in out:
+                sys.exit(f"no version 2:\n{out}")
         admin = AdminClient({"bootstrap.servers": brokers})
         for f in admin.create_topics([NewTopic("events", args.partitions, 1)]).values():
             f.result()
@@ -239,7 +257,7 @@ feature_views:
                     t_first, cpu_first, faults_first = time.perf_counter(), cpu_seconds(proc.pid), page_faults(proc.pid)
                     others_first = {k: cpu_seconds(pid) for k, pid in others.items()}
                 done = m["quiver_stream_appended_offline_total"] + m.get("quiver_stream_filtered_total", 0)
-                if done >= args.events and m["quiver_stream_written_online_total"] > 0:
+                if done >= args.events * args.versions and m["quiver_stream_written_online_total"] > 0:
                     break
             if proc.poll() is not None:
                 sys.exit(f"quiver stream exited:\n{open(log).read()}")
@@ -253,6 +271,9 @@ feature_views:
         m = metrics(mport)
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+        if args.versions == 2:
+            print(f"two live versions: {m['quiver_stream_appended_offline_total']:,.0f} rows appended for {args.events:,} events",
+                  flush=True)
         print(f"throughput: {args.events:,} events into Redis and Delta in {elapsed:.2f} s = "
               f"{args.events / elapsed:,.0f} events/s; quiver used {cpu:.1f} CPU-s = {args.events / cpu:,.0f} events per CPU-second "
               f"({m['quiver_stream_batches_total']:.0f} batches, {m['quiver_stream_retries_total']:.0f} retries, "
@@ -286,7 +307,7 @@ feature_views:
         end = time.time() + 120
         while time.time() < end:
             m = metrics(mport)
-            if m and m["quiver_stream_appended_offline_total"] + m.get("quiver_stream_filtered_total", 0) >= sent:
+            if m and m["quiver_stream_appended_offline_total"] + m.get("quiver_stream_filtered_total", 0) >= sent * args.versions:
                 break
             time.sleep(0.1)
         m = metrics(mport)
