@@ -60,6 +60,9 @@ pub struct Live {
 #[derive(Debug)]
 struct Slot {
     view: String,
+    /// The version of the view the reference read: answers reading another version are
+    /// not counted against it (docs/versions.md).
+    version: u32,
     feature: String,
     limits: Limits,
     reference_null_rate: Option<f64>,
@@ -358,6 +361,14 @@ impl Live {
             }
         };
         let mut reference = sources::profiles(repo, &defs, &window, &refs).await.map_err(bad)?;
+        // A training set's references name the version they read as its manifest does
+        // (none: version 1); a service's, as the registry pins them (none: the latest).
+        let training = service.is_none();
+        let version = |r: &quiver_sdk::FeatureRef| match r.version {
+            Some(v) => v,
+            None if training => quiver_sdk::definitions::FIRST_VERSION,
+            None => version_read(&defs, &r.view),
+        };
         let mut slots: HashMap<String, HashMap<String, usize>> = HashMap::new();
         let mut features = Vec::new();
         for r in &refs {
@@ -365,6 +376,7 @@ impl Live {
             slots.entry(r.view.clone()).or_default().insert(r.feature.clone(), features.len());
             features.push(Slot {
                 view: r.view.clone(),
+                version: version(r),
                 feature: r.feature.clone(),
                 limits: defs.limits(service, r),
                 reference_null_rate: profile.null_rate(),
@@ -404,6 +416,9 @@ impl Live {
             else {
                 continue;
             };
+            if r.version.unwrap_or_else(|| version_read(&served.defs, &r.view)) != self.features[slot].version {
+                continue; // another version than the reference's: not comparable
+            }
             let (grid, tally) = (&self.features[slot].grid, &mut tallies[slot]);
             tally.count += column.values.len() as u64;
             // A NOT_FOUND value is null (on-demand values are never NOT_FOUND), so the
@@ -472,7 +487,9 @@ impl Live {
             out.family(name, Kind::Gauge, help);
             for (slot, s) in &stats {
                 if let Some(v) = stat(s) {
-                    out.sample(name, &[("view", &slot.view), ("feature", &slot.feature), ("reference", &self.reference_name)], v);
+                    let version = slot.version.to_string();
+                    let labels = [("view", slot.view.as_str()), ("version", &version), ("feature", &slot.feature), ("reference", &self.reference_name)];
+                    out.sample(name, &labels, v);
                 }
             }
         }
@@ -480,6 +497,12 @@ impl Live {
 }
 
 /// The features a training set's manifest profiles.
+/// The version of `view` a plain reference reads: its latest (an on-demand view's or a
+/// feature view's), 1 for a name `defs` lacks.
+fn version_read(defs: &quiver_sdk::Definitions, view: &str) -> u32 {
+    defs.on_demand_view(view).map(|o| o.version).or_else(|| defs.feature_view(view).map(|v| v.version)).unwrap_or(quiver_sdk::definitions::FIRST_VERSION)
+}
+
 fn training_features(dir: &std::path::Path) -> Result<Vec<quiver_sdk::FeatureRef>> {
     let (_, manifest) = sources::read_manifest(dir)?;
     manifest

@@ -446,7 +446,7 @@ fn monitor_finds_skew_between_a_training_set_and_what_was_served() {
     }
     ask(port, &(5000..5200).collect::<Vec<_>>());
     let gauge = |text: &str, name: &str, feature: &str| -> Option<f64> {
-        let prefix = format!("{name}{{view=\"s\",feature=\"{feature}\",reference=\"training:train\"}} ");
+        let prefix = format!("{name}{{view=\"s\",version=\"1\",feature=\"{feature}\",reference=\"training:train\"}} ");
         text.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap())
     };
     let started = std::time::Instant::now();
@@ -617,7 +617,7 @@ fn the_gauge_and_the_report_give_one_psi_for_the_same_served_rows() {
     }
     ask(&(5000..5200).collect::<Vec<_>>());
     let gauge = |text: &str, name: &str, feature: &str| -> Option<f64> {
-        let prefix = format!("{name}{{view=\"s\",feature=\"{feature}\",reference=\"training:train\"}} ");
+        let prefix = format!("{name}{{view=\"s\",version=\"1\",feature=\"{feature}\",reference=\"training:train\"}} ");
         text.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().unwrap())
     };
     let lookups = 1200.0;

@@ -283,6 +283,12 @@ fn the_page_renders_the_demo_repository_in_headless_chromium() {
         common::quiver(&dir, &["monitor", "--features", features, "--reference", "training:training", "--current", "training:moved"], &[]);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
     assert_eq!(original["profile"].as_object().unwrap().len(), moved["profile"].as_object().unwrap().len());
+    // A breaking change to a view with data: its version 2 beside version 1.
+    let yaml = std::fs::read_to_string(dir.join("features.yaml")).unwrap();
+    let changed = yaml.replacen("{name: avg_rating, dtype: float32}", "{name: avg_rating, dtype: float64}", 1);
+    assert_ne!(changed, yaml);
+    std::fs::write(dir.join("features.yaml"), changed).unwrap();
+    assert!(common::ok(&dir, &["apply"]).contains("version 2 beside version 1"));
     // The CLI's answer, before the server holds the embedded store.
     let online = common::ok(&dir, &["online", "--features", "driver_hourly:conv_rate", "--entity", "driver_id=1001"]);
     let (server, port) = common::spawn_serve(&dir);
@@ -297,6 +303,9 @@ fn the_page_renders_the_demo_repository_in_headless_chromium() {
     for name in ["driver_hourly", "customer_profile", "driver_customer", "customer_rides", "ranker_v1", "conv_rate", "fare_sum_1h"] {
         assert!(registry.contains(name), "the registry page lacks {name}");
     }
+    // Both versions of the view, each its own card, the latest marked.
+    assert!(registry.contains(r#"data-name="driver_customer@2""#) && registry.contains(r#"data-name="driver_customer""#), "{registry}");
+    assert!(registry.contains("version 2 (latest) of 1, 2") && registry.contains("version 1 of 1, 2"), "{registry}");
     // Each aggregation's hop: the default one a window gets, or the one it names.
     assert!(registry.contains("window 1h, hop 5m (default)"), "no default hop shown: {registry}");
     assert!(registry.contains("window 30m, hop 10m<"), "the named hop is not shown: {registry}");

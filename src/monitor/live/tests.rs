@@ -2,7 +2,7 @@ use super::*;
 
 fn slot(reference: &Profile) -> Slot {
     let limits = Limits::DEFAULT;
-    Slot { view: "v".into(), feature: "f".into(), limits, reference_null_rate: reference.null_rate(), grid: Grid::of(reference) }
+    Slot { view: "v".into(), version: 1, feature: "f".into(), limits, reference_null_rate: reference.null_rate(), grid: Grid::of(reference) }
 }
 
 #[test]
@@ -151,7 +151,7 @@ fn the_gauge_and_the_report_give_one_psi_for_the_same_served_values() {
     live.render(&mut out, now);
     let text = out.finish();
     let gauge = |name: &str| -> f64 {
-        let prefix = format!("{name}{{view=\"v\",feature=\"f\",reference=\"training:t\"}} ");
+        let prefix = format!("{name}{{view=\"v\",version=\"1\",feature=\"f\",reference=\"training:t\"}} ");
         text.lines().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| panic!("no {name} in {text}")).parse().unwrap()
     };
 
@@ -193,4 +193,51 @@ fn the_gauge_and_the_report_give_one_psi_for_the_same_served_values() {
     assert_eq!(report.null_rate.current, Some(1.0 / n as f64));
     assert_eq!(gauge("quiver_feature_non_finite_rate"), 3.0 / n as f64);
     assert_eq!(report.non_finite_rate.and_then(|r| r.current), Some(3.0 / n as f64));
+}
+
+/// A slot counts the answers that read the version its reference read: `v@2:f` and a
+/// plain `v:f` once version 2 is the latest are another feature (docs/versions.md).
+#[test]
+fn answers_reading_another_version_are_not_counted_against_the_reference() {
+    use quiver_online::lookup::Column;
+    use quiver_sdk::{DType, Definitions, Entity, FeatureView, KeyType};
+    let mut reference = Profile::default();
+    (0..100).for_each(|i| reference.add_value(&Value::Float64(f64::from(i))));
+    let view = |version: u32| {
+        let mut v = FeatureView::new("v").with_entity("user").with_feature("f", DType::Float64);
+        v.version = version;
+        v
+    };
+    let mut defs = Definitions::default()
+        .with_entity(Entity::new("user").with_join_key("user_id", KeyType::Int64))
+        .with_feature_view(view(2));
+    defs.earlier_versions.feature_views.push(view(1));
+    let defs = std::sync::Arc::new(quiver_sdk::registry::Registered::new(defs));
+    let now = 1_767_225_600_000_000;
+    let answer = |reference: &str| Served {
+        request_time: now,
+        defs: defs.clone(),
+        refs: vec![reference.parse().unwrap()],
+        n_keys: 1,
+        fields: Vec::new(),
+        columns: vec![
+            Column { name: "user_id".into(), values: vec![Value::Int64(1)], statuses: vec![Status::Present], event_ts: vec![None] },
+            Column { name: "f".into(), values: vec![Value::Float64(5.0)], statuses: vec![Status::Present], event_ts: vec![Some(now)] },
+        ],
+    };
+    let mut slots: HashMap<String, HashMap<String, usize>> = HashMap::new();
+    slots.entry("v".to_string()).or_default().insert("f".to_string(), 0);
+    let live = Live {
+        reference_name: "training:t".into(),
+        window_us: 3_600_000_000,
+        bucket_us: 300_000_000,
+        slots,
+        features: vec![slot(&reference)],
+        buckets: Mutex::new(VecDeque::new()),
+    };
+    for reference in ["v@2:f", "v:f", "v@1:f", "v@1:f"] {
+        live.add(&answer(reference));
+    }
+    let buckets = live.buckets.lock().unwrap();
+    assert_eq!(buckets.iter().map(|(_, t)| t[0].count).sum::<u64>(), 2, "only the two answers of version 1");
 }

@@ -82,21 +82,30 @@ function renderRegistry() {
       e.description ? el("p", { text: e.description }) : null,
       el("div", {}, "join keys: ", (e.join_keys || []).map((k) => el("span", { class: "tag", text: `${k.name}: ${k.dtype}` })))));
   }
-  for (const v of defs.feature_views || []) {
-    const features = v.features || [], aggs = v.aggregations || [];
-    if (!hit(v.name, v.description, ...features.map((f) => f.name), ...aggs.map((a) => a.name))) continue;
-    const source = Object.entries(v.source || {}).map(([k, x]) => el("span", { class: "tag", text: `${k}: ${typeof x === "object" ? JSON.stringify(x) : x}` }));
-    const rows = features.map((f) => el("tr", {}, el("td", { class: "mono", text: f.name }), el("td", { text: f.dtype }), el("td", { text: aggs.length ? "event column" : "served" })));
-    const aggRows = aggs.map((a) => el("tr", {}, el("td", { class: "mono", text: a.name }),
-      el("td", { text: `${a.function}(${a.column})${a.k ? " k=" + a.k : ""}` }),
-      el("td", { text: `window ${a.window}, hop ${a.hop || a.default_hop + " (default)"}` })));
-    out.append(el("div", { class: "card view", "data-name": v.name },
-      el("h2", {}, v.name, el("span", { class: "kind", text: viewKind(v) })),
-      v.description ? el("p", { text: v.description }) : null,
-      el("div", {}, "entities: ", (v.entities || []).map((x) => el("span", { class: "tag", text: x })),
-        ` ttl: ${v.ttl === "0" || v.ttl == null ? "none" : v.ttl}`, v.online === false ? " · offline only" : " · online"),
-      el("div", {}, "source: ", source),
-      el("table", {}, el("tr", {}, el("th", { text: "feature" }), el("th", { text: "type" }), el("th", { text: "" })), rows, aggRows)));
+  // Each view's live versions together, oldest first (docs/versions.md).
+  const earlier = (defs.earlier_versions && defs.earlier_versions.feature_views) || [];
+  const versions = (name) => earlier.filter((e) => e.name === name).concat((defs.feature_views || []).filter((v) => v.name === name))
+    .sort((a, b) => (a.version || 1) - (b.version || 1));
+  for (const latest of defs.feature_views || []) {
+    const live = versions(latest.name);
+    for (const v of live) {
+      const features = v.features || [], aggs = v.aggregations || [];
+      if (!hit(v.name, v.description, ...features.map((f) => f.name), ...aggs.map((a) => a.name))) continue;
+      const version = v.version || 1, label = version === 1 ? v.name : `${v.name}@${version}`;
+      const source = Object.entries(v.source || {}).map(([k, x]) => el("span", { class: "tag", text: `${k}: ${typeof x === "object" ? JSON.stringify(x) : x}` }));
+      const rows = features.map((f) => el("tr", {}, el("td", { class: "mono", text: f.name }), el("td", { text: f.dtype }), el("td", { text: aggs.length ? "event column" : "served" })));
+      const aggRows = aggs.map((a) => el("tr", {}, el("td", { class: "mono", text: a.name }),
+        el("td", { text: `${a.function}(${a.column})${a.k ? " k=" + a.k : ""}` }),
+        el("td", { text: `window ${a.window}, hop ${a.hop || a.default_hop + " (default)"}` })));
+      out.append(el("div", { class: "card view", "data-name": label },
+        el("h2", {}, label, el("span", { class: "kind", text: viewKind(v) }),
+          live.length > 1 ? el("span", { class: "tag version", text: `version ${version}${v === latest ? " (latest)" : ""} of ${live.map((x) => x.version || 1).join(", ")}` }) : null),
+        v.description ? el("p", { text: v.description }) : null,
+        el("div", {}, "entities: ", (v.entities || []).map((x) => el("span", { class: "tag", text: x })),
+          ` ttl: ${v.ttl === "0" || v.ttl == null ? "none" : v.ttl}`, v.online === false ? " · offline only" : " · online"),
+        el("div", {}, "source: ", source),
+        el("table", {}, el("tr", {}, el("th", { text: "feature" }), el("th", { text: "type" }), el("th", { text: "" })), rows, aggRows)));
+    }
   }
   const history = state.registry.history || [];
   if (history.length && !q) {
@@ -144,7 +153,7 @@ function renderLineage() {
   const edge = (x1, y1, x2, y2) => svg("path", { d: `M${x1},${y1} C${x1 + 60},${y1} ${x2 - 60},${y2} ${x2},${y2}`, fill: "none", stroke: "#98a2b3" });
   views.forEach((v, i) => root.append(edge(colX[0] + boxW, y(sources.indexOf(sourceName(v))) + 14, colX[1], y(i) + 14)));
   services.forEach((s, j) => {
-    const used = new Set((s.features || []).map((f) => f.split(":")[0]));
+    const used = new Set((s.features || []).map((f) => f.split(":")[0].split("@")[0]));
     views.forEach((v, i) => { if (used.has(v.name)) root.append(edge(colX[1] + boxW, y(i) + 14, colX[2], y(j) + 14)); });
   });
   sources.forEach((s, i) => root.append(...box(colX[0], y(i), s, "source")));
