@@ -487,8 +487,8 @@ impl Live {
             out.family(name, Kind::Gauge, help);
             for (slot, s) in &stats {
                 if let Some(v) = stat(s) {
-                    let version = slot.version.to_string();
-                    let labels = [("view", slot.view.as_str()), ("version", &version), ("feature", &slot.feature), ("reference", &self.reference_name)];
+                    let labels: [(&str, &dyn std::fmt::Display); 4] =
+                        [("view", &slot.view), ("version", &slot.version), ("feature", &slot.feature), ("reference", &self.reference_name)];
                     out.sample(name, &labels, v);
                 }
             }
@@ -500,7 +500,10 @@ impl Live {
 /// The version of `view` a plain reference reads: its latest (an on-demand view's or a
 /// feature view's), 1 for a name `defs` lacks.
 fn version_read(defs: &quiver_sdk::Definitions, view: &str) -> u32 {
-    defs.on_demand_view(view).map(|o| o.version).or_else(|| defs.feature_view(view).map(|v| v.version)).unwrap_or(quiver_sdk::definitions::FIRST_VERSION)
+    defs.on_demand_view(view)
+        .map(|o| o.version)
+        .or_else(|| defs.feature_view(view).map(|v| v.version))
+        .unwrap_or(quiver_sdk::definitions::FIRST_VERSION)
 }
 
 fn training_features(dir: &std::path::Path) -> Result<Vec<quiver_sdk::FeatureRef>> {

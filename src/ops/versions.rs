@@ -68,7 +68,7 @@ impl Backfill<'_> {
     async fn run(self) -> Result<BackfillReport> {
         let defs = self.repo.defs()?;
         let to = super::view(&defs, &self.view)?;
-        let earlier = defs.view_versions(&to.name).into_iter().filter(|v| v.version < to.version);
+        let mut earlier = defs.view_versions(&to.name).into_iter().filter(|v| v.version < to.version);
         let from = match self.from {
             Some(n) if n >= to.version => {
                 return Err(Error::Invalid(format!(
@@ -77,7 +77,7 @@ impl Backfill<'_> {
                 )));
             }
             Some(n) => super::view(&defs, &quiver_sdk::definitions::versioned_name(&to.name, Some(n)))?,
-            None => earlier.last().ok_or_else(|| {
+            None => earlier.next_back().ok_or_else(|| {
                 Error::Invalid(format!(
                     "{}@{} is the first live version of `{}`: there is no earlier one to backfill it from",
                     to.name, to.version, to.name

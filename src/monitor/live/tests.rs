@@ -2,7 +2,14 @@ use super::*;
 
 fn slot(reference: &Profile) -> Slot {
     let limits = Limits::DEFAULT;
-    Slot { view: "v".into(), version: 1, feature: "f".into(), limits, reference_null_rate: reference.null_rate(), grid: Grid::of(reference) }
+    Slot {
+        view: "v".into(),
+        version: 1,
+        feature: "f".into(),
+        limits,
+        reference_null_rate: reference.null_rate(),
+        grid: Grid::of(reference),
+    }
 }
 
 #[test]
@@ -208,9 +215,8 @@ fn answers_reading_another_version_are_not_counted_against_the_reference() {
         v.version = version;
         v
     };
-    let mut defs = Definitions::default()
-        .with_entity(Entity::new("user").with_join_key("user_id", KeyType::Int64))
-        .with_feature_view(view(2));
+    let mut defs =
+        Definitions::default().with_entity(Entity::new("user").with_join_key("user_id", KeyType::Int64)).with_feature_view(view(2));
     defs.earlier_versions.feature_views.push(view(1));
     let defs = std::sync::Arc::new(quiver_sdk::registry::Registered::new(defs));
     let now = 1_767_225_600_000_000;
