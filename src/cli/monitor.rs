@@ -77,6 +77,14 @@ impl Monitor {
             if !sketched.is_empty() {
                 println!("note: the current shares are read off the training set's sketches, each within: {}", sketched.join(", "));
             }
+            for f in &report.features {
+                if let Some(v) = f.versions {
+                    println!(
+                        "note: {} compares version {} of its view (reference) with version {} (current): a drift may be the new definition's",
+                        f.feature, v.reference, v.current
+                    );
+                }
+            }
             if let Some(path) = &done.path {
                 println!("report: {}", path.display());
             }

@@ -76,6 +76,22 @@ impl Window {
     pub const KINDS: &str = "training:DIR, offline:T1..T2 or serving:T1..T2";
 
     /// As written in reports: `training:/abs/dir`, `offline:2026-...Z..2026-...Z`.
+    /// The version of `r`'s view this window reads: a training set's references name
+    /// the version they read as its manifest does (none: version 1); a window over the
+    /// stores reads a plain reference's latest version (docs/versions.md).
+    pub fn version_read(&self, defs: &quiver_sdk::Definitions, r: &quiver_sdk::FeatureRef) -> u32 {
+        use quiver_sdk::definitions::FIRST_VERSION;
+        match (r.version, self) {
+            (Some(v), _) => v,
+            (None, Window::Training(_)) => FIRST_VERSION,
+            (None, _) => defs
+                .on_demand_view(&r.view)
+                .map(|o| o.version)
+                .or_else(|| defs.feature_view(&r.view).map(|v| v.version))
+                .unwrap_or(FIRST_VERSION),
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Window::Training(dir) => format!("training:{}", dir.display()),
@@ -136,6 +152,17 @@ pub struct FeatureDrift {
     /// The categories PSI was computed over, with each side's shares; the last is "other".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub categories: Option<CategoryShares>,
+    /// The version of the view each side read, when they differ (docs/versions.md): a
+    /// new version may mean something else, so the drift may be the definition's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versions: Option<Versions>,
+}
+
+/// The version of a feature's view each side of a comparison read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Versions {
+    pub reference: u32,
+    pub current: u32,
 }
 
 /// What a feature's values are compared as.
@@ -250,6 +277,7 @@ pub fn compare(feature: &str, reference: &Profile, current: &Profile, limits: Li
         breaches,
         bins,
         categories,
+        versions: None,
     }
 }
 

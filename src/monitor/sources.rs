@@ -60,7 +60,9 @@ fn training(dir: &Path, features: &[FeatureRef]) -> Result<Profiles> {
     }
     let mut out = Profiles::new();
     for f in features {
-        let name = f.to_string();
+        // The manifest names what it read as read: `view:feature` for version 1.
+        let first = f.version == Some(quiver_sdk::definitions::FIRST_VERSION);
+        let name = if first { FeatureRef { version: None, ..f.clone() }.to_string() } else { f.to_string() };
         let doc: &ProfileDoc = manifest.profile.get(&name).ok_or_else(|| {
             Error::Invalid(format!(
                 "the training set in {} has no feature `{name}` (it holds: {})",
@@ -69,7 +71,7 @@ fn training(dir: &Path, features: &[FeatureRef]) -> Result<Profiles> {
             ))
         })?;
         let profile = Profile::try_from(doc).map_err(|e| Error::Invalid(format!("{}: feature `{name}`: {e}", path.display())))?;
-        out.insert(name, profile);
+        out.insert(f.to_string(), profile);
     }
     Ok(out)
 }
@@ -97,9 +99,10 @@ async fn offline(
     empty: &(dyn Fn(&FeatureRef) -> Profile + Sync),
 ) -> Result<Profiles> {
     let window = || format!("offline:{}..{}", format_instant(since), format_instant(until));
-    let mut by_view: BTreeMap<&str, Vec<(&FeatureRef, DType)>> = BTreeMap::new();
+    // Keyed by the version read (`view@N` for a pinned reference: its own table).
+    let mut by_view: BTreeMap<String, Vec<(&FeatureRef, DType)>> = BTreeMap::new();
     for f in features {
-        let Some(view) = defs.feature_view(&f.view) else {
+        let Some(view) = defs.feature_view(&f.view_name()) else {
             return Err(Error::Invalid(format!(
                 "{}: `{f}` is an on-demand feature, computed at request time and stored nowhere; compare it over a training set or a serving window",
                 window()
@@ -111,11 +114,11 @@ async fn offline(
                 window()
             )));
         };
-        by_view.entry(&view.name).or_default().push((f, stored.dtype));
+        by_view.entry(f.view_name()).or_default().push((f, stored.dtype));
     }
     let mut out = Profiles::new();
     for (name, wanted) in by_view {
-        let view = defs.feature_view(name).expect("found above");
+        let view = defs.feature_view(&name).expect("found above");
         let names: Vec<&str> = wanted.iter().map(|(f, _)| f.feature.as_str()).collect();
         let dtypes: Vec<DType> = wanted.iter().map(|(_, t)| *t).collect();
         let empties: Vec<Profile> = wanted.iter().map(|&(f, _)| empty(f)).collect();
@@ -176,7 +179,19 @@ async fn offline(
 }
 
 /// A feature of a serving window: its name, type and profile so far.
-type Slot<'a> = (&'a str, DType, Profile);
+/// A feature asked for: its name in the log's rows, type, profile, and the reference as
+/// asked (the profile's key).
+type Slot<'a> = (&'a str, DType, Profile, String);
+
+/// The name the serving log gives the version `f` reads (docs/versions.md): `view` for
+/// version 1, `view@N` after it; a plain reference reads the latest.
+fn logged_as(defs: &Definitions, f: &FeatureRef) -> String {
+    use quiver_sdk::definitions::{FIRST_VERSION, versioned_name};
+    let version = f.version.unwrap_or_else(|| {
+        defs.on_demand_view(&f.view).map(|o| o.version).or_else(|| defs.feature_view(&f.view).map(|v| v.version)).unwrap_or(FIRST_VERSION)
+    });
+    versioned_name(&f.view, (version != FIRST_VERSION).then_some(version))
+}
 
 /// The profiles of what was served with request times in the window, from the serving
 /// log: every logged lookup of a feature counts, `NOT_FOUND` and `OUTSIDE_MAX_AGE`
@@ -191,17 +206,18 @@ async fn serving(
 ) -> Result<Profiles> {
     let window = || format!("serving:{}..{}", format_instant(since), format_instant(until));
     // Per view asked for: whether the window logged it, and its features' profiles.
-    let mut views: Vec<(&str, bool, Vec<Slot<'_>>)> = Vec::new();
+    let mut views: Vec<(String, bool, Vec<Slot<'_>>)> = Vec::new();
     for f in features {
         let dtype = defs.feature_dtype(f).ok_or_else(|| Error::NotFound(format!("unknown feature `{f}`")))?;
-        let at = match views.iter().position(|v| v.0 == f.view) {
+        let logged = logged_as(defs, f);
+        let at = match views.iter().position(|v| v.0 == logged) {
             Some(at) => at,
             None => {
-                views.push((f.view.as_str(), false, Vec::new()));
+                views.push((logged, false, Vec::new()));
                 views.len() - 1
             }
         };
-        views[at].2.push((f.feature.as_str(), dtype, empty(f)));
+        views[at].2.push((f.feature.as_str(), dtype, empty(f), f.to_string()));
     }
     let location = &repo.config.serving_log.location;
     let batches = crate::serving_log::read(location, quiver_sdk::Timestamp(since)..quiver_sdk::Timestamp(until)).await?;
@@ -218,7 +234,7 @@ async fn serving(
                 serde_json::from_str(batch.values(r)).map_err(|e| bad("values", e.to_string()))?;
             let statuses: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_str(batch.statuses(r)).map_err(|e| bad("statuses", e.to_string()))?;
-            for (feature, dtype, profile) in profiles.iter_mut() {
+            for (feature, dtype, profile, _) in profiles.iter_mut() {
                 // A request that did not ask for this feature.
                 let Some(value) = values.get(*feature) else {
                     continue;
@@ -240,11 +256,11 @@ async fn serving(
                 window()
             )));
         }
-        for (feature, _, profile) in profiles {
+        for (feature, _, profile, asked) in profiles {
             if profile.count == 0 {
                 return Err(Error::Invalid(format!("{}: no request in the window asked for `{view}:{feature}`", window())));
             }
-            out.insert(format!("{view}:{feature}"), profile);
+            out.insert(asked, profile);
         }
     }
     Ok(out)

@@ -67,7 +67,13 @@ impl Monitor<'_> {
             .iter()
             .map(|r| {
                 let name = r.to_string();
-                compare(&name, &reference[&name], &current[&name], defs.limits(service, r), served)
+                let mut drift = compare(&name, &reference[&name], &current[&name], defs.limits(service, r), served);
+                let versions = crate::monitor::Versions {
+                    reference: self.reference.version_read(&defs, r),
+                    current: self.current.version_read(&defs, r),
+                };
+                drift.versions = (versions.reference != versions.current).then_some(versions);
+                drift
             })
             .collect();
         let report = MonitorReport {

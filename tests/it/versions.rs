@@ -197,6 +197,8 @@ fn backfill_derives_a_version_from_the_stored_rows_or_refuses_naming_the_column(
     let dir = tmp.path().join("demo");
     ok(&dir, &["apply"]);
     ok(&dir, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]);
+    let trained = ["--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "trained"];
+    ok(&dir, &[&["export"][..], &trained[..]].concat());
     // Version 2: a stored feature made a write-time expression of the column version 1
     // stored, with a filter over it; a type widened; a feature dropped.
     let yaml = std::fs::read_to_string(dir.join("features.yaml")).unwrap();
@@ -264,4 +266,16 @@ fn backfill_derives_a_version_from_the_stored_rows_or_refuses_naming_the_column(
         assert!(counts[0] > 0 && counts[0] == counts[1], "{line}");
     }
     assert!(out.lines().any(|l| l.starts_with("0 of ")), "{out}");
+    // `monitor` says when the two sides read different versions of a view.
+    let args = ["monitor", "--features", "driver_hourly:avg_daily_trips", "--reference", "training:trained", "--current"];
+    let out = common::quiver(&dir, &[&args[..], &["offline:2000-01-01T00:00:00Z..now"][..]].concat(), &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("note: driver_hourly:avg_daily_trips compares version 1 of its view (reference) with version 3 (current)"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let args = ["monitor", "--features", "driver_hourly@1:avg_daily_trips", "--reference", "training:trained", "--current"];
+    let out = common::quiver(&dir, &[&args[..], &["offline:2000-01-01T00:00:00Z..now"][..]].concat(), &[]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("note: driver_hourly"), "{}", String::from_utf8_lossy(&out.stdout));
 }

@@ -15,6 +15,9 @@ pub enum Event {
     Revoked { topic: String, partition: i32 },
     /// The registry changed and its definitions are in use from the next batch.
     Reloaded { version: u64 },
+    /// A version of a view made while the stream runs is fed from the next batch on
+    /// (`view@N`, its topic).
+    Added { view: String, topic: String },
     /// Something failed and is being handled (retried, dropped to be read again, kept).
     Warning(String),
 }
@@ -28,6 +31,7 @@ impl fmt::Display for Event {
             Event::Assigned { topic, partition } => write!(f, "assigned {topic}[{partition}]"),
             Event::Revoked { topic, partition } => write!(f, "revoked {topic}[{partition}]"),
             Event::Reloaded { version } => write!(f, "registry version {version}: definitions reloaded"),
+            Event::Added { view, topic } => write!(f, "feeding {view} from {topic} too, from the next batch on"),
             Event::Warning(message) => write!(f, "warning: {message}"),
         }
     }

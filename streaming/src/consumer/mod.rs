@@ -290,6 +290,7 @@ fn connect(
         views: chosen,
         defs,
         by_topic,
+        every_view: views.is_empty(),
         options: options.clone(),
         rt,
         metrics: options.metrics.clone(),
@@ -370,7 +371,11 @@ fn poll_until_shutdown(pipeline: &Mutex<Pipeline>, consumer: &BaseConsumer<Strea
             }
             if p.pending == 0 && last_registry_check.elapsed() >= Duration::from_secs(1) {
                 last_registry_check = Instant::now();
-                p.reload_registry()?;
+                let assigned: Vec<(String, i32)> = consumer
+                    .assignment()
+                    .map(|tpl| tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect())
+                    .unwrap_or_default();
+                p.reload_registry(&assigned)?;
             }
         }
         if last_lag.elapsed() >= Duration::from_secs(5) {

@@ -45,6 +45,9 @@ pub(super) struct Pipeline {
     pub(super) registry: FileRegistry,
     pub(super) registry_mtime: Option<std::time::SystemTime>,
     pub(super) by_topic: HashMap<String, Vec<usize>>,
+    /// Started without naming views: every live version of every streamed view is fed,
+    /// and a version made while it runs is added when the registry shows it.
+    pub(super) every_view: bool,
     pub(super) options: StreamOptions,
     pub(super) rt: Handle,
     pub(super) metrics: Arc<Metrics>,
@@ -315,10 +318,16 @@ impl Pipeline {
     /// Re-reads the registry if its file changed; call only between batches (the rows
     /// of a batch were read under the definitions they will be written with).
     ///
+    /// Started without naming views ([`Pipeline::every_view`]), a streamed version the
+    /// registry now holds and the stream does not feed — one `apply` made — is fed
+    /// from the next batch on when it reads a topic the stream reads (its progress read
+    /// from its table for the `assigned` partitions, as on an assignment); one reading
+    /// another topic is warned about (the subscription is fixed: restart).
+    ///
     /// # Errors
     /// [`Error::Config`] when a streamed view was removed or its topic changed: the
     /// consumer's subscription no longer fits, it must be restarted.
-    pub(super) fn reload_registry(&mut self) -> Result<()> {
+    pub(super) fn reload_registry(&mut self, assigned: &[(String, i32)]) -> Result<()> {
         let mtime = std::fs::metadata(self.registry.path()).and_then(|m| m.modified()).ok();
         if mtime.is_none() || mtime == self.registry_mtime {
             return Ok(());
@@ -360,12 +369,62 @@ impl Pipeline {
             }
             views.push(at);
         }
+        let mut added = Vec::new();
+        if self.every_view {
+            for (at, view) in defs.feature_views.iter().enumerate() {
+                let Some(stream) = &view.source.stream else { continue };
+                if views.contains(&at) {
+                    continue;
+                }
+                if self.by_topic.contains_key(&stream.topic) {
+                    added.push((views.len(), stream.topic.clone(), view.versioned_name()));
+                    views.push(at);
+                } else {
+                    self.options.hooks.warn(format!(
+                        "registry version {}: feature view `{}` streams from `{}`, which this stream does not read; restart `quiver stream` to feed it",
+                        doc.version,
+                        view.versioned_name(),
+                        stream.topic
+                    ));
+                }
+            }
+        }
         (self.readers, self.transforms) = readers(&defs, &views)?;
         self.views = views;
         self.defs = defs;
+        self.clear();
         Metrics::add(&self.metrics.registry_reloads, 1);
         self.options.hooks.emit(Event::Reloaded { version: doc.version });
+        for (i, topic, view) in added {
+            self.by_topic.entry(topic.clone()).or_default().push(i);
+            for (_, partition) in assigned.iter().filter(|(t, _)| *t == topic) {
+                if !self.read_floor(i, &topic, *partition) {
+                    return Ok(());
+                }
+            }
+            self.options.hooks.emit(Event::Added { view, topic });
+        }
         Ok(())
+    }
+
+    /// Reads from view `i`'s Delta table how far it has appended `partition` of
+    /// `topic` into the floors; `false` when shutdown interrupted the reading.
+    fn read_floor(&mut self, i: usize, topic: &str, partition: i32) -> bool {
+        let view = self.view(i).clone();
+        let location = self.config.view_table(&view);
+        let app = vec![app_id(&view.name, topic, partition)];
+        let rt = self.rt.clone();
+        let Some(got) =
+            retry(&self.options, &format!("reading `{}`'s stream progress", view.name), || Ok(rt.block_on(txn_versions(&location, &app))?))
+        else {
+            return false;
+        };
+        let mut floors = self.floors.lock().expect("floors lock");
+        match got[0] {
+            Some(v) => floors.insert((i, partition), v),
+            None => floors.remove(&(i, partition)),
+        };
+        true
     }
 
     /// Reads back from Delta how far each view has appended the newly assigned
@@ -375,20 +434,9 @@ impl Pipeline {
             let (topic, partition) = (elem.topic().to_string(), elem.partition());
             let Some(views) = self.by_topic.get(&topic).cloned() else { continue };
             for i in views {
-                let view = self.view(i).clone();
-                let location = self.config.view_table(&view);
-                let app = vec![app_id(&view.name, &topic, partition)];
-                let rt = self.rt.clone();
-                let Some(got) = retry(&self.options, &format!("reading `{}`'s stream progress", view.name), || {
-                    Ok(rt.block_on(txn_versions(&location, &app))?)
-                }) else {
+                if !self.read_floor(i, &topic, partition) {
                     return;
-                };
-                let mut floors = self.floors.lock().expect("floors lock");
-                match got[0] {
-                    Some(v) => floors.insert((i, partition), v),
-                    None => floors.remove(&(i, partition)),
-                };
+                }
             }
             self.options.hooks.emit(Event::Assigned { topic, partition });
         }

@@ -88,3 +88,43 @@ async fn a_stream_feeds_every_live_version_of_a_view_once_each() {
     assert_eq!(two.values[..2], [Value::Float64(fare(i)), Value::Float64(i as f64)]);
     assert_eq!((one.event_ts, two.event_ts), (BASE_TS + i * 1_000_000, BASE_TS + i * 1_000_000));
 }
+
+/// A running stream (started without naming views) feeds a version made while it runs
+/// from its next batch on, without a restart: messages read before go to version 1
+/// alone, those after to both, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_stream_feeds_a_version_made_while_it_runs() {
+    let Some((brokers, redis)) = services("a_running_stream_feeds_a_version_made_while_it_runs") else { return };
+    let s = setup("sverlive", &brokers, &redis, 2).await;
+    produce(&s, 0..200, 2).await;
+    let stream = start(&s, "live", &[]);
+    wait_for_rows(&s, expected(0..200).len(), &[&stream]).await;
+
+    let yaml = std::fs::read_to_string(s.dir.join("features.yaml")).unwrap();
+    std::fs::write(s.dir.join("features.yaml"), yaml.replace("{name: seq, dtype: int64}", "{name: seq, dtype: float64}")).unwrap();
+    let out = quiver_ok(&s.dir, &["apply"]);
+    assert!(out.contains("^ feature_view trips: version 2 beside version 1"), "{out}");
+    let began = std::time::Instant::now();
+    while !stream.log().contains("feeding trips@2 from") {
+        assert!(began.elapsed() < super::WAIT, "the stream did not pick up version 2; log:\n{}", stream.log());
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+
+    produce(&s, 200..400, 2).await;
+    let began = std::time::Instant::now();
+    loop {
+        let (n1, _) = rows_of(&s.dir, 1).await;
+        let (n2, _) = rows_of(&s.dir, 2).await;
+        if n1 >= expected(0..400).len() && n2 >= expected(200..400).len() {
+            break;
+        }
+        assert!(began.elapsed() < super::WAIT, "{n1} / {n2} rows after {:?}; log:\n{}", super::WAIT, stream.log());
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let (status, _) = stream.stop();
+    assert!(status.success());
+    let (n1, rows1) = rows_of(&s.dir, 1).await;
+    assert_eq!((n1, &rows1), (expected(0..400).len(), &expected(0..400)));
+    let (n2, rows2) = rows_of(&s.dir, 2).await;
+    assert_eq!((n2, &rows2), (expected(200..400).len(), &expected(200..400)), "version 2: exactly what was read after it was made");
+}
