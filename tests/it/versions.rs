@@ -279,3 +279,33 @@ fn backfill_derives_a_version_from_the_stored_rows_or_refuses_naming_the_column(
     let out = common::quiver(&dir, &[&args[..], &["offline:2000-01-01T00:00:00Z..now"][..]].concat(), &[]);
     assert!(!String::from_utf8_lossy(&out.stdout).contains("note: driver_hourly"), "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// A push naming a version is refused as a push to the view is: online to a version of
+/// an offline-only view (naming it), to a version that does not exist (naming the live
+/// ones); nothing is written.
+#[test]
+fn a_push_to_a_version_is_refused_as_to_its_view() {
+    let tmp = tempfile::tempdir().unwrap();
+    ok(tmp.path(), &["init", "demo", "--demo"]);
+    let dir = tmp.path().join("demo");
+    let yaml = std::fs::read_to_string(dir.join("features.yaml")).unwrap();
+    let offline = yaml.replacen("    ttl: 2h\n    online: true\n", "    ttl: 2h\n    online: false\n", 1);
+    assert_ne!(offline, yaml);
+    std::fs::write(dir.join("features.yaml"), &offline).unwrap();
+    ok(&dir, &["apply"]);
+    ok(&dir, &["ingest", "driver_hourly", "sample_data/driver_hourly.parquet"]);
+    let v2 = offline.replacen("{name: avg_daily_trips, dtype: int64}", "{name: avg_daily_trips, dtype: float64}", 1);
+    std::fs::write(dir.join("features.yaml"), v2).unwrap();
+    ok(&dir, &["apply"]);
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    std::fs::write(
+        dir.join("row.jsonl"),
+        format!("{{\"driver_id\": 1001, \"event_timestamp\": \"{now}\", \"created_timestamp\": \"{now}\", \"conv_rate\": 0.5, \"acc_rate\": 0.5, \"avg_daily_trips\": 2.5}}\n"),
+    )
+    .unwrap();
+    fails(&dir, &["push", "driver_hourly@2", "row.jsonl", "--to", "online"], &["feature view `driver_hourly` is offline only"]);
+    fails(&dir, &["push", "driver_hourly@3", "row.jsonl"], &["view `driver_hourly` has no version 3", "live: 1, 2"]);
+    assert_eq!(commits(&dir.join("data/driver_hourly.v2")), 1, "a refused push writes nothing");
+    let out = ok(&dir, &["push", "driver_hourly@2", "row.jsonl"]);
+    assert!(out.contains("offline: table version 1"), "{out}");
+}

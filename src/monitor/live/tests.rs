@@ -12,6 +12,20 @@ fn slot(reference: &Profile) -> Slot {
     }
 }
 
+/// A live monitor of `v:f` (version 1) against `reference` over an hour's window.
+fn live_of(reference: &Profile) -> Live {
+    let mut slots: HashMap<String, HashMap<String, usize>> = HashMap::new();
+    slots.entry("v".to_string()).or_default().insert("f".to_string(), 0);
+    Live {
+        reference_name: "training:t".into(),
+        window_us: 3_600_000_000,
+        bucket_us: 300_000_000,
+        slots,
+        features: vec![slot(reference)],
+        buckets: Mutex::new(VecDeque::new()),
+    }
+}
+
 #[test]
 fn served_values_count_into_the_references_bins_and_give_exact_psi_and_ks() {
     // 1..=100: the sketch holds every value, so the deciles are 10, 20, ..., 90.
@@ -143,16 +157,7 @@ fn the_gauge_and_the_report_give_one_psi_for_the_same_served_values() {
     };
 
     // The gauge.
-    let mut slots: HashMap<String, HashMap<String, usize>> = HashMap::new();
-    slots.entry("v".to_string()).or_default().insert("f".to_string(), 0);
-    let live = Live {
-        reference_name: "training:t".into(),
-        window_us: 3_600_000_000,
-        bucket_us: 300_000_000,
-        slots,
-        features: vec![slot(&reference)],
-        buckets: Mutex::new(VecDeque::new()),
-    };
+    let live = live_of(&reference);
     live.add(&answer);
     let mut out = Exposition::new();
     live.render(&mut out, now);
@@ -231,16 +236,7 @@ fn answers_reading_another_version_are_not_counted_against_the_reference() {
             Column { name: "f".into(), values: vec![Value::Float64(5.0)], statuses: vec![Status::Present], event_ts: vec![Some(now)] },
         ],
     };
-    let mut slots: HashMap<String, HashMap<String, usize>> = HashMap::new();
-    slots.entry("v".to_string()).or_default().insert("f".to_string(), 0);
-    let live = Live {
-        reference_name: "training:t".into(),
-        window_us: 3_600_000_000,
-        bucket_us: 300_000_000,
-        slots,
-        features: vec![slot(&reference)],
-        buckets: Mutex::new(VecDeque::new()),
-    };
+    let live = live_of(&reference);
     for reference in ["v@2:f", "v:f", "v@1:f", "v@1:f"] {
         live.add(&answer(reference));
     }

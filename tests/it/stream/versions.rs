@@ -33,6 +33,20 @@ async fn rows_of(dir: &std::path::Path, version: u32) -> (usize, BTreeMap<(i64, 
     (n, rows)
 }
 
+/// Until version 1 holds every good message of 0..400 and version 2 those of 200..400.
+async fn wait_for_both(dir: &std::path::Path, stream: &super::Streamer) {
+    let began = std::time::Instant::now();
+    loop {
+        let (n1, _) = rows_of(dir, 1).await;
+        let (n2, _) = rows_of(dir, 2).await;
+        if n1 >= expected(0..400).len() && n2 >= expected(200..400).len() {
+            return;
+        }
+        assert!(began.elapsed() < super::WAIT, "{n1} / {n2} rows after {:?}; log:\n{}", super::WAIT, stream.log());
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+}
+
 fn expected(produced: std::ops::Range<i64>) -> BTreeMap<(i64, i64), (f64, f64)> {
     produced.filter(|&i| kind(i) == Kind::Good).map(|i| ((i % DRIVERS, BASE_TS + i * 1_000_000), (fare(i), i as f64))).collect()
 }
@@ -55,16 +69,7 @@ async fn a_stream_feeds_every_live_version_of_a_view_once_each() {
 
     produce(&s, 200..400, 2).await;
     let second = start(&s, "v2", &[]);
-    let began = std::time::Instant::now();
-    loop {
-        let (n1, _) = rows_of(&s.dir, 1).await;
-        let (n2, _) = rows_of(&s.dir, 2).await;
-        if n1 >= expected(0..400).len() && n2 >= expected(200..400).len() {
-            break;
-        }
-        assert!(began.elapsed() < super::WAIT, "{n1} / {n2} rows after {:?}; log:\n{}", super::WAIT, second.log());
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    }
+    wait_for_both(&s.dir, &second).await;
     let (status, _) = second.stop();
     assert!(status.success());
     // Each version holds each good message it read exactly once: version 1 all of them,
@@ -111,16 +116,7 @@ async fn a_running_stream_feeds_a_version_made_while_it_runs() {
     }
 
     produce(&s, 200..400, 2).await;
-    let began = std::time::Instant::now();
-    loop {
-        let (n1, _) = rows_of(&s.dir, 1).await;
-        let (n2, _) = rows_of(&s.dir, 2).await;
-        if n1 >= expected(0..400).len() && n2 >= expected(200..400).len() {
-            break;
-        }
-        assert!(began.elapsed() < super::WAIT, "{n1} / {n2} rows after {:?}; log:\n{}", super::WAIT, stream.log());
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    }
+    wait_for_both(&s.dir, &stream).await;
     let (status, _) = stream.stop();
     assert!(status.success());
     let (n1, rows1) = rows_of(&s.dir, 1).await;
