@@ -13,6 +13,7 @@ mod error;
 mod export;
 mod init;
 mod insights;
+pub mod lineage;
 mod materialize;
 mod monitor;
 pub mod ops;

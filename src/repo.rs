@@ -231,6 +231,33 @@ impl Repo {
         now: DateTime<Utc>,
         runtime: tokio::runtime::Handle,
     ) -> Result<Applied> {
+        let lineage = crate::lineage::Lineage::of(self);
+        if !lineage.enabled() {
+            return self.apply_unrecorded(defs, origin, force, now, runtime);
+        }
+        // A lineage run `apply`: the definitions read, the registry written at its version.
+        use crate::lineage::Dataset;
+        let source = if origin.name == DEFINITIONS_FILE {
+            Dataset::at(&self.definitions_path.display().to_string())
+        } else {
+            Dataset { namespace: "quiver".into(), name: format!("{}/{}", self.config.project, origin.name), facets: Default::default() }
+        };
+        let registry = Dataset::at(&self.config.registry_path.display().to_string());
+        let run = lineage.start("apply", std::slice::from_ref(&source), std::slice::from_ref(&registry));
+        let result = self.apply_unrecorded(defs, origin, force, now, runtime);
+        let written = registry.version(result.as_ref().ok().map(|a| a.outcome.version));
+        run.end(&result, &[source], &[written]);
+        result
+    }
+
+    fn apply_unrecorded(
+        &self,
+        defs: Definitions,
+        origin: &Origin,
+        force: bool,
+        now: DateTime<Utc>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Applied> {
         defs.validate_unmerged().map_err(|e| self.in_definitions(origin, e.into()))?;
         let probe = DeltaProbe::new(&self.config, runtime.clone());
         let mut created_tables = Vec::new();

@@ -130,8 +130,57 @@ impl<'a> Export<'a> {
             },
         };
         let joiner = Joiner { kernel: kernel.as_ref(), cluster: self.cluster.as_deref() };
-        crate::export::export(self.repo, &self.spine, &self.out, self.options, joiner, hooks).await
+        let lineage = crate::lineage::Lineage::of(self.repo);
+        let folder = crate::lineage::Dataset::at(&self.out.display().to_string());
+        let run = lineage.enabled().then(|| lineage.start("export", &[], std::slice::from_ref(&folder)));
+        let result = crate::export::export(self.repo, &self.spine, &self.out, self.options, joiner, hooks).await;
+        if let Some(run) = run {
+            match &result {
+                Ok(done) => {
+                    let (inputs, output) = training_set_lineage(self.repo, &done.manifest, folder);
+                    run.complete(&inputs, &[output]);
+                }
+                Err(e) => run.fail(e),
+            }
+        }
+        result
     }
+}
+
+/// What a training set read (its spine, each view's table at the Delta version it
+/// read) and the training set itself (its folder, its id as the version, its schema),
+/// as lineage datasets (docs/lineage.md).
+fn training_set_lineage(
+    repo: &Repo,
+    manifest: &crate::export::Manifest,
+    folder: crate::lineage::Dataset,
+) -> (Vec<crate::lineage::Dataset>, crate::lineage::Dataset) {
+    use crate::lineage::{Dataset, schema_facet};
+    let mut inputs = Vec::new();
+    if !manifest.spine.path.is_empty() {
+        inputs.push(Dataset::at(&manifest.spine.path));
+    }
+    if let Ok(defs) = repo.defs() {
+        for (read, version) in &manifest.delta_versions {
+            // The manifest names a view as read: `view` for version 1.
+            let Some((name, at)) = quiver_sdk::definitions::split_version(read) else { continue };
+            let Some(view) = defs.feature_view(&format!("{name}@{}", at.unwrap_or(quiver_sdk::definitions::FIRST_VERSION))) else {
+                continue;
+            };
+            inputs.push(Dataset::at(&repo.config.view_table(view).to_string()).version(Some(*version)));
+        }
+    }
+    let schema = schema_facet(manifest.schema.iter().map(|(name, dtype)| (name.as_str(), dtype.clone())));
+    let mut output = folder.facet("schema", schema);
+    output.facets.insert(
+        "version".into(),
+        serde_json::json!({
+            "_producer": crate::lineage::PRODUCER,
+            "_schemaURL": "https://openlineage.io/spec/facets/1-0-1/DatasetVersionDatasetFacet.json#/$defs/DatasetVersionDatasetFacet",
+            "datasetVersion": manifest.training_set_id,
+        }),
+    );
+    (inputs, output)
 }
 
 awaitable!(Export => Exported);

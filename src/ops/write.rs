@@ -127,7 +127,30 @@ impl<'a> Ingest<'a> {
         self
     }
 
+    /// The ingest, as a lineage run `ingest.<view>` when lineage is on (docs/lineage.md).
     async fn run(self) -> Result<IngestReport> {
+        let lineage = crate::lineage::Lineage::of(self.repo);
+        if !lineage.enabled() {
+            return self.write().await;
+        }
+        let input = match &self.rows {
+            Rows::File(path) => crate::lineage::Dataset::at(&path.display().to_string()),
+            Rows::Batches(_, name) => {
+                crate::lineage::Dataset { namespace: "memory".into(), name: name.clone(), facets: Default::default() }
+            }
+        };
+        let defs = self.repo.defs()?;
+        let target = view(&defs, &self.view).ok();
+        let output = target.map(|v| crate::lineage::view_table(&self.repo.config, &defs, v, Some(&input)));
+        let job = format!("ingest.{}", target.map_or_else(|| self.view.clone(), |v| v.versioned_name()));
+        let run = lineage.start(&job, std::slice::from_ref(&input), output.as_slice());
+        let result = self.write().await;
+        let written = output.map(|o| o.version(result.as_ref().ok().and_then(|r| r.version)));
+        run.end(&result, &[input], written.as_slice());
+        result
+    }
+
+    async fn write(self) -> Result<IngestReport> {
         let began = std::time::Instant::now();
         let defs = self.repo.defs()?;
         let view = view(&defs, &self.view)?;

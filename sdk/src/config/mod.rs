@@ -11,7 +11,9 @@ use serde_yaml::{Mapping, Value};
 
 use crate::error::{Error, Result};
 
+mod lineage;
 mod location;
+pub use lineage::{LineageConfig, LineageTransport};
 pub use location::{StorageOptions, StoreLocation};
 
 /// The name of the project config file in a repository.
@@ -26,6 +28,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ("server", &["host", "port", "auth_token", "max_cells", "request_timeout", "max_connections", "stream_metrics"]),
     ("serving_log", &["enabled", "path", "sample_rate", "batch_rows", "batch_ms"]),
     ("monitoring", &["reference", "service", "window"]),
+    ("lineage", lineage::KEYS),
 ];
 const TOP_LEVEL: &[&str] = &["project", "registry", "max_future_skew"];
 
@@ -47,6 +50,8 @@ struct RawConfig {
     serving_log: RawServingLog,
     #[serde(default)]
     monitoring: RawMonitoring,
+    #[serde(default)]
+    lineage: lineage::RawLineage,
 }
 
 #[derive(Deserialize, Default)]
@@ -206,6 +211,8 @@ pub struct Config {
     pub server: ServerConfig,
     pub serving_log: ServingLogConfig,
     pub monitoring: MonitoringConfig,
+    /// Where the jobs' OpenLineage events go (docs/lineage.md).
+    pub lineage: LineageConfig,
     /// How far after the wall clock an event time may be (`max_future_skew`, default
     /// 5m): ingest, push, `/push` and the stream refuse later rows, and the guarded
     /// online write lets any write replace a stored row dated later than that.
@@ -465,6 +472,7 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
         max_connections: count("server.max_connections", raw.server.max_connections.as_ref(), DEFAULT_MAX_CONNECTIONS)?,
         stream_metrics: stream_metrics(raw.server.stream_metrics.as_ref())?,
     };
+    let lineage = lineage::lineage(repo, &project, raw.lineage)?;
     Ok(Config {
         repo: repo.to_path_buf(),
         project,
@@ -476,6 +484,7 @@ fn validate(repo: &Path, raw: RawConfig) -> std::result::Result<Config, String> 
         server,
         serving_log,
         monitoring,
+        lineage,
         max_future_skew,
     })
 }

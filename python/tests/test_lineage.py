@@ -1,0 +1,158 @@
+"""OpenLineage events of the jobs (docs/lineage.md), from the `quiver` binary: every event
+validates against the published 2-0-2 schemas and standard facets (../shared/openlineage,
+no network), runs pair START with COMPLETE or FAIL, the column lineage of a write-time
+expression names the raw column it reads, and the dataset version is the Delta
+version written.
+
+    QUIVER_BIN=<quiver binary> pytest python/tests/test_lineage.py
+"""
+
+import glob
+import json
+import os
+import subprocess
+
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")
+referencing = pytest.importorskip("referencing")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC = os.path.join(HERE, "..", "..", "..", "shared", "openlineage")
+QUIVER = os.environ.get("QUIVER_BIN", os.path.expanduser("~/.cache/quiver/target/debug/quiver"))
+
+
+def registry():
+    """Every schema of the spec folder under its `$id`."""
+    resources = []
+    for path in [os.path.join(SPEC, "OpenLineage.json"), *glob.glob(os.path.join(SPEC, "facets", "*.json"))]:
+        schema = json.load(open(path))
+        resources.append((schema["$id"], referencing.Resource.from_contents(schema)))
+    return referencing.Registry().with_resources(resources)
+
+
+def validate(event, reg):
+    """The event against RunEvent, and each standard facet against its own schema."""
+    run_event = {"$ref": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent"}
+    jsonschema.Draft202012Validator(run_event, registry=reg).validate(event)
+    facets = [*event["run"].get("facets", {}).values(), *event["job"].get("facets", {}).values()]
+    for d in event.get("inputs", []) + event.get("outputs", []):
+        facets += d.get("facets", {}).values()
+    checked = 0
+    for facet in facets:
+        url = facet["_schemaURL"]
+        if url.startswith("https://openlineage.io/"):
+            jsonschema.Draft202012Validator({"$ref": url}, registry=reg).validate(facet)
+            checked += 1
+    return checked
+
+
+def quiver(cwd, *args, ok=True):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
+    run = subprocess.run([QUIVER, *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if ok:
+        assert run.returncode == 0, run.stdout + run.stderr
+    return run
+
+
+def events(repo, job=None):
+    """The events in the repository's lineage file, of `job` when named."""
+    with open(os.path.join(repo, "lineage.jsonl")) as fh:
+        every = [json.loads(line) for line in fh]
+    return [e for e in every if job is None or e["job"]["name"] == job]
+
+
+@pytest.fixture()
+def repo(tmp_path):
+    quiver(tmp_path, "init", "demo", "--demo")
+    repo = tmp_path / "demo"
+    with open(repo / "quiver.yaml", "a") as fh:
+        fh.write("lineage:\n  transport: file\n")
+    yaml = (repo / "features.yaml").read_text()
+    computed = yaml.replace(
+        "      created_timestamp_field: created_timestamp\n    features:\n      - {name: conv_rate, dtype: float64}\n",
+        "      created_timestamp_field: created_timestamp\n      raw: [{name: conv_rate, dtype: float64}]\n"
+        "    features:\n      - {name: conv_pct, dtype: float64, expr: \"conv_rate * 100\"}\n", 1)
+    assert computed != yaml
+    (repo / "features.yaml").write_text(computed.replace("driver_hourly:conv_rate", "driver_hourly:conv_pct"))
+    quiver(repo, "apply")
+    return repo
+
+
+def test_ingest_events_validate_pair_and_name_their_lineage(repo):
+    reg = registry()
+    quiver(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+    got = events(repo, "ingest.driver_hourly")
+    assert [e["eventType"] for e in got] == ["START", "COMPLETE"]
+    assert sum(validate(e, reg) for e in got) > 0
+    assert got[0]["run"]["runId"] == got[1]["run"]["runId"]
+    assert got[1]["job"] == got[0]["job"] or got[1]["job"]["name"] == "ingest.driver_hourly"
+    assert got[1]["job"]["namespace"] == "demo"
+    [source] = got[1]["inputs"]
+    assert (source["namespace"], source["name"]) == ("file", str(repo / "sample_data" / "driver_hourly.parquet"))
+    [table] = got[1]["outputs"]
+    assert (table["namespace"], table["name"]) == ("file", str(repo / "data" / "driver_hourly"))
+    # The version written is the table's latest Delta version.
+    commits = sorted(glob.glob(str(repo / "data" / "driver_hourly" / "_delta_log" / "*.json")))
+    assert table["facets"]["version"]["datasetVersion"] == str(int(os.path.basename(commits[-1])[:-5]))
+    lineage = table["facets"]["columnLineage"]["fields"]
+    assert [(f["field"], f["transformations"][0]["subtype"]) for f in lineage["conv_pct"]["inputFields"]] == [("conv_rate", "TRANSFORMATION")]
+    assert lineage["conv_pct"]["inputFields"][0]["transformations"][0]["description"] == "conv_rate * 100"
+    assert [(f["field"], f["transformations"][0]["subtype"]) for f in lineage["acc_rate"]["inputFields"]] == [("acc_rate", "IDENTITY")]
+    names = [f["name"] for f in table["facets"]["schema"]["fields"]]
+    assert names == ["driver_id", "event_timestamp", "created_timestamp", "conv_pct", "acc_rate", "avg_daily_trips"]
+    assert got[1]["job"]["facets"]["quiver"]["registryVersion"] == 1
+
+
+def test_a_failed_ingest_is_a_failed_run_with_its_message(repo, tmp_path):
+    reg = registry()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("driver_id,event_timestamp\n1,2024-01-01T00:00:00Z\n")
+    run = quiver(repo, "ingest", "driver_hourly", str(bad), ok=False)
+    assert run.returncode != 0
+    got = events(repo, "ingest.driver_hourly")
+    assert [e["eventType"] for e in got] == ["START", "FAIL"]
+    for e in got:
+        validate(e, reg)
+    message = got[1]["run"]["facets"]["errorMessage"]["message"]
+    assert str(bad) in message and "missing column" in message, message
+
+
+def test_apply_and_export_runs_name_what_they_read_and_wrote(repo):
+    reg = registry()
+    applied = events(repo, "apply")
+    assert [e["eventType"] for e in applied] == ["START", "COMPLETE"]
+    for e in applied:
+        validate(e, reg)
+    [source] = applied[1]["inputs"]
+    [written] = applied[1]["outputs"]
+    assert source["name"] == str(repo / "features.yaml")
+    assert (written["name"], written["facets"]["version"]["datasetVersion"]) == (str(repo / "registry.json"), "1")
+    for view in ("driver_hourly", "customer_profile", "driver_customer", "customer_rides"):
+        quiver(repo, "ingest", view, f"sample_data/{view}.parquet")
+    quiver(repo, "export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "train")
+    got = events(repo, "export")
+    assert [e["eventType"] for e in got] == ["START", "COMPLETE"]
+    for e in got:
+        validate(e, reg)
+    manifest = json.load(open(repo / "train" / "manifest.json"))
+    [folder] = got[1]["outputs"]
+    assert (folder["name"], folder["facets"]["version"]["datasetVersion"]) == (str(repo / "train"), manifest["training_set_id"])
+    assert [f["name"] for f in folder["facets"]["schema"]["fields"]] == [c for c, _ in manifest["schema"]]
+    read = {d["name"]: d["facets"].get("version", {}).get("datasetVersion") for d in got[1]["inputs"]}
+    for view, version in manifest["delta_versions"].items():
+        assert read[str(repo / "data" / view)] == str(version), (view, read)
+
+
+@pytest.mark.parametrize("section, key", [
+    ("lineage:\n  transport: kafka\n", "lineage.transport `kafka`"),
+    ("lineage:\n  transport: http\n  url: not a url\n", "lineage.url `not a url`"),
+    ("lineage:\n  transport: http\n", "lineage.url: missing"),
+])
+def test_a_bad_lineage_setting_is_refused_at_load_naming_the_key(tmp_path, section, key):
+    quiver(tmp_path, "init", "demo", "--demo")
+    repo = tmp_path / "demo"
+    with open(repo / "quiver.yaml", "a") as fh:
+        fh.write(section)
+    run = quiver(repo, "apply", ok=False)
+    assert run.returncode != 0 and key in run.stderr, run.stderr

@@ -1,0 +1,150 @@
+//! The jobs' OpenLineage events (docs/lineage.md): a run of a job — `apply`, `ingest`,
+//! ... — is a START event, then COMPLETE or FAIL, sent where `quiver.yaml`'s `lineage:`
+//! says. Emission never fails the job it describes: an event that cannot be written is
+//! logged and counted, and the job goes on.
+
+mod event;
+mod transport;
+
+use std::sync::Arc;
+
+pub use event::{ColumnFrom, Dataset, PRODUCER, column_lineage, schema_facet};
+use quiver_sdk::config::{LineageConfig, LineageTransport};
+use serde_json::{Value, json};
+
+use crate::repo::Repo;
+
+/// Where a repository's events go, with what every event of its jobs carries.
+#[derive(Debug, Clone)]
+pub struct Lineage {
+    namespace: String,
+    sink: Option<Arc<transport::Sink>>,
+    /// Job facets every run carries: the registry's version, the repository's code
+    /// version (git commit and dirty flag, when the repository is in git).
+    job_facets: serde_json::Map<String, Value>,
+}
+
+/// One run of a job: started on creation, ended by [`Run::complete`] or [`Run::fail`].
+#[derive(Debug)]
+pub struct Run {
+    lineage: Lineage,
+    job: String,
+    id: String,
+}
+
+impl Lineage {
+    /// The repository's lineage: off (every call a no-op) unless `lineage.transport`
+    /// is set.
+    pub fn of(repo: &Repo) -> Lineage {
+        let config: &LineageConfig = &repo.config.lineage;
+        let sink = match &config.transport {
+            LineageTransport::None => None,
+            transport => Some(Arc::new(transport::Sink::open(transport))),
+        };
+        let mut job_facets = serde_json::Map::new();
+        if sink.is_some() {
+            let registry = repo.applied().map(|d| d.version).unwrap_or(0);
+            job_facets.insert("quiver".into(), event::quiver_facet(registry, code_version(&repo.config.repo)));
+        }
+        Lineage { namespace: config.namespace.clone(), sink, job_facets }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.sink.is_some()
+    }
+
+    /// Starts a run of `job` (emitting START with what it will read and write, as far
+    /// as known).
+    pub fn start(&self, job: &str, inputs: &[Dataset], outputs: &[Dataset]) -> Run {
+        let run = Run { lineage: self.clone(), job: job.to_string(), id: event::run_id() };
+        run.emit("START", inputs, outputs, None);
+        run
+    }
+}
+
+impl Run {
+    /// COMPLETE, with what the run read and wrote.
+    pub fn complete(self, inputs: &[Dataset], outputs: &[Dataset]) {
+        self.emit("COMPLETE", inputs, outputs, None);
+    }
+
+    /// FAIL, with the error's message.
+    pub fn fail(self, error: &dyn std::fmt::Display) {
+        self.emit("FAIL", &[], &[], Some(error.to_string()));
+    }
+
+    /// The run's end from a job's result.
+    pub fn end<T, E: std::fmt::Display>(self, result: &Result<T, E>, inputs: &[Dataset], outputs: &[Dataset]) {
+        match result {
+            Ok(_) => self.complete(inputs, outputs),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn emit(&self, kind: &str, inputs: &[Dataset], outputs: &[Dataset], error: Option<String>) {
+        let Some(sink) = &self.lineage.sink else { return };
+        let mut run_facets = serde_json::Map::new();
+        if let Some(message) = error {
+            run_facets.insert("errorMessage".into(), event::error_facet(&message));
+        }
+        let mut job_facets = self.lineage.job_facets.clone();
+        job_facets.insert("jobType".into(), event::job_type_facet(&self.job));
+        let event = json!({
+            "eventType": kind,
+            "eventTime": event::now(),
+            "producer": event::PRODUCER,
+            "schemaURL": event::RUN_EVENT_SCHEMA,
+            "run": {"runId": self.id, "facets": run_facets},
+            "job": {"namespace": self.lineage.namespace, "name": self.job, "facets": job_facets},
+            "inputs": inputs.iter().map(Dataset::json).collect::<Vec<_>>(),
+            "outputs": outputs.iter().map(Dataset::json).collect::<Vec<_>>(),
+        });
+        sink.send(&event);
+    }
+}
+
+/// The repository's code version: (git commit, dirty) when it is in a git work tree.
+fn code_version(dir: &std::path::Path) -> Option<(String, bool)> {
+    let git = |args: &[&str]| std::process::Command::new("git").arg("-C").arg(dir).args(args).output().ok().filter(|o| o.status.success());
+    let commit = String::from_utf8(git(&["rev-parse", "HEAD"])?.stdout).ok()?.trim().to_string();
+    let dirty = git(&["status", "--porcelain"]).is_some_and(|o| !o.stdout.is_empty());
+    Some((commit, dirty))
+}
+
+/// Events written, and events that could not be (`/metrics`, docs/lineage.md).
+pub fn counters() -> (u64, u64) {
+    transport::counters()
+}
+
+/// `view`'s Delta table as a dataset: its schema, and when `source` (the raw rows it
+/// was written from) is known, the lineage of each feature from `source`'s columns — a
+/// feature stored as it comes from the column of its name, a write-time expression's
+/// from the columns it reads (docs/lineage.md).
+pub fn view_table(
+    config: &quiver_sdk::Config,
+    defs: &quiver_sdk::Definitions,
+    view: &quiver_sdk::FeatureView,
+    source: Option<&Dataset>,
+) -> Dataset {
+    let columns = quiver_offline::schema::view_columns(defs, view);
+    let schema = schema_facet(columns.iter().map(|(f, _)| (f.name().as_str(), f.data_type().to_string())));
+    let mut dataset = Dataset::at(&config.view_table(view).to_string()).facet("schema", schema);
+    let Some(source) = source else { return dataset };
+    let from = |field: &str| (source.namespace.clone(), source.name.clone(), field.to_string());
+    let compiled = quiver_sdk::write_time::compile(defs, view).ok().flatten();
+    let mut lineage = Vec::new();
+    let mut computed = 0;
+    for feature in &view.features {
+        if feature.expr.is_empty() {
+            lineage.push(ColumnFrom { output: feature.name.clone(), inputs: vec![from(&feature.name)], how: String::new() });
+            continue;
+        }
+        let Some(program) = compiled.as_ref().and_then(|c| c.program.as_ref()) else { continue };
+        let schema = program.input_schema();
+        let reads = program.reads(computed).into_iter().map(|i| from(schema.field(i).name())).collect();
+        lineage.push(ColumnFrom { output: feature.name.clone(), inputs: reads, how: feature.expr.clone() });
+        computed += 1;
+    }
+    dataset = dataset.facet("columnLineage", column_lineage(&lineage));
+    dataset
+}
