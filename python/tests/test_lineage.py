@@ -144,6 +144,36 @@ def test_apply_and_export_runs_name_what_they_read_and_wrote(repo):
         assert read[str(repo / "data" / view)] == str(version), (view, read)
 
 
+def test_materialize_and_backfill_runs_name_tables_versions_and_keys(repo):
+    reg = registry()
+    quiver(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+    quiver(repo, "materialize", "2000-01-01T00:00:00Z", "now")
+    got = events(repo, "materialize")
+    assert [e["eventType"] for e in got] == ["START", "COMPLETE"]
+    for e in got:
+        validate(e, reg)
+    read = {d["name"]: d["facets"].get("version", {}).get("datasetVersion") for d in got[1]["inputs"]}
+    assert read[str(repo / "data" / "driver_hourly")] == "1"
+    keys = {d["name"] for d in got[1]["outputs"]}
+    assert "quiver:demo:driver_hourly:" in keys and "quiver:demo:customer_rides:" in keys, keys
+    # A backfill of version 2 from version 1 (a type widened): the one table into the other.
+    quiver(repo, "ingest", "driver_customer", "sample_data/driver_customer.parquet")
+    yaml = (repo / "features.yaml").read_text()
+    (repo / "features.yaml").write_text(yaml.replace("{name: avg_rating, dtype: float32}", "{name: avg_rating, dtype: float64}", 1))
+    quiver(repo, "apply")
+    quiver(repo, "backfill", "driver_customer@2")
+    got = events(repo, "backfill.driver_customer@2")
+    assert [e["eventType"] for e in got] == ["START", "COMPLETE"]
+    for e in got:
+        validate(e, reg)
+    [source] = got[1]["inputs"]
+    [target] = got[1]["outputs"]
+    assert (source["name"], source["facets"]["version"]["datasetVersion"]) == (str(repo / "data" / "driver_customer"), "1")
+    assert (target["name"], target["facets"]["version"]["datasetVersion"]) == (str(repo / "data" / "driver_customer.v2"), "1")
+    lineage = target["facets"]["columnLineage"]["fields"]
+    assert [(f["name"], f["field"]) for f in lineage["avg_rating"]["inputFields"]] == [(source["name"], "avg_rating")]
+
+
 @pytest.mark.parametrize("section, key", [
     ("lineage:\n  transport: kafka\n", "lineage.transport `kafka`"),
     ("lineage:\n  transport: http\n  url: not a url\n", "lineage.url `not a url`"),

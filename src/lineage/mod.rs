@@ -148,3 +148,21 @@ pub fn view_table(
     dataset = dataset.facet("columnLineage", column_lineage(&lineage));
     dataset
 }
+
+/// `view`'s key space in the online store as a dataset: the store by its URL (a Redis
+/// server's or a cluster's first seed node's, without credentials or database; the
+/// embedded store's file) and the keys' prefix (`quiver:<project>:<view>:`).
+pub fn online_keys(config: &quiver_sdk::Config, view: &quiver_sdk::FeatureView) -> Dataset {
+    use quiver_sdk::OnlineStoreConfig;
+    let server = |url: &str| {
+        let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
+        let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+        format!("{scheme}://{}", rest.split('/').next().unwrap_or(rest))
+    };
+    let namespace = match &config.online_store {
+        OnlineStoreConfig::Embedded { path } => format!("file://{}", Dataset::at(&path.display().to_string()).name),
+        OnlineStoreConfig::Redis { url } => server(url),
+        OnlineStoreConfig::RedisCluster { urls, .. } => server(urls.first().map_or("", String::as_str)),
+    };
+    Dataset { namespace, name: quiver_online::view_prefix(&config.project, view), facets: serde_json::Map::new() }
+}

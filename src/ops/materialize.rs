@@ -80,10 +80,14 @@ impl<'a> Materialize<'a> {
         let views = online_views(&defs, &self.views)?;
         let store = self.repo.store_or_open(self.store).await?;
         let progress = self.progress.clone();
-        crate::materialize::materialize(&self.repo.config, &defs, &views, self.start, self.end, store.as_ref(), &move |p, n| {
-            progress.report(p, n)
-        })
-        .await
+        let run = Recorded::start(self.repo, &views).await;
+        let result =
+            crate::materialize::materialize(&self.repo.config, &defs, &views, self.start, self.end, store.as_ref(), &move |p, n| {
+                progress.report(p, n)
+            })
+            .await;
+        run.end(&result);
+        result
     }
 }
 
@@ -95,11 +99,49 @@ impl<'a> MaterializeIncremental<'a> {
         let views = online_views(&defs, &[])?;
         let store = self.repo.store_or_open(self.store).await?;
         let progress = self.progress.clone();
-        crate::materialize::materialize_incremental(&self.repo.config, &defs, &views, self.end, store.as_ref(), &move |p, n| {
-            progress.report(p, n)
-        })
-        .await
+        let run = Recorded::start(self.repo, &views).await;
+        let result =
+            crate::materialize::materialize_incremental(&self.repo.config, &defs, &views, self.end, store.as_ref(), &move |p, n| {
+                progress.report(p, n)
+            })
+            .await;
+        run.end(&result);
+        result
     }
 }
 
 awaitable!(MaterializeIncremental => Vec<ViewReport>);
+
+/// A materialization as a lineage run `materialize` (docs/lineage.md): each view's Delta
+/// table, at the version it read, into its key space in the online store.
+struct Recorded {
+    run: Option<crate::lineage::Run>,
+    inputs: Vec<crate::lineage::Dataset>,
+    outputs: Vec<crate::lineage::Dataset>,
+}
+
+impl Recorded {
+    async fn start(repo: &Repo, views: &[&FeatureView]) -> Recorded {
+        let lineage = crate::lineage::Lineage::of(repo);
+        if !lineage.enabled() {
+            return Recorded { run: None, inputs: Vec::new(), outputs: Vec::new() };
+        }
+        let versions = quiver_offline::historical::table_versions(&repo.config, views).await.unwrap_or_default();
+        let inputs: Vec<_> = views
+            .iter()
+            .map(|v| {
+                let version = versions.get(&v.versioned_name()).copied().flatten();
+                crate::lineage::Dataset::at(&repo.config.view_table(v).to_string()).version(version)
+            })
+            .collect();
+        let outputs: Vec<_> = views.iter().map(|v| crate::lineage::online_keys(&repo.config, v)).collect();
+        let run = Some(lineage.start("materialize", &inputs, &outputs));
+        Recorded { run, inputs, outputs }
+    }
+
+    fn end<T>(self, result: &Result<T>) {
+        if let Some(run) = self.run {
+            run.end(result, &self.inputs, &self.outputs);
+        }
+    }
+}

@@ -85,8 +85,19 @@ impl Backfill<'_> {
             })?,
         };
         let progress = self.progress.clone();
-        let report = quiver_offline::backfill::backfill(&self.repo.config, &defs, from, to, &move |p, n| progress.report(p, n)).await?;
-        Ok(report)
+        // A lineage run `backfill.<view@N>`: the earlier version's table into the new one's.
+        let lineage = crate::lineage::Lineage::of(self.repo);
+        let source = crate::lineage::Dataset::at(&self.repo.config.view_table(from).to_string());
+        let target = crate::lineage::view_table(&self.repo.config, &defs, to, Some(&source));
+        let job = format!("backfill.{}@{}", to.name, to.version);
+        let run = lineage.enabled().then(|| lineage.start(&job, std::slice::from_ref(&source), std::slice::from_ref(&target)));
+        let result = quiver_offline::backfill::backfill(&self.repo.config, &defs, from, to, &move |p, n| progress.report(p, n)).await;
+        if let Some(run) = run {
+            let read = result.as_ref().ok().and_then(|r| r.from_table_version);
+            let written = result.as_ref().ok().and_then(|r| r.table_version);
+            run.end(&result, &[source.version(read)], &[target.version(written)]);
+        }
+        Ok(result?)
     }
 }
 
