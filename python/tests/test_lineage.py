@@ -174,6 +174,19 @@ def test_materialize_and_backfill_runs_name_tables_versions_and_keys(repo):
     assert [(f["name"], f["field"]) for f in lineage["avg_rating"]["inputFields"]] == [(source["name"], "avg_rating")]
 
 
+def test_a_historical_join_names_its_spine_tables_and_output(repo):
+    reg = registry()
+    quiver(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+    quiver(repo, "historical", "--features", "driver_hourly:conv_pct", "--spine", "sample_data/spine.parquet", "--out", "joined.parquet")
+    got = events(repo, "historical")
+    assert [e["eventType"] for e in got] == ["START", "COMPLETE"]
+    for e in got:
+        validate(e, reg)
+    read = {d["name"]: d["facets"].get("version", {}).get("datasetVersion") for d in got[1]["inputs"]}
+    assert read == {str(repo / "sample_data" / "spine.parquet"): None, str(repo / "data" / "driver_hourly"): "1"}, read
+    assert [d["name"] for d in got[1]["outputs"]] == [str(repo / "joined.parquet")]
+
+
 @pytest.mark.parametrize("section, key", [
     ("lineage:\n  transport: kafka\n", "lineage.transport `kafka`"),
     ("lineage:\n  transport: http\n  url: not a url\n", "lineage.url `not a url`"),

@@ -80,6 +80,56 @@ impl<'a> Historical<'a> {
     }
 
     async fn run(self) -> Result<Joined> {
+        self.recorded(None).await
+    }
+
+    /// The join, as a lineage run `historical` when lineage is on (docs/lineage.md):
+    /// the spine's file and each view's table at the version it read, into `out` when
+    /// the result is written there.
+    async fn recorded(self, out: Option<&Path>) -> Result<Joined> {
+        let lineage = crate::lineage::Lineage::of(self.repo);
+        if !lineage.enabled() {
+            let joined = self.join().await?;
+            if let Some(out) = out {
+                historical::write_parquet(out, &joined.batch)?;
+            }
+            return Ok(joined);
+        }
+        use crate::lineage::Dataset;
+        let mut inputs = Vec::new();
+        if let Spine::File(path) = &self.spine {
+            inputs.push(Dataset::at(&path.display().to_string()));
+        }
+        let outputs: Vec<Dataset> = out.map(|p| Dataset::at(&p.display().to_string())).into_iter().collect();
+        let registry = self.repo.defs()?;
+        let tables: Vec<quiver_sdk::FeatureView> = self
+            .features
+            .resolve(&registry)
+            .ok()
+            .and_then(|refs| super::pinned(&registry, &refs).ok().map(|d| (refs, d)))
+            .and_then(|(refs, defs)| historical::resolve(&defs, &refs).ok().map(|r| r.iter().map(|q| q.view.clone()).collect()))
+            .unwrap_or_default();
+        let latest =
+            quiver_offline::historical::table_versions(&self.repo.config, &tables.iter().collect::<Vec<_>>()).await.unwrap_or_default();
+        for view in &tables {
+            let name = view.versioned_name();
+            let version = self.versions.get(&name).copied().or_else(|| latest.get(&name).copied().flatten());
+            inputs.push(Dataset::at(&self.repo.config.view_table(view).to_string()).version(version));
+        }
+        let run = lineage.start("historical", &inputs, &outputs);
+        let result = async {
+            let joined = self.join().await?;
+            if let Some(out) = out {
+                historical::write_parquet(out, &joined.batch)?;
+            }
+            Ok(joined)
+        }
+        .await;
+        run.end(&result, &inputs, &outputs);
+        result
+    }
+
+    async fn join(self) -> Result<Joined> {
         let registry = self.repo.defs()?;
         let refs = self.features.resolve(&registry)?;
         let defs = super::pinned(&registry, &refs)?;
@@ -110,9 +160,7 @@ impl<'a> Historical<'a> {
     /// # Errors
     /// As the join, and when `out` cannot be written.
     pub async fn write_parquet(self, out: &Path) -> Result<Joined> {
-        let joined = self.run().await?;
-        historical::write_parquet(out, &joined.batch)?;
-        Ok(joined)
+        self.recorded(Some(out)).await
     }
 }
 
