@@ -187,6 +187,24 @@ def test_a_historical_join_names_its_spine_tables_and_output(repo):
     assert [d["name"] for d in got[1]["outputs"]] == [str(repo / "joined.parquet")]
 
 
+def test_a_push_names_its_file_table_version_and_keys(repo):
+    import datetime
+    reg = registry()
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    (repo / "row.jsonl").write_text(json.dumps({"driver_id": 1001, "event_timestamp": now, "created_timestamp": now,
+                                                "conv_rate": 0.5, "acc_rate": 0.5, "avg_daily_trips": 3}) + "\n")
+    quiver(repo, "push", "driver_hourly", "row.jsonl")
+    got = events(repo, "push.driver_hourly")
+    assert [e["eventType"] for e in got] == ["START", "COMPLETE"]
+    for e in got:
+        validate(e, reg)
+    assert [d["name"] for d in got[1]["inputs"]] == [str(repo / "row.jsonl")]
+    table, keys = got[1]["outputs"]
+    commits = sorted(glob.glob(str(repo / "data" / "driver_hourly" / "_delta_log" / "*.json")))
+    assert (table["name"], table["facets"]["version"]["datasetVersion"]) == (str(repo / "data" / "driver_hourly"), str(int(os.path.basename(commits[-1])[:-5])))
+    assert keys["name"] == "quiver:demo:driver_hourly:" and keys["namespace"].startswith("file://"), keys
+
+
 @pytest.mark.parametrize("section, key", [
     ("lineage:\n  transport: kafka\n", "lineage.transport `kafka`"),
     ("lineage:\n  transport: http\n  url: not a url\n", "lineage.url `not a url`"),

@@ -42,6 +42,16 @@ impl Rows {
         }
     }
 
+    /// The rows as a lineage dataset: a file by its path; batches in memory by their name.
+    fn dataset(&self) -> crate::lineage::Dataset {
+        match self {
+            Rows::File(path) => crate::lineage::Dataset::at(&path.display().to_string()),
+            Rows::Batches(_, name) => {
+                crate::lineage::Dataset { namespace: "memory".into(), name: name.clone(), facets: Default::default() }
+            }
+        }
+    }
+
     /// `sha256:<hex>` of the content: a file's bytes, or batches as an Arrow IPC
     /// stream (the same table gives the same bytes).
     fn content_hash(&self) -> Result<String> {
@@ -181,7 +191,32 @@ impl<'a> Push<'a> {
         self
     }
 
+    /// The push, as a lineage run `push.<view>` when lineage is on (docs/lineage.md):
+    /// the rows' file into the view's table (at the version written) and its keys.
     async fn run(self) -> Result<PushReport> {
+        let lineage = crate::lineage::Lineage::of(self.repo);
+        if !lineage.enabled() {
+            return self.write().await;
+        }
+        let input = self.rows.dataset();
+        let defs = self.repo.defs()?;
+        let Ok(view) = view(&defs, &self.view) else { return self.write().await };
+        let target = self.target.unwrap_or_else(|| Target::default_for(view));
+        let table = target.offline().then(|| crate::lineage::view_table(&self.repo.config, &defs, view, Some(&input)));
+        let keys = target.online().then(|| crate::lineage::online_keys(&self.repo.config, view));
+        let run = lineage.start(
+            &format!("push.{}", view.versioned_name()),
+            std::slice::from_ref(&input),
+            &[table.clone(), keys.clone()].into_iter().flatten().collect::<Vec<_>>(),
+        );
+        let result = self.write().await;
+        let version = result.as_ref().ok().and_then(|r| r.offline_version);
+        let outputs: Vec<_> = [table.map(|t| t.version(version)), keys].into_iter().flatten().collect();
+        run.end(&result, &[input], &outputs);
+        result
+    }
+
+    async fn write(self) -> Result<PushReport> {
         let defs = self.repo.defs()?;
         let view = view(&defs, &self.view)?;
         let target = self.target.unwrap_or_else(|| Target::default_for(view));
