@@ -367,7 +367,7 @@ impl Live {
         let version = |r: &quiver_sdk::FeatureRef| match r.version {
             Some(v) => v,
             None if training => quiver_sdk::definitions::FIRST_VERSION,
-            None => version_read(&defs, &r.view),
+            None => defs.version_read(r),
         };
         let mut slots: HashMap<String, HashMap<String, usize>> = HashMap::new();
         let mut features = Vec::new();
@@ -416,7 +416,7 @@ impl Live {
             else {
                 continue;
             };
-            if r.version.unwrap_or_else(|| version_read(&served.defs, &r.view)) != self.features[slot].version {
+            if served.defs.version_read(r) != self.features[slot].version {
                 continue; // another version than the reference's: not comparable
             }
             let (grid, tally) = (&self.features[slot].grid, &mut tallies[slot]);
@@ -497,15 +497,6 @@ impl Live {
 }
 
 /// The features a training set's manifest profiles.
-/// The version of `view` a plain reference reads: its latest (an on-demand view's or a
-/// feature view's), 1 for a name `defs` lacks.
-fn version_read(defs: &quiver_sdk::Definitions, view: &str) -> u32 {
-    defs.on_demand_view(view)
-        .map(|o| o.version)
-        .or_else(|| defs.feature_view(view).map(|v| v.version))
-        .unwrap_or(quiver_sdk::definitions::FIRST_VERSION)
-}
-
 fn training_features(dir: &std::path::Path) -> Result<Vec<quiver_sdk::FeatureRef>> {
     let (_, manifest) = sources::read_manifest(dir)?;
     manifest

@@ -75,23 +75,17 @@ impl Window {
     /// Every kind of window, as `--help` and errors name them.
     pub const KINDS: &str = "training:DIR, offline:T1..T2 or serving:T1..T2";
 
-    /// As written in reports: `training:/abs/dir`, `offline:2026-...Z..2026-...Z`.
     /// The version of `r`'s view this window reads: a training set's references name
     /// the version they read as its manifest does (none: version 1); a window over the
     /// stores reads a plain reference's latest version (docs/versions.md).
     pub fn version_read(&self, defs: &quiver_sdk::Definitions, r: &quiver_sdk::FeatureRef) -> u32 {
-        use quiver_sdk::definitions::FIRST_VERSION;
         match (r.version, self) {
-            (Some(v), _) => v,
-            (None, Window::Training(_)) => FIRST_VERSION,
-            (None, _) => defs
-                .on_demand_view(&r.view)
-                .map(|o| o.version)
-                .or_else(|| defs.feature_view(&r.view).map(|v| v.version))
-                .unwrap_or(FIRST_VERSION),
+            (None, Window::Training(_)) => quiver_sdk::definitions::FIRST_VERSION,
+            _ => defs.version_read(r),
         }
     }
 
+    /// As written in reports: `training:/abs/dir`, `offline:2026-...Z..2026-...Z`.
     pub fn describe(&self) -> String {
         match self {
             Window::Training(dir) => format!("training:{}", dir.display()),

@@ -183,16 +183,6 @@ async fn offline(
 /// asked (the profile's key).
 type Slot<'a> = (&'a str, DType, Profile, String);
 
-/// The name the serving log gives the version `f` reads (docs/versions.md): `view` for
-/// version 1, `view@N` after it; a plain reference reads the latest.
-fn logged_as(defs: &Definitions, f: &FeatureRef) -> String {
-    use quiver_sdk::definitions::{FIRST_VERSION, versioned_name};
-    let version = f.version.unwrap_or_else(|| {
-        defs.on_demand_view(&f.view).map(|o| o.version).or_else(|| defs.feature_view(&f.view).map(|v| v.version)).unwrap_or(FIRST_VERSION)
-    });
-    versioned_name(&f.view, (version != FIRST_VERSION).then_some(version))
-}
-
 /// The profiles of what was served with request times in the window, from the serving
 /// log: every logged lookup of a feature counts, `NOT_FOUND` and `OUTSIDE_MAX_AGE`
 /// (served as null) among the nulls and in their own shares.
@@ -209,7 +199,7 @@ async fn serving(
     let mut views: Vec<(String, bool, Vec<Slot<'_>>)> = Vec::new();
     for f in features {
         let dtype = defs.feature_dtype(f).ok_or_else(|| Error::NotFound(format!("unknown feature `{f}`")))?;
-        let logged = logged_as(defs, f);
+        let logged = crate::serving_log::logged_view(defs, f);
         let at = match views.iter().position(|v| v.0 == logged) {
             Some(at) => at,
             None => {

@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 pub mod rows;
 pub mod table;
 
+pub(crate) use rows::logged_view;
 pub use rows::{LogColumns, append_log_rows};
 pub use table::{LogBatch, LogTable, read};
 

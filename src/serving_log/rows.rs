@@ -109,14 +109,17 @@ impl LogColumns {
     }
 }
 
-/// The name the log gives the view `r` read (as its storage names it: `view` for
-/// version 1, `view@N` after it; a plain reference reads the latest), and `view@N`.
-fn version_read(defs: &quiver_sdk::Definitions, r: &quiver_sdk::FeatureRef) -> (String, String) {
+/// The name the log gives the view `r` reads, as its storage names it: `view` for
+/// version 1, `view@N` after it (a plain reference reads the latest).
+pub(crate) fn logged_view(defs: &quiver_sdk::Definitions, r: &quiver_sdk::FeatureRef) -> String {
     use quiver_sdk::definitions::{FIRST_VERSION, versioned_name};
-    let version = r.version.unwrap_or_else(|| {
-        defs.on_demand_view(&r.view).map(|o| o.version).or_else(|| defs.feature_view(&r.view).map(|v| v.version)).unwrap_or(FIRST_VERSION)
-    });
-    (versioned_name(&r.view, (version != FIRST_VERSION).then_some(version)), format!("{}@{version}", r.view))
+    let version = defs.version_read(r);
+    versioned_name(&r.view, (version != FIRST_VERSION).then_some(version))
+}
+
+/// [`logged_view`], and `view@N`, which finds that version in `defs`.
+fn version_read(defs: &quiver_sdk::Definitions, r: &quiver_sdk::FeatureRef) -> (String, String) {
+    (logged_view(defs, r), format!("{}@{}", r.view, defs.version_read(r)))
 }
 
 /// Appends the log rows of one answer to `out`: per feature view asked for, one row

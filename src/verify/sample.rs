@@ -52,7 +52,7 @@ pub async fn verify_sample(
         let keys = defs.join_keys(view);
         let rows: Vec<usize> = sample(&mut rng, batch.num_rows(), n.min(batch.num_rows())).into_iter().collect();
         let entities = sampled_entities(&batch, &keys, &rows);
-        let refs: Vec<FeatureRef> = view.features.iter().map(|f| reference(view, &f.name)).collect();
+        let refs: Vec<FeatureRef> = view.features.iter().map(|f| super::versioned_ref(&view.name, view.version, &f.name)).collect();
         let online = get_online_features(store, &config.project, defs, &refs, (&entities, &Vec::new()), now, false).await?;
         let sampled = Sampled { view, batch: &batch, layout: ViewLayout::rows(defs, view), rows: &rows, entities: &entities, now };
         for (k, report) in per_feature.iter_mut().enumerate() {
@@ -65,11 +65,6 @@ pub async fn verify_sample(
         reports.extend(sample_on_demand(config, defs, store, view, n, now, &mut rng).await?);
     }
     Ok(reports)
-}
-
-/// `view@N:feature` of `view`'s version.
-fn reference(view: &FeatureView, feature: &str) -> FeatureRef {
-    super::versioned_ref(&view.name, view.version, feature)
 }
 
 /// An on-demand view without request fields: sampled entities (each join key's values
@@ -182,7 +177,7 @@ async fn sample_event_log(
     let keys = defs.join_keys(view);
     let entities: Vec<(String, Vec<KeyValue>)> =
         keys.iter().enumerate().map(|(i, k)| (k.name.clone(), picked.iter().map(|p| p[i].clone()).collect())).collect();
-    let refs: Vec<FeatureRef> = served.iter().map(|f| reference(view, &f.name)).collect();
+    let refs: Vec<FeatureRef> = served.iter().map(|f| super::versioned_ref(&view.name, view.version, &f.name)).collect();
     let online = get_online_features(store, &config.project, defs, &refs, (&entities, &Vec::new()), now, false).await?;
     let spine = super::spine_batch(&keys, &picked, std::iter::repeat_n(now, picked.len()))?;
     // The version sampled in place of the latest, as any request for it reads it.

@@ -172,6 +172,18 @@ impl Definitions {
         Ok(std::borrow::Cow::Owned(out))
     }
 
+    /// The version of its view `r` reads: the one it names, else the view's latest (an
+    /// on-demand view's or a feature view's); version 1 for a view these definitions
+    /// lack.
+    pub fn version_read(&self, r: &FeatureRef) -> u32 {
+        r.version.unwrap_or_else(|| {
+            self.on_demand_view(&r.view)
+                .map(|o| o.version)
+                .or_else(|| self.feature_view(&r.view).map(|v| v.version))
+                .unwrap_or(FIRST_VERSION)
+        })
+    }
+
     /// `r` as a record of what was read (a training set's manifest): `view:feature`
     /// when it reads version 1 of its view (what every reference read before views had
     /// versions), `view@N:feature` for version `N` from 2. `r` itself when it names
