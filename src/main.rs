@@ -125,6 +125,7 @@ fn main() -> ExitCode {
         Command::Doctor(c) => c.run(&ctx),
         Command::Cluster(c) => c.run(&ctx),
     };
+    quiver::lineage::flush();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -217,3 +217,212 @@ def test_a_bad_lineage_setting_is_refused_at_load_naming_the_key(tmp_path, secti
         fh.write(section)
     run = quiver(repo, "apply", ok=False)
     assert run.returncode != 0 and key in run.stderr, run.stderr
+
+
+# ---- the http transport, and the server's pushes as one long-running run ----------------
+
+import socket
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Receiver:
+    """A Marquez-like endpoint on loopback: `record` keeps each event (and the request's
+    Authorization), `stall` never answers until the mode changes, `fail` answers 500."""
+
+    def __init__(self):
+        self.mode, self.events, self.auth, self.attempts = "record", [], set(), 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.attempts += 1
+                while outer.mode == "stall":
+                    time.sleep(0.02)
+                if outer.mode == "fail":
+                    self.send_response(500)
+                    self.end_headers()
+                    return
+                outer.events.append(json.loads(body))
+                outer.auth.add(self.headers.get("Authorization"))
+                try:
+                    self.send_response(201)
+                    self.end_headers()
+                except OSError:
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/lineage"
+
+    def close(self):
+        self.mode = "record"
+        self.server.shutdown()
+
+
+def with_http(repo, url, **extra):
+    text = (repo / "quiver.yaml").read_text()
+    text = text[:text.index("lineage:\n")]  # the section is the file's last
+    settings = "".join(f"  {k}: {v}\n" for k, v in {"transport": "http", "url": url, **extra}.items())
+    (repo / "quiver.yaml").write_text(text + "lineage:\n" + settings)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_http_transport_posts_each_event_with_the_token(repo):
+    reg = registry()
+    receiver = Receiver()
+    try:
+        with_http(repo, receiver.url, token="s3cret")
+        quiver(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+        got = [e for e in receiver.events if e["job"]["name"] == "ingest.driver_hourly"]
+        assert [e["eventType"] for e in got] == ["START", "COMPLETE"]
+        for e in got:
+            validate(e, reg)
+        assert receiver.auth == {"Bearer s3cret"}
+    finally:
+        receiver.close()
+
+
+def test_a_dead_or_stalled_endpoint_never_fails_or_holds_a_job(repo):
+    # Nothing listens on the port: the ingest completes at once and says so on stderr.
+    with_http(repo, f"http://127.0.0.1:{free_port()}/api/v1/lineage", timeout="1s", retries=1)
+    started = time.monotonic()
+    run = quiver(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+    assert time.monotonic() - started < 10
+    assert "lineage endpoint failing" in run.stderr, run.stderr
+    assert (repo / "data" / "driver_hourly" / "_delta_log").exists()
+    # An endpoint that takes the connection and never answers: the job ends within its timeout.
+    receiver = Receiver()
+    receiver.mode = "stall"
+    try:
+        with_http(repo, receiver.url, timeout="1s", retries=0)
+        started = time.monotonic()
+        run = quiver(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+        assert time.monotonic() - started < 10, "a stalled endpoint held the job"
+        assert "dropped" in run.stderr or "failing" in run.stderr, run.stderr
+        assert receiver.events == []
+    finally:
+        receiver.close()
+
+
+def metric(port, outcome):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'quiver_lineage_events_total{{outcome="{outcome}"}}'):
+            return float(line.split()[-1])
+    raise AssertionError(f"no lineage counter {outcome} in /metrics:\n{text}")
+
+
+def push(port, n):
+    import datetime
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {"feature_view": "driver_hourly", "to": "online_and_offline",
+            "df": {"driver_id": [1001 + n], "event_timestamp": [now], "created_timestamp": [now],
+                   "conv_rate": [0.5], "acc_rate": [0.25], "avg_daily_trips": [n]}}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/push", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    started = time.monotonic()
+    answer = json.loads(urllib.request.urlopen(request, timeout=10).read())
+    return answer, time.monotonic() - started
+
+
+def serve(repo, port):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUIVER_")}
+    proc = subprocess.Popen([QUIVER, "serve", "--port", str(port)], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("quiver serve did not start: " + proc.communicate()[1])
+
+
+def stop(proc):
+    import signal
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    return err
+
+
+def wait(what, done, limit=20):
+    deadline = time.monotonic() + limit
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_server_pushes_are_one_run_batched_per_interval(repo):
+    reg = registry()
+    quiver(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+    with open(repo / "quiver.yaml", "a") as fh:
+        fh.write("  interval: 1s\n")
+    port = free_port()
+    proc = serve(repo, port)
+    try:
+        answers = [push(port, n)[0] for n in range(20)]
+    finally:
+        stop(proc)
+    got = events(repo, "serve.push")
+    kinds = [e["eventType"] for e in got]
+    # One run: START, RUNNING per interval with pushes (never one per request), COMPLETE.
+    assert kinds[0] == "START" and kinds[-1] == "COMPLETE" and set(kinds[1:-1]) <= {"RUNNING"}, kinds
+    assert len(got) < 20, f"{len(got)} events for 20 pushes"
+    assert len({e["run"]["runId"] for e in got}) == 1
+    for e in got:
+        validate(e, reg)
+    written = [d for e in got[1:] for d in e["outputs"] if d["name"] == str(repo / "data" / "driver_hourly")]
+    last = max(int(d["facets"]["version"]["datasetVersion"]) for d in written)
+    assert last == max(a["offline_version"] for a in answers), (last, answers[-1])
+    keys = {d["name"] for e in got[1:] for d in e["outputs"]}
+    assert "quiver:demo:driver_hourly:" in keys
+    [source] = got[0]["inputs"]
+    assert (source["namespace"], source["name"]) == (f"http://127.0.0.1:{port}", "/push")
+
+
+def test_http_events_wait_out_a_stall_and_failures_are_counted_on_metrics(repo):
+    reg = registry()
+    receiver = Receiver()
+    try:
+        with_http(repo, receiver.url, timeout="1s", retries=4, interval="1s")
+        port = free_port()
+        proc = serve(repo, port)
+        try:
+            wait("the run's START", lambda: len(receiver.events) >= 1)
+            # Stalled: pushes are answered as fast as ever; the event waits and is retried.
+            receiver.mode = "stall"
+            slowest = max(push(port, n)[1] for n in range(5))
+            assert slowest < 1.0, f"a push took {slowest:.2f}s behind a stalled lineage endpoint"
+            wait("an attempt on the stalled endpoint", lambda: receiver.attempts >= 2)
+            receiver.mode = "record"
+            wait("the RUNNING event after the stall", lambda: any(e["eventType"] == "RUNNING" for e in receiver.events))
+            # Failing (500): retried, then dropped and counted.
+            receiver.mode = "fail"
+            before = metric(port, "failed")
+            for n in range(3):
+                push(port, n)
+            wait("a failed event on /metrics", lambda: metric(port, "failed") > before, limit=30)
+            assert metric(port, "sent") >= 2
+            receiver.mode = "record"
+        finally:
+            stop(proc)
+        for e in receiver.events:
+            validate(e, reg)
+        assert receiver.events[-1]["eventType"] == "COMPLETE"
+    finally:
+        receiver.close()

@@ -166,3 +166,30 @@ mod tests {
         );
     }
 }
+
+/// The process's lineage events (docs/lineage.md): delivered, failed (refused by the
+/// endpoint, or unanswered after the retries), and dropped (the queue full, or still
+/// queued when the process ended). One set per process, whatever its jobs.
+#[derive(Debug, Default)]
+pub struct LineageEvents {
+    pub sent: AtomicU64,
+    pub failed: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+/// Every lineage transport counts here; `/metrics` pages render it.
+pub static LINEAGE_EVENTS: LineageEvents = LineageEvents { sent: AtomicU64::new(0), failed: AtomicU64::new(0), dropped: AtomicU64::new(0) };
+
+impl LineageEvents {
+    /// `quiver_lineage_events_total{outcome=...}`.
+    pub fn render(&self, out: &mut Exposition) {
+        out.family(
+            "quiver_lineage_events_total",
+            Kind::Counter,
+            "OpenLineage events, by outcome: sent, failed (refused or unanswered after retries), dropped (queue full or left at exit).",
+        );
+        for (outcome, n) in [("sent", &self.sent), ("failed", &self.failed), ("dropped", &self.dropped)] {
+            out.sample("quiver_lineage_events_total", &[("outcome", &outcome)], n.load(Ordering::Relaxed));
+        }
+    }
+}

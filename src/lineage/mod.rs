@@ -9,7 +9,7 @@ mod transport;
 use std::sync::Arc;
 
 pub use event::{ColumnFrom, Dataset, PRODUCER, column_lineage, schema_facet};
-use quiver_sdk::config::{LineageConfig, LineageTransport};
+use quiver_sdk::config::LineageConfig;
 use serde_json::{Value, json};
 
 use crate::repo::Repo;
@@ -18,6 +18,7 @@ use crate::repo::Repo;
 #[derive(Debug, Clone)]
 pub struct Lineage {
     namespace: String,
+    interval: std::time::Duration,
     sink: Option<Arc<transport::Sink>>,
     /// Job facets every run carries: the registry's version, the repository's code
     /// version (git commit and dirty flag, when the repository is in git).
@@ -37,16 +38,13 @@ impl Lineage {
     /// is set.
     pub fn of(repo: &Repo) -> Lineage {
         let config: &LineageConfig = &repo.config.lineage;
-        let sink = match &config.transport {
-            LineageTransport::None => None,
-            transport => Some(Arc::new(transport::Sink::open(transport))),
-        };
+        let sink = transport::Sink::open(&config.transport).map(Arc::new);
         let mut job_facets = serde_json::Map::new();
         if sink.is_some() {
             let registry = repo.applied().map(|d| d.version).unwrap_or(0);
             job_facets.insert("quiver".into(), event::quiver_facet(registry, code_version(&repo.config.repo)));
         }
-        Lineage { namespace: config.namespace.clone(), sink, job_facets }
+        Lineage { namespace: config.namespace.clone(), interval: config.interval, sink, job_facets }
     }
 
     pub fn enabled(&self) -> bool {
@@ -63,6 +61,11 @@ impl Lineage {
 }
 
 impl Run {
+    /// RUNNING, with what the run read and wrote since its last event.
+    pub fn running(&self, inputs: &[Dataset], outputs: &[Dataset]) {
+        self.emit("RUNNING", inputs, outputs, None);
+    }
+
     /// COMPLETE, with what the run read and wrote.
     pub fn complete(self, inputs: &[Dataset], outputs: &[Dataset]) {
         self.emit("COMPLETE", inputs, outputs, None);
@@ -103,6 +106,61 @@ impl Run {
     }
 }
 
+/// What a long-running job wrote since it last said, asked at each interval: `None`
+/// when it wrote nothing.
+pub type Poll = Box<dyn FnMut() -> Option<Vec<Dataset>> + Send>;
+
+/// A long-running job's run (the stream, the server's pushes; docs/lineage.md#long-running-jobs):
+/// START when it begins, then per `lineage.interval` in which it wrote a RUNNING event
+/// with what it wrote (asked of its [`Poll`]), and COMPLETE (with what it wrote since)
+/// or FAIL when it ends. Off the job's path: a thread of its own asks and sends.
+pub struct Ongoing {
+    ticker: Option<std::thread::JoinHandle<(Run, Poll)>>,
+    stop: std::sync::mpsc::Sender<()>,
+    inputs: Vec<Dataset>,
+}
+
+impl std::fmt::Debug for Ongoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ongoing").field("inputs", &self.inputs.len()).finish_non_exhaustive()
+    }
+}
+
+impl Lineage {
+    /// Starts a long-running run of `job` reading `inputs`, writing (as far as known
+    /// now) `outputs`; `None` when lineage is off.
+    pub fn ongoing(&self, job: &str, inputs: Vec<Dataset>, outputs: &[Dataset], mut poll: Poll) -> Option<Ongoing> {
+        if !self.enabled() {
+            return None;
+        }
+        let run = self.start(job, &inputs, outputs);
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (interval, ins) = (self.interval, inputs.clone());
+        let ticker = std::thread::Builder::new()
+            .name("lineage-ticker".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                    if let Some(wrote) = poll() {
+                        run.running(&ins, &wrote);
+                    }
+                }
+                (run, poll)
+            })
+            .ok();
+        Some(Ongoing { ticker, stop, inputs })
+    }
+}
+
+impl Ongoing {
+    /// COMPLETE with what the job wrote since its last event, or FAIL with its error.
+    pub fn end<T, E: std::fmt::Display>(mut self, result: &Result<T, E>) {
+        let _ = self.stop.send(());
+        let Some(Ok((run, mut poll))) = self.ticker.take().map(std::thread::JoinHandle::join) else { return };
+        let wrote = poll().unwrap_or_default();
+        run.end(result, &self.inputs, &wrote);
+    }
+}
+
 /// The repository's code version: (git commit, dirty) when it is in a git work tree.
 fn code_version(dir: &std::path::Path) -> Option<(String, bool)> {
     let git = |args: &[&str]| std::process::Command::new("git").arg("-C").arg(dir).args(args).output().ok().filter(|o| o.status.success());
@@ -111,9 +169,10 @@ fn code_version(dir: &std::path::Path) -> Option<(String, bool)> {
     Some((commit, dirty))
 }
 
-/// Events written, and events that could not be (`/metrics`, docs/lineage.md).
-pub fn counters() -> (u64, u64) {
-    transport::counters()
+/// Before the process ends: the events still queued for an HTTP endpoint sent while it
+/// answers, at most its timeout (docs/lineage.md#transports).
+pub fn flush() {
+    transport::flush();
 }
 
 /// `view`'s Delta table as a dataset: its schema, and when `source` (the raw rows it

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use quiver_online::OnlineStore;
 use quiver_online::server::ServerState;
+use quiver_sdk::FeatureView;
 
 use crate::error::{Error, Result};
 use crate::repo::Repo;
@@ -67,15 +68,17 @@ impl Serve<'_> {
             ));
         }
         let log = logging.then(|| DeltaServingLog::start(&self.repo.config.serving_log, live.map(|l| l as Arc<dyn Observer>)));
-        let state = Arc::new(crate::server::server_state(&self.repo.config, store, log.clone())?);
+        let mut state = crate::server::server_state(&self.repo.config, store, log.clone())?;
         let listener =
             tokio::net::TcpListener::bind(self.addr).await.map_err(|e| Error::Serving(format!("serving on {}: {e}", self.addr)))?;
         let addr = listener.local_addr().map_err(|e| Error::Serving(format!("serving on {}: {e}", self.addr)))?;
+        let lineage = PushLineage::wrap(self.repo, &mut state, addr);
+        let state = Arc::new(state);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(quiver_online::listen::serve_until(state.clone(), listener, async move {
             let _ = stopped.await;
         }));
-        Ok(Server { addr, log, state, stop, task })
+        Ok(Server { addr, log, state, stop, task, lineage })
     }
 
     async fn run(self) -> Result<()> {
@@ -100,6 +103,7 @@ pub struct Server {
     state: Arc<ServerState>,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
+    lineage: Option<crate::lineage::Ongoing>,
 }
 
 impl std::fmt::Debug for Server {
@@ -140,7 +144,17 @@ impl Server {
     ///
     /// # Errors
     /// When serving failed for good, or the log's last batch could not be written.
-    pub async fn stop(self) -> Result<()> {
+    pub async fn stop(mut self) -> Result<()> {
+        let lineage = self.lineage.take();
+        let result = self.finish().await;
+        if let Some(run) = lineage {
+            let ended = result.as_ref().map(|_| ()).map_err(ToString::to_string);
+            tokio::task::spawn_blocking(move || run.end(&ended)).await.ok();
+        }
+        result
+    }
+
+    async fn finish(self) -> Result<()> {
         let _ = self.stop.send(());
         match self.task.await {
             Ok(Ok(())) => {}
@@ -166,5 +180,70 @@ impl Repo {
     /// The feature server of this repository on `addr` (`host:port`; port 0 picks one).
     pub fn serve(&self, addr: SocketAddr) -> Serve<'_> {
         Serve { repo: self, addr, store: None, serving_log: None }
+    }
+}
+
+/// The server's pushes as a long-running lineage run `serve.push`
+/// (docs/lineage.md#long-running-jobs): requests to `/push` into the tables and key
+/// spaces they wrote, one RUNNING event per `lineage.interval` with pushes, never one
+/// per request.
+struct PushLineage {
+    inner: Arc<dyn quiver_online::server::OfflineWriter>,
+    config: quiver_sdk::Config,
+    input: crate::lineage::Dataset,
+    /// What pushes wrote since the last event, by dataset.
+    wrote: Arc<std::sync::Mutex<std::collections::BTreeMap<(String, String), crate::lineage::Dataset>>>,
+}
+
+impl PushLineage {
+    fn wrap(repo: &Repo, state: &mut ServerState, addr: SocketAddr) -> Option<crate::lineage::Ongoing> {
+        let lineage = crate::lineage::Lineage::of(repo);
+        let inner = state.offline.clone().filter(|_| lineage.enabled())?;
+        let input = crate::lineage::Dataset { namespace: format!("http://{addr}"), name: "/push".into(), facets: Default::default() };
+        let wrote = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+        let pending = wrote.clone();
+        let poll: crate::lineage::Poll = Box::new(move || {
+            let taken = std::mem::take(&mut *pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+            (!taken.is_empty()).then(|| taken.into_values().collect())
+        });
+        let run = lineage.ongoing("serve.push", vec![input.clone()], &[], poll)?;
+        state.offline = Some(Arc::new(PushLineage { inner, config: repo.config.clone(), input, wrote }));
+        Some(run)
+    }
+}
+
+#[async_trait::async_trait]
+impl quiver_online::server::OfflineWriter for PushLineage {
+    async fn append(
+        &self,
+        defs: &quiver_sdk::Definitions,
+        view: &FeatureView,
+        rows: &[quiver_runtime::rows::ViewRow],
+    ) -> std::result::Result<u64, String> {
+        self.inner.append(defs, view, rows).await
+    }
+
+    async fn refresh_event_log(
+        &self,
+        defs: &quiver_sdk::Definitions,
+        view: &FeatureView,
+        entities: &[Vec<quiver_runtime::encoding::KeyValue>],
+        store: &dyn OnlineStore,
+    ) -> std::result::Result<usize, String> {
+        self.inner.refresh_event_log(defs, view, entities, store).await
+    }
+
+    fn pushed(&self, defs: &quiver_sdk::Definitions, view: &FeatureView, online: bool, offline_version: Option<u64>) {
+        let mut wrote = self.wrote.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut note = |d: crate::lineage::Dataset| {
+            wrote.insert((d.namespace.clone(), d.name.clone()), d);
+        };
+        if let Some(version) = offline_version {
+            note(crate::lineage::view_table(&self.config, defs, view, Some(&self.input)).version(Some(version)));
+        }
+        if online {
+            note(crate::lineage::online_keys(&self.config, view));
+        }
+        self.inner.pushed(defs, view, online, offline_version);
     }
 }

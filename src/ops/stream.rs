@@ -108,6 +108,62 @@ impl Stream<'_> {
             options.brokers = brokers;
         }
         let store = rt.block_on(self.repo.store_or_open(self.store))?;
-        Ok(quiver_streaming::run(&self.repo.config, defs, &self.views, store, options, rt)?)
+        let recorded = recorded(self.repo, &defs, &self.views, &options, &rt);
+        let result = quiver_streaming::run(&self.repo.config, defs, &self.views, store, options, rt);
+        if let Some(run) = recorded {
+            run.end(&result);
+        }
+        Ok(result?)
     }
+}
+
+/// The stream as a long-running lineage run `stream` (docs/lineage.md#long-running-jobs):
+/// its topics (`kafka://<first broker>`, the topic) into each view's table and key
+/// space; per `lineage.interval` in which it committed a batch, a RUNNING event with the
+/// tables at their versions then (read at the tick: this consumer's last commit or a
+/// later one).
+fn recorded(
+    repo: &Repo,
+    defs: &quiver_sdk::Definitions,
+    names: &[String],
+    options: &StreamOptions,
+    rt: &tokio::runtime::Handle,
+) -> Option<crate::lineage::Ongoing> {
+    use crate::lineage::{Dataset, online_keys, view_table};
+    let lineage = crate::lineage::Lineage::of(repo);
+    if !lineage.enabled() {
+        return None;
+    }
+    let views: Vec<quiver_sdk::FeatureView> = quiver_streaming::consumer::stream_views(defs, names).ok()?.into_iter().cloned().collect();
+    let broker = options.brokers.split(',').next().unwrap_or_default().trim();
+    let topic = |v: &quiver_sdk::FeatureView| Dataset {
+        namespace: format!("kafka://{broker}"),
+        name: v.source.stream.as_ref().map(|s| s.topic.clone()).unwrap_or_default(),
+        facets: serde_json::Map::new(),
+    };
+    let mut inputs: Vec<Dataset> = Vec::new();
+    for v in &views {
+        let t = topic(v);
+        if !inputs.contains(&t) {
+            inputs.push(t);
+        }
+    }
+    let tables: Vec<(quiver_sdk::FeatureView, Dataset)> =
+        views.iter().map(|v| (v.clone(), view_table(&repo.config, defs, v, Some(&topic(v))))).collect();
+    let keys: Vec<Dataset> = views.iter().filter(|v| v.takes_online_writes()).map(|v| online_keys(&repo.config, v)).collect();
+    let start: Vec<Dataset> = tables.iter().map(|(_, t)| t.clone()).chain(keys.iter().cloned()).collect();
+    let (config, rt, metrics) = (repo.config.clone(), rt.clone(), options.metrics.clone());
+    let mut seen = 0;
+    let poll: crate::lineage::Poll = Box::new(move || {
+        let batches = metrics.batches.load(std::sync::atomic::Ordering::Relaxed);
+        if batches == seen {
+            return None;
+        }
+        seen = batches;
+        let views: Vec<&quiver_sdk::FeatureView> = tables.iter().map(|(v, _)| v).collect();
+        let versions = rt.block_on(quiver_offline::historical::table_versions(&config, &views)).unwrap_or_default();
+        let wrote = tables.iter().map(|(v, t)| t.clone().version(versions.get(&v.versioned_name()).copied().flatten()));
+        Some(wrote.chain(keys.iter().cloned()).collect())
+    });
+    lineage.ongoing("stream", inputs, &start, poll)
 }

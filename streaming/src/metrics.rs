@@ -105,6 +105,7 @@ impl Metrics {
             out.sample("quiver_stream_lag", &[("topic", topic), ("partition", partition)], lag);
         }
         out.histogram("quiver_stream_event_to_online_seconds", "Event time to online write.", &[], &self.freshness);
+        quiver_runtime::metrics::LINEAGE_EVENTS.render(&mut out);
         out.finish()
     }
 }

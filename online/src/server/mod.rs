@@ -407,6 +407,7 @@ async fn metrics(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
     let mut out = quiver_runtime::metrics::Exposition::new();
     state.metrics.render(&mut out);
     state.registry.render_metrics(&mut out);
+    quiver_runtime::metrics::LINEAGE_EVENTS.render(&mut out);
     if let Some(log) = &state.serving_log {
         log.render_metrics(&mut out);
     }
@@ -434,6 +435,13 @@ pub trait OfflineWriter: Send + Sync {
         entities: &[Vec<quiver_runtime::encoding::KeyValue>],
         store: &dyn crate::OnlineStore,
     ) -> Result<usize, String>;
+
+    /// Told of every push answered: `view`, whether it went online, and the table
+    /// version committed when it went offline (the lineage of pushes, docs/lineage.md).
+    /// By default nothing.
+    fn pushed(&self, defs: &Definitions, view: &quiver_sdk::FeatureView, online: bool, offline_version: Option<u64>) {
+        let _ = (defs, view, online, offline_version);
+    }
 }
 
 #[cfg(test)]

@@ -117,5 +117,8 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
         let written = state.store_call(state.store.write(&writes)).await?;
         answer.insert("online_written".into(), json!(written));
     }
+    if let Some(writer) = &state.offline {
+        writer.pushed(&defs, view, online, answer.get("offline_version").and_then(Json_::as_u64));
+    }
     Ok(Json(Json_::Object(answer)))
 }

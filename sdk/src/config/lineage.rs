@@ -18,10 +18,11 @@ pub(super) struct RawLineage {
     timeout: Option<Value>,
     retries: Option<Value>,
     queue: Option<Value>,
+    interval: Option<Value>,
 }
 
 /// The keys of `lineage:`, as the environment may override them (`QUIVER_LINEAGE_URL`).
-pub(super) const KEYS: &[&str] = &["transport", "namespace", "path", "url", "token", "timeout", "retries", "queue"];
+pub(super) const KEYS: &[&str] = &["transport", "namespace", "path", "url", "token", "timeout", "retries", "queue", "interval"];
 
 /// Where the events go.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -42,6 +43,9 @@ pub struct LineageConfig {
     pub transport: LineageTransport,
     /// The jobs' namespace; default the project's name.
     pub namespace: String,
+    /// How often a long-running job (the stream, the server's pushes) reports what it
+    /// wrote since its last event: a RUNNING event per interval with writes (60s).
+    pub interval: Duration,
 }
 
 impl LineageConfig {
@@ -89,13 +93,7 @@ pub(super) fn lineage(repo: &Path, project: &str, raw: RawLineage) -> Result<Lin
             if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
                 return Err(format!("lineage.url `{url}`: expected an http:// or https:// URL with a host"));
             }
-            let timeout = match raw.timeout.as_ref().map(text) {
-                None => Duration::from_secs(5),
-                Some(t) => match crate::Ttl::parse(&t) {
-                    Ok(d) if !d.is_unbounded() => Duration::from_secs(d.secs()),
-                    _ => return Err(format!("lineage.timeout `{t}`: expected a duration such as 5s above 0")),
-                },
-            };
+            let timeout = duration("timeout", raw.timeout.as_ref(), 5)?;
             LineageTransport::Http {
                 url,
                 token: raw.token.filter(|t| !t.is_empty()),
@@ -106,5 +104,15 @@ pub(super) fn lineage(repo: &Path, project: &str, raw: RawLineage) -> Result<Lin
         }
         Some(other) => return Err(format!("lineage.transport `{other}`: unknown (expected none, file or http)")),
     };
-    Ok(LineageConfig { transport, namespace })
+    let interval = duration("interval", raw.interval.as_ref(), 60)?;
+    Ok(LineageConfig { transport, namespace, interval })
+}
+
+/// `lineage.<name>` as a duration above 0 (`5s`, `2m`); `default` seconds when absent.
+fn duration(name: &str, v: Option<&Value>, default: u64) -> Result<Duration, String> {
+    let Some(t) = v.map(text) else { return Ok(Duration::from_secs(default)) };
+    match crate::Ttl::parse(&t) {
+        Ok(d) if !d.is_unbounded() && d.secs() > 0 => Ok(Duration::from_secs(d.secs())),
+        _ => Err(format!("lineage.{name} `{t}`: expected a duration such as 5s above 0")),
+    }
 }
