@@ -426,3 +426,21 @@ def test_http_events_wait_out_a_stall_and_failures_are_counted_on_metrics(repo):
         assert receiver.events[-1]["eventType"] == "COMPLETE"
     finally:
         receiver.close()
+
+
+def test_the_rust_end_to_end_streams_events_validate():
+    """The stream's run (tests/it/stream/lineage.rs, over real Kafka) left its events in
+    QUIVER_TEST_LINEAGE_DIR: each validates, and they pair as one run."""
+    folder = os.environ.get("QUIVER_TEST_LINEAGE_DIR")
+    if not folder:
+        assert not os.environ.get("QUIVER_REQUIRE_KAFKA"), "QUIVER_REQUIRE_KAFKA is set but QUIVER_TEST_LINEAGE_DIR is not"
+        pytest.skip("no QUIVER_TEST_LINEAGE_DIR (./run test sets it, after the Rust stream tests ran)")
+    reg = registry()
+    files = glob.glob(os.path.join(folder, "*.jsonl"))
+    assert files, f"no lineage events in {folder}: did the Rust stream test run?"
+    for path in files:
+        got = [json.loads(line) for line in open(path)]
+        stream = [e for e in got if e["job"]["name"] == "stream"]
+        assert stream[0]["eventType"] == "START" and stream[-1]["eventType"] == "COMPLETE", path
+        assert any(e["eventType"] == "RUNNING" for e in stream), path
+        assert sum(validate(e, reg) for e in got) > 0

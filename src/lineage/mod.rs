@@ -112,10 +112,10 @@ pub type Poll = Box<dyn FnMut() -> Option<Vec<Dataset>> + Send>;
 
 /// A long-running job's run (the stream, the server's pushes; docs/lineage.md#long-running-jobs):
 /// START when it begins, then per `lineage.interval` in which it wrote a RUNNING event
-/// with what it wrote (asked of its [`Poll`]), and COMPLETE (with what it wrote since)
-/// or FAIL when it ends. Off the job's path: a thread of its own asks and sends.
+/// with what it wrote (asked of its [`Poll`]), and COMPLETE (with all it wrote) or FAIL
+/// when it ends. Off the job's path: a thread of its own asks and sends.
 pub struct Ongoing {
-    ticker: Option<std::thread::JoinHandle<(Run, Poll)>>,
+    ticker: Option<std::thread::JoinHandle<(Run, Vec<Dataset>)>>,
     stop: std::sync::mpsc::Sender<()>,
     inputs: Vec<Dataset>,
 }
@@ -139,12 +139,17 @@ impl Lineage {
         let ticker = std::thread::Builder::new()
             .name("lineage-ticker".into())
             .spawn(move || {
+                let mut all = Vec::new();
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
                     if let Some(wrote) = poll() {
                         run.running(&ins, &wrote);
+                        merge(&mut all, wrote);
                     }
                 }
-                (run, poll)
+                if let Some(wrote) = poll() {
+                    merge(&mut all, wrote);
+                }
+                (run, all)
             })
             .ok();
         Some(Ongoing { ticker, stop, inputs })
@@ -152,12 +157,22 @@ impl Lineage {
 }
 
 impl Ongoing {
-    /// COMPLETE with what the job wrote since its last event, or FAIL with its error.
+    /// COMPLETE with everything the job wrote (each dataset at the last version it
+    /// wrote), or FAIL with its error.
     pub fn end<T, E: std::fmt::Display>(mut self, result: &Result<T, E>) {
         let _ = self.stop.send(());
-        let Some(Ok((run, mut poll))) = self.ticker.take().map(std::thread::JoinHandle::join) else { return };
-        let wrote = poll().unwrap_or_default();
+        let Some(Ok((run, wrote))) = self.ticker.take().map(std::thread::JoinHandle::join) else { return };
         run.end(result, &self.inputs, &wrote);
+    }
+}
+
+/// `wrote` into `all`, a dataset written again replacing the earlier mention.
+fn merge(all: &mut Vec<Dataset>, wrote: Vec<Dataset>) {
+    for d in wrote {
+        match all.iter_mut().find(|a| a.namespace == d.namespace && a.name == d.name) {
+            Some(a) => *a = d,
+            None => all.push(d),
+        }
     }
 }
 

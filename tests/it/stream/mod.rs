@@ -34,6 +34,7 @@ use crate::common;
 mod crashes;
 mod edges;
 mod groups;
+mod lineage;
 mod versions;
 
 use common::unique;
