@@ -120,6 +120,17 @@ impl quiver_online::server::Insights for RepoInsights {
         let reports: Vec<crate::monitor::MonitorReport> = crate::reports::list(&self.config.repo).map_err(|e| e.to_string())?;
         Ok(json!({ "reports": reports }))
     }
+
+    async fn lineage(&self, defs: &Definitions) -> Result<Value, String> {
+        let (config, defs) = (self.config.clone(), defs.clone());
+        let graph = tokio::task::spawn_blocking(move || {
+            let sets = crate::lineage::graph::find_training_sets(std::slice::from_ref(&config.repo));
+            crate::lineage::graph::Graph::build(&config, &defs, &sets)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        serde_json::to_value(graph).map_err(|e| e.to_string())
+    }
 }
 
 /// Rows, and per feature its type, null count and rate, and for numbers the range and a

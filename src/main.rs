@@ -50,6 +50,7 @@ enum Command {
     Monitor(cli::monitor::Monitor),
     Doctor(cli::doctor::Doctor),
     Cluster(cli::cluster::Cluster),
+    Lineage(cli::lineage::Lineage),
 }
 
 /// The joins allocate and free column-sized buffers phase after phase; glibc returns
@@ -124,6 +125,7 @@ fn main() -> ExitCode {
         Command::Monitor(c) => c.run(&ctx),
         Command::Doctor(c) => c.run(&ctx),
         Command::Cluster(c) => c.run(&ctx),
+        Command::Lineage(c) => c.run(&ctx),
     };
     quiver::lineage::flush();
     match result {

@@ -8,6 +8,7 @@ pub mod export;
 pub mod historical;
 pub mod ingest;
 pub mod init;
+pub mod lineage;
 pub mod materialize;
 pub mod monitor;
 pub mod online;

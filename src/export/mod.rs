@@ -120,6 +120,11 @@ pub struct Manifest {
     /// manifests written before it was: those reproduce at their registry version only.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub definitions: BTreeMap<String, String>,
+    /// The feature repository's code version when the set was exported (git commit and
+    /// dirty flag; docs/lineage.md#provenance), when the repository is in git. Not part
+    /// of the id: the same rows from another commit are the same training set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_version: Option<crate::lineage::CodeVersion>,
 }
 
 /// Where the spine came from and what it held.
@@ -336,6 +341,7 @@ async fn plan(repo: &Repo, source: &Spine, options: ExportOptions, original: Opt
             profile: BTreeMap::new(),
             vocabularies: BTreeMap::new(),
             definitions,
+            code_version: crate::lineage::CodeVersion::of(&repo.config.repo),
         },
         spine,
         defs: owned.clone(),

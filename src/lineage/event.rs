@@ -126,11 +126,11 @@ pub(super) fn job_type_facet(job: &str) -> Value {
 
 /// Quiver's own job facet: the registry version the job read and the repository's
 /// code version.
-pub(super) fn quiver_facet(registry: u64, code: Option<(String, bool)>) -> Value {
+pub(super) fn quiver_facet(registry: u64, code: Option<super::CodeVersion>) -> Value {
     let mut fields = json!({"registryVersion": registry});
-    if let Some((commit, dirty)) = code {
-        fields["gitCommit"] = commit.into();
-        fields["gitDirty"] = dirty.into();
+    if let Some(code) = code {
+        fields["gitCommit"] = code.commit.into();
+        fields["gitDirty"] = code.dirty.into();
     }
     let map = fields.as_object_mut().expect("an object");
     map.insert("_producer".into(), PRODUCER.into());

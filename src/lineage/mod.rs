@@ -4,6 +4,7 @@
 //! logged and counted, and the job goes on.
 
 mod event;
+pub mod graph;
 mod transport;
 
 use std::sync::Arc;
@@ -42,7 +43,7 @@ impl Lineage {
         let mut job_facets = serde_json::Map::new();
         if sink.is_some() {
             let registry = repo.applied().map(|d| d.version).unwrap_or(0);
-            job_facets.insert("quiver".into(), event::quiver_facet(registry, code_version(&repo.config.repo)));
+            job_facets.insert("quiver".into(), event::quiver_facet(registry, CodeVersion::of(&repo.config.repo)));
         }
         Lineage { namespace: config.namespace.clone(), interval: config.interval, sink, job_facets }
     }
@@ -176,12 +177,22 @@ fn merge(all: &mut Vec<Dataset>, wrote: Vec<Dataset>) {
     }
 }
 
-/// The repository's code version: (git commit, dirty) when it is in a git work tree.
-fn code_version(dir: &std::path::Path) -> Option<(String, bool)> {
-    let git = |args: &[&str]| std::process::Command::new("git").arg("-C").arg(dir).args(args).output().ok().filter(|o| o.status.success());
-    let commit = String::from_utf8(git(&["rev-parse", "HEAD"])?.stdout).ok()?.trim().to_string();
-    let dirty = git(&["status", "--porcelain"]).is_some_and(|o| !o.stdout.is_empty());
-    Some((commit, dirty))
+/// A feature repository's code version: its git commit, and whether the work tree had
+/// uncommitted changes (docs/lineage.md#provenance).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CodeVersion {
+    pub commit: String,
+    pub dirty: bool,
+}
+
+impl CodeVersion {
+    /// `dir`'s, when it is in a git work tree (and git is installed).
+    pub fn of(dir: &std::path::Path) -> Option<CodeVersion> {
+        let git = |args: &[&str]| std::process::Command::new("git").arg("-C").arg(dir).args(args).output().ok().filter(|o| o.status.success());
+        let commit = String::from_utf8(git(&["rev-parse", "HEAD"])?.stdout).ok()?.trim().to_string();
+        let dirty = git(&["status", "--porcelain"]).is_some_and(|o| !o.stdout.is_empty());
+        Some(CodeVersion { commit, dirty })
+    }
 }
 
 /// Before the process ends: the events still queued for an HTTP endpoint sent while it
@@ -205,20 +216,10 @@ pub fn view_table(
     let mut dataset = Dataset::at(&config.view_table(view).to_string()).facet("schema", schema);
     let Some(source) = source else { return dataset };
     let from = |field: &str| (source.namespace.clone(), source.name.clone(), field.to_string());
-    let compiled = quiver_sdk::write_time::compile(defs, view).ok().flatten();
-    let mut lineage = Vec::new();
-    let mut computed = 0;
-    for feature in &view.features {
-        if feature.expr.is_empty() {
-            lineage.push(ColumnFrom { output: feature.name.clone(), inputs: vec![from(&feature.name)], how: String::new() });
-            continue;
-        }
-        let Some(program) = compiled.as_ref().and_then(|c| c.program.as_ref()) else { continue };
-        let schema = program.input_schema();
-        let reads = program.reads(computed).into_iter().map(|i| from(schema.field(i).name())).collect();
-        lineage.push(ColumnFrom { output: feature.name.clone(), inputs: reads, how: feature.expr.clone() });
-        computed += 1;
-    }
+    let lineage: Vec<ColumnFrom> = graph::feature_columns(defs, view)
+        .into_iter()
+        .map(|(output, reads, how)| ColumnFrom { output, inputs: reads.iter().map(|c| from(c)).collect(), how })
+        .collect();
     dataset = dataset.facet("columnLineage", column_lineage(&lineage));
     dataset
 }

@@ -323,6 +323,25 @@ fn the_page_renders_the_demo_repository_in_headless_chromium() {
     assert!(stats.contains("class=\"histogram\""), "no histogram on the statistics page");
     let lineage = browse(&chromium, &format!("{base}#lineage"), &shots.join("lineage.png"));
     assert!(lineage.contains("lineage-graph") && lineage.contains("ranker_v1"), "no lineage graph");
+    // The graph `quiver lineage` reads: the training set from its manifest, the on-demand
+    // feature, both versions' features.
+    let training = std::fs::canonicalize(dir.join("training")).unwrap();
+    for id in [
+        format!("training_set:{}", training.display()),
+        "on_demand_feature:scoring:conv_x_acc".to_string(),
+        "feature:driver_customer@2:avg_rating".to_string(),
+        "feature:driver_customer:avg_rating".to_string(),
+    ] {
+        assert!(lineage.contains(&format!(r#"data-id="{id}""#)), "the lineage page lacks {id}: {lineage}");
+    }
+    // One feature's lineage: its view, what reads it, nothing else.
+    let around = browse(&chromium, &format!("{base}#lineage?node=feature:driver_hourly:conv_rate"), &shots.join("lineage-feature.png"));
+    for id in ["feature_view:driver_hourly", "on_demand_feature:scoring:conv_x_acc", "feature_service:ranker_v1"] {
+        assert!(around.contains(&format!(r#"data-id="{id}""#)), "the feature's lineage lacks {id}: {around}");
+    }
+    assert!(around.contains(&format!(r#"data-id="training_set:{}""#, training.display())), "{around}");
+    assert!(!around.contains(r#"data-id="feature_view:customer_profile""#), "another view in the feature's lineage: {around}");
+    assert!(around.contains("lineage-details"), "{around}");
     let consistency = browse(&chromium, &format!("{base}#consistency"), &shots.join("consistency.png"));
     assert!(consistency.contains("mismatch-chart"), "no mismatch chart");
     let monitoring = browse(&chromium, &format!("{base}#monitoring"), &shots.join("monitoring.png"));

@@ -277,6 +277,7 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/api/statistics/{view}", get(ui::statistics))
         .route("/api/verify-reports", get(ui::verify_reports))
         .route("/api/monitor-reports", get(ui::monitor_reports))
+        .route("/api/lineage", get(ui::lineage))
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)

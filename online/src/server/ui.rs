@@ -1,7 +1,7 @@
 //! The web UI (docs/online.md): `GET /ui` and its two assets, compiled into the binary, and
 //! the JSON endpoints the page reads — `/api/registry` (the definitions with the
 //! registry version), `/api/freshness`, `/api/statistics/{view}`, `/api/verify-reports`,
-//! `/api/monitor-reports` — beside the server's own `/get-online-features` for the lookup panel. The page
+//! `/api/monitor-reports`, `/api/lineage` — beside the server's own `/get-online-features` for the lookup panel. The page
 //! needs no token; the endpoints do when `server.auth_token` is set. What lives offline
 //! (Delta tables, the repository's state files) comes through [`Insights`], which the
 //! root implements: this crate knows no Delta.
@@ -38,6 +38,9 @@ pub trait Insights: Send + Sync {
     async fn verify_reports(&self) -> Result<Value, String>;
     /// The stored `monitor` reports, oldest first (docs/monitoring.md).
     async fn monitor_reports(&self) -> Result<Value, String>;
+    /// The lineage graph of `defs` and the training sets under the repository, as
+    /// `quiver lineage` reads it (docs/lineage.md#quiver-lineage).
+    async fn lineage(&self, defs: &Definitions) -> Result<Value, String>;
 }
 
 fn asset(body: &'static [u8], content_type: &'static str) -> Response {
@@ -104,4 +107,9 @@ pub(super) async fn verify_reports(State(state): State<Arc<ServerState>>) -> Res
 
 pub(super) async fn monitor_reports(State(state): State<Arc<ServerState>>) -> Result<Json<Value>, ApiError> {
     insights(&state)?.monitor_reports().await.map(Json).map_err(|e| failed(&state, "monitor reports", e))
+}
+
+pub(super) async fn lineage(State(state): State<Arc<ServerState>>) -> Result<Json<Value>, ApiError> {
+    let defs = state.registry.current();
+    insights(&state)?.lineage(&defs.definitions).await.map(Json).map_err(|e| failed(&state, "lineage", e))
 }

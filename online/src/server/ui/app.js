@@ -1,6 +1,6 @@
 // Quiver's web UI: one page over the server's JSON endpoints (/api/registry,
 // /api/freshness, /api/statistics/VIEW, /api/verify-reports, /api/monitor-reports,
-// /get-online-features).
+// /api/lineage, /get-online-features).
 // No build step and no library: the charts are SVG drawn here.
 "use strict";
 
@@ -135,31 +135,68 @@ function renderRegistry() {
   }
 }
 
-// ---- lineage: sources -> views -> services -----------------------------------------
+// ---- lineage: the graph `quiver lineage` answers from ---------------------------------
+// Sources -> feature views -> features -> on-demand features -> services -> training
+// sets, from /api/lineage. A click on a node keeps what it reads and what reads it.
 
-function renderLineage() {
-  const defs = state.registry.definitions;
-  const views = defs.feature_views || [], services = defs.feature_services || [];
-  const sourceName = (v) => (v.source && (v.source.path || (v.source.stream && (v.source.stream.topic || "stream")))) || `delta: ${v.name}`;
-  const sources = [...new Set(views.map(sourceName))];
-  const rowH = 44, width = 900, colX = [20, 340, 660], boxW = 220;
-  const height = Math.max(sources.length, views.length, services.length, 1) * rowH + 30;
-  const y = (i) => 20 + i * rowH;
+const LINEAGE_COLUMNS = [["source"], ["feature_view"], ["feature", "request_field"], ["on_demand_view", "on_demand_feature"],
+  ["feature_service"], ["training_set"]];
+const LINEAGE_FILL = { source: "#f2f4f7", feature_view: "#eef2ff", feature: "#f5f8ff", request_field: "#fdf6ec",
+  on_demand_view: "#fff4e5", on_demand_feature: "#fffaf0", feature_service: "#e8f6ee", training_set: "#f3ecfb" };
+
+function lineageAround(graph, id) {
+  const keep = new Set([id]);
+  for (const forward of [true, false]) {
+    const stack = [id];
+    while (stack.length) {
+      const at = stack.pop();
+      for (const e of graph.edges) {
+        const [here, next] = forward ? [e.from, e.to] : [e.to, e.from];
+        if (here === at && !keep.has(next)) { keep.add(next); stack.push(next); }
+      }
+    }
+  }
+  return keep;
+}
+
+// `#lineage?node=ID` opens on that node's lineage.
+async function renderLineage() {
+  const graph = await api("/api/lineage");
+  const asked = new URLSearchParams(location.hash.split("?")[1] || "").get("node");
+  drawLineage(graph, graph.nodes.some((n) => n.id === asked) ? asked : null);
+}
+
+function drawLineage(graph, selected) {
+  const keep = selected ? lineageAround(graph, selected) : null;
+  const nodes = graph.nodes.filter((n) => !keep || keep.has(n.id));
+  const columns = LINEAGE_COLUMNS.map((kinds) => nodes.filter((n) => kinds.includes(n.kind))).filter((c) => c.length);
+  const rowH = 34, boxW = 200, gap = 40, width = columns.length * (boxW + gap) + 20;
+  const height = Math.max(1, ...columns.map((c) => c.length)) * rowH + 30;
+  const at = new Map();
+  columns.forEach((c, i) => c.forEach((n, j) => at.set(n.id, { x: 10 + i * (boxW + gap), y: 20 + j * rowH })));
   const root = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, id: "lineage-graph" });
-  const box = (x, yy, label, cls) => [
-    svg("rect", { x, y: yy, width: boxW, height: 28, rx: 6, fill: cls === "view" ? "#eef2ff" : cls === "service" ? "#e8f6ee" : "#f2f4f7", stroke: "#d0d5dd" }),
-    svg("text", { x: x + 8, y: yy + 18, style: "fill:#1d2330" }, label.length > 32 ? label.slice(0, 31) + "…" : label),
-  ];
-  const edge = (x1, y1, x2, y2) => svg("path", { d: `M${x1},${y1} C${x1 + 60},${y1} ${x2 - 60},${y2} ${x2},${y2}`, fill: "none", stroke: "#98a2b3" });
-  views.forEach((v, i) => root.append(edge(colX[0] + boxW, y(sources.indexOf(sourceName(v))) + 14, colX[1], y(i) + 14)));
-  services.forEach((s, j) => {
-    const used = new Set((s.features || []).map((f) => f.split(":")[0].split("@")[0]));
-    views.forEach((v, i) => { if (used.has(v.name)) root.append(edge(colX[1] + boxW, y(i) + 14, colX[2], y(j) + 14)); });
-  });
-  sources.forEach((s, i) => root.append(...box(colX[0], y(i), s, "source")));
-  views.forEach((v, i) => root.append(...box(colX[1], y(i), v.name, "view")));
-  services.forEach((s, j) => root.append(...box(colX[2], y(j), s.name, "service")));
-  $("lineage").replaceChildren(el("div", { class: "card" }, el("h2", { text: "Sources → views → services" }), root));
+  for (const e of graph.edges) {
+    const a = at.get(e.from), b = at.get(e.to);
+    if (!a || !b) continue;
+    const [x1, y1, x2, y2] = [a.x + boxW, a.y + 12, b.x, b.y + 12];
+    root.append(svg("path", { d: `M${x1},${y1} C${x1 + 40},${y1} ${x2 - 40},${y2} ${x2},${y2}`, fill: "none", stroke: "#98a2b3" }));
+  }
+  for (const n of nodes) {
+    const p = at.get(n.id);
+    const label = n.name.length > 28 ? "…" + n.name.slice(-27) : n.name;
+    const g = svg("g", { class: "lineage-node", "data-id": n.id, style: "cursor:pointer" },
+      svg("title", {}, `${n.kind}: ${n.name}`),
+      svg("rect", { x: p.x, y: p.y, width: boxW, height: 24, rx: 6, fill: LINEAGE_FILL[n.kind] || "#fff",
+        stroke: n.id === selected ? "#1d4ed8" : "#d0d5dd", "stroke-width": n.id === selected ? 2 : 1 }),
+      svg("text", { x: p.x + 8, y: p.y + 16, style: "fill:#1d2330;font-size:12px" }, label));
+    g.onclick = () => drawLineage(graph, n.id === selected ? null : n.id);
+    root.append(g);
+  }
+  const picked = selected && graph.nodes.find((n) => n.id === selected);
+  const details = picked ? el("div", { class: "card", id: "lineage-details" }, el("h2", { text: `${picked.kind.replace(/_/g, " ")} ${picked.name}` }),
+    el("pre", { class: "mono", text: JSON.stringify(picked.details || {}, null, 2) })) : null;
+  const title = selected ? "What it reads and what reads it (click again for everything)" : "Sources → views → features → on-demand → services → training sets";
+  $("lineage").replaceChildren(el("div", { class: "card" }, el("h2", { text: title }), el("div", { style: "overflow-x:auto" }, root)), ...(details ? [details] : []));
 }
 
 // ---- freshness ---------------------------------------------------------------------
