@@ -33,7 +33,7 @@ feature_views: []
 feature_services: []
 "#;
 
-const GITIGNORE: &[&str] = &["data/", "online.db", "registry.json", ".quiver/", "*.tmp"];
+const GITIGNORE: &[&str] = &["data/", "online.db", "registry.json", "*.lock", "lineage.jsonl", ".quiver/", "*.tmp"];
 
 fn config_yaml(project: &str) -> String {
     format!(

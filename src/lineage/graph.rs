@@ -84,7 +84,7 @@ fn id(kind: Kind, name: &str) -> String {
         Kind::Source => "source",
         Kind::FeatureView => "feature_view",
         Kind::Feature => "feature",
-        Kind::RequestField => "request",
+        Kind::RequestField => "request_field",
         Kind::OnDemandView => "on_demand_view",
         Kind::OnDemandFeature => "on_demand_feature",
         Kind::FeatureService => "feature_service",
@@ -146,9 +146,7 @@ pub fn on_demand_inputs(defs: &Definitions, view: &OnDemandView) -> Vec<(String,
                 .map(|(column, origin)| match origin {
                     ColumnOrigin::Stored { view, feature, .. } => OnDemandInput::Stored { view: versioned(view), feature: feature.clone() },
                     ColumnOrigin::EventTime { view } => OnDemandInput::EventTime { view: versioned(view) },
-                    ColumnOrigin::Computed { view, feature } => {
-                        OnDemandInput::Computed { view: versioned(view), feature: feature.clone() }
-                    }
+                    ColumnOrigin::Computed { view, feature } => OnDemandInput::Computed { view: versioned(view), feature: feature.clone() },
                     ColumnOrigin::Key(_) | ColumnOrigin::Request(_) | ColumnOrigin::RequestTime => {
                         OnDemandInput::Request(column.name.to_string())
                     }
@@ -225,7 +223,8 @@ impl Graph {
             for agg in &view.aggregations {
                 let dtype = view.served_feature(&agg.name).map(|f| f.dtype.as_str().to_string()).unwrap_or_default();
                 let how = format!("{} of {} over {}", agg.function, agg.column, agg.window);
-                let fid = self.node(Kind::Feature, &format!("{name}:{}", agg.name), feature(std::slice::from_ref(&agg.column), &how, dtype));
+                let fid =
+                    self.node(Kind::Feature, &format!("{name}:{}", agg.name), feature(std::slice::from_ref(&agg.column), &how, dtype));
                 self.edge(&vid, &fid);
             }
             return;
@@ -478,9 +477,8 @@ impl crate::Repo {
         let parsed = Target::parse(target);
         let node = match &parsed {
             Target::Training(dir) => {
-                let (folder, manifest) = read_manifest(dir).map_err(|e| {
-                    if dir.join("manifest.json").exists() { crate::Error::Invalid(e) } else { crate::Error::NotFound(e) }
-                })?;
+                let (folder, manifest) = read_manifest(dir)
+                    .map_err(|e| if dir.join("manifest.json").exists() { crate::Error::Invalid(e) } else { crate::Error::NotFound(e) })?;
                 sets.retain(|(f, _)| *f != folder);
                 sets.push((folder.clone(), manifest));
                 id(Kind::TrainingSet, &folder.display().to_string())

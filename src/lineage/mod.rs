@@ -188,7 +188,8 @@ pub struct CodeVersion {
 impl CodeVersion {
     /// `dir`'s, when it is in a git work tree (and git is installed).
     pub fn of(dir: &std::path::Path) -> Option<CodeVersion> {
-        let git = |args: &[&str]| std::process::Command::new("git").arg("-C").arg(dir).args(args).output().ok().filter(|o| o.status.success());
+        let git =
+            |args: &[&str]| std::process::Command::new("git").arg("-C").arg(dir).args(args).output().ok().filter(|o| o.status.success());
         let commit = String::from_utf8(git(&["rev-parse", "HEAD"])?.stdout).ok()?.trim().to_string();
         let dirty = git(&["status", "--porcelain"]).is_some_and(|o| !o.stdout.is_empty());
         Some(CodeVersion { commit, dirty })

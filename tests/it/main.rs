@@ -12,6 +12,7 @@ mod cluster;
 mod common;
 mod export;
 mod feast_sdk;
+mod lineage;
 mod made_spines;
 mod materialize_incremental;
 mod monitor;
