@@ -142,6 +142,10 @@ def test_apply_and_export_runs_name_what_they_read_and_wrote(repo):
     read = {d["name"]: d["facets"].get("version", {}).get("datasetVersion") for d in got[1]["inputs"]}
     for view, version in manifest["delta_versions"].items():
         assert read[str(repo / "data" / view)] == str(version), (view, read)
+    fields = folder["facets"]["columnLineage"]["fields"]
+    assert [(f["name"], f["field"]) for f in fields["driver_hourly__conv_pct"]["inputFields"]] == [(str(repo / "data" / "driver_hourly"), "conv_pct")]
+    assert [(f["name"], f["field"]) for f in fields["customer_rides__rides_7d"]["inputFields"]] == [(str(repo / "data" / "customer_rides"), "fare")]
+    assert set(fields) == {c for c, _ in manifest["schema"]}
 
 
 def test_materialize_and_backfill_runs_name_tables_versions_and_keys(repo):
@@ -444,3 +448,38 @@ def test_the_rust_end_to_end_streams_events_validate():
         assert stream[0]["eventType"] == "START" and stream[-1]["eventType"] == "COMPLETE", path
         assert any(e["eventType"] == "RUNNING" for e in stream), path
         assert sum(validate(e, reg) for e in got) > 0
+
+
+def test_column_lineage_of_on_demand_and_aggregated_features_names_their_inputs(repo):
+    """A historical join's output: an on-demand feature from exactly the stored column and
+    the spine column its expression reads, an aggregation from its event column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    reg = registry()
+    with open(repo / "features.yaml", "a") as fh:
+        fh.write("\non_demand_views:\n  - name: scoring\n    inputs: [driver_hourly]\n"
+                 "    request: [{name: amount, dtype: float64}]\n"
+                 "    features: [{name: tip, dtype: float64, expr: \"driver_hourly.conv_pct * amount\"}]\n")
+    quiver(repo, "apply")
+    for view in ("driver_hourly", "customer_rides"):
+        quiver(repo, "ingest", view, f"sample_data/{view}.parquet")
+    spine = pq.read_table(repo / "sample_data" / "spine.parquet")
+    spine = spine.append_column("amount", pa.array([10.0] * spine.num_rows))
+    pq.write_table(spine, repo / "spine_amount.parquet")
+    quiver(repo, "historical", "--features", "scoring:tip,customer_rides:fare_sum_1h,driver_hourly:acc_rate",
+           "--spine", "spine_amount.parquet", "--out", "joined.parquet")
+    [done] = [e for e in events(repo, "historical") if e["eventType"] == "COMPLETE"]
+    validate(done, reg)
+    [out] = done["outputs"]
+    fields = out["facets"]["columnLineage"]["fields"]
+    table = lambda view: str(repo / "data" / view)
+    spine_file = str(repo / "spine_amount.parquet")
+    inputs = lambda column: sorted((f["name"], f["field"], f["transformations"][0]["subtype"]) for f in fields[column]["inputFields"])
+    assert inputs("scoring__tip") == sorted([(table("driver_hourly"), "conv_pct", "TRANSFORMATION"),
+                                             (spine_file, "amount", "TRANSFORMATION")])
+    assert fields["scoring__tip"]["inputFields"][0]["transformations"][0]["description"] == "driver_hourly.conv_pct * amount"
+    assert inputs("customer_rides__fare_sum_1h") == [(table("customer_rides"), "fare", "TRANSFORMATION")]
+    assert inputs("driver_hourly__acc_rate") == [(table("driver_hourly"), "acc_rate", "IDENTITY")]
+    assert inputs("driver_id") == [(spine_file, "driver_id", "IDENTITY")]
+    written = set(pq.read_schema(repo / "joined.parquet").names)
+    assert set(fields) <= written and "scoring__tip" in written

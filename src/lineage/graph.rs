@@ -9,11 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use quiver_sdk::on_demand::ColumnOrigin;
 use quiver_sdk::{Config, Definitions, FeatureView, OnDemandView};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::columns::{OnDemandInput, feature_columns, on_demand_inputs};
 use crate::export::Manifest;
 
 /// What a node stands for, in the order the graph flows.
@@ -91,70 +91,6 @@ fn id(kind: Kind, name: &str) -> String {
         Kind::TrainingSet => "training_set",
     };
     format!("{prefix}:{name}")
-}
-
-/// How each of `view`'s stored features is made from the rows its writers take: its
-/// name, the source columns it reads, and the write-time expression (empty: stored as
-/// it comes). An event log's aggregations are not here (they are computed when read).
-pub fn feature_columns(defs: &Definitions, view: &FeatureView) -> Vec<(String, Vec<String>, String)> {
-    let compiled = quiver_sdk::write_time::compile(defs, view).ok().flatten();
-    let mut out = Vec::new();
-    let mut computed = 0;
-    for feature in &view.features {
-        if feature.expr.is_empty() {
-            out.push((feature.name.clone(), vec![feature.name.clone()], String::new()));
-            continue;
-        }
-        let Some(program) = compiled.as_ref().and_then(|c| c.program.as_ref()) else { continue };
-        let schema = program.input_schema();
-        let reads = program.reads(computed).into_iter().map(|i| schema.field(i).name().clone()).collect();
-        out.push((feature.name.clone(), reads, feature.expr.clone()));
-        computed += 1;
-    }
-    out
-}
-
-/// Where an on-demand feature's value comes from, one input column: a stored feature
-/// (`view@N`, feature), an earlier on-demand feature, or a value the request carries.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OnDemandInput {
-    Stored { view: String, feature: String },
-    EventTime { view: String },
-    Computed { view: String, feature: String },
-    Request(String),
-}
-
-/// What each feature of `view` reads, by feature name (the inputs' views by their
-/// versioned names).
-pub fn on_demand_inputs(defs: &Definitions, view: &OnDemandView) -> Vec<(String, Vec<OnDemandInput>, String)> {
-    let described = quiver_sdk::on_demand::described(defs, view);
-    let Ok(program) = quiver_sdk::on_demand::program(defs, view) else { return Vec::new() };
-    let versioned = |name: &str| {
-        defs.feature_view(name)
-            .map(FeatureView::versioned_name)
-            .or_else(|| defs.on_demand_view(name).map(OnDemandView::versioned_name))
-            .unwrap_or_else(|| name.to_string())
-    };
-    view.features
-        .iter()
-        .enumerate()
-        .map(|(k, f)| {
-            let inputs = program
-                .reads(k)
-                .into_iter()
-                .filter_map(|i| described.get(i))
-                .map(|(column, origin)| match origin {
-                    ColumnOrigin::Stored { view, feature, .. } => OnDemandInput::Stored { view: versioned(view), feature: feature.clone() },
-                    ColumnOrigin::EventTime { view } => OnDemandInput::EventTime { view: versioned(view) },
-                    ColumnOrigin::Computed { view, feature } => OnDemandInput::Computed { view: versioned(view), feature: feature.clone() },
-                    ColumnOrigin::Key(_) | ColumnOrigin::Request(_) | ColumnOrigin::RequestTime => {
-                        OnDemandInput::Request(column.name.to_string())
-                    }
-                })
-                .collect();
-            (f.name.clone(), inputs, f.expr.clone())
-        })
-        .collect()
 }
 
 impl Graph {

@@ -3,13 +3,14 @@
 //! says. Emission never fails the job it describes: an event that cannot be written is
 //! logged and counted, and the job goes on.
 
+pub mod columns;
 mod event;
 pub mod graph;
 mod transport;
 
 use std::sync::Arc;
 
-pub use event::{ColumnFrom, Dataset, PRODUCER, column_lineage, schema_facet};
+pub use event::{ColumnFrom, Dataset, InputField, PRODUCER, column_lineage, schema_facet};
 use quiver_sdk::config::LineageConfig;
 use serde_json::{Value, json};
 
@@ -217,7 +218,7 @@ pub fn view_table(
     let mut dataset = Dataset::at(&config.view_table(view).to_string()).facet("schema", schema);
     let Some(source) = source else { return dataset };
     let from = |field: &str| (source.namespace.clone(), source.name.clone(), field.to_string());
-    let lineage: Vec<ColumnFrom> = graph::feature_columns(defs, view)
+    let lineage: Vec<ColumnFrom> = columns::feature_columns(defs, view)
         .into_iter()
         .map(|(output, reads, how)| ColumnFrom { output, inputs: reads.iter().map(|c| from(c)).collect(), how })
         .collect();

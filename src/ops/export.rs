@@ -157,21 +157,31 @@ fn training_set_lineage(
 ) -> (Vec<crate::lineage::Dataset>, crate::lineage::Dataset) {
     use crate::lineage::{Dataset, schema_facet};
     let mut inputs = Vec::new();
-    if !manifest.spine.path.is_empty() {
-        inputs.push(Dataset::at(&manifest.spine.path));
-    }
-    if let Ok(defs) = repo.defs() {
+    // A made spine's `path` says how it was made: no file to name.
+    let spine = (!manifest.spine.path.is_empty() && manifest.spine.made.is_none()).then(|| Dataset::at(&manifest.spine.path));
+    inputs.extend(spine.clone());
+    let mut tables = std::collections::BTreeMap::new();
+    let defs = repo.defs().ok();
+    if let Some(defs) = &defs {
         for (read, version) in &manifest.delta_versions {
             // The manifest names a view as read: `view` for version 1.
             let Some((name, at)) = quiver_sdk::definitions::split_version(read) else { continue };
             let Some(view) = defs.feature_view(&format!("{name}@{}", at.unwrap_or(quiver_sdk::definitions::FIRST_VERSION))) else {
                 continue;
             };
-            inputs.push(Dataset::at(&repo.config.view_table(view).to_string()).version(Some(*version)));
+            let table = Dataset::at(&repo.config.view_table(view).to_string()).version(Some(*version));
+            tables.insert(view.versioned_name(), table.clone());
+            inputs.push(table);
         }
     }
     let schema = schema_facet(manifest.schema.iter().map(|(name, dtype)| (name.as_str(), dtype.clone())));
     let mut output = folder.facet("schema", schema);
+    if let Some(defs) = &defs {
+        let refs: Vec<quiver_sdk::FeatureRef> = manifest.features.iter().filter_map(|f| f.reference.parse().ok()).collect();
+        let columns: Vec<String> = manifest.schema.iter().map(|(name, _)| name.clone()).collect();
+        let lineage = crate::lineage::columns::joined_columns(defs, &refs, &tables, spine.as_ref(), &columns);
+        output = output.facet("columnLineage", crate::lineage::column_lineage(&lineage));
+    }
     output.facets.insert(
         "version".into(),
         serde_json::json!({

@@ -101,20 +101,23 @@ impl<'a> Historical<'a> {
             inputs.push(Dataset::at(&path.display().to_string()));
         }
         let outputs: Vec<Dataset> = out.map(|p| Dataset::at(&p.display().to_string())).into_iter().collect();
+        let spine = inputs.first().cloned();
         let registry = self.repo.defs()?;
-        let tables: Vec<quiver_sdk::FeatureView> = self
-            .features
-            .resolve(&registry)
-            .ok()
-            .and_then(|refs| super::pinned(&registry, &refs).ok().map(|d| (refs, d)))
-            .and_then(|(refs, defs)| historical::resolve(&defs, &refs).ok().map(|r| r.iter().map(|q| q.view.clone()).collect()))
+        let read =
+            self.features.resolve(&registry).ok().and_then(|refs| super::pinned(&registry, &refs).ok().map(|d| (refs, d.into_owned())));
+        let tables: Vec<quiver_sdk::FeatureView> = read
+            .as_ref()
+            .and_then(|(refs, defs)| historical::resolve(defs, refs).ok().map(|r| r.iter().map(|q| q.view.clone()).collect()))
             .unwrap_or_default();
         let latest =
             quiver_offline::historical::table_versions(&self.repo.config, &tables.iter().collect::<Vec<_>>()).await.unwrap_or_default();
+        let mut datasets = std::collections::BTreeMap::new();
         for view in &tables {
             let name = view.versioned_name();
             let version = self.versions.get(&name).copied().or_else(|| latest.get(&name).copied().flatten());
-            inputs.push(Dataset::at(&self.repo.config.view_table(view).to_string()).version(version));
+            let table = Dataset::at(&self.repo.config.view_table(view).to_string()).version(version);
+            datasets.insert(name, table.clone());
+            inputs.push(table);
         }
         let run = lineage.start("historical", &inputs, &outputs);
         let result = async {
@@ -125,6 +128,15 @@ impl<'a> Historical<'a> {
             Ok(joined)
         }
         .await;
+        // The output's columns, each from the table or spine column it was read from.
+        let outputs: Vec<Dataset> = match (&result, &read) {
+            (Ok(joined), Some((refs, defs))) => {
+                let columns: Vec<String> = joined.batch.schema().fields().iter().map(|f| f.name().clone()).collect();
+                let lineage = crate::lineage::columns::joined_columns(defs, refs, &datasets, spine.as_ref(), &columns);
+                outputs.into_iter().map(|o| o.facet("columnLineage", crate::lineage::column_lineage(&lineage))).collect()
+            }
+            _ => outputs,
+        };
         run.end(&result, &inputs, &outputs);
         result
     }
