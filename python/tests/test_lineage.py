@@ -483,3 +483,41 @@ def test_column_lineage_of_on_demand_and_aggregated_features_names_their_inputs(
     assert inputs("driver_id") == [(spine_file, "driver_id", "IDENTITY")]
     written = set(pq.read_schema(repo / "joined.parquet").names)
     assert set(fields) <= written and "scoring__tip" in written
+
+
+def test_a_training_set_logged_to_mlflow_is_the_runs_input_with_its_id_as_digest(repo, tmp_path, monkeypatch):
+    """Against a real local MLflow tracking store (a file store in a temp folder)."""
+    mlflow = pytest.importorskip("mlflow")
+    import quiver as qv
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    for view in ("driver_hourly", "customer_profile", "driver_customer", "customer_rides"):
+        quiver(repo, "ingest", view, f"sample_data/{view}.parquet")
+    quiver(repo, "export", "--service", "ranker_v1", "--spine", "sample_data/spine.parquet", "--out", "train")
+    manifest = json.load(open(repo / "train" / "manifest.json"))
+    ts = qv.TrainingSet(str(repo / "train"))
+    mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
+    with mlflow.start_run() as run:
+        ts.log_to_mlflow()
+    # Read back through a new client, as MLflow's UI would.
+    got = mlflow.MlflowClient().get_run(run.info.run_id).inputs.dataset_inputs
+    assert len(got) == 1
+    dataset, tags = got[0].dataset, {t.key: t.value for t in got[0].tags}
+    assert dataset.digest == manifest["training_set_id"]
+    assert dataset.name == "train"
+    assert json.loads(dataset.source)["uri"] == str(repo / "train" / "manifest.json")
+    specs = {c["name"]: c for c in json.loads(dataset.schema)["mlflow_colspec"]}
+    columns = {n: c["type"] for n, c in specs.items()}
+    assert columns["driver_hourly__conv_pct"] == "double" and columns["driver_id"] == "long", columns
+    assert specs["customer_profile__embedding"]["items"] == {"type": "float"}, specs
+    assert set(columns) == {c for c, _ in manifest["schema"]}
+    assert tags["mlflow.data.context"] == "training"
+    assert tags["quiver.registry_version"] == str(manifest["registry_version"])
+    assert json.loads(tags["quiver.delta_versions"]) == manifest["delta_versions"]
+    assert tags["quiver.service"] == "ranker_v1"
+    assert tags["quiver.code_version"] == "unknown"  # the fixture's repository is not in git
+    # By run id, to a run that is not active.
+    other = mlflow.MlflowClient().create_run(run.info.experiment_id)
+    ts.log_to_mlflow(run_id=other.info.run_id, context="eval")
+    [again] = mlflow.MlflowClient().get_run(other.info.run_id).inputs.dataset_inputs
+    assert again.dataset.digest == manifest["training_set_id"]
+    assert {t.key: t.value for t in again.tags}["mlflow.data.context"] == "eval"

@@ -113,6 +113,78 @@ class TrainingSet:
             shuffle = shuffle or shuffle_shards
         return torch_data(self, batch_size, columns, shuffle, seed, rank, world_size, epoch, window_rows)
 
+    def log_to_mlflow(self, context: str = "training", run_id: Optional[str] = None,
+                      name: Optional[str] = None) -> None:
+        """Logs this training set as an input dataset of an MLflow run, as
+        ``mlflow.log_input`` does (docs/lineage.md#mlflow): its digest is the training
+        set's id, its source the manifest's location, its schema the shards' columns, and
+        its tags the service, the registry version, the views and Delta versions read, and
+        the feature repository's code version. The active run (MLflow starts one when
+        none is), or the run ``run_id``. Needs ``mlflow`` or ``mlflow-skinny``."""
+        try:
+            import mlflow
+            from mlflow.data.dataset_source_registry import resolve_dataset_source
+            from mlflow.data.meta_dataset import MetaDataset
+        except ImportError as e:
+            raise ValidationError("log_to_mlflow needs MLflow: pip install mlflow-skinny (or mlflow)") from e
+        manifest = self.manifest
+        import warnings
+        with warnings.catch_warnings():
+            # A local path matches MLflow's local source twice; it says so, and takes it.
+            warnings.simplefilter("ignore", UserWarning)
+            source = resolve_dataset_source(os.path.abspath(os.path.join(self.path, "manifest.json")))
+        schema = self._mlflow_schema()
+        dataset = MetaDataset(source=source, name=name or os.path.basename(os.path.abspath(self.path)),
+                              digest=self.id, schema=schema)
+        code = manifest.get("code_version")
+        tags = {
+            "quiver.training_set_id": self.id,
+            "quiver.service": manifest["options"]["service"],
+            "quiver.registry_version": str(manifest["registry_version"]),
+            "quiver.delta_versions": json.dumps(manifest["delta_versions"], sort_keys=True),
+            "quiver.rows": str(manifest["rows"]),
+            "quiver.code_version": code["commit"] + ("-dirty" if code["dirty"] else "") if code else "unknown",
+        }
+        if run_id is None:
+            mlflow.log_input(dataset, context=context, tags=tags)
+            return
+        from mlflow.entities import DatasetInput, InputTag
+        entity_tags = [InputTag(key="mlflow.data.context", value=context)] + [InputTag(key=k, value=v) for k, v in tags.items()]
+        mlflow.MlflowClient().log_inputs(run_id, [DatasetInput(dataset=dataset._to_mlflow_entity(), tags=entity_tags)])
+
+    def _mlflow_schema(self):
+        """The shards' columns as an MLflow schema (a column of a type MLflow has no name
+        for is left out); ``None`` without shards."""
+        from mlflow.types import ColSpec, Schema
+        from mlflow.types.schema import Array
+
+        def spec(t):
+            if pa.types.is_boolean(t):
+                return "boolean"
+            if pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_int32(t) or pa.types.is_uint8(t) or pa.types.is_uint16(t):
+                return "integer"
+            if pa.types.is_integer(t):
+                return "long"
+            if pa.types.is_float16(t) or pa.types.is_float32(t):
+                return "float"
+            if pa.types.is_float64(t):
+                return "double"
+            if pa.types.is_string(t) or pa.types.is_large_string(t):
+                return "string"
+            if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+                return "binary"
+            if pa.types.is_timestamp(t) or pa.types.is_date(t):
+                return "datetime"
+            if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+                inner = spec(t.value_type)
+                return Array(inner) if inner is not None else None
+            return None
+
+        if not self.files:
+            return None
+        columns = [(f.name, spec(f.type)) for f in self.to_arrow_dataset().schema]
+        return Schema([ColSpec(t, n) for n, t in columns if t is not None])
+
     def _layout(self):
         """The blocks, their rows, the columns with nulls and the schema (loader.layout),
         read once."""
