@@ -70,8 +70,15 @@ pub(super) struct Http {
     pending: AtomicUsize,
     /// Whether the last attempt failed (the endpoint refused, failed or did not answer).
     failing: AtomicBool,
+    /// When the attempt in flight began, if one is.
+    in_flight: Mutex<Option<Instant>>,
     timeout: Duration,
 }
+
+/// How long an attempt may be in flight before a process's exit stops waiting for it:
+/// an endpoint that answers waits out a job's last events, one that does not answer
+/// costs a short job this at most, and a longer job nothing.
+const PATIENCE: Duration = Duration::from_millis(500);
 
 /// The process's HTTP senders, one per endpoint configuration.
 static SENDERS: Mutex<Vec<Arc<Http>>> = Mutex::new(Vec::new());
@@ -91,6 +98,7 @@ impl Http {
             queue: tx,
             pending: AtomicUsize::new(0),
             failing: AtomicBool::new(false),
+            in_flight: Mutex::new(None),
             timeout,
         });
         let worker = http.clone();
@@ -141,7 +149,10 @@ impl Http {
             if let Some(token) = &endpoint.token {
                 request = request.bearer_auth(token);
             }
-            let status = match request.send().await {
+            self.mark_in_flight(Some(Instant::now()));
+            let sent = request.send().await;
+            self.mark_in_flight(None);
+            let status = match sent {
                 Ok(answer) => answer.status(),
                 Err(e) => {
                     last = if e.is_timeout() { format!("no answer within {:?}", self.timeout) } else { e.to_string() };
@@ -166,6 +177,15 @@ impl Http {
         tracing::debug!(url = %endpoint.url, error = %last, "lineage event not delivered; dropped");
     }
 
+    fn mark_in_flight(&self, since: Option<Instant>) {
+        *self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = since;
+    }
+
+    /// Whether the attempt in flight has waited longer than [`PATIENCE`].
+    fn stalled(&self) -> bool {
+        self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_some_and(|t| t.elapsed() > PATIENCE)
+    }
+
     fn failed_attempt(&self, endpoint: &Endpoint, error: &str) {
         if !self.failing.swap(true, Ordering::SeqCst) {
             tracing::warn!(url = %endpoint.url, %error, "lineage endpoint failing: events are retried, then dropped and counted on /metrics; jobs go on");
@@ -180,14 +200,19 @@ struct Endpoint {
     retries: u32,
 }
 
-/// Before the process ends: waits for queued events while their endpoint answers, at
-/// most its timeout; what is left is counted dropped. An endpoint already failing is
-/// not waited for, so a dead one never holds a job's exit.
+/// Before the process ends: waits for queued events while their endpoint answers (each
+/// attempt within [`PATIENCE`]), at most its timeout in all; what is left is counted
+/// dropped. An endpoint already failing, or one sitting on an attempt, is not waited
+/// for, so a dead or stalled one never holds a job's exit.
 pub(super) fn flush() {
     let senders = SENDERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
     for http in senders {
         let deadline = Instant::now() + http.timeout;
-        while http.pending.load(Ordering::SeqCst) > 0 && !http.failing.load(Ordering::SeqCst) && Instant::now() < deadline {
+        while http.pending.load(Ordering::SeqCst) > 0
+            && !http.failing.load(Ordering::SeqCst)
+            && !http.stalled()
+            && Instant::now() < deadline
+        {
             std::thread::sleep(Duration::from_millis(5));
         }
         let left = http.pending.load(Ordering::SeqCst);
