@@ -103,3 +103,33 @@ def stop_all(procs, timeout=10):
                 p.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+_BLACK_HOLE = []
+
+
+def black_hole():
+    """A loopback port that takes connections and never reads or answers them (an HTTP
+    endpoint that never answers); it lives as long as this process."""
+    import threading
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(128)
+
+    def accept():
+        while True:
+            conn, _ = server.accept()
+            _BLACK_HOLE.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server.getsockname()[1]
+
+
+def lineage_section(mode, interval="60s"):
+    """quiver.yaml's `lineage:` for a benchmark (docs/lineage.md): `off`, `file`, or
+    `http-stalled` (the http transport to an endpoint that never answers)."""
+    if mode == "off":
+        return ""
+    if mode == "file":
+        return f"lineage:\n  transport: file\n  interval: {interval}\n"
+    return f"lineage:\n  transport: http\n  url: http://127.0.0.1:{black_hole()}/api/v1/lineage\n  interval: {interval}\n"

@@ -44,7 +44,7 @@ from datetime import datetime, timedelta, timezone
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from benchlib import cpu_seconds, free_port, stop_all, wait_port
+from benchlib import cpu_seconds, free_port, lineage_section, stop_all, wait_port
 
 
 def metrics(port):
@@ -165,6 +165,10 @@ def main():
                          "(docs/transformations.md#write-time)")
     ap.add_argument("--versions", type=int, choices=(1, 2), default=1,
                     help="live versions of the view reading the topic (2: every event is written twice)")
+    ap.add_argument("--lineage", choices=("off", "file", "http-stalled"), default="off",
+                    help="lineage events (docs/lineage.md): none, the file transport, or the http transport to an "
+                         "endpoint that takes connections and never answers")
+    ap.add_argument("--throughput-only", action="store_true", help="skip the freshness run")
     args = ap.parse_args()
     quiver = os.path.abspath(args.quiver)
     if args.instructions:
@@ -190,6 +194,7 @@ def main():
         with open(os.path.join(repo, "quiver.yaml"), "w") as fh:
             fh.write(f"project: streambench\nregistry: registry.json\noffline_store:\n  path: data\n"
                      f"online_store:\n  type: redis\n  url: redis://127.0.0.1:{rport}/0\nkafka:\n  brokers: {brokers}\n")
+            fh.write(lineage_section(args.lineage, interval="1s"))
         with open(os.path.join(repo, "features.yaml"), "w") as fh:
             fh.write(SHAPED if args.shaped else """entities:
   - name: driver
@@ -283,6 +288,8 @@ feature_views:
               f"nothing, {os.cpu_count()} cores would stream at most {args.events * os.cpu_count() / beside:,.0f} events/s "
               f"({os.cpu_count() * elapsed:.1f} CPU-s were there)", flush=True)
 
+        if args.throughput_only:
+            return
         # 2. Freshness at a fixed offered rate.
         log = os.path.join(work, "stream2.log")
         proc = start_stream(quiver, repo, mport, 100, log)

@@ -184,6 +184,13 @@ fn get_historical_features(
     Ok(ArrowStream::new(joined))
 }
 
+/// The lineage events still queued for an HTTP endpoint sent while it answers
+/// (docs/lineage.md#transports); `quiver/__init__.py` calls it at the interpreter's exit.
+#[pyfunction]
+fn flush_lineage(py: Python<'_>) {
+    py.detach(quiver::lineage::flush);
+}
+
 /// A time as the CLI takes it (RFC 3339, a date, `now`, a duration before now such as
 /// `7d`), as RFC 3339 text; an error names `what`.
 #[pyfunction]
@@ -490,6 +497,7 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_sample, m)?)?;
     m.add_function(wrap_pyfunction!(monitor, m)?)?;
     m.add_function(wrap_pyfunction!(parse_time, m)?)?;
+    m.add_function(wrap_pyfunction!(flush_lineage, m)?)?;
     m.add_function(wrap_pyfunction!(_sleep, m)?)?;
     Ok(())
 }

@@ -522,3 +522,16 @@ def test_a_training_set_logged_to_mlflow_is_the_runs_input_with_its_id_as_digest
     [again] = mlflow.MlflowClient().get_run(other.info.run_id).inputs.dataset_inputs
     assert again.dataset.digest == manifest["training_set_id"]
     assert {t.key: t.value for t in again.tags}["mlflow.data.context"] == "eval"
+
+
+def test_a_full_disk_for_the_file_transport_is_logged_and_the_job_completes(repo):
+    """The events' file on a full device (/dev/full: every write fails with ENOSPC)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    os.remove(repo / "lineage.jsonl")
+    os.symlink("/dev/full", repo / "lineage.jsonl")
+    run = quiver(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+    assert "lineage event not written" in run.stderr and "No space left on device" in run.stderr, run.stderr
+    assert "736 rows" in run.stdout or "ingested" in run.stdout, run.stdout
+    commits = glob.glob(str(repo / "data" / "driver_hourly" / "_delta_log" / "*.json"))
+    assert len(commits) == 2, commits

@@ -13,6 +13,7 @@ without a copy on the Rust side. Long calls release the GIL, and Ctrl-C cancels 
 """
 from __future__ import annotations
 
+import atexit
 import json
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,6 +47,10 @@ from .definitions import (
 )
 from .results import OnlineResponse, RetrievalJob
 from .training import TrainingSet, shard_plan, to_tensors
+
+# Lineage events an HTTP endpoint has not taken yet go before the interpreter exits
+# (docs/lineage.md#transports).
+atexit.register(_quiver.flush_lineage)
 
 # Definitions or data that do not fit are also a ValueError, as Python code catches them.
 # (The extension declares the class; a heap type's bases can be widened like this.)
