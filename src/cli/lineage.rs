@@ -46,7 +46,7 @@ impl Lineage {
 fn what(node: &Node) -> String {
     let d = &node.details;
     let text = |k: &str| d.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-    let what = match node.kind {
+    match node.kind {
         Kind::FeatureView => format!("version {}, table {}", d.get("version").map_or(String::new(), ToString::to_string), text("table")),
         Kind::Feature if d.get("live") == Some(&serde_json::Value::Bool(false)) => "no longer in the registry (retired)".to_string(),
         Kind::Feature => {
@@ -66,8 +66,7 @@ fn what(node: &Node) -> String {
             d.get("rows").map_or(String::new(), ToString::to_string)
         ),
         Kind::Source | Kind::RequestField | Kind::FeatureService => String::new(),
-    };
-    what
+    }
 }
 
 /// One line of a node: its kind, name and what it is made of.
