@@ -45,6 +45,7 @@ from .definitions import (
     UnixTimestamp,
     _expect,
 )
+from .mixture import Mixture
 from .results import OnlineResponse, RetrievalJob
 from .training import TrainingSet, shard_plan, to_tensors
 
@@ -59,7 +60,7 @@ if not issubclass(ValidationError, ValueError):
 
 __all__ = [
     "Aggregation", "Array", "Bool", "Bytes", "DeltaSource", "DuplicateIngestWarning", "Entity", "FeatureService", "FeatureStore", "FeatureView",
-    "Field", "Float32", "Float64", "Int32", "Int64", "KafkaSource", "NotFoundError", "OnDemandFeatureView", "OnlineResponse",
+    "Field", "Float32", "Float64", "Int32", "Int64", "KafkaSource", "Mixture", "NotFoundError", "OnDemandFeatureView", "OnlineResponse",
     "QuiverError", "RetrievalJob", "StoreUnavailableError", "String", "TrainingSet", "UnixTimestamp",
     "ValidationError", "shard_plan", "to_tensors",
 ]

@@ -1,0 +1,757 @@
+"""Mixing training sets by weights that may change with the step (docs/mixing.md):
+``quiver.Mixture({"web": ts_a, "code": ts_b}, weights={"web": 0.7, "code": 0.3})``.
+
+The plan of an epoch is a pure function of the sets' row counts, the weights or schedule,
+the policies, the seed, the epoch and the *global* batch (``batch_size * world_size``
+rows a step), computed the same on every rank and data-loader worker:
+
+1. each source's rows in a seeded order per pass: its blocks (shards' row groups)
+   permuted by ``default_rng([seed, epoch, k, pass])``, then its rows within windows of
+   ``window_rows`` permuted (``shuffle=False``: the export's order);
+2. step ``s`` takes ``c[s][k]`` rows from source ``k``, the next ones in its order: the
+   largest-remainder split of the global batch by the step's weights, carried — each
+   count is ``floor`` or ``ceil`` of ``G * w[k]`` (within one row of its share), the one
+   extra rows going to the sources furthest behind their exact running total, so the
+   totals stay within about a row of exact over the epoch (:func:`step_counts`);
+3. a step's rows are permuted (``default_rng([seed, epoch, s])``) and cut into
+   ``world_size`` contiguous parts: rank ``r`` yields part ``r`` as its batch for that step;
+4. a source that runs out: ``repeat`` starts its next pass (its own order), ``stop`` ends
+   the epoch with that step (the step holds what the source had left: the epoch's last
+   global batch is short), ``drop`` gives what it had left, the others fill the step, and
+   the weights are renormalised without it from the next step on. The epoch also ends
+   when every source is done, or after ``steps`` steps when given.
+
+So every rank yields the same number of batches (the epoch's steps), the ranks' rows are
+disjoint, and the state of the plan after any number of steps — each source's pass and
+position, the carried remainders, the dropped sources, the rows read per source — is what
+``state_dict()`` records: a mixture resumes from it at the same or another world size
+(the rest of the epoch then reads exactly the rows not yet read, in the mix the schedule
+says for the steps that follow).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import OrderedDict
+from fractions import Fraction
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ._quiver import ValidationError
+from .loader import WINDOW_ROWS, Columns, default_rank, pack_by_dtype
+
+POLICIES = ("repeat", "stop", "drop")
+
+
+def _fraction(name: str, value: Any) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
+        raise ValidationError(f"weight of `{name}` must be a number, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValidationError(f"weight of `{name}` must be finite, got {value!r}")
+    w = Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+    if w < 0:
+        raise ValidationError(f"weight of `{name}` is negative ({value!r})")
+    return w
+
+
+class Schedule:
+    """Weights by step: points ``(step, {source: weight})``, each holding from its step
+    (a phase), or ``(step, weights, "linear")``, reached by a linear ramp from the point
+    before it. Weights need not sum to 1: a step's are normalised."""
+
+    def __init__(self, names: Sequence[str], weights: Optional[Mapping[str, Any]],
+                 schedule: Optional[Sequence[Any]]):
+        if (weights is None) == (schedule is None):
+            raise ValidationError("a mixture takes weights= or schedule=, one of them")
+        points = [(0, weights)] if schedule is None else list(schedule)
+        if not points:
+            raise ValidationError("schedule= is empty")
+        self.names = list(names)
+        self.points: List[Tuple[int, List[Fraction], bool]] = []
+        for i, point in enumerate(points):
+            if not isinstance(point, (tuple, list)) or len(point) not in (2, 3):
+                raise ValidationError(f"schedule point {i}: expected (step, weights) or (step, weights, 'linear'), "
+                                      f"got {point!r}")
+            step, ws = point[0], point[1]
+            linear = len(point) == 3
+            if linear and point[2] != "linear":
+                raise ValidationError(f"schedule point {i}: the third item is 'linear' (a ramp), got {point[2]!r}")
+            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+                raise ValidationError(f"schedule point {i}: step must be a whole number >= 0, got {step!r}")
+            if i == 0 and step != 0:
+                raise ValidationError(f"schedule point 0 is at step {step}: the schedule starts at step 0")
+            if i == 0 and linear:
+                raise ValidationError("schedule point 0 cannot be a ramp (there is nothing before it)")
+            if i > 0 and step <= self.points[-1][0]:
+                raise ValidationError(f"schedule point {i} is at step {step}, not after point {i - 1}'s step "
+                                      f"{self.points[-1][0]}: steps go forward")
+            if not isinstance(ws, Mapping):
+                raise ValidationError(f"schedule point {i}: weights must be a mapping of source to weight")
+            unknown = [k for k in ws if k not in self.names]
+            if unknown:
+                raise ValidationError(f"weights name `{unknown[0]}`, which is not a source of the mixture "
+                                      f"(sources: {', '.join(self.names)})")
+            row = [_fraction(n, ws.get(n, 0)) for n in self.names]
+            if sum(row) == 0:
+                raise ValidationError(f"schedule point {i} (step {step}): every weight is zero")
+            self.points.append((step, row, linear))
+
+    def phase(self, step: int) -> int:
+        """The index of the point whose phase (or ramp) ``step`` is in: the last at or
+        before it."""
+        p = 0
+        for i, (at, _, _) in enumerate(self.points):
+            if at <= step:
+                p = i
+        return p
+
+    def weights(self, step: int) -> List[Fraction]:
+        """The weights at ``step`` (before normalising): the phase's, or on a ramp the
+        line between its ends."""
+        i = self.phase(step)
+        if i + 1 < len(self.points) and self.points[i + 1][2]:
+            (a, wa, _), (b, wb, _) = self.points[i], self.points[i + 1]
+            t = Fraction(step - a, b - a)
+            return [x + (y - x) * t for x, y in zip(wa, wb)]
+        return list(self.points[i][1])
+
+    def describe(self) -> List[Dict[str, Any]]:
+        return [{"step": at, "weights": {n: float(w) for n, w in zip(self.names, ws)}, **({"ramp": "linear"} if lin else {})}
+                for at, ws, lin in self.points]
+
+
+def step_counts(total: int, weights: Sequence[Fraction], carry: List[Fraction]) -> List[int]:
+    """A global batch of ``total`` rows split by ``weights`` (normalised here; a zero
+    weight gets nothing): each source ``floor`` or ``ceil`` of its exact share, the extra
+    rows to the sources with the largest share-plus-carry (ties: the first source), and
+    ``carry`` (each source's exact running total less its rows so far) updated in place."""
+    norm = sum(weights)
+    shares = [total * w / norm for w in weights]
+    floors = [math.floor(x) for x in shares]
+    extra = total - sum(floors)
+    deficit = [carry[k] + shares[k] - floors[k] for k in range(len(weights))]
+    eligible = [k for k in range(len(weights)) if shares[k] != floors[k]]
+    eligible.sort(key=lambda k: (-deficit[k], k))
+    counts = list(floors)
+    for k in eligible[:extra]:
+        counts[k] += 1
+    for k in range(len(weights)):
+        carry[k] = deficit[k] - (counts[k] - floors[k])
+    return counts
+
+
+class Planner:
+    """Where an epoch's plan is after some steps: each source's pass and position, the
+    carried remainders, the dropped sources, the rows read per source (per phase too),
+    and whether the epoch has ended. :meth:`next` plans one more step."""
+
+    def __init__(self, rows: Sequence[int], schedule: Schedule, policies: Sequence[str], steps: Optional[int]):
+        self.rows, self.schedule, self.policies, self.limit = list(rows), schedule, list(policies), steps
+        n = len(rows)
+        self.step = 0
+        self.passes = [0] * n
+        self.position = [0] * n
+        self.carry = [Fraction(0)] * n
+        self.dropped = [False] * n
+        self.read = [0] * n
+        self.read_by_phase: Dict[int, List[int]] = {}
+        self.ended = False
+
+    def state(self) -> Dict[str, Any]:
+        return {"step": self.step, "passes": list(self.passes), "position": list(self.position),
+                "carry": [str(c) for c in self.carry], "dropped": list(self.dropped), "read": list(self.read),
+                "read_by_phase": {str(p): list(v) for p, v in self.read_by_phase.items()}, "ended": self.ended}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.passes, self.position = [int(x) for x in state["passes"]], [int(x) for x in state["position"]]
+        self.carry = [Fraction(c) for c in state["carry"]]
+        self.dropped, self.read = [bool(x) for x in state["dropped"]], [int(x) for x in state["read"]]
+        self.read_by_phase = {int(p): [int(x) for x in v] for p, v in state["read_by_phase"].items()}
+        self.ended = bool(state["ended"])
+
+    def next(self, total: int) -> Optional[List[Tuple[int, int, int, int]]]:
+        """The next step's takes, ``(source, pass, first, end)`` row ranges of each
+        source's pass order in the step's layout order, or ``None`` when the epoch is
+        over."""
+        if self.ended or (self.limit is not None and self.step >= self.limit):
+            self.ended = True
+            return None
+        n = len(self.rows)
+        weights = self.schedule.weights(self.step)
+        active = [Fraction(0) if self.dropped[k] else w for k, w in enumerate(weights)]
+        if sum(active) == 0:
+            self.ended = True
+            return None
+        counts = step_counts(total, active, self.carry)
+        takes: List[Tuple[int, int, int, int]] = []
+        final = False
+        # A `drop` source that runs out leaves what it lacked to the sources still live,
+        # by their weights (again, should another run out).
+        while True:
+            short = 0
+            for k in range(n):
+                if counts[k] <= 0:
+                    continue
+                got = self._take(k, counts[k], takes)
+                if got < counts[k]:
+                    if self.policies[k] == "stop":
+                        final = True
+                    else:
+                        self.dropped[k] = True
+                        short += counts[k] - got
+            if short == 0 or final:
+                break
+            others = [Fraction(0) if self.dropped[k] else w for k, w in enumerate(weights)]
+            if sum(others) == 0:
+                break
+            counts = step_counts(short, others, [Fraction(0)] * n)
+        if not takes:
+            self.ended = True
+            return None
+        # A source read to its end: `stop` ends the epoch with this step, `drop` is done.
+        for k in range(n):
+            if self.position[k] == self.rows[k] and self.policies[k] != "repeat":
+                final = final or self.policies[k] == "stop"
+                self.dropped[k] = self.dropped[k] or self.policies[k] == "drop"
+        phase = self.schedule.phase(self.step)
+        by_phase = self.read_by_phase.setdefault(phase, [0] * n)
+        for k, _p, a, b in takes:
+            self.read[k] += b - a
+            by_phase[k] += b - a
+        self.step += 1
+        if final or all(self.dropped):
+            self.ended = True
+        return takes
+
+    def _take(self, k: int, want: int, takes: List[Tuple[int, int, int, int]]) -> int:
+        """Up to ``want`` rows of source ``k`` from its position (a `repeat` source goes
+        on into its next pass); returns how many."""
+        got = 0
+        while got < want:
+            left = self.rows[k] - self.position[k]
+            if left == 0:
+                if self.policies[k] != "repeat" or self.rows[k] == 0:
+                    break
+                self.passes[k] += 1
+                self.position[k] = 0
+                continue
+            m = min(left, want - got)
+            takes.append((k, self.passes[k], self.position[k], self.position[k] + m))
+            self.position[k] += m
+            got += m
+        return got
+
+
+class SourceOrder:
+    """A source's rows in the order of a pass: its blocks (permuted), then its rows within
+    windows of ``window_rows`` (permuted), read a window at a time."""
+
+    def __init__(self, k: int, files: List[str], fmt: str, blocks: List[Tuple[int, int]], rows: List[int],
+                 columns: Columns, seed: int, epoch: int, shuffle: bool, window_rows: int):
+        self.k, self.files, self.fmt, self.blocks, self.block_rows = k, files, fmt, blocks, rows
+        self.columns, self.seed, self.epoch, self.shuffle, self.window_rows = columns, seed, epoch, shuffle, window_rows
+        self.open: "OrderedDict[int, Any]" = OrderedDict()
+        self.cache: "OrderedDict[Tuple[int, int], Dict[str, np.ndarray]]" = OrderedDict()
+
+    def _blocks(self, p: int) -> Tuple[np.ndarray, np.ndarray]:
+        order = np.arange(len(self.block_rows))
+        if self.shuffle and len(order) > 1:
+            order = np.random.default_rng([self.seed, self.epoch, self.k, p]).permutation(len(order))
+        sizes = np.asarray(self.block_rows, dtype=np.int64)[order]
+        return order, np.cumsum(sizes)
+
+    def _read_block(self, b: int, first: int, end: int) -> pa.Table:
+        shard, group = self.blocks[b]
+        handle = self.open.get(shard)
+        if handle is None:
+            if len(self.open) >= 16:
+                self.open.popitem(last=False)
+            handle = pa.ipc.open_file(pa.memory_map(self.files[shard])) if self.fmt == "arrow" else pq.ParquetFile(self.files[shard])
+            self.open[shard] = handle
+        if self.fmt == "arrow":
+            table = pa.Table.from_batches([handle.get_batch(group)]).select(self.columns.names)
+        else:
+            table = handle.read_row_group(group, columns=self.columns.names)
+        return table.slice(first, end - first)
+
+    def window(self, p: int, j: int) -> Dict[str, np.ndarray]:
+        """Window ``j`` of pass ``p`` as arrays, permuted when shuffling."""
+        key = (p, j)
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.cache.move_to_end(key)
+            return hit
+        order, ends = self._blocks(p)
+        total = int(ends[-1]) if len(ends) else 0
+        lo, hi = j * self.window_rows, min((j + 1) * self.window_rows, total)
+        parts = []
+        first = int(np.searchsorted(ends, lo, side="right"))
+        at = lo
+        for i in range(first, len(order)):
+            if at >= hi:
+                break
+            start = int(ends[i]) - self.block_rows[int(order[i])]
+            end = min(hi, int(ends[i]))
+            parts.append(self.columns.arrays(self._read_block(int(order[i]), at - start, end - start)))
+            at = end
+        arrays = {n: (np.concatenate([q[n] for q in parts]) if parts else np.zeros(0)) for n in self.columns.names}
+        if self.shuffle and hi - lo > 1:
+            perm = np.random.default_rng([self.seed, self.epoch, self.k, p, j]).permutation(hi - lo)
+            arrays = {n: a[perm] for n, a in arrays.items()}
+        self.cache[key] = arrays
+        while len(self.cache) > 2:
+            self.cache.popitem(last=False)
+        return arrays
+
+    def rows(self, p: int, first: int, end: int) -> Dict[str, np.ndarray]:
+        """Rows ``first..end`` of pass ``p``'s order."""
+        parts = []
+        w = self.window_rows
+        at = first
+        while at < end:
+            j = at // w
+            hi = min(end, (j + 1) * w)
+            win = self.window(p, j)
+            parts.append({n: a[at - j * w:hi - j * w] for n, a in win.items()})
+            at = hi
+        if len(parts) == 1:
+            return parts[0]
+        return {n: np.concatenate([q[n] for q in parts]) for n in self.columns.names}
+
+
+class Mixture:
+    """Several training sets blended by weights (docs/mixing.md).
+
+    ``sets``: ``{name: TrainingSet or its folder}``. ``weights``: ``{name: weight}`` for
+    the whole run, or ``schedule``: ``[(step, {name: weight}), ...]`` — each point a phase
+    from its step, or ``(step, weights, "linear")`` reached by a ramp from the point
+    before (a source a point does not name weighs 0 there). ``on_exhausted``: what a
+    source does when it runs out — ``"repeat"`` (its next pass, re-shuffled), ``"stop"``
+    (the epoch ends), ``"drop"`` (the others share its weight) — one for all, or
+    ``{name: policy}`` (default ``"stop"``). ``steps``: global steps per epoch at most
+    (needed when no source stops the epoch)."""
+
+    def __init__(self, sets: Mapping[str, Any], weights: Optional[Mapping[str, Any]] = None, *,
+                 schedule: Optional[Sequence[Any]] = None, on_exhausted: Union[str, Mapping[str, str]] = "stop",
+                 steps: Optional[int] = None):
+        from .training import TrainingSet
+        if not isinstance(sets, Mapping) or not sets:
+            raise ValidationError("a mixture takes a non-empty mapping of name to training set")
+        self.names: List[str] = [str(n) for n in sets]
+        self.sets: List[Any] = []
+        for name, ts in sets.items():
+            if isinstance(ts, (str, os.PathLike)):
+                ts = TrainingSet(os.fspath(ts))
+            if not isinstance(ts, TrainingSet):
+                raise ValidationError(f"source `{name}`: expected a TrainingSet or its folder, got {type(ts).__name__}")
+            self.sets.append(ts)
+        self.schedule = Schedule(self.names, weights, schedule)
+        if isinstance(on_exhausted, str):
+            policies = {n: on_exhausted for n in self.names}
+        elif isinstance(on_exhausted, Mapping):
+            unknown = [k for k in on_exhausted if k not in self.names]
+            if unknown:
+                raise ValidationError(f"on_exhausted names `{unknown[0]}`, which is not a source of the mixture "
+                                      f"(sources: {', '.join(self.names)})")
+            policies = {n: on_exhausted.get(n, "stop") for n in self.names}
+        else:
+            raise ValidationError("on_exhausted takes a policy (repeat, stop or drop) or a mapping of source to policy")
+        for n, p in policies.items():
+            if p not in POLICIES:
+                raise ValidationError(f"on_exhausted of `{n}`: `{p}` is not a policy (repeat, stop or drop)")
+        self.policies = [policies[n] for n in self.names]
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValidationError(f"steps must be a whole number of steps >= 1, got {steps!r}")
+        self.steps = steps
+        if steps is None and "repeat" in self.policies and "stop" not in self.policies:
+            raise ValidationError("no source stops the epoch and one repeats, so an epoch would never end: give steps= "
+                                  "(global steps per epoch) or make a source `stop`")
+        for name, ts in zip(self.names, self.sets):
+            _check_files(name, ts)
+
+    def describe(self) -> Dict[str, Any]:
+        """What the mixture is made of: each set's id, folder and what its manifest says
+        it read (service, feature references, registry and Delta versions), the schedule,
+        the policies."""
+        sets = {}
+        for name, ts, policy in zip(self.names, self.sets, self.policies):
+            m = ts.manifest
+            sets[name] = {"path": os.path.abspath(ts.path), "training_set_id": ts.id, "rows": ts.num_rows,
+                          "service": m["options"]["service"], "features": [f["reference"] for f in m["features"]],
+                          "registry_version": m["registry_version"], "delta_versions": m["delta_versions"],
+                          "code_version": m.get("code_version"), "on_exhausted": policy}
+        return {"sets": sets, "schedule": self.schedule.describe(), "steps": self.steps}
+
+    def to_torch(self, batch_size: int = 1024, columns: Optional[Sequence[str]] = None, shuffle: bool = False,
+                 seed: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None, epoch: int = 0, *,
+                 window_rows: int = WINDOW_ROWS):
+        """A ``torch.utils.data.IterableDataset`` of this rank's batches (dicts of tensors,
+        ``"source"`` the source id of every row, an index into ``names``), with the
+        arguments and guarantees of ``TrainingSet.to_torch`` (docs/mixing.md): every
+        rank yields ``len(ds)`` batches, one per global step; ``state_dict()`` /
+        ``load_state_dict()`` resume mid-epoch, also at another world size; ``.loader(
+        num_workers=...)``; ``rows_read()`` and ``describe()``."""
+        try:
+            import torch  # noqa: F401
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ValidationError("to_torch needs PyTorch (pip install torch)") from e
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
+        rank, world_size = default_rank(rank, world_size)
+        if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValidationError(f"rank {rank!r} is not in 0..{world_size!r} (world_size)")
+        layouts = [ts._layout() for ts in self.sets]
+        cols, vocabularies = _columns(self.names, self.sets, layouts, columns)
+        return _torch_class()(self, layouts, cols, vocabularies, batch_size, rank, world_size, shuffle, seed, epoch,
+                              window_rows)
+
+
+def _check_files(name: str, ts: Any) -> None:
+    """A set's shards are there and hold the rows its manifest says (a set changed since
+    its export is refused by name; ``TrainingSet.verify()`` checks every byte)."""
+    for shard, path in zip(ts.manifest["shards"], ts.files):
+        if not os.path.exists(path):
+            raise ValidationError(f"source `{name}`: {path} is missing (the training set changed since its export)")
+        if ts.format == "arrow":
+            reader = pa.ipc.open_file(pa.memory_map(path))
+            rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+        else:
+            rows = pq.ParquetFile(path).metadata.num_rows
+        if rows != shard["rows"]:
+            raise ValidationError(f"source `{name}`: {path} holds {rows} rows, its manifest says {shard['rows']} "
+                                  f"(the training set changed since its export)")
+
+
+def _columns(names: List[str], sets: List[Any], layouts: List[Any], columns: Optional[Sequence[str]]):
+    """One ``Columns`` per set over the same columns of the same types: those named, or
+    every column when the sets' columns are the same; strings coded into one vocabulary,
+    the sorted union of the sets'."""
+    schemas = [lay[3] for lay in layouts]
+    if columns is not None:
+        if isinstance(columns, str):
+            raise ValidationError("columns= takes a list of column names, not one string")
+        wanted = list(columns)
+        for name, schema in zip(names, schemas):
+            missing = [c for c in wanted if c not in schema.names]
+            if missing:
+                raise ValidationError(f"column `{missing[0]}` is not in training set `{name}` (it has: "
+                                      f"{', '.join(schema.names)})")
+    else:
+        wanted = list(schemas[0].names)
+        for name, schema in zip(names[1:], schemas[1:]):
+            if set(schema.names) != set(wanted):
+                extra = sorted(set(schema.names) ^ set(wanted))
+                raise ValidationError(f"training sets `{names[0]}` and `{name}` have different columns (`{extra[0]}` is in "
+                                      f"one only): name the columns they share with columns=")
+    for c in wanted:
+        types = [s.field(c).type for s in schemas]
+        for name, t in zip(names[1:], types[1:]):
+            if t != types[0]:
+                raise ValidationError(f"column `{c}` is {types[0]} in `{names[0]}` and {t} in `{name}`: the sets must "
+                                      f"agree on its type")
+    if "source" in wanted:
+        raise ValidationError("column `source` would hide the batch's source ids: leave it out with columns=")
+    nulls: Dict[str, bool] = {}
+    for lay in layouts:
+        for c, has in lay[2].items():
+            nulls[c] = nulls.get(c, False) or has
+    vocabularies: Dict[str, List[str]] = {}
+    for c in wanted:
+        if not _is_text(schemas[0].field(c).type):
+            continue
+        merged: set = set()
+        for name, ts in zip(names, sets):
+            vocab = ts.manifest.get("vocabularies", {}).get(c)
+            if vocab is None:
+                if columns is not None:
+                    raise ValidationError(f"column `{c}` of `{name}`: strings without a vocabulary in the manifest "
+                                          f"(more than 100,000 distinct values): encode it before the export")
+                merged = set()
+                break
+            merged.update(vocab)
+        if merged:
+            vocabularies[c] = sorted(merged)
+    cols = [Columns(schema, vocabularies, nulls, columns) for schema in schemas]
+    return cols, vocabularies
+
+
+def _is_text(t: pa.DataType) -> bool:
+    from .loader import is_text
+    return is_text(t)
+
+
+def _fingerprint(data: Any) -> Dict[str, Any]:
+    m = data.mixture
+    return {"sets": {n: ts.id for n, ts in zip(m.names, m.sets)}, "schedule": m.schedule.describe(),
+            "on_exhausted": dict(zip(m.names, m.policies)), "steps": m.steps, "batch_size": data.batch_size,
+            "seed": data.seed, "shuffle": data.shuffle, "window_rows": data.window_rows,
+            "columns": list(data.columns[0].names), "vocabularies": data.vocabularies}
+
+
+def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: int, limit: int):
+    """Up to ``limit`` of the next steps of the plan (steps ``first_step``, ... relative
+    to where iterating began) as this (rank, worker)'s rows: ``(arrays, batch sizes,
+    steps)``, the steps of another worker planned but not read. ``None`` at the epoch's
+    end."""
+    n = len(data.mixture.names)
+    total = data.batch_size * data.world_size
+    plans = []
+    i = first_step
+    while len(plans) < limit:
+        absolute = planner.step
+        takes = planner.next(total)
+        if takes is None:
+            break
+        plans.append((i, absolute, takes))
+        i += 1
+    if not plans:
+        return None
+    mine = [p for p in plans if p[0] % workers == worker]
+    # Per source, the sequence positions (pass * rows + position) the chunk reads.
+    rows = planner.rows
+    spans: List[Optional[Tuple[int, int]]] = [None] * n
+    for _i, _s, takes in mine:
+        for k, p, a, b in takes:
+            lo, hi = p * rows[k] + a, p * rows[k] + b
+            spans[k] = (lo, hi) if spans[k] is None else (min(spans[k][0], lo), max(spans[k][1], hi))
+    parts: List[Dict[str, np.ndarray]] = []
+    base = [0] * n
+    at = 0
+    for k in range(n):
+        if spans[k] is None:
+            continue
+        lo, hi = spans[k]
+        pieces = []
+        pos = lo
+        while pos < hi:
+            p, off = divmod(pos, rows[k])
+            end = min(hi, (p + 1) * rows[k])
+            pieces.append(data.orders[k].rows(p, off, end - p * rows[k]))
+            pos = end
+        arrays = pieces[0] if len(pieces) == 1 else {c: np.concatenate([q[c] for q in pieces]) for c in data.names}
+        parts.append(arrays)
+        base[k] = at - lo
+        at += hi - lo
+    index: List[np.ndarray] = []
+    source: List[np.ndarray] = []
+    sizes: List[int] = []
+    for _i, s, takes in mine:
+        layout = np.concatenate([np.arange(base[k] + p * rows[k] + a, base[k] + p * rows[k] + b) for k, p, a, b in takes])
+        ids = np.concatenate([np.full(b - a, k, dtype=np.int64) for k, p, a, b in takes])
+        g = len(layout)
+        order = (np.random.default_rng([data.seed, data.epoch, s]).permutation(g) if data.shuffle and g > 1
+                 else np.arange(g))
+        lo, hi = data.rank * g // data.world_size, (data.rank + 1) * g // data.world_size
+        index.append(layout[order[lo:hi]])
+        source.append(ids[order[lo:hi]])
+        sizes.append(hi - lo)
+    if index:
+        idx = np.concatenate(index)
+        out = {c: np.concatenate([q[c] for q in parts])[idx] if len(parts) > 1 else parts[0][c][idx] for c in data.names}
+        out["source"] = np.concatenate(source)
+    else:
+        out = {c: np.zeros(0) for c in data.names}
+        out["source"] = np.zeros(0, dtype=np.int64)
+    return out, sizes, len(plans)
+
+
+_CLASS: Any = None
+
+
+def _torch_class() -> Any:
+    """The IterableDataset class, made once PyTorch is imported (importable by name from
+    this module, so spawned workers unpickle it)."""
+    global _CLASS
+    if _CLASS is not None:
+        return _CLASS
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    class MixtureData(IterableDataset):  # type: ignore[misc]
+        """A mixture's batches for one rank (docs/mixing.md)."""
+
+        def __init__(self, mixture, layouts, columns, vocabularies, batch_size, rank, world_size, shuffle, seed,
+                     epoch, window_rows):
+            self.mixture, self.layouts, self.columns, self.vocabularies = mixture, layouts, columns, vocabularies
+            self.names = list(columns[0].names)
+            self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+            self.shuffle, self.seed, self.epoch, self.window_rows = shuffle, seed, epoch, window_rows
+            self.rows = [sum(lay[1]) for lay in layouts]
+            for name, n in zip(mixture.names, self.rows):
+                if n == 0:
+                    raise ValidationError(f"training set `{name}` has no rows")
+            # Where iterating starts (the epoch's start, or a loaded state), and the
+            # steps handed out since, by how many workers.
+            self.start: Dict[str, Any] = self._planner().state()
+            self.consumed, self.loaded = 0, False
+            self._orders()
+
+        def _orders(self) -> None:
+            self.orders = [SourceOrder(k, ts.files, ts.format, lay[0], lay[1], cols, self.seed, self.epoch, self.shuffle,
+                                       self.window_rows)
+                           for k, (ts, lay, cols) in enumerate(zip(self.mixture.sets, self.layouts, self.columns))]
+
+        def __getstate__(self):
+            state = dict(self.__dict__)
+            state.pop("orders", None)
+            return state
+
+        def __setstate__(self, state):
+            self.__dict__.update(state)
+            self._orders()
+
+        def _planner(self, state: Optional[Mapping[str, Any]] = None) -> Planner:
+            p = Planner(self.rows, self.mixture.schedule, self.mixture.policies, self.mixture.steps)
+            if state is not None:
+                p.load(state)
+            return p
+
+        def _at(self, steps: int) -> Planner:
+            """The plan after ``steps`` more steps from where iterating starts."""
+            p = self._planner(self.start)
+            total = self.batch_size * self.world_size
+            for _ in range(steps):
+                if p.next(total) is None:
+                    break
+            return p
+
+        def __len__(self) -> int:
+            """Batches this rank yields from where iterating starts (the epoch's steps)."""
+            p = self._planner(self.start)
+            total = self.batch_size * self.world_size
+            n = 0
+            while p.next(total) is not None:
+                n += 1
+            return n
+
+        def set_epoch(self, epoch: int) -> None:
+            """Starts epoch ``epoch`` from its first step; right after ``load_state_dict``
+            of that epoch, from where the state was taken."""
+            if self.loaded and epoch == self.epoch:
+                self.loaded = False
+                return
+            self.epoch, self.consumed, self.loaded = epoch, 0, False
+            self._orders()
+            self.start = self._planner().state()
+
+        def state_dict(self) -> Dict[str, Any]:
+            """The plan after the steps handed out so far: each source's pass and
+            position, the carried remainders, the rows read; loadable at another world
+            size."""
+            return {"epoch": self.epoch, **_fingerprint(self), "world_size": self.world_size,
+                    "plan": self._at(self.consumed).state()}
+
+        def load_state_dict(self, state: Mapping[str, Any]) -> None:
+            """Resumes where ``state_dict()`` was taken, at this world size and number of
+            workers (which may differ from the saving run's)."""
+            mine = _fingerprint(self)
+            for key, value in mine.items():
+                if state.get(key) != value:
+                    theirs = state.get(key)
+                    shown = (lambda v: json.dumps(v)[:200])
+                    raise ValidationError(f"load_state_dict: the state is of another mixture: its {key} is "
+                                          f"{shown(theirs)}, this one's {shown(value)}")
+            self.epoch = int(state["epoch"])
+            self._orders()
+            self.start = dict(state["plan"])
+            self.consumed, self.loaded = 0, True
+
+        def rows_read(self) -> Dict[str, Any]:
+            """Rows read so far this epoch (every rank's, the steps handed out), per source
+            and per phase of the schedule."""
+            p = self._at(self.consumed)
+            names = self.mixture.names
+            return {"epoch": self.epoch, "steps": p.step, "total": dict(zip(names, p.read)),
+                    "by_phase": {str(ph): dict(zip(names, v)) for ph, v in sorted(p.read_by_phase.items())}}
+
+        def describe(self) -> Dict[str, Any]:
+            """The mixture (sets, versions, schedule, policies), how it is read (seed,
+            batch size, world size, shuffle, columns) and the rows read so far: what an
+            ablation report needs, as JSON (``write_description``)."""
+            return {**self.mixture.describe(), "seed": self.seed, "shuffle": self.shuffle,
+                    "batch_size": self.batch_size, "world_size": self.world_size, "epoch": self.epoch,
+                    "columns": self.names, "sources": list(self.mixture.names), "rows_read": self.rows_read()}
+
+        def write_description(self, path: str) -> None:
+            """``describe()`` as JSON at ``path`` (beside a checkpoint), written whole."""
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump(self.describe(), fh, indent=2)
+            os.replace(tmp, path)
+
+        def __iter__(self):
+            info = get_worker_info()
+            worker, workers = (info.id, info.num_workers) if info else (0, 1)
+            main = info is None
+            if main:
+                self.consumed, self.loaded = 0, False
+            planner = self._planner(self.start)
+            chunk_steps = max(workers, (max(1, self.window_rows // (self.batch_size * self.world_size)) // workers) * workers)
+            step = 0
+            while True:
+                got = _chunk(self, planner, worker, workers, step, chunk_steps)
+                if got is None:
+                    return
+                arrays, sizes, planned = got
+                step += planned
+                source = arrays.pop("source")
+                if main:
+                    tensors = {n: torch.from_numpy(a) for n, a in arrays.items()}
+                else:
+                    flat = {n: a for n, a in arrays.items() if a.ndim == 1}
+                    tensors = {n: torch.from_numpy(a) for n, a in arrays.items() if a.ndim != 1}
+                    tensors.update(pack_by_dtype(flat, torch))
+                tensors["source"] = torch.from_numpy(source)
+                offset = 0
+                for size in sizes:
+                    batch = {n: t[offset:offset + size] for n, t in tensors.items()}
+                    if main:
+                        self.consumed += 1
+                    yield batch
+                    offset += size
+
+        def loader(self, num_workers: int = 0, **kwargs: Any):
+            """A ``DataLoader`` over this dataset (``batch_size=None``) that counts the
+            batches it hands out, for ``state_dict()``."""
+            data = self
+            if kwargs.get("persistent_workers"):
+                raise ValidationError("loader(persistent_workers=True): persistent workers keep the epoch and state "
+                                      "they started with; make a loader() per epoch instead")
+            if kwargs.get("in_order", True) is False:
+                raise ValidationError("loader(in_order=False): the order batches come in is what state_dict() counts")
+            dl = DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
+
+            class Counted:
+                def __len__(self):
+                    return len(data)
+
+                def __iter__(self):
+                    it = iter(dl)
+                    if num_workers == 0:
+                        yield from it
+                        return
+                    data.consumed, data.loaded = 0, False
+                    for batch in it:
+                        data.consumed += 1
+                        yield batch
+
+            return Counted()
+
+    MixtureData.__module__ = __name__
+    MixtureData.__qualname__ = "MixtureData"
+    globals()["MixtureData"] = MixtureData
+    _CLASS = MixtureData
+    return MixtureData
+
+
+def __getattr__(name: str) -> Any:
+    """``MixtureData``, made on first use (a spawned worker asks for it by name)."""
+    if name == "MixtureData":
+        return _torch_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
