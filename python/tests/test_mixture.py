@@ -1,0 +1,297 @@
+"""Mixing training sets (docs/mixing.md): exact counts per global batch against an
+independent largest-remainder oracle, schedules, coverage, resume (0 and 2 workers,
+elastic across world sizes), DDP under torchrun, describe(), and bad input."""
+import hashlib
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import quiver as qv
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        if os.environ.get("QUIVER_REQUIRE_TORCH"):
+            raise
+        pytest.skip("PyTorch is not installed (./run test installs it)")
+    return torch
+
+
+def make_set(path, n, offset, shards=3, group=64, cities=("a", "b")):
+    """A training set folder as `quiver export` writes one: Parquet shards of row groups
+    and manifest.json; row `i` has id `offset + i` (ids identify rows across sets)."""
+    os.makedirs(path, exist_ok=True)
+    per = -(-n // shards)
+    entries = []
+    for s in range(shards):
+        lo, hi = s * per, min(n, (s + 1) * per)
+        ids = np.arange(offset + lo, offset + hi, dtype=np.int64)
+        table = pa.table({"id": ids, "x": ids * 0.5, "city": pa.array([cities[i % len(cities)] for i in range(lo, hi)])})
+        name = f"part-{s:05d}.parquet"
+        pq.write_table(table, os.path.join(path, name), row_group_size=group)
+        digest = hashlib.sha256(open(os.path.join(path, name), "rb").read()).hexdigest()
+        entries.append({"file": name, "rows": hi - lo, "sha256": digest})
+    manifest = {
+        "format_version": 1, "training_set_id": hashlib.sha256(str(path).encode()).hexdigest()[:32], "project": "p",
+        "registry_version": 3, "options": {"service": "svc", "format": "parquet", "shard_rows": per, "created_cutoff": False},
+        "delta_versions": {"v": 5}, "spine": {"path": "spine.parquet", "sha256": "0" * 64, "rows": n},
+        "features": [{"reference": "v:x", "column": "x", "dtype": "float64"}],
+        "schema": [["id", "Int64"], ["x", "Float64"], ["city", "Utf8"]], "rows": n, "shards": entries,
+        "vocabularies": {"city": sorted(set(cities))}}
+    with open(os.path.join(path, "manifest.json"), "w") as fh:
+        json.dump(manifest, fh)
+    return qv.TrainingSet(str(path))
+
+
+@pytest.fixture()
+def abc(tmp_path):
+    return {"a": make_set(tmp_path / "a", 700, 0), "b": make_set(tmp_path / "b", 200, 10_000, cities=("c", "b")),
+            "c": make_set(tmp_path / "c", 100, 20_000)}
+
+
+def oracle(total, weights, carry):
+    """The global batch's counts, written here independently of the library: each share
+    floor or ceil of total * w, the extras to the largest (carry + fraction), first wins
+    ties; the carry is the exact running total less the rows given."""
+    s = sum(weights)
+    exact = [Fraction(total) * w / s for w in weights]
+    out = [math.floor(e) for e in exact]
+    need = total - sum(out)
+    score = [(carry[k] + exact[k] - out[k], -k) for k in range(len(weights)) if exact[k] != out[k]]
+    for _, negk in sorted(score, reverse=True)[:need]:
+        out[-negk] += 1
+    for k in range(len(weights)):
+        carry[k] += exact[k] - out[k]
+    return out
+
+
+def global_counts(mixture, batch_size, world, n_sources, **kw):
+    """Per step, the rows of each source over all ranks, and each rank's batch count."""
+    per_rank = []
+    for rank in range(world):
+        ds = mixture.to_torch(batch_size=batch_size, rank=rank, world_size=world, **kw)
+        per_rank.append([np.bincount(b["source"].numpy(), minlength=n_sources) for b in ds])
+    lengths = {len(p) for p in per_rank}
+    assert len(lengths) == 1, f"ranks yield different batch counts: {[len(p) for p in per_rank]}"
+    return [sum(p[s] for p in per_rank).tolist() for s in range(len(per_rank[0]))]
+
+
+@pytest.mark.parametrize("batch_size, world", [(1, 2), (7, 3), (64, 4), (1000, 2)])
+def test_every_global_batch_holds_the_largest_remainder_counts(tmp_path, batch_size, world):
+    _torch()
+    sets = {"a": make_set(tmp_path / "a", 7000, 0, group=500), "b": make_set(tmp_path / "b", 2000, 10 ** 6, group=500),
+            "c": make_set(tmp_path / "c", 1000, 2 * 10 ** 6, group=500)}
+    weights = {"a": 0.7, "b": 0.2, "c": 0.1}
+    mixture = qv.Mixture(sets, weights=weights, on_exhausted="repeat", steps=min(400, 24_000 // (batch_size * world)))
+    got = global_counts(mixture, batch_size, world, 3, shuffle=True, seed=5)
+    total, carry = batch_size * world, [Fraction(0)] * 3
+    w = [Fraction(7, 10), Fraction(2, 10), Fraction(1, 10)]
+    cumulative = [0, 0, 0]
+    for step, counts in enumerate(got):
+        assert counts == oracle(total, w, carry), f"step {step}"
+        for k in range(3):
+            assert math.floor(total * w[k]) <= counts[k] <= math.ceil(total * w[k]), (step, k, counts)
+            cumulative[k] += counts[k]
+            assert abs(cumulative[k] - (step + 1) * total * w[k]) < 1, (step, k)
+    assert len(got) == mixture.steps
+
+
+def test_a_schedule_changes_the_mix_at_the_step_it_names_and_ramps_linearly(tmp_path):
+    _torch()
+    sets = {"a": make_set(tmp_path / "a", 5000, 0), "b": make_set(tmp_path / "b", 5000, 10 ** 6)}
+    schedule = [(0, {"a": 1}), (10, {"b": 1}), (20, {"a": 1, "b": 1}), (30, {"a": 1}, "linear")]
+    mixture = qv.Mixture(sets, schedule=schedule, on_exhausted="repeat", steps=40)
+    got = global_counts(mixture, 10, 2, 2)
+    assert all(c == [20, 0] for c in got[:10]) and all(c == [0, 20] for c in got[10:20]), got[:21]
+    # The ramp from 20 (1:1) to 30 (1:0): the weights at step s, the oracle's counts.
+    carry = [Fraction(0)] * 2
+    for s in range(40):
+        if s < 10:
+            w = [Fraction(1), Fraction(0)]
+        elif s < 20:
+            w = [Fraction(0), Fraction(1)]
+        elif s < 30:
+            t = Fraction(s - 20, 10)
+            w = [1 + (1 - 1) * t, 1 + (0 - 1) * t]
+        else:
+            w = [Fraction(1), Fraction(0)]
+        assert got[s] == oracle(20, w, carry), s
+    assert got[25] == [13, 7] and got[30:] == [[20, 0]] * 10  # weights 1 : 0.5 at the ramp's middle
+    ds = mixture.to_torch(batch_size=10, rank=0, world_size=2)
+    list(ds)
+    read = ds.rows_read()
+    assert read["by_phase"]["0"] == {"a": 200, "b": 0} and read["by_phase"]["1"] == {"a": 0, "b": 200}
+    assert read["total"]["a"] + read["total"]["b"] == 800
+
+
+def test_stop_reads_the_limiting_set_once_and_repeat_passes_are_permutations(tmp_path):
+    _torch()
+    sets = {"small": make_set(tmp_path / "s", 130, 0), "big": make_set(tmp_path / "g", 1000, 10 ** 6)}
+    mixture = qv.Mixture(sets, weights={"small": 1, "big": 1}, on_exhausted={"small": "repeat", "big": "stop"})
+    ids = {"small": [], "big": []}
+    # One row a step: the rows come in each source's order (a step's rows are shuffled
+    # together, which would blur where a pass ends).
+    for b in mixture.to_torch(batch_size=1, shuffle=True, seed=9):
+        for i, s in zip(b["id"].tolist(), b["source"].tolist()):
+            ids[mixture.names[s]].append(i)
+    assert sorted(ids["big"]) == list(range(10 ** 6, 10 ** 6 + 1000)), "the stopping set once, every row"
+    small = ids["small"]
+    assert len(small) >= 3 * 130
+    passes = [small[i:i + 130] for i in range(0, len(small), 130)]
+    for p in passes[:-1]:
+        assert sorted(p) == list(range(130)), "each pass of a repeated set is a permutation"
+    assert passes[0] != passes[1], "each pass is shuffled anew"
+    # drop: when `b` runs out, `a` fills the steps, and the epoch ends when both have.
+    sets2 = {"a": make_set(tmp_path / "a2", 300, 0), "b": make_set(tmp_path / "b2", 50, 10 ** 6)}
+    dropped = qv.Mixture(sets2, weights={"a": 1, "b": 1}, on_exhausted="drop")
+    seen = [i for b in dropped.to_torch(batch_size=20, shuffle=True, seed=1) for i in b["id"].tolist()]
+    assert sorted(seen) == list(range(300)) + list(range(10 ** 6, 10 ** 6 + 50))
+
+
+def _ids(batches):
+    return [b["id"].tolist() for b in batches]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_at_random_steps_gives_the_uninterrupted_batches(abc, workers):
+    _torch()
+    mixture = qv.Mixture(abc, weights={"a": 0.7, "b": 0.2, "c": 0.1}, on_exhausted={"a": "repeat", "b": "repeat", "c": "stop"})
+    make = lambda: mixture.to_torch(batch_size=9, shuffle=True, seed=4, window_rows=128)  # noqa: E731
+    full = _ids(make().loader(num_workers=workers))
+    assert len(full) == len(make())
+    rng = random.Random(11)
+    for at in sorted(rng.sample(range(1, len(full) - 1), 3)):
+        ds = make()
+        it = iter(ds.loader(num_workers=workers))
+        head = [next(it)["id"].tolist() for _ in range(at)]
+        state = json.loads(json.dumps(ds.state_dict()))  # as a checkpoint holds it
+        del it
+        resumed = make()
+        resumed.load_state_dict(state)
+        tail = _ids(resumed.loader(num_workers=workers))
+        assert head + tail == full, at
+
+
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 4)])
+def test_elastic_resume_reads_exactly_the_rows_not_yet_read(abc, before, after):
+    _torch()
+    mixture = qv.Mixture(abc, weights={"a": 0.7, "b": 0.2, "c": 0.1})
+    at = 12
+    read, state = [], None
+    for rank in range(before):
+        ds = mixture.to_torch(batch_size=5, shuffle=True, seed=2, rank=rank, world_size=before)
+        it = iter(ds)
+        read += [i for _ in range(at) for i in next(it)["id"].tolist()]
+        state = state or ds.state_dict()
+    assert len(set(read)) == len(read)
+    lengths = set()
+    for rank in range(after):
+        ds = mixture.to_torch(batch_size=5, shuffle=True, seed=2, rank=rank, world_size=after)
+        ds.load_state_dict(state)
+        batches = _ids(ds)
+        lengths.add(len(batches))
+        read += [i for b in batches for i in b]
+    assert len(lengths) == 1
+    assert len(set(read)) == len(read), "a row read twice across the resume"
+    planned = ds.rows_read()["total"]
+    assert len(read) == sum(planned.values())
+    assert {i for i in read if i >= 20_000} == set(range(20_000, 20_100)), "the stopping set, every row once"
+    per = {"a": sum(i < 10_000 for i in read), "b": sum(10_000 <= i < 20_000 for i in read)}
+    assert per == {"a": planned["a"], "b": planned["b"]}
+
+
+def test_describe_names_the_sets_their_versions_and_the_rows_read(abc, tmp_path):
+    _torch()
+    mixture = qv.Mixture(abc, schedule=[(0, {"a": 0.7, "b": 0.3}), (5, {"c": 1})], on_exhausted="stop")
+    ds = mixture.to_torch(batch_size=10, shuffle=True, seed=1)
+    it = iter(ds)
+    for _ in range(7):
+        next(it)
+    ds.write_description(str(tmp_path / "mix.json"))
+    d = json.loads((tmp_path / "mix.json").read_text())
+    assert d["sets"]["a"]["training_set_id"] == abc["a"].id and d["sets"]["b"]["delta_versions"] == {"v": 5}
+    assert d["sets"]["c"]["registry_version"] == 3 and d["sets"]["a"]["features"] == ["v:x"]
+    assert d["schedule"] == [{"step": 0, "weights": {"a": 0.7, "b": 0.3, "c": 0.0}}, {"step": 5, "weights": {"a": 0.0, "b": 0.0, "c": 1.0}}]
+    assert d["seed"] == 1 and d["batch_size"] == 10 and d["sources"] == ["a", "b", "c"]
+    assert d["rows_read"]["by_phase"] == {"0": {"a": 35, "b": 15, "c": 0}, "1": {"a": 0, "b": 0, "c": 20}}
+    # Strings: one vocabulary across the sets (a: a/b, b: c/b), in the state.
+    assert ds.state_dict()["vocabularies"] == {"city": ["a", "b", "c"]}
+
+
+def test_bad_mixtures_are_refused_naming_what_is_wrong(abc, tmp_path):
+    _torch()
+    cases = [
+        (dict(weights={"a": -1, "b": 1}), "weight of `a` is negative"),
+        (dict(weights={"a": 0, "b": 0}), "every weight is zero"),
+        (dict(weights={"a": 1, "web": 1}), "`web`, which is not a source"),
+        (dict(schedule=[(0, {"a": 1}), (10, {"b": 1}), (5, {"c": 1})]), "steps go forward"),
+        (dict(schedule=[(3, {"a": 1})]), "starts at step 0"),
+        (dict(weights={"a": 1}, on_exhausted="loop"), "`loop` is not a policy"),
+        (dict(weights={"a": 1}, on_exhausted="repeat"), "give steps="),
+        (dict(weights={"a": 1}, schedule=[(0, {"a": 1})]), "weights= or schedule="),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(qv.ValidationError, match=message.replace("(", r"\(").replace("=", "=")):
+            qv.Mixture(abc, **kwargs)
+    with pytest.raises(qv.NotFoundError, match="manifest.json"):
+        qv.Mixture({"a": abc["a"], "gone": str(tmp_path / "nowhere")}, weights={"a": 1})
+    # A shard rewritten since the export.
+    changed = make_set(tmp_path / "changed", 100, 0)
+    pq.write_table(pa.table({"id": pa.array([1], pa.int64()), "x": [0.5], "city": ["a"]}), changed.files[0])
+    with pytest.raises(qv.ValidationError, match="source `changed`.*part-00000.parquet holds 1 rows"):
+        qv.Mixture({"a": abc["a"], "changed": changed}, weights={"a": 1})
+    # Different columns: refused unless columns= names shared ones of one type.
+    other = tmp_path / "other"
+    os.makedirs(other)
+    pq.write_table(pa.table({"id": pa.array([7], pa.int64()), "y": [1.0]}), other / "part-00000.parquet")
+    m = json.load(open(os.path.join(abc["a"].path, "manifest.json")))
+    m.update(rows=1, shards=[{"file": "part-00000.parquet", "rows": 1, "sha256": "0"}], vocabularies={})
+    json.dump(m, open(other / "manifest.json", "w"))
+    mixed = qv.Mixture({"a": abc["a"], "o": qv.TrainingSet(str(other))}, weights={"a": 1, "o": 1}, on_exhausted="drop")
+    with pytest.raises(qv.ValidationError, match="different columns"):
+        mixed.to_torch(batch_size=4)
+    assert [b["id"].tolist() for b in mixed.to_torch(batch_size=4, columns=["id"])][-1] != []
+    # A state from another mixture: what differs is named.
+    one = qv.Mixture(abc, weights={"a": 0.7, "b": 0.2, "c": 0.1}).to_torch(batch_size=10, seed=1)
+    two = qv.Mixture(abc, weights={"a": 0.6, "b": 0.3, "c": 0.1}).to_torch(batch_size=10, seed=1)
+    with pytest.raises(qv.ValidationError, match="its schedule is"):
+        two.load_state_dict(one.state_dict())
+    three = qv.Mixture(abc, weights={"a": 0.7, "b": 0.2, "c": 0.1}).to_torch(batch_size=10, seed=2)
+    with pytest.raises(qv.ValidationError, match="its seed is 1, this one's 2"):
+        three.load_state_dict(one.state_dict())
+
+
+def test_torchrun_ranks_read_disjoint_rows_in_equal_batch_counts(abc, tmp_path):
+    """docs/mixing.md's DDP example under torchrun, 2 processes (gloo)."""
+    _torch()
+    guide = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "mixing.md")).read()
+    script = guide.split("```python ddp\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "mix_ddp.py").write_text(script)
+    env = dict(os.environ, SETS=json.dumps({k: v.path for k, v in abc.items()}), OUT=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(_free_port()), str(tmp_path / "mix_ddp.py")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert seen[0]["batches"] == seen[1]["batches"] > 0
+    assert not set(seen[0]["ids"]) & set(seen[1]["ids"])
+    union = set(seen[0]["ids"]) | set(seen[1]["ids"])
+    assert len(union) == seen[0]["planned"] and set(range(20_000, 20_100)) <= union
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
