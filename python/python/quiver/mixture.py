@@ -13,7 +13,8 @@ rows a step), computed the same on every rank and data-loader worker:
    count is ``floor`` or ``ceil`` of ``G * w[k]`` (within one row of its share), the one
    extra rows going to the sources furthest behind their exact running total, so the
    totals stay within about a row of exact over the epoch (:func:`step_counts`);
-3. a step's rows are permuted (``default_rng([seed, epoch, s])``) and cut into
+3. a step's rows are shuffled together (a permutation of the step's size drawn once per
+   epoch, turned by an offset hashed from the step: :func:`_within_step`) and cut into
    ``world_size`` contiguous parts: rank ``r`` yields part ``r`` as its batch for that step;
 4. a source that runs out: ``repeat`` starts its next pass (its own order), ``stop`` ends
    the epoch with that step (the step holds what the source had left: the epoch's last
@@ -43,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ._quiver import ValidationError
-from .loader import WINDOW_ROWS, Columns, default_rank, pack_by_dtype
+from .loader import WINDOW_ROWS, Columns, default_rank
 
 POLICIES = ("repeat", "stop", "drop")
 
@@ -110,6 +111,10 @@ class Schedule:
                 p = i
         return p
 
+    def ramps(self, phase: int) -> bool:
+        """Whether the weights change step by step in ``phase`` (a ramp follows it)."""
+        return phase + 1 < len(self.points) and self.points[phase + 1][2]
+
     def weights(self, step: int) -> List[Fraction]:
         """The weights at ``step`` (before normalising): the phase's, or on a ramp the
         line between its ends."""
@@ -161,13 +166,62 @@ class Planner:
         self.read = [0] * n
         self.read_by_phase: Dict[int, List[int]] = {}
         self.ended = False
+        # While the global batch and the weights stay the same (a phase), the carry is
+        # kept as whole numbers over one denominator: the same arithmetic as
+        # `step_counts`, without a fraction's cost per operation.
+        self._key: Any = None
+        self._ints: Tuple[List[int], int, int] = ([], 1, 1)
+        self._units: List[int] = []
+        self._sig: Any = None
+        self._weights: List[Fraction] = []
+
+    def _enter(self, total: int, weights: List[Fraction]) -> None:
+        """Keeps the carry in whole numbers over one denominator while ``weights`` hold."""
+        key = (total, tuple(weights))
+        if key == self._key:
+            return
+        self._sync()
+        den = math.lcm(*[w.denominator for w in weights])
+        a = [int(w * den) for w in weights]
+        whole = sum(a)
+        unit = math.lcm(whole, *[c.denominator for c in self.carry])
+        self._key, self._ints = key, (a, whole, unit)
+        self._units = [int(c * unit) for c in self.carry]
+
+    def _step(self, total: int) -> List[int]:
+        """`step_counts(total, weights, self.carry)` for the weights entered, in whole
+        numbers."""
+        a, whole, unit = self._ints
+        scale = unit // whole
+        units = self._units
+        floors = [total * x // whole for x in a]
+        rems = [total * x % whole for x in a]
+        extra = total - sum(floors)
+        deficit = [units[k] + rems[k] * scale for k in range(len(a))]
+        eligible = [k for k in range(len(a)) if rems[k]]
+        eligible.sort(key=lambda k: (-deficit[k], k))
+        counts = list(floors)
+        for k in eligible[:extra]:
+            counts[k] += 1
+        for k in range(len(a)):
+            units[k] = deficit[k] - (counts[k] - floors[k]) * unit
+        return counts
+
+    def _sync(self) -> None:
+        """The carry back from whole numbers to fractions."""
+        if self._key is not None:
+            unit = self._ints[2]
+            self.carry = [Fraction(u, unit) for u in self._units]
+            self._key = None
 
     def state(self) -> Dict[str, Any]:
+        self._sync()
         return {"step": self.step, "passes": list(self.passes), "position": list(self.position),
                 "carry": [str(c) for c in self.carry], "dropped": list(self.dropped), "read": list(self.read),
                 "read_by_phase": {str(p): list(v) for p, v in self.read_by_phase.items()}, "ended": self.ended}
 
     def load(self, state: Mapping[str, Any]) -> None:
+        self._key = self._sig = None
         self.step = int(state["step"])
         self.passes, self.position = [int(x) for x in state["passes"]], [int(x) for x in state["position"]]
         self.carry = [Fraction(c) for c in state["carry"]]
@@ -183,12 +237,20 @@ class Planner:
             self.ended = True
             return None
         n = len(self.rows)
-        weights = self.schedule.weights(self.step)
-        active = [Fraction(0) if self.dropped[k] else w for k, w in enumerate(weights)]
-        if sum(active) == 0:
-            self.ended = True
-            return None
-        counts = step_counts(total, active, self.carry)
+        phase = self.schedule.phase(self.step)
+        ramp = self.schedule.ramps(phase)
+        sig = (phase, self.step if ramp else -1, tuple(self.dropped), total)
+        if sig == self._sig:
+            weights = self._weights
+        else:
+            weights = self.schedule.weights(self.step)
+            active = [Fraction(0) if self.dropped[k] else w for k, w in enumerate(weights)]
+            if sum(active) == 0:
+                self.ended = True
+                return None
+            self._enter(total, active)
+            self._sig, self._weights = sig, weights
+        counts = self._step(total)
         takes: List[Tuple[int, int, int, int]] = []
         final = False
         # A `drop` source that runs out leaves what it lacked to the sources still live,
@@ -219,7 +281,6 @@ class Planner:
             if self.position[k] == self.rows[k] and self.policies[k] != "repeat":
                 final = final or self.policies[k] == "stop"
                 self.dropped[k] = self.dropped[k] or self.policies[k] == "drop"
-        phase = self.schedule.phase(self.step)
         by_phase = self.read_by_phase.setdefault(phase, [0] * n)
         for k, _p, a, b in takes:
             self.read[k] += b - a
@@ -280,8 +341,11 @@ class SourceOrder:
             table = handle.read_row_group(group, columns=self.columns.names)
         return table.slice(first, end - first)
 
-    def window(self, p: int, j: int) -> Dict[str, np.ndarray]:
-        """Window ``j`` of pass ``p`` as arrays, permuted when shuffling."""
+    def window(self, p: int, j: int) -> Tuple[Dict[Any, np.ndarray], Optional[np.ndarray]]:
+        """Window ``j`` of pass ``p``: its rows as read (:func:`_rowwise`: the 1-D columns
+        of a dtype side by side), and the permutation that puts them in the pass's order
+        (``None`` unshuffled): row ``i`` of the window in order is ``arrays[...][perm[i]]``.
+        Kept for the next chunk (two windows)."""
         key = (p, j)
         hit = self.cache.get(key)
         if hit is not None:
@@ -300,29 +364,32 @@ class SourceOrder:
             end = min(hi, int(ends[i]))
             parts.append(self.columns.arrays(self._read_block(int(order[i]), at - start, end - start)))
             at = end
-        arrays = {n: (np.concatenate([q[n] for q in parts]) if parts else np.zeros(0)) for n in self.columns.names}
+        arrays = {n: (np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n]) if parts else np.zeros(0)
+                  for n in self.columns.names}
+        arrays = _rowwise(arrays)
+        perm = None
         if self.shuffle and hi - lo > 1:
             perm = np.random.default_rng([self.seed, self.epoch, self.k, p, j]).permutation(hi - lo)
-            arrays = {n: a[perm] for n, a in arrays.items()}
-        self.cache[key] = arrays
-        while len(self.cache) > 2:
+        self.cache[key] = (arrays, perm)
+        while len(self.cache) > 2 * 2:
             self.cache.popitem(last=False)
-        return arrays
+        return arrays, perm
 
-    def rows(self, p: int, first: int, end: int) -> Dict[str, np.ndarray]:
-        """Rows ``first..end`` of pass ``p``'s order."""
-        parts = []
-        w = self.window_rows
-        at = first
-        while at < end:
-            j = at // w
-            hi = min(end, (j + 1) * w)
-            win = self.window(p, j)
-            parts.append({n: a[at - j * w:hi - j * w] for n, a in win.items()})
-            at = hi
-        if len(parts) == 1:
-            return parts[0]
-        return {n: np.concatenate([q[n] for q in parts]) for n in self.columns.names}
+
+def _rowwise(arrays: Dict[str, np.ndarray]) -> Dict[Any, np.ndarray]:
+    """The 1-D columns of each dtype as the columns of one 2-D array (rows x columns,
+    keyed by ``(dtype, names)``): a row is then gathered in one step, not one per column.
+    Other columns (lists, as 2-D) stay as they are, keyed by name."""
+    out: Dict[Any, np.ndarray] = {}
+    groups: Dict[Any, List[str]] = {}
+    for name, a in arrays.items():
+        if a.ndim == 1:
+            groups.setdefault(a.dtype.str, []).append(name)
+        else:
+            out[name] = a
+    for dtype, names in groups.items():
+        out[(dtype, tuple(names))] = np.stack([arrays[n] for n in names], axis=1) if len(names) > 1 else arrays[names[0]][:, None]
+    return out
 
 
 class Mixture:
@@ -494,71 +561,136 @@ def _fingerprint(data: Any) -> Dict[str, Any]:
             "columns": list(data.columns[0].names), "vocabularies": data.vocabularies}
 
 
+def _within_step(data: Any, g: int, step: int) -> Tuple[np.ndarray, int]:
+    """How step ``step``'s ``g`` rows are shuffled together: a permutation of ``g`` drawn
+    once per epoch (``default_rng([seed, epoch, g])``), turned by an offset of the step's
+    own (a hash of seed, epoch and step), so that which rows each rank takes varies step
+    by step and is the same however the steps are chunked."""
+    table = data._tables.get(g)
+    if table is None:
+        table = np.random.default_rng([data.seed, data.epoch, g]).permutation(g)
+        data._tables[g] = table
+    x = (data.seed * 0x9E3779B97F4A7C15 + data.epoch * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB) & (2 ** 64 - 1)
+    x ^= x >> 31
+    return table, x % g
+
+
 def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: int, limit: int):
     """Up to ``limit`` of the next steps of the plan (steps ``first_step``, ... relative
     to where iterating began) as this (rank, worker)'s rows: ``(arrays, batch sizes,
-    steps)``, the steps of another worker planned but not read. ``None`` at the epoch's
-    end."""
-    n = len(data.mixture.names)
+    steps planned)``, the steps of another worker planned but not read. ``None`` at the
+    epoch's end. Each column is gathered once, from the windows as read."""
     total = data.batch_size * data.world_size
-    plans = []
-    i = first_step
-    while len(plans) < limit:
+    rows = planner.rows
+    # The kept steps' takes: source, first sequence position (pass * rows + position),
+    # length; and each step's size and absolute number.
+    ks: List[int] = []
+    starts: List[int] = []
+    lengths: List[int] = []
+    steps: List[Tuple[int, int]] = []
+    planned = 0
+    while planned < limit:
         absolute = planner.step
         takes = planner.next(total)
         if takes is None:
             break
-        plans.append((i, absolute, takes))
-        i += 1
-    if not plans:
+        if (first_step + planned) % workers == worker:
+            g = 0
+            for k, p, a, b in takes:
+                ks.append(k)
+                starts.append(p * rows[k] + a)
+                lengths.append(b - a)
+                g += b - a
+            steps.append((absolute, g))
+        planned += 1
+    if not planned:
         return None
-    mine = [p for p in plans if p[0] % workers == worker]
-    # Per source, the sequence positions (pass * rows + position) the chunk reads.
-    rows = planner.rows
-    spans: List[Optional[Tuple[int, int]]] = [None] * n
-    for _i, _s, takes in mine:
-        for k, p, a, b in takes:
-            lo, hi = p * rows[k] + a, p * rows[k] + b
-            spans[k] = (lo, hi) if spans[k] is None else (min(spans[k][0], lo), max(spans[k][1], hi))
-    parts: List[Dict[str, np.ndarray]] = []
-    base = [0] * n
-    at = 0
-    for k in range(n):
-        if spans[k] is None:
-            continue
-        lo, hi = spans[k]
-        pieces = []
-        pos = lo
-        while pos < hi:
-            p, off = divmod(pos, rows[k])
-            end = min(hi, (p + 1) * rows[k])
-            pieces.append(data.orders[k].rows(p, off, end - p * rows[k]))
-            pos = end
-        arrays = pieces[0] if len(pieces) == 1 else {c: np.concatenate([q[c] for q in pieces]) for c in data.names}
-        parts.append(arrays)
-        base[k] = at - lo
-        at += hi - lo
-    index: List[np.ndarray] = []
-    source: List[np.ndarray] = []
+    if not steps:
+        return {}, [], planned
+    lens = np.asarray(lengths, dtype=np.int64)
+    n_all = int(lens.sum())
+    offsets = np.cumsum(lens) - lens
+    pos_all = np.repeat(np.asarray(starts, dtype=np.int64) - offsets, lens) + np.arange(n_all, dtype=np.int64)
+    src_all = np.repeat(np.asarray(ks, dtype=np.int64), lens)
+    # Each kept step's rows (in the step's layout), shuffled together, cut into ranks.
+    picks: List[np.ndarray] = []
     sizes: List[int] = []
-    for _i, s, takes in mine:
-        layout = np.concatenate([np.arange(base[k] + p * rows[k] + a, base[k] + p * rows[k] + b) for k, p, a, b in takes])
-        ids = np.concatenate([np.full(b - a, k, dtype=np.int64) for k, p, a, b in takes])
-        g = len(layout)
-        order = (np.random.default_rng([data.seed, data.epoch, s]).permutation(g) if data.shuffle and g > 1
-                 else np.arange(g))
-        lo, hi = data.rank * g // data.world_size, (data.rank + 1) * g // data.world_size
-        index.append(layout[order[lo:hi]])
-        source.append(ids[order[lo:hi]])
-        sizes.append(hi - lo)
-    if index:
-        idx = np.concatenate(index)
-        out = {c: np.concatenate([q[c] for q in parts])[idx] if len(parts) > 1 else parts[0][c][idx] for c in data.names}
-        out["source"] = np.concatenate(source)
-    else:
-        out = {c: np.zeros(0) for c in data.names}
-        out["source"] = np.zeros(0, dtype=np.int64)
-    return out, sizes, len(plans)
+    base = 0
+    i = 0
+    world, rank = data.world_size, data.rank
+    while i < len(steps):
+        g = steps[i][1]
+        run = i
+        while run < len(steps) and steps[run][1] == g:
+            run += 1
+        lo, hi = rank * g // world, (rank + 1) * g // world
+        count = run - i
+        bases = base + g * np.arange(count, dtype=np.int64)
+        if data.shuffle and g > 1:
+            table = None
+            rot = np.empty(count, dtype=np.int64)
+            for m in range(count):
+                table, rot[m] = _within_step(data, g, steps[i + m][0])
+            idx = table[(np.arange(lo, hi, dtype=np.int64)[None, :] + rot[:, None]) % g]
+        else:
+            idx = np.broadcast_to(np.arange(lo, hi, dtype=np.int64), (count, hi - lo))
+        picks.append((idx + bases[:, None]).ravel())
+        sizes += [hi - lo] * count
+        base += g * count
+        i = run
+    pick = np.concatenate(picks) if len(picks) > 1 else picks[0]
+    pos, src = pos_all[pick], src_all[pick]
+    n = len(pick)
+    gathered: Dict[Any, np.ndarray] = {}
+    w = data.window_rows
+    for k, order in enumerate(data.orders):
+        dest = np.flatnonzero(src == k)
+        if not len(dest):
+            continue
+        passes, inpass = np.divmod(pos[dest], rows[k])
+        windows = inpass // w
+        group = passes * (rows[k] // w + 1) + windows
+        first, last = int(group.min()), int(group.max())
+        keys = [first] if first == last else np.unique(group).tolist()
+        for key in keys:
+            sel = slice(None) if first == last else (group == key)
+            p, j = divmod(key, rows[k] // w + 1)
+            arrays, perm = order.window(p, j)
+            at = inpass[sel] - j * w
+            if perm is not None:
+                at = perm[at]
+            into = dest[sel]
+            for c, a in arrays.items():
+                if c not in gathered:
+                    gathered[c] = np.empty((n,) + a.shape[1:], dtype=a.dtype)
+                gathered[c][into] = a[at]
+    # Each dtype's columns as the rows of one array (a column contiguous, and the batch's
+    # columns of a dtype one block to hand from a worker).
+    out: Dict[Any, np.ndarray] = {}
+    for key, a in gathered.items():
+        if isinstance(key, tuple):
+            block = np.empty((a.shape[1], n), dtype=a.dtype)
+            block[...] = a.T
+            out[key[1]] = block
+        else:
+            out[key] = a
+    out["source"] = src
+    return out, sizes, planned
+
+
+def _tensors(arrays: Dict[Any, np.ndarray], torch: Any) -> Dict[str, Any]:
+    """A chunk's arrays as tensors: a block of columns (keyed by their names, `_chunk`)
+    one tensor whose rows are the columns, so a worker hands a batch's columns of a dtype
+    over as one shared segment; other arrays one tensor each."""
+    out: Dict[str, Any] = {}
+    for key, a in arrays.items():
+        if isinstance(key, tuple):
+            whole = torch.from_numpy(a)
+            for i, name in enumerate(key):
+                out[name] = whole[i]
+        else:
+            out[key] = torch.from_numpy(a)
+    return out
 
 
 _CLASS: Any = None
@@ -593,6 +725,7 @@ def _torch_class() -> Any:
             self._orders()
 
         def _orders(self) -> None:
+            self._tables: Dict[int, np.ndarray] = {}
             self.orders = [SourceOrder(k, ts.files, ts.format, lay[0], lay[1], cols, self.seed, self.epoch, self.shuffle,
                                        self.window_rows)
                            for k, (ts, lay, cols) in enumerate(zip(self.mixture.sets, self.layouts, self.columns))]
@@ -700,14 +833,9 @@ def _torch_class() -> Any:
                     return
                 arrays, sizes, planned = got
                 step += planned
-                source = arrays.pop("source")
-                if main:
-                    tensors = {n: torch.from_numpy(a) for n, a in arrays.items()}
-                else:
-                    flat = {n: a for n, a in arrays.items() if a.ndim == 1}
-                    tensors = {n: torch.from_numpy(a) for n, a in arrays.items() if a.ndim != 1}
-                    tensors.update(pack_by_dtype(flat, torch))
-                tensors["source"] = torch.from_numpy(source)
+                # Columns of a dtype are rows of one block: a tensor of the block, then its
+                # rows, so a worker hands a batch over as one shared segment per dtype.
+                tensors = _tensors(arrays, torch)
                 offset = 0
                 for size in sizes:
                     batch = {n: t[offset:offset + size] for n, t in tensors.items()}
