@@ -13,9 +13,9 @@ rows a step), computed the same on every rank and data-loader worker:
    count is ``floor`` or ``ceil`` of ``G * w[k]`` (within one row of its share), the one
    extra rows going to the sources furthest behind their exact running total, so the
    totals stay within about a row of exact over the epoch (:func:`step_counts`);
-3. a step's rows are shuffled together (a permutation of the step's size drawn once per
-   epoch, turned by an offset hashed from the step: :func:`_within_step`) and cut into
-   ``world_size`` contiguous parts: rank ``r`` yields part ``r`` as its batch for that step;
+3. a step's rows are laid out with each source spread evenly and cut into ``world_size``
+   contiguous parts (:func:`_split`): rank ``r`` yields part ``r`` as its batch for that
+   step, about each source's share;
 4. a source that runs out: ``repeat`` starts its next pass (its own order), ``stop`` ends
    the epoch with that step (the step holds what the source had left: the epoch's last
    global batch is short), ``drop`` gives what it had left, the others fill the step, and
@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ._quiver import ValidationError
-from .loader import WINDOW_ROWS, Columns, default_rank
+from .loader import WINDOW_ROWS, Columns, default_rank, pack_by_dtype
 
 POLICIES = ("repeat", "stop", "drop")
 
@@ -319,6 +319,7 @@ class SourceOrder:
         self.columns, self.seed, self.epoch, self.shuffle, self.window_rows = columns, seed, epoch, shuffle, window_rows
         self.open: "OrderedDict[int, Any]" = OrderedDict()
         self.cache: "OrderedDict[Tuple[int, int], Dict[str, np.ndarray]]" = OrderedDict()
+        self.last: Optional[Tuple[int, pa.Table]] = None
 
     def _blocks(self, p: int) -> Tuple[np.ndarray, np.ndarray]:
         order = np.arange(len(self.block_rows))
@@ -328,6 +329,15 @@ class SourceOrder:
         return order, np.cumsum(sizes)
 
     def _read_block(self, b: int, first: int, end: int) -> pa.Table:
+        """Rows ``first..end`` of block ``b`` (the last block read is kept: a block that
+        straddles two windows is read once)."""
+        if self.last is not None and self.last[0] == b:
+            return self.last[1].slice(first, end - first)
+        table = self._read_whole(b)
+        self.last = (b, table)
+        return table.slice(first, end - first)
+
+    def _read_whole(self, b: int) -> pa.Table:
         shard, group = self.blocks[b]
         handle = self.open.get(shard)
         if handle is None:
@@ -336,16 +346,12 @@ class SourceOrder:
             handle = pa.ipc.open_file(pa.memory_map(self.files[shard])) if self.fmt == "arrow" else pq.ParquetFile(self.files[shard])
             self.open[shard] = handle
         if self.fmt == "arrow":
-            table = pa.Table.from_batches([handle.get_batch(group)]).select(self.columns.names)
-        else:
-            table = handle.read_row_group(group, columns=self.columns.names)
-        return table.slice(first, end - first)
+            return pa.Table.from_batches([handle.get_batch(group)]).select(self.columns.names)
+        return handle.read_row_group(group, columns=self.columns.names)
 
-    def window(self, p: int, j: int) -> Tuple[Dict[Any, np.ndarray], Optional[np.ndarray]]:
-        """Window ``j`` of pass ``p``: its rows as read (:func:`_rowwise`: the 1-D columns
-        of a dtype side by side), and the permutation that puts them in the pass's order
-        (``None`` unshuffled): row ``i`` of the window in order is ``arrays[...][perm[i]]``.
-        Kept for the next chunk (two windows)."""
+    def window(self, p: int, j: int) -> Dict[str, np.ndarray]:
+        """Window ``j`` of pass ``p``: its rows in the pass's order (permuted when
+        shuffling), as arrays. Kept for the next chunk (two windows)."""
         key = (p, j)
         hit = self.cache.get(key)
         if hit is not None:
@@ -364,32 +370,17 @@ class SourceOrder:
             end = min(hi, int(ends[i]))
             parts.append(self.columns.arrays(self._read_block(int(order[i]), at - start, end - start)))
             at = end
-        arrays = {n: (np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n]) if parts else np.zeros(0)
-                  for n in self.columns.names}
-        arrays = _rowwise(arrays)
         perm = None
         if self.shuffle and hi - lo > 1:
             perm = np.random.default_rng([self.seed, self.epoch, self.k, p, j]).permutation(hi - lo)
-        self.cache[key] = (arrays, perm)
+        arrays = {}
+        for n in self.columns.names:
+            whole = (np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n]) if parts else np.zeros(0)
+            arrays[n] = whole[perm] if perm is not None else whole
+        self.cache[key] = arrays
         while len(self.cache) > 2 * 2:
             self.cache.popitem(last=False)
-        return arrays, perm
-
-
-def _rowwise(arrays: Dict[str, np.ndarray]) -> Dict[Any, np.ndarray]:
-    """The 1-D columns of each dtype as the columns of one 2-D array (rows x columns,
-    keyed by ``(dtype, names)``): a row is then gathered in one step, not one per column.
-    Other columns (lists, as 2-D) stay as they are, keyed by name."""
-    out: Dict[Any, np.ndarray] = {}
-    groups: Dict[Any, List[str]] = {}
-    for name, a in arrays.items():
-        if a.ndim == 1:
-            groups.setdefault(a.dtype.str, []).append(name)
-        else:
-            out[name] = a
-    for dtype, names in groups.items():
-        out[(dtype, tuple(names))] = np.stack([arrays[n] for n in names], axis=1) if len(names) > 1 else arrays[names[0]][:, None]
-    return out
+        return arrays
 
 
 class Mixture:
@@ -561,136 +552,87 @@ def _fingerprint(data: Any) -> Dict[str, Any]:
             "columns": list(data.columns[0].names), "vocabularies": data.vocabularies}
 
 
-def _within_step(data: Any, g: int, step: int) -> Tuple[np.ndarray, int]:
-    """How step ``step``'s ``g`` rows are shuffled together: a permutation of ``g`` drawn
-    once per epoch (``default_rng([seed, epoch, g])``), turned by an offset of the step's
-    own (a hash of seed, epoch and step), so that which rows each rank takes varies step
-    by step and is the same however the steps are chunked."""
-    table = data._tables.get(g)
-    if table is None:
-        table = np.random.default_rng([data.seed, data.epoch, g]).permutation(g)
-        data._tables[g] = table
-    x = (data.seed * 0x9E3779B97F4A7C15 + data.epoch * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB) & (2 ** 64 - 1)
-    x ^= x >> 31
-    return table, x % g
+def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray]:
+    """This rank's rows of a step that takes ``counts`` rows from the sources: each as
+    (source, offset among that source's rows of the step), in batch order. The step's
+    rows are laid out with every source spread evenly (source ``k``'s ``i``-th row at
+    ``(i + 0.5) / counts[k]``, ties to the first source) and cut into ``world_size``
+    contiguous parts, rank ``r`` taking part ``r``: every rank's batch holds about each
+    source's share, and a source's rows on one rank are consecutive rows of its order."""
+    hit = data._splits.get(counts)
+    if hit is not None:
+        return hit
+    c = np.asarray(counts, dtype=np.int64)
+    g = int(c.sum())
+    ks = np.repeat(np.arange(len(c), dtype=np.int64), c)
+    offs = np.arange(g, dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
+    keys = (2 * offs + 1) / (2.0 * np.repeat(np.maximum(c, 1), c))
+    order = np.lexsort((ks, keys))
+    lo, hi = data.rank * g // data.world_size, (data.rank + 1) * g // data.world_size
+    mine = order[lo:hi]
+    data._splits[counts] = (ks[mine], offs[mine])
+    return data._splits[counts]
 
 
 def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: int, limit: int):
     """Up to ``limit`` of the next steps of the plan (steps ``first_step``, ... relative
     to where iterating began) as this (rank, worker)'s rows: ``(arrays, batch sizes,
     steps planned)``, the steps of another worker planned but not read. ``None`` at the
-    epoch's end. Each column is gathered once, from the windows as read."""
+    epoch's end."""
     total = data.batch_size * data.world_size
     rows = planner.rows
-    # The kept steps' takes: source, first sequence position (pass * rows + position),
-    # length; and each step's size and absolute number.
-    ks: List[int] = []
-    starts: List[int] = []
-    lengths: List[int] = []
-    steps: List[Tuple[int, int]] = []
+    n_src = len(rows)
+    kept: List[Tuple[Tuple[int, ...], List[int]]] = []
     planned = 0
     while planned < limit:
-        absolute = planner.step
         takes = planner.next(total)
         if takes is None:
             break
         if (first_step + planned) % workers == worker:
-            g = 0
-            for k, p, a, b in takes:
-                ks.append(k)
-                starts.append(p * rows[k] + a)
-                lengths.append(b - a)
-                g += b - a
-            steps.append((absolute, g))
+            counts = [0] * n_src
+            starts = [-1] * n_src
+            for k, p, a, b in takes:  # a source's takes in a step are consecutive in its order
+                if starts[k] < 0:
+                    starts[k] = p * rows[k] + a
+                counts[k] += b - a
+            kept.append((tuple(counts), starts))
         planned += 1
     if not planned:
         return None
-    if not steps:
+    if not kept:
         return {}, [], planned
-    lens = np.asarray(lengths, dtype=np.int64)
-    n_all = int(lens.sum())
-    offsets = np.cumsum(lens) - lens
-    pos_all = np.repeat(np.asarray(starts, dtype=np.int64) - offsets, lens) + np.arange(n_all, dtype=np.int64)
-    src_all = np.repeat(np.asarray(ks, dtype=np.int64), lens)
-    # Each kept step's rows (in the step's layout), shuffled together, cut into ranks.
-    picks: List[np.ndarray] = []
-    sizes: List[int] = []
-    base = 0
-    i = 0
-    world, rank = data.world_size, data.rank
-    while i < len(steps):
-        g = steps[i][1]
-        run = i
-        while run < len(steps) and steps[run][1] == g:
-            run += 1
-        lo, hi = rank * g // world, (rank + 1) * g // world
-        count = run - i
-        bases = base + g * np.arange(count, dtype=np.int64)
-        if data.shuffle and g > 1:
-            table = None
-            rot = np.empty(count, dtype=np.int64)
-            for m in range(count):
-                table, rot[m] = _within_step(data, g, steps[i + m][0])
-            idx = table[(np.arange(lo, hi, dtype=np.int64)[None, :] + rot[:, None]) % g]
-        else:
-            idx = np.broadcast_to(np.arange(lo, hi, dtype=np.int64), (count, hi - lo))
-        picks.append((idx + bases[:, None]).ravel())
-        sizes += [hi - lo] * count
-        base += g * count
-        i = run
-    pick = np.concatenate(picks) if len(picks) > 1 else picks[0]
-    pos, src = pos_all[pick], src_all[pick]
-    n = len(pick)
-    gathered: Dict[Any, np.ndarray] = {}
+    # Each kept step: this rank's rows as (source, sequence position), in batch order.
+    srcs, poss, sizes = [], [], []
+    for counts, starts in kept:
+        rk, ro = _split(data, counts)
+        srcs.append(rk)
+        poss.append(np.asarray(starts, dtype=np.int64)[rk] + ro)
+        sizes.append(len(rk))
+    src = np.concatenate(srcs)
+    pos = np.concatenate(poss)
+    n = len(src)
+    out: Dict[str, np.ndarray] = {}
     w = data.window_rows
     for k, order in enumerate(data.orders):
         dest = np.flatnonzero(src == k)
         if not len(dest):
             continue
+        per = rows[k] // w + 1
         passes, inpass = np.divmod(pos[dest], rows[k])
-        windows = inpass // w
-        group = passes * (rows[k] // w + 1) + windows
-        first, last = int(group.min()), int(group.max())
-        keys = [first] if first == last else np.unique(group).tolist()
-        for key in keys:
+        group = passes * per + inpass // w
+        first, last = int(group[0]), int(group[-1])
+        for key in ([first] if first == last else np.unique(group).tolist()):
             sel = slice(None) if first == last else (group == key)
-            p, j = divmod(key, rows[k] // w + 1)
-            arrays, perm = order.window(p, j)
+            p, j = divmod(key, per)
+            arrays = order.window(p, j)
             at = inpass[sel] - j * w
-            if perm is not None:
-                at = perm[at]
             into = dest[sel]
             for c, a in arrays.items():
-                if c not in gathered:
-                    gathered[c] = np.empty((n,) + a.shape[1:], dtype=a.dtype)
-                gathered[c][into] = a[at]
-    # Each dtype's columns as the rows of one array (a column contiguous, and the batch's
-    # columns of a dtype one block to hand from a worker).
-    out: Dict[Any, np.ndarray] = {}
-    for key, a in gathered.items():
-        if isinstance(key, tuple):
-            block = np.empty((a.shape[1], n), dtype=a.dtype)
-            block[...] = a.T
-            out[key[1]] = block
-        else:
-            out[key] = a
+                if c not in out:
+                    out[c] = np.empty((n,) + a.shape[1:], dtype=a.dtype)
+                out[c][into] = a[at]
     out["source"] = src
     return out, sizes, planned
-
-
-def _tensors(arrays: Dict[Any, np.ndarray], torch: Any) -> Dict[str, Any]:
-    """A chunk's arrays as tensors: a block of columns (keyed by their names, `_chunk`)
-    one tensor whose rows are the columns, so a worker hands a batch's columns of a dtype
-    over as one shared segment; other arrays one tensor each."""
-    out: Dict[str, Any] = {}
-    for key, a in arrays.items():
-        if isinstance(key, tuple):
-            whole = torch.from_numpy(a)
-            for i, name in enumerate(key):
-                out[name] = whole[i]
-        else:
-            out[key] = torch.from_numpy(a)
-    return out
 
 
 _CLASS: Any = None
@@ -725,7 +667,7 @@ def _torch_class() -> Any:
             self._orders()
 
         def _orders(self) -> None:
-            self._tables: Dict[int, np.ndarray] = {}
+            self._splits: Dict[Tuple[int, ...], Tuple[np.ndarray, np.ndarray]] = {}
             self.orders = [SourceOrder(k, ts.files, ts.format, lay[0], lay[1], cols, self.seed, self.epoch, self.shuffle,
                                        self.window_rows)
                            for k, (ts, lay, cols) in enumerate(zip(self.mixture.sets, self.layouts, self.columns))]
@@ -833,9 +775,11 @@ def _torch_class() -> Any:
                     return
                 arrays, sizes, planned = got
                 step += planned
-                # Columns of a dtype are rows of one block: a tensor of the block, then its
-                # rows, so a worker hands a batch over as one shared segment per dtype.
-                tensors = _tensors(arrays, torch)
+                if main:
+                    tensors = {n: torch.from_numpy(a) for n, a in arrays.items()}
+                else:  # a batch's columns of a dtype as one shared segment
+                    tensors = {n: torch.from_numpy(a) for n, a in arrays.items() if a.ndim != 1}
+                    tensors.update(pack_by_dtype({n: a for n, a in arrays.items() if a.ndim == 1}, torch))
                 offset = 0
                 for size in sizes:
                     batch = {n: t[offset:offset + size] for n, t in tensors.items()}
