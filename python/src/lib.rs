@@ -20,6 +20,7 @@ use quiver::runtime::encoding::KeyValue;
 use quiver::sdk::Definitions;
 
 mod arrow_stream;
+mod gather;
 use arrow_stream::{ArrowStream, read_table};
 
 create_exception!(_quiver, QuiverError, PyException, "Every error Quiver raises.");
@@ -498,6 +499,7 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(monitor, m)?)?;
     m.add_function(wrap_pyfunction!(parse_time, m)?)?;
     m.add_function(wrap_pyfunction!(flush_lineage, m)?)?;
+    m.add_function(wrap_pyfunction!(gather::gather_rows, m)?)?;
     m.add_function(wrap_pyfunction!(_sleep, m)?)?;
     Ok(())
 }

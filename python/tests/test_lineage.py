@@ -535,3 +535,27 @@ def test_a_full_disk_for_the_file_transport_is_logged_and_the_job_completes(repo
     assert "736 rows" in run.stdout or "ingested" in run.stdout, run.stdout
     commits = glob.glob(str(repo / "data" / "driver_hourly" / "_delta_log" / "*.json"))
     assert len(commits) == 2, commits
+
+
+def test_a_full_http_queue_drops_events_and_counts_them(repo):
+    """lineage.queue bounds what waits in memory: behind a stalled endpoint, events past it
+    are dropped (counted on /metrics) and pushes go on."""
+    receiver = Receiver()
+    receiver.mode = "stall"
+    try:
+        with_http(repo, receiver.url, timeout="5s", retries=0, queue=1, interval="1s")
+        port = free_port()
+        proc = serve(repo, port)
+        try:
+            # START is in flight, one RUNNING waits in the queue, the next ones have no room.
+            deadline = time.monotonic() + 20
+            while metric(port, "dropped") == 0:
+                assert time.monotonic() < deadline, "no event was dropped behind a full queue"
+                push(port, 1)
+                time.sleep(0.3)
+            assert push(port, 2)[1] < 1.0
+        finally:
+            receiver.mode = "record"
+            stop(proc)
+    finally:
+        receiver.close()

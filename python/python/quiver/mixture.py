@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ._quiver import ValidationError
+from ._quiver import ValidationError, gather_rows
 from .loader import WINDOW_ROWS, Columns, default_rank, pack_by_dtype
 
 POLICIES = ("repeat", "stop", "drop")
@@ -351,7 +351,7 @@ class SourceOrder:
 
     def window(self, p: int, j: int) -> Dict[str, np.ndarray]:
         """Window ``j`` of pass ``p``: its rows in the pass's order (permuted when
-        shuffling), as arrays. Kept for the next chunk (two windows)."""
+        shuffling), as C-contiguous arrays. Kept for the next chunk (two windows)."""
         key = (p, j)
         hit = self.cache.get(key)
         if hit is not None:
@@ -370,13 +370,13 @@ class SourceOrder:
             end = min(hi, int(ends[i]))
             parts.append(self.columns.arrays(self._read_block(int(order[i]), at - start, end - start)))
             at = end
-        perm = None
+        arrays = {n: np.ascontiguousarray(np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n])
+                  for n in self.columns.names} if parts else {n: np.zeros(0) for n in self.columns.names}
         if self.shuffle and hi - lo > 1:
+            # Permuted here, a window (a few MB a column) at a time: then a chunk reads each
+            # source's rows in order, which its gather does fastest.
             perm = np.random.default_rng([self.seed, self.epoch, self.k, p, j]).permutation(hi - lo)
-        arrays = {}
-        for n in self.columns.names:
-            whole = (np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n]) if parts else np.zeros(0)
-            arrays[n] = whole[perm] if perm is not None else whole
+            arrays = {n: a[perm] for n, a in arrays.items()}
         self.cache[key] = arrays
         while len(self.cache) > 2 * 2:
             self.cache.popitem(last=False)
@@ -611,7 +611,10 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
     src = np.concatenate(srcs)
     pos = np.concatenate(poss)
     n = len(src)
-    out: Dict[str, np.ndarray] = {}
+    # Where each row comes from: a window (`slots`) and its place there as read.
+    slots: List[Dict[str, np.ndarray]] = []
+    which = np.empty(n, dtype=np.int64)
+    at = np.empty(n, dtype=np.int64)
     w = data.window_rows
     for k, order in enumerate(data.orders):
         dest = np.flatnonzero(src == k)
@@ -624,13 +627,22 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
         for key in ([first] if first == last else np.unique(group).tolist()):
             sel = slice(None) if first == last else (group == key)
             p, j = divmod(key, per)
-            arrays = order.window(p, j)
-            at = inpass[sel] - j * w
-            into = dest[sel]
-            for c, a in arrays.items():
-                if c not in out:
-                    out[c] = np.empty((n,) + a.shape[1:], dtype=a.dtype)
-                out[c][into] = a[at]
+            which[dest[sel]] = len(slots)
+            at[dest[sel]] = inpass[sel] - j * w
+            slots.append(order.window(p, j))
+    out: Dict[str, np.ndarray] = {}
+    for c in data.names:
+        parts = [slot[c] for slot in slots]
+        shape, dtype = parts[0].shape[1:], parts[0].dtype
+        if any(q.shape[1:] != shape or q.dtype != dtype for q in parts):
+            raise ValidationError(f"column `{c}`: the sets give it different shapes or types "
+                                  f"({sorted({(str(q.dtype), q.shape[1:]) for q in parts})}): lists must be of one length "
+                                  f"in every set (pad them before the export)")
+        out[c] = np.empty((n,) + shape, dtype=dtype)
+    names = list(data.names)
+    gather_rows([out[c].reshape(-1).view(np.uint8) for c in names],
+                [[slot[c].reshape(-1).view(np.uint8) for c in names] for slot in slots], which, at,
+                [out[c].itemsize * int(np.prod(out[c].shape[1:], dtype=np.int64)) for c in names])
     out["source"] = src
     return out, sizes, planned
 
