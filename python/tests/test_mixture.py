@@ -295,3 +295,18 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_gather_checks_every_index_before_writing():
+    from quiver._quiver import gather_rows
+    a, b = np.arange(5, dtype=np.float64), np.arange(10, 13, dtype=np.float64)
+    out = np.zeros(4)
+    which, at = np.array([1, 0, 1, 0], dtype=np.int64), np.array([2, 4, 0, 1], dtype=np.int64)
+    gather_rows([out.view(np.uint8)], [[a.view(np.uint8)], [b.view(np.uint8)]], which, at, [8])
+    assert out.tolist() == [12.0, 4.0, 10.0, 1.0]
+    out[:] = -1
+    with pytest.raises(ValueError, match="row 3 reads row 5 of source 0, which has 5"):
+        gather_rows([out.view(np.uint8)], [[a.view(np.uint8)], [b.view(np.uint8)]], which, np.array([2, 4, 0, 5]), [8])
+    with pytest.raises(ValueError, match="row 0 names source 2 of 2"):
+        gather_rows([out.view(np.uint8)], [[a.view(np.uint8)], [b.view(np.uint8)]], np.array([2, 0, 0, 0]), at, [8])
+    assert out.tolist() == [-1.0] * 4, "nothing written before the indexes are checked"
