@@ -16,16 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import quiver as qv
-
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        if os.environ.get("QUIVER_REQUIRE_TORCH"):
-            raise
-        pytest.skip("PyTorch is not installed (./run test installs it)")
-    return torch
+from test_training import _free_port, _torch
 
 
 def make_set(path, n, offset, shards=3, group=64, cities=("a", "b")):
@@ -288,13 +279,6 @@ def test_torchrun_ranks_read_disjoint_rows_in_equal_batch_counts(abc, tmp_path):
     assert not set(seen[0]["ids"]) & set(seen[1]["ids"])
     union = set(seen[0]["ids"]) | set(seen[1]["ids"])
     assert len(union) == seen[0]["planned"] and set(range(20_000, 20_100)) <= union
-
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_gather_checks_every_index_before_writing():

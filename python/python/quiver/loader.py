@@ -412,6 +412,35 @@ def torch_data(ts: Any, batch_size: int, columns: Optional[Sequence[str]], shuff
     return data
 
 
+def counted_loader(data: Any, num_workers: int, **kwargs: Any) -> Any:
+    """A ``DataLoader`` over ``data`` (``batch_size=None``) whose iteration counts the
+    batches handed out into ``data.consumed`` (with workers; without, the dataset, iterated
+    here, counts itself), for ``state_dict()``: one set's loader's and a mixture's."""
+    from torch.utils.data import DataLoader
+    if kwargs.get("persistent_workers"):
+        raise ValidationError("loader(persistent_workers=True): persistent workers keep the epoch and state "
+                              "they started with; make a loader() per epoch instead")
+    if kwargs.get("in_order", True) is False:
+        raise ValidationError("loader(in_order=False): the order batches come in is what state_dict() counts")
+    dl = DataLoader(data, batch_size=None, num_workers=num_workers, **kwargs)
+
+    class Counted:
+        def __len__(self):
+            return len(data)
+
+        def __iter__(self):
+            it = iter(dl)
+            if num_workers == 0:
+                yield from it
+                return
+            data._begin_workers(num_workers)
+            for batch in it:
+                data.consumed += 1
+                yield batch
+
+    return Counted()
+
+
 _CLASS: Any = None
 
 
@@ -422,7 +451,7 @@ def _torch_class() -> Any:
     if _CLASS is not None:
         return _CLASS
     import torch
-    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+    from torch.utils.data import IterableDataset, get_worker_info
 
     class TorchData(IterableDataset):  # type: ignore[misc]
         """A training set's batches for one rank, as dicts of tensors (docs/export.md)."""
@@ -499,32 +528,14 @@ def _torch_class() -> Any:
                         yield batch
                     offset += size
 
+        def _begin_workers(self, num_workers: int) -> None:
+            """Iterating through a loader with ``num_workers`` workers: counted from 0."""
+            self.consumed, self.workers, self.loaded = 0, num_workers, False
+
         def loader(self, num_workers: int = 0, **kwargs: Any):
             """A ``DataLoader`` over this dataset (``batch_size=None``) that counts the
             batches it hands out, for ``state_dict()``."""
-            data = self
-            if kwargs.get("persistent_workers"):
-                raise ValidationError("loader(persistent_workers=True): persistent workers keep the epoch and state "
-                                      "they started with; make a loader() per epoch instead")
-            if kwargs.get("in_order", True) is False:
-                raise ValidationError("loader(in_order=False): the order batches come in is what state_dict() counts")
-            dl = DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
-
-            class Counted:
-                def __len__(self):
-                    return len(data)
-
-                def __iter__(self):
-                    it = iter(dl)
-                    if num_workers == 0:  # the dataset, iterated here, counts itself
-                        yield from it
-                        return
-                    data.consumed, data.workers, data.loaded = 0, num_workers, False
-                    for batch in it:
-                        data.consumed += 1
-                        yield batch
-
-            return Counted()
+            return counted_loader(self, num_workers, **kwargs)
 
     TorchData.__module__ = __name__
     TorchData.__qualname__ = "TorchData"

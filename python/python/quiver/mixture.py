@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ._quiver import ValidationError, gather_rows
-from .loader import WINDOW_ROWS, Columns, default_rank, pack_by_dtype
+from .loader import WINDOW_ROWS, Columns, counted_loader, default_rank, window_tensors
 
 POLICIES = ("repeat", "stop", "drop")
 
@@ -657,7 +657,7 @@ def _torch_class() -> Any:
     if _CLASS is not None:
         return _CLASS
     import torch
-    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+    from torch.utils.data import IterableDataset, get_worker_info
 
     class MixtureData(IterableDataset):  # type: ignore[misc]
         """A mixture's batches for one rank (docs/mixing.md)."""
@@ -787,11 +787,7 @@ def _torch_class() -> Any:
                     return
                 arrays, sizes, planned = got
                 step += planned
-                if main:
-                    tensors = {n: torch.from_numpy(a) for n, a in arrays.items()}
-                else:  # a batch's columns of a dtype as one shared segment
-                    tensors = {n: torch.from_numpy(a) for n, a in arrays.items() if a.ndim != 1}
-                    tensors.update(pack_by_dtype({n: a for n, a in arrays.items() if a.ndim == 1}, torch))
+                tensors = window_tensors(arrays, torch, packed=not main)
                 offset = 0
                 for size in sizes:
                     batch = {n: t[offset:offset + size] for n, t in tensors.items()}
@@ -800,32 +796,14 @@ def _torch_class() -> Any:
                     yield batch
                     offset += size
 
+        def _begin_workers(self, num_workers: int) -> None:
+            """Iterating through a loader with workers: the steps counted from 0."""
+            self.consumed, self.loaded = 0, False
+
         def loader(self, num_workers: int = 0, **kwargs: Any):
             """A ``DataLoader`` over this dataset (``batch_size=None``) that counts the
             batches it hands out, for ``state_dict()``."""
-            data = self
-            if kwargs.get("persistent_workers"):
-                raise ValidationError("loader(persistent_workers=True): persistent workers keep the epoch and state "
-                                      "they started with; make a loader() per epoch instead")
-            if kwargs.get("in_order", True) is False:
-                raise ValidationError("loader(in_order=False): the order batches come in is what state_dict() counts")
-            dl = DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
-
-            class Counted:
-                def __len__(self):
-                    return len(data)
-
-                def __iter__(self):
-                    it = iter(dl)
-                    if num_workers == 0:
-                        yield from it
-                        return
-                    data.consumed, data.loaded = 0, False
-                    for batch in it:
-                        data.consumed += 1
-                        yield batch
-
-            return Counted()
+            return counted_loader(self, num_workers, **kwargs)
 
     MixtureData.__module__ = __name__
     MixtureData.__qualname__ = "MixtureData"
