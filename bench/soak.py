@@ -27,7 +27,9 @@ pushed view, an on-demand view and a service over all of them. Then, for --minut
 Afterwards, from the data: every valid event produced is in each view's Delta table
 exactly once and every malformed one among the dead letters; `verify --sample` over every
 entity finds 0 disagreements; `verify --since` the start replays every logged answer equal
-to offline; the training set exported mid-run reproduces byte for byte; no request hung
+to offline; every logged answer of `trips` is the newest row that had arrived (an oracle
+here: a row counts from its Delta commit, within ARRIVAL_LAG); the training set exported
+mid-run reproduces byte for byte; no request hung
 past its timeout; every failed request falls in a fault's window (from the fault until 10
 s after its part came back). Writes the report (per phase: requests, p50/p99, error rate;
 events/s; each fault's recovery) as JSON and prints it as a table; exits 1 when a check
@@ -56,6 +58,7 @@ from benchlib import free_port, wait_port
 
 TIMEOUT = 5.0
 GRACE = 10.0
+ARRIVAL_LAG = 2.0
 DRIVERS = 500
 
 FEATURES = """entities:
@@ -455,6 +458,7 @@ class Soak:
         checks["verify --sample (every entity)"] = "ok" if rc == 0 else out[-1500:]
         rc, out, _ = self.q("verify", "--since", self.began_wall)
         checks["verify --since the start"] = "ok" if rc == 0 else out[-1500:]
+        checks[f"served trips as they had arrived (within {ARRIVAL_LAG} s)"] = self.arrival_check("trips")
         checks["export reproduces byte for byte"] = self.reproduce()
         failed_actions = [f"{what}: {out}" for _, what, rc, _, out in self.actions if rc and what != "materialize-incremental"]
         checks["applies and export"] = "ok" if not failed_actions else "; ".join(failed_actions)
@@ -466,6 +470,63 @@ class Soak:
             f"{len(outside)} failed outside: {[(round(r[0] - self.began, 1), r[2], r[3]) for r in outside[:5]]}"
         report = self.report(checks)
         return report
+
+    def arrival_check(self, view):
+        """Every answer the serving log holds for `view` against the offline rows as they
+        had arrived (an oracle written here, apart from `verify`): a row counts from its
+        Delta commit (its file's add time); the answer at request time t must be the newest
+        row (by event time: the online guard's rule) of those committed by t + lag, and
+        no older than the newest committed by t - lag (the online write and the Delta
+        commit of a batch happen together, not in a fixed order)."""
+        import bisect
+        import pyarrow.parquet as pq
+        from deltalake import DeltaTable
+        table = os.path.join(self.repo, "data", view)
+        import pyarrow as pa
+        actions = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pydict()
+        per: dict = {}
+        for path, when in zip(actions["path"], actions["modification_time"]):
+            ms = when.timestamp() * 1000 if hasattr(when, "timestamp") else float(when)
+            t = pq.read_table(os.path.join(table, path), columns=["driver_id", "event_timestamp"])
+            for d, ev in zip(t.column("driver_id").to_pylist(), t.column("event_timestamp").cast("int64").to_pylist()):
+                per.setdefault(d, []).append((ms * 1000, ev))
+        newest = {}
+        for d, rows in per.items():
+            rows.sort()
+            top, tops = None, []
+            for _, ev in rows:
+                top = ev if top is None else max(top, ev)
+                tops.append(top)
+            newest[d] = ([c for c, _ in rows], tops, {ev for _, ev in rows})
+
+        def newest_by(d, t):
+            if d not in newest:
+                return None
+            commits, tops, _ = newest[d]
+            i = bisect.bisect_right(commits, t)
+            return tops[i - 1] if i else None
+
+        log = DeltaTable(os.path.join(self.repo, "data", "_serving_log")).to_pyarrow_table(
+            columns=["request_time", "view", "entity", "event_timestamp"])
+        lag = ARRIVAL_LAG * 1_000_000
+        bad, examples, n = 0, [], 0
+        for req, v, entity, ev in zip(log.column("request_time").cast("int64").to_pylist(), log.column("view").to_pylist(),
+                                      log.column("entity").to_pylist(), log.column("event_timestamp").cast("int64").to_pylist()):
+            if v != view:
+                continue
+            n += 1
+            d = json.loads(entity).get("driver_id")
+            lo, hi = newest_by(d, req - lag), newest_by(d, req + lag)
+            if ev is None:
+                ok = lo is None
+            else:
+                ok = hi is not None and (lo is None or ev >= lo) and ev <= hi and ev in newest[d][2]
+            if not ok:
+                bad += 1
+                if len(examples) < 3:
+                    examples.append({"driver_id": d, "request_us": req, "served_event_us": ev, "newest_by_t-lag": lo, "newest_by_t+lag": hi})
+        self.arrival_answers = n
+        return "ok" if bad == 0 and n else f"{bad} of {n} answers: {examples}" if n else "no answers logged"
 
     def dead_letters(self):
         from confluent_kafka import Consumer, TopicPartition
@@ -516,6 +577,7 @@ class Soak:
             "seed": self.args.seed, "minutes": self.args.minutes, "events": len(self.valid) + self.malformed,
             "events_per_second": round((len(self.valid) + self.malformed) / duration, 1),
             "malformed": self.malformed, "faults": len(self.faults),
+            "answers_checked_as_arrived": getattr(self, "arrival_answers", 0),
             "recovery_seconds": [{"kind": f["kind"], "process": f.get("process"),
                                   "seconds": round(f.get("recovered", f["start"]) - f.get("back", f["start"]), 2)} for f in self.faults],
             "phases": phases, "checks": checks,

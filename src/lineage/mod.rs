@@ -1,7 +1,10 @@
 //! The jobs' OpenLineage events (docs/lineage.md): a run of a job — `apply`, `ingest`,
 //! ... — is a START event, then COMPLETE or FAIL, sent where `quiver.yaml`'s `lineage:`
-//! says. Emission never fails the job it describes: an event that cannot be written is
-//! logged and counted, and the job goes on.
+//! says; a long-running job (the stream, the server's pushes) is one run with a RUNNING
+//! event per interval in which it wrote ([`Ongoing`]). Emission never fails or waits on
+//! the job it describes: an event that cannot be delivered is logged and counted, and
+//! the job goes on. [`graph`] is the lineage `quiver lineage` answers from, [`columns`]
+//! which column comes from which.
 
 pub mod columns;
 mod event;
