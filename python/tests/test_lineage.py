@@ -234,7 +234,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class Receiver:
     """A Marquez-like endpoint on loopback: `record` keeps each event (and the request's
-    Authorization), `stall` never answers until the mode changes, `fail` answers 500."""
+    Authorization), `stall` never answers until the mode changes, `fail` answers 500,
+    `refuse` 400."""
 
     def __init__(self):
         self.mode, self.events, self.auth, self.attempts = "record", [], set(), 0
@@ -246,8 +247,8 @@ class Receiver:
                 outer.attempts += 1
                 while outer.mode == "stall":
                     time.sleep(0.02)
-                if outer.mode == "fail":
-                    self.send_response(500)
+                if outer.mode in ("fail", "refuse"):
+                    self.send_response(500 if outer.mode == "fail" else 400)
                     self.end_headers()
                     return
                 outer.events.append(json.loads(body))
@@ -557,5 +558,20 @@ def test_a_full_http_queue_drops_events_and_counts_them(repo):
         finally:
             receiver.mode = "record"
             stop(proc)
+    finally:
+        receiver.close()
+
+
+def test_an_endpoint_refusing_an_event_is_not_retried(repo):
+    """A 4xx other than 408/429 is the endpoint refusing the event: one attempt each, no
+    retries (a 500 would be retried), and the job completes."""
+    receiver = Receiver()
+    receiver.mode = "refuse"
+    try:
+        with_http(repo, receiver.url, retries=3)
+        run = quiver(repo, "ingest", "driver_hourly", "sample_data/driver_hourly.parquet")
+        assert "answered 400" in run.stderr, run.stderr
+        time.sleep(0.5)
+        assert receiver.attempts in (1, 2), f"{receiver.attempts} attempts for the START and COMPLETE events"
     finally:
         receiver.close()

@@ -218,6 +218,12 @@ def test_describe_names_the_sets_their_versions_and_the_rows_read(abc, tmp_path)
     assert d["rows_read"]["by_phase"] == {"0": {"a": 35, "b": 15, "c": 0}, "1": {"a": 0, "b": 0, "c": 20}}
     # Strings: one vocabulary across the sets (a: a/b, b: c/b), in the state.
     assert ds.state_dict()["vocabularies"] == {"city": ["a", "b", "c"]}
+    # Rows per earlier epoch are kept, and travel with the state.
+    ds.set_epoch(1)
+    assert ds.rows_read()["by_epoch"] == {"0": {"a": 35, "b": 15, "c": 20}}
+    again = mixture.to_torch(batch_size=10, shuffle=True, seed=1)
+    again.load_state_dict(ds.state_dict())
+    assert again.rows_read()["by_epoch"] == {"0": {"a": 35, "b": 15, "c": 20}} and again.rows_read()["total"]["a"] == 0
 
 
 def test_bad_mixtures_are_refused_naming_what_is_wrong(abc, tmp_path):

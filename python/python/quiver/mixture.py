@@ -676,6 +676,7 @@ def _torch_class() -> Any:
             # steps handed out since, by how many workers.
             self.start: Dict[str, Any] = self._planner().state()
             self.consumed, self.loaded = 0, False
+            self.epochs: Dict[str, Dict[str, int]] = {}
             self._orders()
 
         def _orders(self) -> None:
@@ -723,6 +724,9 @@ def _torch_class() -> Any:
             if self.loaded and epoch == self.epoch:
                 self.loaded = False
                 return
+            if epoch != self.epoch:
+                # The epoch left behind: its rows read, kept for rows_read() and the state.
+                self.epochs[str(self.epoch)] = self.rows_read()["total"]
             self.epoch, self.consumed, self.loaded = epoch, 0, False
             self._orders()
             self.start = self._planner().state()
@@ -732,7 +736,7 @@ def _torch_class() -> Any:
             position, the carried remainders, the rows read; loadable at another world
             size."""
             return {"epoch": self.epoch, **_fingerprint(self), "world_size": self.world_size,
-                    "plan": self._at(self.consumed).state()}
+                    "plan": self._at(self.consumed).state(), "epochs": dict(self.epochs)}
 
         def load_state_dict(self, state: Mapping[str, Any]) -> None:
             """Resumes where ``state_dict()`` was taken, at this world size and number of
@@ -747,15 +751,18 @@ def _torch_class() -> Any:
             self.epoch = int(state["epoch"])
             self._orders()
             self.start = dict(state["plan"])
+            self.epochs = {str(k): dict(v) for k, v in state.get("epochs", {}).items()}
             self.consumed, self.loaded = 0, True
 
         def rows_read(self) -> Dict[str, Any]:
             """Rows read so far this epoch (every rank's, the steps handed out), per source
-            and per phase of the schedule."""
+            and per phase of the schedule; and per source in each earlier epoch this
+            dataset (or the state it resumed from) went through (``by_epoch``)."""
             p = self._at(self.consumed)
             names = self.mixture.names
             return {"epoch": self.epoch, "steps": p.step, "total": dict(zip(names, p.read)),
-                    "by_phase": {str(ph): dict(zip(names, v)) for ph, v in sorted(p.read_by_phase.items())}}
+                    "by_phase": {str(ph): dict(zip(names, v)) for ph, v in sorted(p.read_by_phase.items())},
+                    "by_epoch": dict(self.epochs)}
 
         def describe(self) -> Dict[str, Any]:
             """The mixture (sets, versions, schedule, policies), how it is read (seed,
