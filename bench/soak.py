@@ -513,24 +513,37 @@ class Soak:
         # During a fault and its recovery, online may trail the Delta commits (a batch in
         # Delta whose online write waits on Redis, or replays after a consumer died): those
         # answers are judged by the fault windows' own checks, not here.
+        faults = getattr(self, "faults", [])
         windows = [((f["start"] - 0.5 + f["wall"]) * 1e6, (f.get("recovered", f["start"]) + GRACE + f["wall"]) * 1e6)
-                   for f in getattr(self, "faults", [])]
+                   for f in faults]
         bad, examples, n = 0, [], 0
+        # Per fault: the last answer in its window that trailed Delta (the latest fault
+        # whose window holds it), as the time online took to catch up.
+        trailing = [None] * len(faults)
         for req, v, entity, ev in zip(log.column("request_time").cast("int64").to_pylist(), log.column("view").to_pylist(),
                                       log.column("entity").to_pylist(), log.column("event_timestamp").cast("int64").to_pylist()):
-            if v != view or any(lo <= req <= hi for lo, hi in windows):
+            if v != view:
                 continue
-            n += 1
             d = json.loads(entity).get("driver_id")
             lo, hi = newest_by(d, req - lag), newest_by(d, req + lag)
             if ev is None:
                 ok = lo is None
             else:
                 ok = hi is not None and (lo is None or ev >= lo) and ev <= hi and ev in newest[d][2]
+            inside = [i for i, (a, b) in enumerate(windows) if a <= req <= b]
+            if inside:
+                if not ok:
+                    i = max(inside, key=lambda i: windows[i][0])
+                    trailing[i] = req if trailing[i] is None else max(trailing[i], req)
+                continue
+            n += 1
             if not ok:
                 bad += 1
                 if len(examples) < 3:
                     examples.append({"driver_id": d, "request_us": req, "served_event_us": ev, "newest_by_t-lag": lo, "newest_by_t+lag": hi})
+        for f, last in zip(faults, trailing):
+            back = (f.get("back", f["start"]) + f["wall"]) * 1e6
+            f["online_trailed_delta_s"] = 0.0 if last is None else round(max(0.0, (last - back) / 1e6), 2)
         self.arrival_answers = n
         return "ok" if bad == 0 and n else f"{bad} of {n} answers: {examples}" if n else "no answers logged"
 
@@ -587,7 +600,8 @@ class Soak:
             "fault_times_s": [{"kind": f["kind"], "at": round(f["start"] - self.began, 1),
                                "recovered": round(f.get("recovered", f["start"]) - self.began, 1)} for f in self.faults],
             "recovery_seconds": [{"kind": f["kind"], "process": f.get("process"),
-                                  "seconds": round(f.get("recovered", f["start"]) - f.get("back", f["start"]), 2)} for f in self.faults],
+                                  "seconds": round(f.get("recovered", f["start"]) - f.get("back", f["start"]), 2),
+                                  "online_trailed_delta_s": f.get("online_trailed_delta_s")} for f in self.faults],
             "phases": phases, "checks": checks,
             "passed": all(v == "ok" for v in checks.values()),
         }
@@ -599,6 +613,9 @@ class Soak:
         print(f"{'phase':<18} {'requests':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>8}")
         for name, p in phases.items():
             print(f"{name:<18} {p['requests']:>9} {p['p50_ms'] or 0:>8} {p['p99_ms'] or 0:>8} {p['error_rate']:>8.2%}")
+        for f in report["recovery_seconds"]:
+            print(f"fault {f['kind']:<17} answering again {f['seconds']:>5} s after it came back; "
+                  f"online trailed Delta until {f['online_trailed_delta_s']} s after")
         for name, result in checks.items():
             print(f"{'PASS' if result == 'ok' else 'FAIL'} {name}{'' if result == 'ok' else ': ' + result}")
         return report
