@@ -311,11 +311,7 @@ impl Target {
             }
             Target::Service(name) => defs.find_service(name).map(|s| id(Kind::FeatureService, &s.name)).map_err(|e| e.0),
             Target::View { view, feature: Some(feature) } => {
-                let r = quiver_sdk::FeatureRef { view: view.clone(), feature: feature.clone(), version: None };
-                let r = match quiver_sdk::definitions::split_version(view) {
-                    Some((name, version)) => quiver_sdk::FeatureRef { view: name.to_string(), version, ..r },
-                    None => r,
-                };
+                let r: quiver_sdk::FeatureRef = format!("{view}:{feature}").parse().map_err(|e| format!("`{view}:{feature}`: {e}"))?;
                 match defs.find(&r).map_err(|e| e.0)? {
                     quiver_sdk::definitions::Found::Stored(v, _) => Ok(id(Kind::Feature, &format!("{}:{feature}", v.versioned_name()))),
                     quiver_sdk::definitions::Found::OnDemand(v, _) => {
@@ -386,18 +382,6 @@ pub fn read_manifest(dir: &Path) -> Result<(PathBuf, Manifest), String> {
 }
 
 impl crate::Repo {
-    /// The repository's lineage graph: its registry's definitions and the training sets
-    /// under the repository and `training_sets` (docs/lineage.md#quiver-lineage).
-    ///
-    /// # Errors
-    /// When the registry cannot be read.
-    pub fn lineage_graph(&self, training_sets: &[PathBuf]) -> crate::Result<Graph> {
-        let defs = self.defs()?;
-        let mut folders = vec![self.config.repo.clone()];
-        folders.extend(training_sets.iter().cloned());
-        Ok(Graph::build(&self.config, &defs, &find_training_sets(&folders)))
-    }
-
     /// `quiver lineage TARGET`: what `target` (`training:DIR`, `service:NAME`, `VIEW`,
     /// `VIEW:FEATURE`) reads, transitively, and what reads it.
     ///

@@ -143,12 +143,7 @@ impl<'a> Ingest<'a> {
         if !lineage.enabled() {
             return self.write().await;
         }
-        let input = match &self.rows {
-            Rows::File(path) => crate::lineage::Dataset::at(&path.display().to_string()),
-            Rows::Batches(_, name) => {
-                crate::lineage::Dataset { namespace: "memory".into(), name: name.clone(), facets: Default::default() }
-            }
-        };
+        let input = self.rows.dataset();
         let defs = self.repo.defs()?;
         let target = view(&defs, &self.view).ok();
         let output = target.map(|v| crate::lineage::view_table(&self.repo.config, &defs, v, Some(&input)));
