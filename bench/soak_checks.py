@@ -1,0 +1,217 @@
+"""The soak's checks and report (bench/soak.py; docs/soak.md): what the data says after
+the run — each view's Delta table, the dead letters, `verify`, the serving log against an
+arrival oracle, the reproduced export — and the per-phase figures.
+"""
+import hashlib
+import json
+import os
+import time
+
+TIMEOUT = 5.0
+GRACE = 10.0
+ARRIVAL_LAG = 2.0
+DRIVERS = 500
+
+
+def wait_until(what, done, limit=60.0):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if done():
+            return time.monotonic()
+        time.sleep(0.1)
+    raise SystemExit(f"soak: {what} did not happen within {limit:.0f} s")
+
+
+
+class Checks:
+    """The checks of a `Soak` (its processes, repository, requests and faults)."""
+
+    def delta_seqs(self, view):
+        from deltalake import DeltaTable
+        return DeltaTable(os.path.join(self.repo, "data", view)).to_pyarrow_table(columns=["seq"]).column("seq").to_pylist()
+
+    def check(self):
+        a = self.args
+        checks = {}
+        valid = sorted(self.valid)
+        # The streams catch up, then stop (flushing their last batch).
+        try:
+            wait_until("every valid event in Delta", lambda: len(self.delta_seqs("trips")) >= len(valid), limit=300)
+        except SystemExit as e:
+            checks["caught up"] = str(e)
+        for s in self.streams:
+            s.stop()
+        for s in self.servers:
+            s.stop()
+        for view in ("trips", "trip_log"):
+            seqs = self.delta_seqs(view)
+            dup = len(seqs) - len(set(seqs))
+            lost = len(set(valid) - set(seqs))
+            extra = len(set(seqs) - set(valid))
+            checks[f"{view}: every valid event once"] = "ok" if (dup, lost, extra) == (0, 0, 0) else \
+                f"{lost} lost, {dup} duplicated, {extra} never produced"
+        checks["dead letters"] = self.dead_letters()
+        rc, out, _ = self.q("verify", "--sample", str(DRIVERS))
+        checks["verify --sample (every entity)"] = "ok" if rc == 0 else out[-1500:]
+        rc, out, _ = self.q("verify", "--since", self.began_wall)
+        checks["verify --since the start"] = "ok" if rc == 0 else out[-1500:]
+        checks[f"served trips as they had arrived (within {ARRIVAL_LAG} s)"] = self.arrival_check("trips")
+        checks["export reproduces byte for byte"] = self.reproduce()
+        failed_actions = [f"{what}: {out}" for _, what, rc, _, out in self.actions if rc and what != "materialize-incremental"]
+        checks["applies and export"] = "ok" if not failed_actions else "; ".join(failed_actions)
+        slow = [r for r in self.requests if r[1] >= TIMEOUT]
+        checks["no request hung"] = "ok" if not slow else f"{len(slow)} requests took {TIMEOUT} s or more"
+        windows = [(f["start"] - 0.5, f.get("recovered", f["start"]) + GRACE) for f in self.faults]
+        outside = [r for r in self.requests if r[2] != 200 and not any(lo <= r[0] <= hi for lo, hi in windows)]
+        checks["failures only in fault windows"] = "ok" if not outside else \
+            f"{len(outside)} failed outside: {[(round(r[0] - self.began, 1), r[2], r[3]) for r in outside[:5]]}"
+        report = self.report(checks)
+        return report
+
+    def arrival_check(self, view):
+        """Every answer the serving log holds for `view` against the offline rows as they
+        had arrived (an oracle written here, apart from `verify`): a row counts from its
+        Delta commit (its file's add time); the answer at request time t must be the newest
+        row (by event time: the online guard's rule) of those committed by t + lag, and
+        no older than the newest committed by t - lag (the online write and the Delta
+        commit of a batch happen together, not in a fixed order)."""
+        import bisect
+        import pyarrow.parquet as pq
+        from deltalake import DeltaTable
+        table = os.path.join(self.repo, "data", view)
+        import pyarrow as pa
+        actions = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pydict()
+        per: dict = {}
+        for path, when in zip(actions["path"], actions["modification_time"]):
+            ms = when.timestamp() * 1000 if hasattr(when, "timestamp") else float(when)
+            t = pq.read_table(os.path.join(table, path), columns=["driver_id", "event_timestamp"])
+            for d, ev in zip(t.column("driver_id").to_pylist(), t.column("event_timestamp").cast("int64").to_pylist()):
+                per.setdefault(d, []).append((ms * 1000, ev))
+        newest = {}
+        for d, rows in per.items():
+            rows.sort()
+            top, tops = None, []
+            for _, ev in rows:
+                top = ev if top is None else max(top, ev)
+                tops.append(top)
+            newest[d] = ([c for c, _ in rows], tops, {ev for _, ev in rows})
+
+        def newest_by(d, t):
+            if d not in newest:
+                return None
+            commits, tops, _ = newest[d]
+            i = bisect.bisect_right(commits, t)
+            return tops[i - 1] if i else None
+
+        log = DeltaTable(os.path.join(self.repo, "data", "_serving_log")).to_pyarrow_table(
+            columns=["request_time", "view", "entity", "event_timestamp"])
+        lag = ARRIVAL_LAG * 1_000_000
+        # During a fault and its recovery, online may trail the Delta commits (a batch in
+        # Delta whose online write waits on Redis, or replays after a consumer died): those
+        # answers are judged by the fault windows' own checks, not here.
+        faults = getattr(self, "faults", [])
+        windows = [((f["start"] - 0.5 + f["wall"]) * 1e6, (f.get("recovered", f["start"]) + GRACE + f["wall"]) * 1e6)
+                   for f in faults]
+        bad, examples, n = 0, [], 0
+        # Per fault: the last answer in its window that trailed Delta (the latest fault
+        # whose window holds it), as the time online took to catch up.
+        trailing = [None] * len(faults)
+        for req, v, entity, ev in zip(log.column("request_time").cast("int64").to_pylist(), log.column("view").to_pylist(),
+                                      log.column("entity").to_pylist(), log.column("event_timestamp").cast("int64").to_pylist()):
+            if v != view:
+                continue
+            d = json.loads(entity).get("driver_id")
+            lo, hi = newest_by(d, req - lag), newest_by(d, req + lag)
+            if ev is None:
+                ok = lo is None
+            else:
+                ok = hi is not None and (lo is None or ev >= lo) and ev <= hi and ev in newest[d][2]
+            inside = [i for i, (a, b) in enumerate(windows) if a <= req <= b]
+            if inside:
+                if not ok:
+                    i = max(inside, key=lambda i: windows[i][0])
+                    trailing[i] = req if trailing[i] is None else max(trailing[i], req)
+                continue
+            n += 1
+            if not ok:
+                bad += 1
+                if len(examples) < 3:
+                    examples.append({"driver_id": d, "request_us": req, "served_event_us": ev, "newest_by_t-lag": lo, "newest_by_t+lag": hi})
+        for f, last in zip(faults, trailing):
+            back = (f.get("back", f["start"]) + f["wall"]) * 1e6
+            f["online_trailed_delta_s"] = 0.0 if last is None else round(max(0.0, (last - back) / 1e6), 2)
+        self.arrival_answers = n
+        return "ok" if bad == 0 and n else f"{bad} of {n} answers: {examples}" if n else "no answers logged"
+
+    def dead_letters(self):
+        from confluent_kafka import Consumer, TopicPartition
+        c = Consumer({"bootstrap.servers": self.brokers, "group.id": f"soak-dlq-{os.getpid()}", "auto.offset.reset": "earliest",
+                      "enable.auto.commit": False})
+        c.assign([TopicPartition("trips.dlq", 0, 0)])
+        seen = set()
+        idle = time.monotonic()
+        while time.monotonic() - idle < 5:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                continue
+            idle = time.monotonic()
+            headers = dict(m.headers() or [])
+            seen.add((headers.get("quiver.source.partition"), headers.get("quiver.source.offset")))
+        c.close()
+        return "ok" if len(seen) == self.malformed else f"{len(seen)} distinct dead letters for {self.malformed} malformed events"
+
+    def reproduce(self):
+        if not getattr(self, "exported", None) or not os.path.exists(os.path.join(self.exported, "manifest.json")):
+            return "no training set was exported"
+        again = os.path.join(self.work, "training-again")
+        rc, out, _ = self.q("export", "--reproduce", os.path.join(self.exported, "manifest.json"), "--out", again)
+        if rc:
+            return out[-800:]
+        manifest = json.load(open(os.path.join(self.exported, "manifest.json")))
+        for shard in manifest["shards"]:
+            digest = hashlib.sha256(open(os.path.join(again, shard["file"]), "rb").read()).hexdigest()
+            if digest != shard["sha256"]:
+                return f"{shard['file']}: {digest} != {shard['sha256']}"
+        return "ok"
+
+    def report(self, checks):
+        def phase(rows):
+            lat = sorted(r[1] for r in rows)
+            q = lambda p: round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 2) if lat else None  # noqa: E731
+            errors = sum(r[2] != 200 for r in rows)
+            return {"requests": len(rows), "p50_ms": q(0.5), "p99_ms": q(0.99),
+                    "error_rate": round(errors / len(rows), 4) if rows else 0.0}
+        windows = [(f, f["start"] - 0.5, f.get("recovered", f["start"]) + GRACE) for f in self.faults]
+        quiet = [r for r in self.requests if not any(lo <= r[0] <= hi for _, lo, hi in windows)]
+        phases = {"quiet": phase(quiet)}
+        for kind in sorted({f["kind"] for f in self.faults}):
+            rows = [r for r in self.requests if any(f["kind"] == kind and lo <= r[0] <= hi for f, lo, hi in windows)]
+            phases[kind] = phase(rows)
+        duration = self.args.minutes * 60
+        report = {
+            "seed": self.args.seed, "minutes": self.args.minutes, "events": len(self.valid) + self.malformed,
+            "events_per_second": round((len(self.valid) + self.malformed) / duration, 1),
+            "malformed": self.malformed, "faults": len(self.faults),
+            "answers_checked_as_arrived": getattr(self, "arrival_answers", 0),
+            "fault_times_s": [{"kind": f["kind"], "at": round(f["start"] - self.began, 1),
+                               "recovered": round(f.get("recovered", f["start"]) - self.began, 1)} for f in self.faults],
+            "recovery_seconds": [{"kind": f["kind"], "process": f.get("process"),
+                                  "seconds": round(f.get("recovered", f["start"]) - f.get("back", f["start"]), 2),
+                                  "online_trailed_delta_s": f.get("online_trailed_delta_s")} for f in self.faults],
+            "phases": phases, "checks": checks,
+            "passed": all(v == "ok" for v in checks.values()),
+        }
+        if self.args.report:
+            with open(self.args.report, "w") as fh:
+                json.dump(report, fh, indent=2)
+        print(f"soak: {self.args.minutes} min, seed {self.args.seed}, {report['events']:,} events "
+              f"({report['events_per_second']}/s), {len(self.faults)} faults, {len(self.requests):,} requests")
+        print(f"{'phase':<18} {'requests':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>8}")
+        for name, p in phases.items():
+            print(f"{name:<18} {p['requests']:>9} {p['p50_ms'] or 0:>8} {p['p99_ms'] or 0:>8} {p['error_rate']:>8.2%}")
+        for f in report["recovery_seconds"]:
+            print(f"fault {f['kind']:<17} answering again {f['seconds']:>5} s after it came back; "
+                  f"online trailed Delta until {f['online_trailed_delta_s']} s after")
+        for name, result in checks.items():
+            print(f"{'PASS' if result == 'ok' else 'FAIL'} {name}{'' if result == 'ok' else ': ' + result}")
+        return report
