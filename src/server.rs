@@ -28,5 +28,6 @@ pub fn server_state(config: &Config, store: Arc<dyn OnlineStore>, log: Option<Ar
         serving_log: log.map(|l| l as Arc<dyn quiver_online::serving_log::ServingLog>),
         limits: Limits::of(&config.server, config.max_future_skew),
         insights: Some(Arc::new(crate::insights::RepoInsights::new(config.clone()))),
+        pending: Default::default(),
     })
 }

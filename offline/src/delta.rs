@@ -187,6 +187,32 @@ pub async fn delete_table(location: &StoreLocation) -> Result<u64> {
     Ok(files.len() as u64)
 }
 
+/// When each version of the table at `location` was committed: its log entry's
+/// last-modified time (UTC microseconds), the moment the version became readable — what
+/// `verify --since --as-arrived` counts a row's arrival from (docs/consistency.md). Empty
+/// when there is no table.
+///
+/// # Errors
+/// [`Error::Location`] when the log cannot be listed.
+pub async fn commit_times(location: &StoreLocation) -> Result<HashMap<u64, i64>> {
+    use futures::TryStreamExt;
+    let store = object_store(location)?;
+    let log = object_store::path::Path::from("_delta_log");
+    let entries: Vec<object_store::ObjectMeta> = match store.list(Some(&log)).try_collect().await {
+        Ok(entries) => entries,
+        Err(object_store::Error::NotFound { .. }) => return Ok(HashMap::new()),
+        Err(e) => return Err(Error::Location { table: location.to_string(), message: format!("cannot list the table's log: {e}") }),
+    };
+    Ok(entries
+        .into_iter()
+        .filter_map(|m| {
+            let name = m.location.filename()?;
+            let version = name.strip_suffix(".json").filter(|v| v.len() == 20)?.parse::<u64>().ok()?;
+            Some((version, m.last_modified.timestamp_micros()))
+        })
+        .collect())
+}
+
 /// Whether the table at `location` exists and holds at least one data file.
 ///
 /// # Errors

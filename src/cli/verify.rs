@@ -23,6 +23,14 @@ pub struct Verify {
     /// `historical --created-cutoff`.
     #[arg(long, requires = "since")]
     created_cutoff: bool,
+    /// With --since: judge each answer by the rows that had arrived offline (their Delta
+    /// commit) around its request time, not by event time — for a live stream.
+    #[arg(long, requires = "since", conflicts_with = "created_cutoff")]
+    as_arrived: bool,
+    /// With --as-arrived: how far (seconds) an answer's moment may be from its request
+    /// time, either way (an online write and its Delta commit are not simultaneous).
+    #[arg(long, requires = "as_arrived", default_value_t = 2.0, value_name = "SECONDS")]
+    arrival_lag: f64,
 }
 
 impl Verify {
@@ -55,7 +63,13 @@ impl Verify {
         }
         let repo = ctx.open()?;
         let rt = runtime()?;
-        let report = rt.block_on(async { repo.verify_log(since_us, until_us).with_created_cutoff(self.created_cutoff).await })?;
+        if !(0.0..=3600.0).contains(&self.arrival_lag) {
+            anyhow::bail!("--arrival-lag must be between 0 and 3600 seconds, got {}", self.arrival_lag);
+        }
+        let arrival = self.as_arrived.then(|| std::time::Duration::from_secs_f64(self.arrival_lag));
+        let report = rt.block_on(async {
+            repo.verify_log(since_us, until_us).with_created_cutoff(self.created_cutoff).as_arrived(arrival).await
+        })?;
         println!(
             "serving log {}: {}, {} from {} to {}",
             repo.config.serving_log.location,

@@ -20,6 +20,7 @@ pub struct VerifyLog<'a> {
     since: i64,
     until: i64,
     created_cutoff: bool,
+    arrival: Option<std::time::Duration>,
     engine: Engine,
 }
 
@@ -37,7 +38,7 @@ impl Repo {
     /// Replays the answers logged with `since <= request time < until` through the
     /// offline join and compares.
     pub fn verify_log(&self, since: Timestamp, until: Timestamp) -> VerifyLog<'_> {
-        VerifyLog { repo: self, since: since.0, until: until.0, created_cutoff: false, engine: Engine::Cpu }
+        VerifyLog { repo: self, since: since.0, until: until.0, created_cutoff: false, arrival: None, engine: Engine::Cpu }
     }
 
     /// Draws up to `n` entities per online view and compares online with offline.
@@ -56,11 +57,21 @@ impl<'a> VerifyLog<'a> {
         self
     }
 
+    /// Judges each answer by the rows that had arrived offline (their Delta commit)
+    /// within `lag` of its request time, either way (docs/consistency.md#as-arrived).
+    pub fn as_arrived(mut self, lag: Option<std::time::Duration>) -> Self {
+        self.arrival = lag;
+        self
+    }
+
     async fn run(self) -> Result<LogReport> {
         let defs = self.repo.defs()?;
         let (kernel, _) = pick_engine(self.engine, 0)?;
-        let report =
-            crate::verify::verify_log(&self.repo.config, &defs, self.since, self.until, self.created_cutoff, kernel.as_ref()).await?;
+        let rule = match self.arrival {
+            Some(lag) => crate::verify::Rule::AsArrived { lag_us: i64::try_from(lag.as_micros()).unwrap_or(i64::MAX) },
+            None => crate::verify::Rule::EventTime { created_cutoff: self.created_cutoff },
+        };
+        let report = crate::verify::verify_log(&self.repo.config, &defs, self.since, self.until, rule, kernel.as_ref()).await?;
         let window = Some((self.since, self.until));
         crate::reports::store(
             &self.repo.config.repo,

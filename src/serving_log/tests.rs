@@ -92,7 +92,7 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
     // Stale at now + 3h and one microsecond past the 2h TTL; not at exactly 2h.
     assert_eq!(statuses.iter().filter(|s| s.contains("OUTSIDE_MAX_AGE")).count(), 20, "{statuses:?}");
 
-    let report = crate::verify::verify_log(&repo.config, &defs, now - 6 * hour, now + 4 * hour, false, &quiver_gpu_join::CpuKernel::new())
+    let report = crate::verify::verify_log(&repo.config, &defs, now - 6 * hour, now + 4 * hour, crate::verify::Rule::EventTime { created_cutoff: false }, &quiver_gpu_join::CpuKernel::new())
         .await
         .unwrap();
     assert_eq!(report.requests, 5);
@@ -106,7 +106,7 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
     assert!(trips.examples.iter().all(|e| e.starts_with("mismatch (served a row from after the request): ")), "{:?}", trips.examples);
     // Only the past window disagrees.
     let agree =
-        crate::verify::verify_log(&repo.config, &defs, now, now + 4 * hour, false, &quiver_gpu_join::CpuKernel::new()).await.unwrap();
+        crate::verify::verify_log(&repo.config, &defs, now, now + 4 * hour, crate::verify::Rule::EventTime { created_cutoff: false }, &quiver_gpu_join::CpuKernel::new()).await.unwrap();
     assert!(agree.features.iter().all(|f| f.compared == 40 && f.matches == 40), "{:?}", agree.features);
 }
 
@@ -194,9 +194,81 @@ async fn the_log_and_its_replay_read_the_version_each_request_read() {
     views.dedup();
     assert_eq!(views, ["driver_hourly", "driver_hourly@2"]);
     let report =
-        crate::verify::verify_log(&repo.config, &defs, now - 3_600_000_000, now + 3_600_000_000, false, &quiver_gpu_join::CpuKernel::new())
+        crate::verify::verify_log(&repo.config, &defs, now - 3_600_000_000, now + 3_600_000_000, crate::verify::Rule::EventTime { created_cutoff: false }, &quiver_gpu_join::CpuKernel::new())
             .await
             .unwrap();
     let judged: Vec<(&str, u64, u64)> = report.features.iter().map(|f| (f.feature.as_str(), f.compared, f.matches)).collect();
     assert_eq!(judged, [("driver_hourly:avg_daily_trips", 2, 2), ("driver_hourly@2:avg_daily_trips", 2, 2)], "{:?}", report.features);
+}
+
+/// `verify --since --as-arrived` judges an answer by the rows that had arrived offline
+/// around its request time. Driver 7777's answers, at real times: (1) its first row,
+/// served; then a row from *before* that request arrives 3 s after it — the event time
+/// rule calls answer 1 wrong, arrival calls it right; (2) that row, served; then a newer
+/// row arrives offline only, and 3 s later (3) the older one is still served: online
+/// trails offline, wrong by both rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_as_arrived_judges_answers_by_what_had_arrived() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let repo = demo(&dir, false).await;
+    let defs = repo.applied().unwrap().definitions;
+    let log = DeltaServingLog::start(&repo.config.serving_log, None);
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    let state = Arc::new(crate::server::server_state(&repo.config, store, Some(log.clone())).unwrap());
+    let call = |uri: &'static str, body: String| {
+        let state = state.clone();
+        async move {
+            let req = axum::http::Request::builder().method("POST").uri(uri).header("content-type", "application/json");
+            let resp = router(state).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+            let status = resp.status();
+            let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap())
+        }
+    };
+    let now = || chrono::Utc::now().timestamp_micros();
+    let push = |event: i64, rate: f64, to: &'static str| {
+        let at = quiver_sdk::types::format_instant(event);
+        let body = serde_json::json!({"feature_view": "driver_hourly", "to": to, "df": {"driver_id": [7777],
+            "event_timestamp": [at], "created_timestamp": [at], "conv_rate": [rate], "acc_rate": [0.5], "avg_daily_trips": [3]}});
+        let pushed = call("/push", body.to_string());
+        async move {
+            let (status, answer) = pushed.await;
+            assert_eq!(status, 200, "{answer}");
+        }
+    };
+    let ask = || async {
+        let body = r#"{"entities": {"driver_id": [7777]}, "features": ["driver_hourly:conv_rate"]}"#;
+        let (status, answer) = call("/get-online-features", body.to_string()).await;
+        assert_eq!(status, 200, "{answer}");
+        answer["results"][1]["values"][0].as_f64().unwrap()
+    };
+    let began = now();
+    push(began - 60_000_000, 0.1, "online_and_offline").await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let asked = now();
+    assert_eq!(ask().await, 0.1);
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    // An event from before answer 1 arrives now (3 s after it).
+    push(asked - 1_000_000, 0.2, "online_and_offline").await;
+    assert_eq!(ask().await, 0.2);
+    push(now(), 0.3, "offline").await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(ask().await, 0.2, "online never got 0.3");
+    log.flush().await.unwrap();
+    let until = now() + 1;
+    let kernel = quiver_gpu_join::CpuKernel::new();
+    let rate = |r: &crate::verify::LogReport| {
+        let f = r.features.iter().find(|f| f.feature == "driver_hourly:conv_rate").unwrap().clone();
+        (f.compared, f.matches, f.examples)
+    };
+    let by_event = crate::verify::verify_log(&repo.config, &defs, began, until, crate::verify::Rule::EventTime { created_cutoff: false }, &kernel)
+        .await
+        .unwrap();
+    let (compared, matches, examples) = rate(&by_event);
+    assert_eq!((compared, matches), (3, 1), "{examples:?}");
+    let arrived = crate::verify::Rule::AsArrived { lag_us: 2_000_000 };
+    let (compared, matches, examples) = rate(&crate::verify::verify_log(&repo.config, &defs, began, until, arrived, &kernel).await.unwrap());
+    assert_eq!((compared, matches), (3, 2), "{examples:?}");
+    assert!(examples.len() == 1 && examples[0].contains("served PRESENT 0.2") && examples[0].contains("offline PRESENT 0.3"), "{examples:?}");
 }

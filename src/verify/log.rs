@@ -3,7 +3,7 @@
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::TimestampMicrosecondType as Micros;
 use quiver_gpu_join::AsOfKernel;
-use quiver_offline::historical::{HistoricalOptions, SpineRows, historical, resolve};
+use quiver_offline::historical::{Arrival, HistoricalOptions, SpineRows, historical, resolve};
 use quiver_offline::schema::value_at;
 use quiver_online::lookup::wire::value_json;
 use quiver_online::lookup::{Row, Status};
@@ -14,6 +14,7 @@ use quiver_sdk::on_demand;
 use quiver_sdk::types::format_instant;
 use quiver_sdk::{Config, Definitions, FeatureRef, FeatureView, OnDemandView, Timestamp};
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use super::{EXAMPLES, FeatureReport, LogReport};
 use crate::error::Result;
@@ -25,10 +26,21 @@ type Logged = (usize, usize);
 /// A status, the value as JSON, the row's event time: what was served, or should have been.
 type Answer = (Status, String, Option<i64>);
 
+/// How `verify --since` decides what should have been served (docs/consistency.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// By event time at each request time; with `created_cutoff`, only rows created by
+    /// then count (as `historical --created-cutoff`: for models trained that way, and
+    /// to tell backfills apart).
+    EventTime { created_cutoff: bool },
+    /// By arrival: a row counts from its Delta commit, and an answer is right when it
+    /// is the offline answer at some moment within `lag_us` of its request time — the
+    /// moments checked are the request time and every eighth of `lag_us` either side.
+    AsArrived { lag_us: i64 },
+}
+
 /// Replays the answers logged with `since <= request time < until` (UTC microseconds)
-/// through the offline point-in-time join, per feature view, and compares. With
-/// `created_cutoff`, only rows created by each request time count (as `historical
-/// --created-cutoff`: for models trained that way, and to tell backfills apart).
+/// through the offline point-in-time join, per feature view, and compares, by `rule`.
 ///
 /// # Errors
 /// An unreadable log or table, or a kernel failure.
@@ -37,9 +49,20 @@ pub async fn verify_log(
     defs: &Definitions,
     since: i64,
     until: i64,
-    created_cutoff: bool,
+    rule: Rule,
     kernel: &dyn AsOfKernel,
 ) -> Result<LogReport> {
+    let (created_cutoff, arrival) = match rule {
+        Rule::EventTime { created_cutoff } => (created_cutoff, None),
+        Rule::AsArrived { lag_us } => {
+            let mut commits = HashMap::new();
+            for view in &defs.feature_views {
+                let times = quiver_offline::delta::commit_times(&config.view_table(view)).await?;
+                commits.insert(view.storage_name().to_string(), times);
+            }
+            (false, Some((Arc::new(commits), lag_us.max(0))))
+        }
+    };
     let batches = crate::serving_log::read(&config.serving_log.location, Timestamp(since)..Timestamp(until)).await?;
     let mut report = LogReport::default();
     // Log rows per view as (batch, row), borrowing the batches' text: millions of rows
@@ -53,7 +76,7 @@ pub async fn verify_log(
         }
     }
     report.requests = request_ids.len() as u64;
-    let replay = Replay { config, defs, batches: &batches, created_cutoff, kernel };
+    let replay = Replay { config, defs, batches: &batches, created_cutoff, arrival, kernel };
     let mut names: Vec<&str> = by_view.keys().copied().collect();
     names.sort_unstable();
     for name in names {
@@ -80,12 +103,34 @@ struct Replay<'a> {
     defs: &'a Definitions,
     batches: &'a [LogBatch],
     created_cutoff: bool,
+    /// Under [`Rule::AsArrived`]: each table's commit times, and the lag.
+    arrival: Option<(Arc<HashMap<String, HashMap<u64, i64>>>, i64)>,
     kernel: &'a dyn AsOfKernel,
 }
 
 impl Replay<'_> {
     fn row(&self, (bi, r): Logged) -> (&LogBatch, usize) {
         (&self.batches[bi], r)
+    }
+
+    /// The joins to run: `base` once, or under [`Rule::AsArrived`] once per moment
+    /// checked (the request time first).
+    fn joins(&self, base: HistoricalOptions) -> Vec<HistoricalOptions> {
+        let Some((commits, lag)) = &self.arrival else { return vec![base] };
+        let step = (lag / 8).max(1);
+        let mut shifts = vec![0];
+        let mut at = step;
+        while at <= *lag {
+            shifts.extend([-at, at]);
+            at += step;
+        }
+        shifts
+            .into_iter()
+            .map(|shift_us| HistoricalOptions {
+                arrival: Some(Arrival { commits: Arc::clone(commits), shift_us }),
+                ..base.clone()
+            })
+            .collect()
     }
 
     /// Replays one view's logged rows into `report`.
@@ -114,7 +159,7 @@ impl Replay<'_> {
         }
         let spine = super::spine_batch(&keys, &parsed, kept.iter().map(|&at| self.row(at).0.request_time(at.1)))?;
         drop(parsed);
-        let joined = self.offline_join(view, &spine).await?;
+        let joins = self.offline_join(view, &spine).await?;
         let served = view.served_features();
         let mut reports: Vec<FeatureReport> =
             served.iter().map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() }).collect();
@@ -123,10 +168,15 @@ impl Replay<'_> {
         let first = spine.num_columns();
         // An event log's join has no event-time column: its aggregations are judged
         // by status and value (docs/aggregations.md: the status follows from the value).
-        let offline_ts = (!view.is_event_log()).then(|| joined.column(first + served.len()).as_primitive::<Micros>());
-        let joined = Replayed { batch: &joined, first, view, served: &served, offline_ts };
+        let replayed: Vec<Replayed<'_>> = joins
+            .iter()
+            .map(|joined| {
+                let offline_ts = (!view.is_event_log()).then(|| joined.column(first + served.len()).as_primitive::<Micros>());
+                Replayed { batch: joined, first, view, served: &served, offline_ts }
+            })
+            .collect();
         for (j, &at) in kept.iter().enumerate() {
-            self.compare_row(&joined, j, at, &mut reports, &mut unreadable, &mut gone);
+            self.compare_row(&replayed, j, at, &mut reports, &mut unreadable, &mut gone);
         }
         for gone in gone {
             report.skipped.push(format!("feature `{name}:{gone}` is logged but no longer defined"));
@@ -139,10 +189,10 @@ impl Replay<'_> {
         Ok(())
     }
 
-    /// The view's features at each spine row, with their event times. Unbounded TTL
-    /// in the join, so a stale row is still found: the status is decided here, as the
-    /// online lookup decides it.
-    async fn offline_join(&self, view: &FeatureView, spine: &RecordBatch) -> Result<RecordBatch> {
+    /// The view's features at each spine row, with their event times (one join per
+    /// moment checked). Unbounded TTL in the join, so a stale row is still found: the
+    /// status is decided here, as the online lookup decides it.
+    async fn offline_join(&self, view: &FeatureView, spine: &RecordBatch) -> Result<Vec<RecordBatch>> {
         let refs: Vec<FeatureRef> =
             view.served_features().iter().map(|f| super::versioned_ref(&view.name, view.version, &f.name)).collect();
         // The version logged in place of the latest, as the request that read it did.
@@ -153,13 +203,17 @@ impl Replay<'_> {
         let resolved = resolve(&unbounded, &refs)?;
         let options = HistoricalOptions { event_times: !view.is_event_log(), created_cutoff: self.created_cutoff, ..Default::default() };
         let rows = SpineRows { source: "serving log", rows: spine };
-        Ok(historical(self.config, &unbounded, rows, &resolved, options, self.kernel, &|_, _| {}).await?)
+        let mut joins = Vec::new();
+        for options in self.joins(options) {
+            joins.push(historical(self.config, &unbounded, rows, &resolved, options, self.kernel, &|_, _| {}).await?);
+        }
+        Ok(joins)
     }
 
     /// Logged row `at` (spine row `j`) against the offline join, feature by feature.
     fn compare_row(
         &self,
-        joined: &Replayed<'_>,
+        replayed: &[Replayed<'_>],
         j: usize,
         at: Logged,
         reports: &mut [FeatureReport],
@@ -167,7 +221,8 @@ impl Replay<'_> {
         gone: &mut BTreeSet<String>,
     ) {
         let (b, r) = self.row(at);
-        let view = joined.view;
+        let first = &replayed[0];
+        let view = first.view;
         // Each row's JSON parsed once, for all of its features.
         let object = |text: &str| match serde_json::from_str::<serde_json::Value>(text) {
             Ok(serde_json::Value::Object(m)) => m,
@@ -180,7 +235,7 @@ impl Replay<'_> {
             gone.insert(logged.clone());
         }
         let request_time = b.request_time(r);
-        for (k, feature) in joined.served.iter().enumerate() {
+        for (k, feature) in first.served.iter().enumerate() {
             let Some(status) = statuses.get(&feature.name) else {
                 continue; // not asked for in this request
             };
@@ -194,7 +249,7 @@ impl Replay<'_> {
                 None => b.event_ts(r),
             };
             let served = (served_status, served_value, served_ts);
-            let expected = joined.expected(j, k, request_time, served.2);
+            let expected = closest(&served, replayed.iter().map(|joined| joined.expected(j, k, request_time, served.2)), false);
             judge(&mut reports[k], &served, &expected, request_time, b.entity(r), false);
         }
     }
@@ -271,13 +326,16 @@ impl Replay<'_> {
         let resolved = resolve(&defs, &refs)?;
         let options = HistoricalOptions { created_cutoff: self.created_cutoff, ..Default::default() };
         let rows = SpineRows { source: "serving log", rows: &spine };
-        let joined = match historical(self.config, &defs, rows, &resolved, options, self.kernel, &|_, _| {}).await {
-            Ok(joined) => joined,
-            Err(e) => {
-                report.skipped.push(format!("{} of `{name}` cannot be replayed: {e}", count(kept.len(), "row")));
-                return Ok(());
+        let mut joins = Vec::new();
+        for options in self.joins(options) {
+            match historical(self.config, &defs, rows, &resolved, options, self.kernel, &|_, _| {}).await {
+                Ok(joined) => joins.push(joined),
+                Err(e) => {
+                    report.skipped.push(format!("{} of `{name}` cannot be replayed: {e}", count(kept.len(), "row")));
+                    return Ok(());
+                }
             }
-        };
+        }
         let first = spine.num_columns();
         // Bit for bit, unless the view reads an aggregation, whose float sums are added
         // in another order online (docs/aggregations.md: within 1e-9 relative).
@@ -294,9 +352,17 @@ impl Replay<'_> {
                 let served_value = values.get(*feature).map_or_else(|| "null".to_string(), ToString::to_string);
                 let served_ts = times.get(*feature).and_then(|t| t.as_str()).and_then(|t| quiver_sdk::types::parse_instant(t).ok());
                 let dtype = view.feature(feature).expect("asked").dtype;
-                let v = value_at(joined.column(first + k).as_ref(), j, dtype);
-                let expected_status = if v == Value::Null { Status::NullValue } else { Status::Present };
-                let expected = (expected_status, value_json(&v), served_ts);
+                let served = (status, served_value, served_ts);
+                let expected = closest(
+                    &served,
+                    joins.iter().map(|joined| {
+                        let v = value_at(joined.column(first + k).as_ref(), j, dtype);
+                        let expected_status = if v == Value::Null { Status::NullValue } else { Status::Present };
+                        (expected_status, value_json(&v), served_ts)
+                    }),
+                    exact,
+                );
+                let (status, served_value, served_ts) = served;
                 judge(&mut reports[k], &(status, served_value, served_ts), &expected, request_time, b.entity(r), exact);
             }
         }
@@ -359,6 +425,20 @@ fn floats_agree(served: &Answer, expected: &Answer) -> bool {
         (true, Some(a), Some(b)) => super::floats_close(a, b),
         _ => false,
     }
+}
+
+/// Of the answers the offline store gives (one, or one per moment checked under
+/// [`Rule::AsArrived`]), the one `served` agrees with, else the first (the request
+/// time's).
+fn closest(served: &Answer, expected: impl IntoIterator<Item = Answer>, exact: bool) -> Answer {
+    let mut first = None;
+    for e in expected {
+        if *served == e || (!exact && floats_agree(served, &e)) {
+            return e;
+        }
+        first.get_or_insert(e);
+    }
+    first.expect("one join at least")
 }
 
 /// Counts one served answer against the expected one, keeping a few examples.

@@ -20,7 +20,7 @@
 mod log;
 mod sample;
 
-pub use log::verify_log;
+pub use log::{Rule, verify_log};
 pub use sample::verify_sample;
 
 use std::sync::Arc;

@@ -13,6 +13,12 @@ pub enum Error {
     /// Definitions or settings that cannot stream (no stream source, no store).
     #[error("{0}")]
     Config(String),
+    /// A push committed its rows offline, then its online write failed.
+    #[error(
+        "{source}; the rows are in the offline table at version {version}, not online: `quiver materialize-incremental` \
+         loads them (pushing them again would append them twice)"
+    )]
+    OnlineAfterOffline { version: u64, source: Box<Error> },
 }
 
 impl Error {
@@ -23,6 +29,7 @@ impl Error {
             Error::Online(e) => e.kind(),
             Error::Kafka { .. } => quiver_sdk::ErrorKind::Unavailable,
             Error::Config(_) => quiver_sdk::ErrorKind::Invalid,
+            Error::OnlineAfterOffline { source, .. } => source.kind(),
         }
     }
 }

@@ -162,19 +162,28 @@ pub async fn push_batches(
     } else {
         None
     };
-    let online_written = match (target.online(), store) {
-        (true, Some(store)) if view.is_event_log() => {
-            Some(refresh_event_log(config, defs, view, &batch_entities(defs, view, &conformed), store).await?)
-        }
-        (true, Some(store)) => {
-            let mut written = 0;
-            for batch in &conformed {
-                written += store.write(&online_rows(&config.project, defs, view, batch)).await?;
+    let online = async {
+        Ok::<_, Error>(match (target.online(), store) {
+            (true, Some(store)) if view.is_event_log() => {
+                Some(refresh_event_log(config, defs, view, &batch_entities(defs, view, &conformed), store).await?)
             }
-            Some(written)
-        }
-        (true, None) => return Err(Error::Config("no online store to push to".into())),
-        (false, _) => None,
+            (true, Some(store)) => {
+                let mut written = 0;
+                for batch in &conformed {
+                    written += store.write(&online_rows(&config.project, defs, view, batch)).await?;
+                }
+                Some(written)
+            }
+            (true, None) => return Err(Error::Config("no online store to push to".into())),
+            (false, _) => None,
+        })
+    };
+    // Rows committed offline whose online write fails are not half a push the caller
+    // could retry: the error says where they are (docs/online.md#push-when-the-online-store-fails).
+    let online_written = match (online.await, offline_version) {
+        (Ok(written), _) => written,
+        (Err(e), Some(version)) => return Err(Error::OnlineAfterOffline { version, source: Box::new(e) }),
+        (Err(e), None) => return Err(e),
     };
     Ok(PushReport { rows, online_written, offline_version, dropped, uncomputed })
 }

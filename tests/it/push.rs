@@ -153,6 +153,7 @@ async fn server_push_offline_goes_through_delta() {
         serving_log: None,
         limits: quiver::online::server::Limits::default(),
         insights: None,
+        pending: Default::default(),
     });
     let push = |body: &'static str| {
         let state = state.clone();
@@ -191,4 +192,103 @@ async fn server_push_offline_goes_through_delta() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(answer["error"].as_str().unwrap().contains("row 2: `event_timestamp`: `yesterday` is not an RFC 3339 timestamp"), "{answer}");
     assert_eq!(delta(&dir).await.len(), 3);
+}
+
+/// An online store that refuses every call while `down` is set.
+#[derive(Debug)]
+struct Switched {
+    inner: EmbeddedStore,
+    down: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl OnlineStore for Switched {
+    fn name(&self) -> String {
+        "switched".into()
+    }
+    async fn write(&self, rows: &[quiver::online::WriteRow]) -> quiver::online::Result<usize> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(quiver::online::Error::Unavailable { store: "switched".into(), message: "connection refused".into() });
+        }
+        self.inner.write(rows).await
+    }
+    async fn read(&self, keys: &[String]) -> quiver::online::Result<Vec<Option<Vec<u8>>>> {
+        self.inner.read(keys).await
+    }
+}
+
+/// A push to both stores while the online store is down: the rows are committed
+/// offline, the answer says so (202, `online_pending`), and the online write lands by
+/// itself once the store is back — never half written, never to be pushed again. A push
+/// online only is refused whole (503), nothing appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_whose_online_store_fails_is_written_online_when_it_returns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    repo(&dir);
+    let repo = Repo::open(&dir).unwrap();
+    let store =
+        Arc::new(Switched { inner: EmbeddedStore::open(&dir.join("online.db")).unwrap(), down: std::sync::atomic::AtomicBool::new(true) });
+    let state = Arc::new(ServerState {
+        store: store.clone(),
+        registry: RegistryCache::new(repo.config.registry_path.clone(), "pushes").unwrap(),
+        project: "pushes".into(),
+        auth_token: None,
+        metrics: Metrics::default(),
+        clock: Box::new(|| T0),
+        offline: Some(Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
+        serving_log: None,
+        limits: quiver::online::server::Limits::default(),
+        insights: None,
+        pending: Default::default(),
+    });
+    let call = |method: &'static str, uri: &'static str, body: &'static str| {
+        let state = state.clone();
+        async move {
+            let req = Request::builder().method(method).uri(uri).header("content-type", "application/json");
+            let resp = router(state).oneshot(req.body(Body::from(body)).unwrap()).await.unwrap();
+            let status = resp.status();
+            (status, String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap())
+        }
+    };
+    let key = |d: i64| store_key("pushes", "trips", &[KeyValue::Int(d)]);
+    let (status, answer) = call(
+        "POST",
+        "/push",
+        r#"{"feature_view": "trips", "df": {"driver_id": [5, 6],
+            "event_timestamp": ["2025-01-01T00:00:00Z", "2025-01-01T00:00:01Z"], "fare": [1.25, 2.0], "seq": [10, 11]}}"#,
+    )
+    .await;
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!((answer["rows"].as_u64(), answer["online_pending"].as_u64()), (Some(2), Some(2)), "{answer}");
+    assert!(answer["offline_version"].is_u64() && answer.get("online_written").is_none(), "{answer}");
+    assert_eq!(delta(&dir).await.len(), 2, "the rows are committed offline");
+    assert!(store.read(&[key(5)]).await.unwrap()[0].is_none());
+    let (_, metrics) = call("GET", "/metrics", "").await;
+    assert!(metrics.contains("quiver_push_online_pending_rows 2"), "{metrics}");
+
+    // Online only, while the store is down: refused whole, nothing appended.
+    let (status, answer) = call(
+        "POST",
+        "/push",
+        r#"{"feature_view": "trips", "to": "online", "df": {"driver_id": [7], "event_timestamp": ["2025-01-01T00:00:00Z"], "fare": [3.5], "seq": [12]}}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(delta(&dir).await.len(), 2);
+
+    // The store returns: the pending rows are written without another request.
+    store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let began = std::time::Instant::now();
+    while store.read(&[key(5), key(6)]).await.unwrap().iter().any(Option::is_none) {
+        assert!(began.elapsed() < std::time::Duration::from_secs(15), "the pending push never reached the online store");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let stored = store.read(&[key(6)]).await.unwrap()[0].clone().unwrap();
+    let row = OnlineRow::decode(&stored).unwrap();
+    assert_eq!((row.event_ts, row.values[0].clone()), (T0 + 1_000_000, Value::Float64(2.0)));
+    let (_, metrics) = call("GET", "/metrics", "").await;
+    assert!(metrics.contains("quiver_push_online_pending_rows 0"), "{metrics}");
+    assert_eq!(delta(&dir).await.len(), 2, "nothing appended twice");
 }

@@ -413,6 +413,7 @@ async fn server_push_df(dir: &Path, df: serde_json::Value) -> (axum::http::Statu
         serving_log: None,
         limits: quiver::online::server::Limits::default(),
         insights: None,
+        pending: Default::default(),
     });
     let body = serde_json::json!({"feature_view": "payments", "to": "online_and_offline", "df": df});
     let call = |method: &str, uri: &str, body: String| {

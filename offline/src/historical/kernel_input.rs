@@ -1,6 +1,8 @@
 //! The as-of kernel's input: entity ids, times and ingestion order of every scanned
 //! row, filled on all cores.
 
+use std::collections::HashMap;
+
 use arrow::array::{ArrayRef, AsArray};
 use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
 use quiver_sdk::{Definitions, FeatureView};
@@ -42,13 +44,16 @@ impl KernelColumns {
     }
 
     /// Flattens the scan into entity ids, times and seqs, splitting the batches over
-    /// the cores (the hash lookups dominate).
+    /// the cores (the hash lookups dominate). With `arrivals` (commit time per table
+    /// version, and a shift), a row's created time is when its version was committed,
+    /// shifted ([`super::Arrival`]).
     pub(super) fn fill(
         scan: &Scan,
         index: &EntityIndex,
         defs: &Definitions,
         view: &FeatureView,
         has_created: bool,
+        arrivals: Option<(Option<&HashMap<u64, i64>>, i64)>,
     ) -> Result<KernelColumns> {
         let n = scan.rows;
         let mut out = KernelColumns {
@@ -100,11 +105,17 @@ impl KernelColumns {
                         index.lookup(&key_arrays, &mut e[at..at + m])?;
                         let micros = |i: usize| -> Result<ArrayRef> { Ok(arrow::compute::cast(batch.column(i), &timestamp_type())?) };
                         t[at..at + m].copy_from_slice(micros(layout.event_time())?.as_primitive::<TimestampMicrosecondType>().values());
-                        if let Some(created) = layout.created_time() {
+                        let seq = layout.seq().expect("scanned rows");
+                        let seqs = batch.column(seq).as_primitive::<Int64Type>().values();
+                        if let Some((commits, shift)) = arrivals {
+                            for (c, &q) in c[at..at + m].iter_mut().zip(seqs.iter()) {
+                                let committed = commits.and_then(|t| t.get(&((q >> 32) as u64)));
+                                *c = committed.map_or(i64::MIN, |t| t.saturating_add(shift));
+                            }
+                        } else if let Some(created) = layout.created_time() {
                             c[at..at + m].copy_from_slice(micros(created)?.as_primitive::<TimestampMicrosecondType>().values());
                         }
-                        let seq = layout.seq().expect("scanned rows");
-                        q[at..at + m].copy_from_slice(batch.column(seq).as_primitive::<Int64Type>().values());
+                        q[at..at + m].copy_from_slice(seqs);
                         at += m;
                     }
                     Ok(())

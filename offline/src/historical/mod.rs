@@ -22,7 +22,7 @@ pub mod output;
 pub(crate) mod scan;
 pub mod spine;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
@@ -264,6 +264,21 @@ pub struct HistoricalOptions {
     /// Run the join on a DataFusion Ballista cluster (`df://HOST:PORT`, docs/settings.md)
     /// instead of in this process; the answer is the same.
     pub cluster: Option<String>,
+    /// Rows count from when they arrived, not from their created time: `verify --since
+    /// --as-arrived` (docs/consistency.md). In this process only.
+    pub arrival: Option<Arrival>,
+}
+
+/// Every row's created time taken as the commit time of its table version (its
+/// `_quiver_seq`'s high half) plus `shift_us`, and every view cut by it: the join then
+/// answers with the rows that had arrived by `spine time - shift_us`. Ties of event
+/// time go to the row that arrived later.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    /// Per table (a view's storage name), each version's commit time (UTC
+    /// microseconds); a version not listed (its log entry cleaned up) arrived before any.
+    pub commits: Arc<HashMap<String, HashMap<u64, i64>>>,
+    pub shift_us: i64,
 }
 
 impl HistoricalOptions {
@@ -272,7 +287,17 @@ impl HistoricalOptions {
     /// created at its event time, which the join's own `event time <= spine time`
     /// already requires.
     pub fn cuts_by_created(&self, view: &FeatureView) -> bool {
-        self.created_cutoff && view.source.created_timestamp_field.is_some()
+        self.arrival.is_some() || (self.created_cutoff && view.source.created_timestamp_field.is_some())
+    }
+
+    /// Whether the kernel reads created times for `view`: its own, or its arrivals.
+    pub(crate) fn has_created(&self, view: &FeatureView) -> bool {
+        self.arrival.is_some() || view.source.created_timestamp_field.is_some()
+    }
+
+    /// `view`'s commit times and the shift, under [`HistoricalOptions::arrival`].
+    pub(crate) fn arrivals(&self, view: &FeatureView) -> Option<(Option<&HashMap<u64, i64>>, i64)> {
+        self.arrival.as_ref().map(|a| (a.commits.get(&*view.storage_name()), a.shift_us))
     }
 }
 
@@ -507,8 +532,8 @@ impl Join<'_> {
     fn won(&self, request: &ViewRequest<'_>, index: EntityIndex, scan: Scan) -> Result<Won> {
         let view = request.view;
         let ttl_us = view.ttl_us();
-        let has_created = view.source.created_timestamp_field.is_some();
-        let columns = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
+        let has_created = self.options.has_created(view);
+        let columns = KernelColumns::fill(&scan, &index, self.defs, view, has_created, self.options.arrivals(view))?;
         // Keep only the feature columns of the scan while the kernel runs.
         let scan = scan.features_only()?;
         let input = columns.input(&index, self.times, ttl_us, self.options.cuts_by_created(view));

@@ -32,12 +32,14 @@ use crate::store::OnlineStore;
 mod features;
 mod limits;
 mod metrics;
+mod pending;
 mod push;
 mod registry_cache;
 pub mod ui;
 
 pub use limits::{Limit, Limits};
 pub use metrics::Metrics;
+pub use pending::{MAX_PENDING_ROWS, PendingWrites};
 pub use registry_cache::{REGISTRY_CHECK, RegistryCache};
 pub use ui::Insights;
 
@@ -66,6 +68,9 @@ pub struct ServerState {
     pub limits: Limits,
     /// What the web UI reports of the offline side; `None` answers its endpoints 501.
     pub insights: Option<Arc<dyn Insights>>,
+    /// Online writes of pushes whose offline half committed while the store failed,
+    /// retried in the background ([`pending`]).
+    pub pending: PendingWrites,
 }
 
 impl std::fmt::Debug for ServerState {
@@ -407,6 +412,11 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn metrics(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
     let mut out = quiver_runtime::metrics::Exposition::new();
     state.metrics.render(&mut out);
+    out.gauge(
+        "quiver_push_online_pending_rows",
+        "Pushed rows in the offline table whose online write waits for the online store.",
+        state.pending.rows(),
+    );
     state.registry.render_metrics(&mut out);
     quiver_runtime::metrics::LINEAGE_EVENTS.render(&mut out);
     if let Some(log) = &state.serving_log {

@@ -8,7 +8,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value as Json_, json};
 
-use super::{ApiError, Limit, MAX_ENTITY_ROWS, ServerState, bad, unique_keys};
+use super::pending::{MAX_PENDING_ROWS, Write};
+use super::{ApiError, Limit, MAX_ENTITY_ROWS, STORE_TIMEOUT, ServerState, bad, unique_keys};
 
 /// A `/push` request: rows of one view, column-major.
 #[derive(Debug, serde::Deserialize)]
@@ -26,8 +27,13 @@ struct PushRequest {
 /// (raw rows, shaped by the view's write-time expressions, for a view with them),
 /// written offline (through [`OfflineWriter`], the streaming write path) and then
 /// through the guarded online write, as `to` asks (default: both stores, offline only
-/// for a view with `online: false`, as every front end pushes).
-pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<Json<Json_>, ApiError> {
+/// for a view with `online: false`, as every front end pushes). When the online store
+/// fails after the offline commit, the online write waits in [`super::pending`] and the
+/// answer is 202 with `online_pending` (docs/online.md#push-when-the-online-store-fails).
+pub(super) async fn push(
+    State(state): State<Arc<ServerState>>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Json_>), ApiError> {
     // A column written twice in `df` (or any repeated key) is refused, never half read.
     unique_keys(&body)?;
     let request: PushRequest = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
@@ -93,32 +99,68 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
     answer.insert("rows".into(), json!(rows.len()));
     if rows.is_empty() {
         // Every row failed the filter: nothing to write.
-        return Ok(Json(Json_::Object(answer)));
+        return Ok((StatusCode::OK, Json(Json_::Object(answer))));
     }
     // An event log's online records come from its table: its events go there first,
     // and then its entities' records are rebuilt from it.
+    let mut offline_version = None;
     if offline || view.is_event_log() {
         let Some(writer) = &state.offline else {
             return Err(ApiError(StatusCode::NOT_IMPLEMENTED, "this server has no offline store to push to".into()));
         };
         let version = writer.append(&defs, view, &rows).await.map_err(|e| state.unavailable("offline store", &e))?;
         answer.insert("offline_version".into(), json!(version));
+        offline_version = Some(version);
     }
-    if online && view.is_event_log() {
-        let writer = state.offline.as_ref().expect("checked above");
-        let entities: Vec<Vec<quiver_runtime::encoding::KeyValue>> = rows.iter().map(|r| r.keys.clone()).collect();
-        let written = writer
-            .refresh_event_log(&defs, view, &entities, state.store.as_ref())
-            .await
-            .map_err(|e| state.unavailable("online store", &e))?;
-        answer.insert("online_written".into(), json!(written));
-    } else if online {
-        let writes = crate::store::WriteRow::of_rows(&state.project, view, &rows);
-        let written = state.store_call(state.store.write(&writes)).await?;
-        answer.insert("online_written".into(), json!(written));
+    let mut status = StatusCode::OK;
+    if online {
+        let write = if view.is_event_log() {
+            let entities = rows.iter().map(|r| r.keys.clone()).collect();
+            Write::EventLog { defs: Arc::clone(&defs), view: Box::new(view.clone()), entities }
+        } else {
+            Write::Rows(crate::store::WriteRow::of_rows(&state.project, view, &rows))
+        };
+        match online_write(&state, &write).await {
+            Ok(written) => {
+                answer.insert("online_written".into(), json!(written));
+            }
+            // The rows are in the offline table: the online write is kept and retried
+            // until the store takes it, never half done and never asked for again.
+            Err(e) if e.0 == StatusCode::SERVICE_UNAVAILABLE && offline_version.is_some() => {
+                let version = offline_version.expect("checked");
+                if !state.pending.add(&state, write, rows.len() as u64) {
+                    return Err(ApiError(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "online store unavailable, and {MAX_PENDING_ROWS} rows already wait for it: the rows are in the \
+                             offline table at version {version}, not online (`quiver materialize-incremental` loads them; \
+                             pushing them again would append them twice)"
+                        ),
+                    ));
+                }
+                answer.insert("online_pending".into(), json!(rows.len()));
+                status = StatusCode::ACCEPTED;
+            }
+            Err(e) => return Err(e),
+        }
     }
     if let Some(writer) = &state.offline {
-        writer.pushed(&defs, view, online, answer.get("offline_version").and_then(Json_::as_u64));
+        writer.pushed(&defs, view, online, offline_version);
     }
-    Ok(Json(Json_::Object(answer)))
+    Ok((status, Json(Json_::Object(answer))))
+}
+
+/// One push's online write, now: the rows written (`0` for those the guard kept out).
+async fn online_write(state: &ServerState, write: &Write) -> Result<usize, ApiError> {
+    match write {
+        Write::Rows(rows) => state.store_call(state.store.write(rows)).await,
+        Write::EventLog { defs, view, entities } => {
+            let writer = state.offline.as_ref().expect("an event log's push went offline first");
+            match tokio::time::timeout(STORE_TIMEOUT, writer.refresh_event_log(defs, view, entities, state.store.as_ref())).await {
+                Ok(Ok(written)) => Ok(written),
+                Ok(Err(e)) => Err(state.unavailable("online store", &e)),
+                Err(_) => Err(state.unavailable("online store", &"timed out")),
+            }
+        }
+    }
 }

@@ -93,6 +93,7 @@ async fn fixture(store: Option<Arc<dyn OnlineStore>>, token: Option<&str>) -> Fi
         serving_log: None,
         limits: quiver_online::server::Limits::default(),
         insights: None,
+        pending: Default::default(),
     });
     Fixture { _dir: dir, registry_path, state }
 }
@@ -199,6 +200,7 @@ async fn interleaved_views_answer_each_feature_and_log_the_same() {
         serving_log: Some(log.clone()),
         limits: quiver_online::server::Limits::default(),
         insights: None,
+        pending: Default::default(),
     });
     let body = r#"{"entities": {"driver_id": [1, 2, 3, 9], "customer_id": ["c1", "c1", "c1", "c1"]},
                    "features": ["stats:trips", "pair:n", "stats:rate", "stats:emb"]}"#;

@@ -66,6 +66,7 @@ async fn served() -> (tempfile::TempDir, Arc<ServerState>) {
         serving_log: None,
         limits: quiver_online::server::Limits::default(),
         insights: None,
+        pending: Default::default(),
     });
     (dir, state)
 }

@@ -412,16 +412,21 @@ def torch_data(ts: Any, batch_size: int, columns: Optional[Sequence[str]], shuff
     return data
 
 
-def counted_loader(data: Any, num_workers: int, **kwargs: Any) -> Any:
-    """A ``DataLoader`` over ``data`` (``batch_size=None``) whose iteration counts the
-    batches handed out into ``data.consumed`` (with workers; without, the dataset, iterated
-    here, counts itself), for ``state_dict()``: one set's loader's and a mixture's."""
-    from torch.utils.data import DataLoader
+def check_loader_options(kwargs: Dict[str, Any]) -> None:
+    """Refuses the DataLoader options that would break ``state_dict()``."""
     if kwargs.get("persistent_workers"):
         raise ValidationError("loader(persistent_workers=True): persistent workers keep the epoch and state "
                               "they started with; make a loader() per epoch instead")
     if kwargs.get("in_order", True) is False:
         raise ValidationError("loader(in_order=False): the order batches come in is what state_dict() counts")
+
+
+def counted_loader(data: Any, num_workers: int, **kwargs: Any) -> Any:
+    """A ``DataLoader`` over ``data`` (``batch_size=None``) whose iteration counts the
+    batches handed out into ``data.consumed`` (with workers; without, the dataset, iterated
+    here, counts itself), for ``state_dict()``: one set's loader's and a mixture's."""
+    from torch.utils.data import DataLoader
+    check_loader_options(kwargs)
     dl = DataLoader(data, batch_size=None, num_workers=num_workers, **kwargs)
 
     class Counted:

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._quiver import ValidationError, gather_rows
-from .loader import WINDOW_ROWS, Columns, counted_loader, default_rank, window_tensors
+from .loader import WINDOW_ROWS, Columns, check_loader_options, counted_loader, default_rank, window_tensors
 from .mixture_plan import POLICIES, Planner, Schedule, step_counts  # noqa: F401  (step_counts: re-exported)
 
 class SourceOrder:
@@ -310,11 +310,11 @@ def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray]:
     return data._splits[counts]
 
 
-def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: int, limit: int):
+def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: int, limit: int, window: Any):
     """Up to ``limit`` of the next steps of the plan (steps ``first_step``, ... relative
     to where iterating began) as this (rank, worker)'s rows: ``(arrays, batch sizes,
     steps planned)``, the steps of another worker planned but not read. ``None`` at the
-    epoch's end."""
+    epoch's end. ``window(k, pass, j)`` gives source ``k``'s window ``j`` of a pass."""
     total = data.batch_size * data.world_size
     rows = planner.rows
     n_src = len(rows)
@@ -352,7 +352,7 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
     which = np.empty(n, dtype=np.int64)
     at = np.empty(n, dtype=np.int64)
     w = data.window_rows
-    for k, order in enumerate(data.orders):
+    for k in range(n_src):
         dest = np.flatnonzero(src == k)
         if not len(dest):
             continue
@@ -365,7 +365,7 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
             p, j = divmod(key, per)
             which[dest[sel]] = len(slots)
             at[dest[sel]] = inpass[sel] - j * w
-            slots.append(order.window(p, j))
+            slots.append(window(k, p, j))
     out: Dict[str, np.ndarray] = {}
     for c in data.names:
         parts = [slot[c] for slot in slots]
@@ -517,15 +517,27 @@ def _torch_class() -> Any:
 
         def __iter__(self):
             info = get_worker_info()
-            worker, workers = (info.id, info.num_workers) if info else (0, 1)
-            main = info is None
-            if main:
-                self.consumed, self.loaded = 0, False
+            if info is None:
+                yield from self._iterate(lambda k, p, j: self.orders[k].window(p, j))
+                return
+            # A worker of a plain DataLoader: steps w, w + n, ... (each worker reads every
+            # window; `loader()` shares the reading out instead).
+            yield from self._steps(info.id, info.num_workers, lambda k, p, j: self.orders[k].window(p, j), False)
+
+        def _iterate(self, window):
+            """This rank's batches, here (not in a worker), counted for ``state_dict()``;
+            ``window(k, pass, j)`` gives a source's window."""
+            self.consumed, self.loaded = 0, False
+            for batch in self._steps(0, 1, window, True):
+                self.consumed += 1
+                yield batch
+
+        def _steps(self, worker, workers, window, main):
             planner = self._planner(self.start)
             chunk_steps = max(workers, (max(1, self.window_rows // (self.batch_size * self.world_size)) // workers) * workers)
             step = 0
             while True:
-                got = _chunk(self, planner, worker, workers, step, chunk_steps)
+                got = _chunk(self, planner, worker, workers, step, chunk_steps, window)
                 if got is None:
                     return
                 arrays, sizes, planned = got
@@ -533,30 +545,91 @@ def _torch_class() -> Any:
                 tensors = window_tensors(arrays, torch, packed=not main)
                 offset = 0
                 for size in sizes:
-                    batch = {n: t[offset:offset + size] for n, t in tensors.items()}
-                    if main:
-                        self.consumed += 1
-                    yield batch
+                    yield {n: t[offset:offset + size] for n, t in tensors.items()}
                     offset += size
 
-        def _begin_workers(self, num_workers: int) -> None:
-            """Iterating through a loader with workers: the steps counted from 0."""
-            self.consumed, self.loaded = 0, False
+        def windows(self) -> List[Tuple[int, int, int]]:
+            """The windows ``(source, pass, window)`` the epoch reads from where iterating
+            starts, in the order the plan first needs them (every rank's rows)."""
+            p = self._planner(self.start)
+            total = self.batch_size * self.world_size
+            w = self.window_rows
+            seen: set = set()
+            out: List[Tuple[int, int, int]] = []
+            while True:
+                takes = p.next(total)
+                if takes is None:
+                    return out
+                for k, ps, a, b in takes:
+                    for j in range(a // w, (b - 1) // w + 1):
+                        if (k, ps, j) not in seen:
+                            seen.add((k, ps, j))
+                            out.append((k, ps, j))
 
         def loader(self, num_workers: int = 0, **kwargs: Any):
-            """A ``DataLoader`` over this dataset (``batch_size=None``) that counts the
-            batches it hands out, for ``state_dict()``."""
-            return counted_loader(self, num_workers, **kwargs)
+            """An iterable of this rank's batches that counts them for ``state_dict()``.
+            With ``num_workers``, a ``DataLoader`` of that many workers reads the epoch's
+            windows — each once, worker ``w`` of ``n`` windows ``w``, ``w + n``, ... in
+            the order the plan needs them — and the batches are cut from them here, in step
+            order (``kwargs`` go to that DataLoader)."""
+            if num_workers == 0:
+                return counted_loader(self, 0, **kwargs)
+            check_loader_options(kwargs)
+            return _Fed(self, num_workers, kwargs)
 
-    MixtureData.__module__ = __name__
-    MixtureData.__qualname__ = "MixtureData"
-    globals()["MixtureData"] = MixtureData
+    class WindowFeed(IterableDataset):  # type: ignore[misc]
+        """The windows a mixture's epoch reads, for a DataLoader's workers: ``(key,
+        arrays)`` of windows ``w``, ``w + n``, ... of the list in worker ``w`` of ``n``."""
+
+        def __init__(self, data, needed):
+            self.data, self.needed = data, needed
+
+        def __iter__(self):
+            info = get_worker_info()
+            worker, workers = (info.id, info.num_workers) if info else (0, 1)
+            for i in range(worker, len(self.needed), workers):
+                k, p, j = self.needed[i]
+                yield (k, p, j), window_tensors(self.data.orders[k].window(p, j), torch, packed=info is not None)
+
+    class _Fed:
+        """``MixtureData.loader(num_workers=n)``: windows from n workers, batches here."""
+
+        def __init__(self, data, num_workers, kwargs):
+            self.data, self.num_workers, self.kwargs = data, num_workers, kwargs
+
+        def __len__(self):
+            return len(self.data)
+
+        def __iter__(self):
+            from torch.utils.data import DataLoader
+            feed = WindowFeed(self.data, self.data.windows())
+            it = iter(DataLoader(feed, batch_size=None, num_workers=self.num_workers, **self.kwargs))
+            store: Dict[Tuple[int, int, int], Dict[str, np.ndarray]] = {}
+
+            def window(k, p, j):
+                key = (k, p, j)
+                while key not in store:
+                    got, tensors = next(it)
+                    store[tuple(int(x) for x in got)] = {n: t.numpy() for n, t in tensors.items()}
+                # A source's windows are asked for in order: the earlier ones are done.
+                for old in [x for x in store if x[0] == k and x[1:] < key[1:]]:
+                    del store[old]
+                return store[key]
+
+            yield from self.data._iterate(window)
+
+    for cls in (MixtureData, WindowFeed):
+        cls.__module__ = __name__
+        cls.__qualname__ = cls.__name__
+        globals()[cls.__name__] = cls
     _CLASS = MixtureData
     return MixtureData
 
 
 def __getattr__(name: str) -> Any:
-    """``MixtureData``, made on first use (a spawned worker asks for it by name)."""
-    if name == "MixtureData":
-        return _torch_class()
+    """``MixtureData`` and ``WindowFeed``, made on first use (a spawned worker asks for
+    them by name)."""
+    if name in ("MixtureData", "WindowFeed"):
+        _torch_class()
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -58,8 +58,8 @@ impl Join<'_> {
         let started = Instant::now();
         let aggs: Vec<&Aggregation> = request.features.iter().map(|name| view.aggregation(name).expect("resolved")).collect();
         let columns = event_columns(&aggs);
-        let has_created = view.source.created_timestamp_field.is_some();
-        let mut kernel = KernelColumns::fill(&scan, &index, self.defs, view, has_created)?;
+        let has_created = self.options.has_created(view);
+        let mut kernel = KernelColumns::fill(&scan, &index, self.defs, view, has_created, self.options.arrivals(view))?;
         // Each event column as one array, indexed like the kernel's rows.
         let values: Vec<ArrayRef> = columns
             .iter()
