@@ -386,6 +386,7 @@ class Soak(Checks):
         for what in list(steps.values()):
             self.action(what)
         self.stop_load.set()
+        self.load_end = time.monotonic()
         for t in threads:
             t.join(180)
         return self.check()
