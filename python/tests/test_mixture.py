@@ -174,6 +174,25 @@ def test_resume_at_random_steps_gives_the_uninterrupted_batches(abc, workers):
         assert head + tail == full, at
 
 
+def test_every_way_of_reading_gives_the_same_batches(abc):
+    """In the training process (a thread reading ahead), through `loader(num_workers=2)`
+    (workers reading each window once, batches cut here) and through a plain DataLoader
+    with 2 workers (each worker its steps): the same batches, row for row, in step
+    order."""
+    _torch()
+    from torch.utils.data import DataLoader
+    mixture = qv.Mixture(abc, weights={"a": 0.6, "b": 0.3, "c": 0.1}, on_exhausted={"a": "stop", "b": "repeat", "c": "repeat"})
+    make = lambda: mixture.to_torch(batch_size=7, shuffle=True, seed=2, window_rows=96)  # noqa: E731
+    here = [(b["id"].tolist(), b["source"].tolist()) for b in make()]
+    fed = [(b["id"].tolist(), b["source"].tolist()) for b in make().loader(num_workers=2)]
+    plain = [(b["id"].tolist(), b["source"].tolist()) for b in DataLoader(make(), batch_size=None, num_workers=2)]
+    assert len(here) == len(make()) > 20
+    assert here == fed == plain
+    # Every id of the stopping set once, the others' ids from their own ranges.
+    ids = [i for batch, _ in here for i in batch]
+    assert sorted(i for i in ids if i < 10_000) == list(range(700))
+
+
 @pytest.mark.parametrize("before, after", [(2, 1), (1, 4)])
 def test_elastic_resume_reads_exactly_the_rows_not_yet_read(abc, before, after):
     _torch()

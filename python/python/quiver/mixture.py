@@ -85,9 +85,10 @@ class SourceOrder:
             return pa.Table.from_batches([handle.get_batch(group)]).select(self.columns.names)
         return handle.read_row_group(group, columns=self.columns.names)
 
-    def window(self, p: int, j: int) -> Dict[str, np.ndarray]:
+    def window(self, p: int, j: int, keep: bool = True) -> Dict[str, np.ndarray]:
         """Window ``j`` of pass ``p``: its rows in the pass's order (permuted when
-        shuffling), as C-contiguous arrays. Kept for the next chunk (two windows)."""
+        shuffling), as C-contiguous arrays. With ``keep``, kept for the next chunks (four
+        windows); a reader that asks for each window once does not keep them."""
         key = (p, j)
         hit = self.cache.get(key)
         if hit is not None:
@@ -113,6 +114,8 @@ class SourceOrder:
             # source's rows in order, which its gather does fastest.
             perm = np.random.default_rng([self.seed, self.epoch, self.k, p, j]).permutation(hi - lo)
             arrays = {n: a[perm] for n, a in arrays.items()}
+        if not keep:
+            return arrays
         self.cache[key] = arrays
         while len(self.cache) > 2 * 2:
             self.cache.popitem(last=False)
@@ -383,6 +386,66 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
     return out, sizes, planned
 
 
+class _WindowStore:
+    """The windows an epoch reads, as they come (``(key, arrays)`` in the order the plan
+    first needs them), kept until the plan is past them."""
+
+    def __init__(self, windows: Any):
+        self.windows = windows
+        self.store: Dict[Tuple[int, int, int], Dict[str, np.ndarray]] = {}
+
+    def window(self, k: int, p: int, j: int) -> Dict[str, np.ndarray]:
+        key = (k, p, j)
+        while key not in self.store:
+            got, arrays = next(self.windows)
+            self.store[got] = arrays
+        # A source's windows are asked for in order: the earlier ones are done.
+        for old in [x for x in self.store if x[0] == k and x[1:] < key[1:]]:
+            del self.store[old]
+        return self.store[key]
+
+
+def _read_ahead(data: Any, needed: List[Tuple[int, int, int]], ahead: int = 2):
+    """``(key, arrays)`` of each window in ``needed``, read by a thread up to ``ahead``
+    windows before they are asked for. Closing the generator stops the thread."""
+    import queue
+    import threading
+    q: "queue.Queue[Any]" = queue.Queue(maxsize=ahead)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for k, p, j in needed:
+                item = ((k, p, j), data.orders[k].window(p, j, keep=False))
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as e:  # handed to the reader: raised where the window is asked for
+            while not stop.is_set():
+                try:
+                    q.put(e, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+    thread = threading.Thread(target=read, name="quiver-mixture-read-ahead", daemon=True)
+    thread.start()
+    try:
+        for _ in needed:
+            item = q.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 _CLASS: Any = None
 
 
@@ -518,7 +581,13 @@ def _torch_class() -> Any:
         def __iter__(self):
             info = get_worker_info()
             if info is None:
-                yield from self._iterate(lambda k, p, j: self.orders[k].window(p, j))
+                # Here, in the training process: a thread reads the windows ahead (Parquet
+                # and numpy let go of the GIL) while the batches are cut.
+                windows = _read_ahead(self, self.windows())
+                try:
+                    yield from self._iterate(_WindowStore(windows).window)
+                finally:
+                    windows.close()
                 return
             # A worker of a plain DataLoader: steps w, w + n, ... (each worker reads every
             # window; `loader()` shares the reading out instead).
@@ -589,7 +658,7 @@ def _torch_class() -> Any:
             worker, workers = (info.id, info.num_workers) if info else (0, 1)
             for i in range(worker, len(self.needed), workers):
                 k, p, j = self.needed[i]
-                yield (k, p, j), window_tensors(self.data.orders[k].window(p, j), torch, packed=info is not None)
+                yield (k, p, j), window_tensors(self.data.orders[k].window(p, j, keep=False), torch, packed=info is not None)
 
     class _Fed:
         """``MixtureData.loader(num_workers=n)``: windows from n workers, batches here."""
@@ -604,19 +673,8 @@ def _torch_class() -> Any:
             from torch.utils.data import DataLoader
             feed = WindowFeed(self.data, self.data.windows())
             it = iter(DataLoader(feed, batch_size=None, num_workers=self.num_workers, **self.kwargs))
-            store: Dict[Tuple[int, int, int], Dict[str, np.ndarray]] = {}
-
-            def window(k, p, j):
-                key = (k, p, j)
-                while key not in store:
-                    got, tensors = next(it)
-                    store[tuple(int(x) for x in got)] = {n: t.numpy() for n, t in tensors.items()}
-                # A source's windows are asked for in order: the earlier ones are done.
-                for old in [x for x in store if x[0] == k and x[1:] < key[1:]]:
-                    del store[old]
-                return store[key]
-
-            yield from self.data._iterate(window)
+            windows = ((tuple(int(x) for x in key), {n: t.numpy() for n, t in tensors.items()}) for key, tensors in it)
+            yield from self.data._iterate(_WindowStore(windows).window)
 
     for cls in (MixtureData, WindowFeed):
         cls.__module__ = __name__
