@@ -175,7 +175,7 @@ def test_resume_at_random_steps_gives_the_uninterrupted_batches(abc, workers):
 
 
 def test_every_way_of_reading_gives_the_same_batches(abc):
-    """In the training process (a thread reading ahead), through `loader(num_workers=2)`
+    """In the training process, through `loader(num_workers=2)`
     (workers reading each window once, batches cut here) and through a plain DataLoader
     with 2 workers (each worker its steps): the same batches, row for row, in step
     order."""

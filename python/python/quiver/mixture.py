@@ -405,47 +405,6 @@ class _WindowStore:
         return self.store[key]
 
 
-def _read_ahead(data: Any, needed: List[Tuple[int, int, int]], ahead: int = 2):
-    """``(key, arrays)`` of each window in ``needed``, read by a thread up to ``ahead``
-    windows before they are asked for. Closing the generator stops the thread."""
-    import queue
-    import threading
-    q: "queue.Queue[Any]" = queue.Queue(maxsize=ahead)
-    stop = threading.Event()
-
-    def read() -> None:
-        try:
-            for k, p, j in needed:
-                item = ((k, p, j), data.orders[k].window(p, j, keep=False))
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-        except BaseException as e:  # handed to the reader: raised where the window is asked for
-            while not stop.is_set():
-                try:
-                    q.put(e, timeout=0.1)
-                    return
-                except queue.Full:
-                    continue
-
-    thread = threading.Thread(target=read, name="quiver-mixture-read-ahead", daemon=True)
-    thread.start()
-    try:
-        for _ in needed:
-            item = q.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join()
-
-
 _CLASS: Any = None
 
 
@@ -581,13 +540,7 @@ def _torch_class() -> Any:
         def __iter__(self):
             info = get_worker_info()
             if info is None:
-                # Here, in the training process: a thread reads the windows ahead (Parquet
-                # and numpy let go of the GIL) while the batches are cut.
-                windows = _read_ahead(self, self.windows())
-                try:
-                    yield from self._iterate(_WindowStore(windows).window)
-                finally:
-                    windows.close()
+                yield from self._iterate(lambda k, p, j: self.orders[k].window(p, j))
                 return
             # A worker of a plain DataLoader: steps w, w + n, ... (each worker reads every
             # window; `loader()` shares the reading out instead).
