@@ -67,9 +67,8 @@ impl Verify {
             anyhow::bail!("--arrival-lag must be between 0 and 3600 seconds, got {}", self.arrival_lag);
         }
         let arrival = self.as_arrived.then(|| std::time::Duration::from_secs_f64(self.arrival_lag));
-        let report = rt.block_on(async {
-            repo.verify_log(since_us, until_us).with_created_cutoff(self.created_cutoff).as_arrived(arrival).await
-        })?;
+        let report =
+            rt.block_on(async { repo.verify_log(since_us, until_us).with_created_cutoff(self.created_cutoff).as_arrived(arrival).await })?;
         println!(
             "serving log {}: {}, {} from {} to {}",
             repo.config.serving_log.location,

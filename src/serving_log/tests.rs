@@ -92,9 +92,16 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
     // Stale at now + 3h and one microsecond past the 2h TTL; not at exactly 2h.
     assert_eq!(statuses.iter().filter(|s| s.contains("OUTSIDE_MAX_AGE")).count(), 20, "{statuses:?}");
 
-    let report = crate::verify::verify_log(&repo.config, &defs, now - 6 * hour, now + 4 * hour, crate::verify::Rule::EventTime { created_cutoff: false }, &quiver_gpu_join::CpuKernel::new())
-        .await
-        .unwrap();
+    let report = crate::verify::verify_log(
+        &repo.config,
+        &defs,
+        now - 6 * hour,
+        now + 4 * hour,
+        crate::verify::Rule::EventTime { created_cutoff: false },
+        &quiver_gpu_join::CpuKernel::new(),
+    )
+    .await
+    .unwrap();
     assert_eq!(report.requests, 5);
     let trips = report.features.iter().find(|f| f.feature == "driver_hourly:avg_daily_trips").unwrap();
     assert_eq!(
@@ -105,8 +112,16 @@ async fn verify_log_judges_each_answer_at_its_request_time() {
     // Five hours back the store served rows from after the request.
     assert!(trips.examples.iter().all(|e| e.starts_with("mismatch (served a row from after the request): ")), "{:?}", trips.examples);
     // Only the past window disagrees.
-    let agree =
-        crate::verify::verify_log(&repo.config, &defs, now, now + 4 * hour, crate::verify::Rule::EventTime { created_cutoff: false }, &quiver_gpu_join::CpuKernel::new()).await.unwrap();
+    let agree = crate::verify::verify_log(
+        &repo.config,
+        &defs,
+        now,
+        now + 4 * hour,
+        crate::verify::Rule::EventTime { created_cutoff: false },
+        &quiver_gpu_join::CpuKernel::new(),
+    )
+    .await
+    .unwrap();
     assert!(agree.features.iter().all(|f| f.compared == 40 && f.matches == 40), "{:?}", agree.features);
 }
 
@@ -193,10 +208,16 @@ async fn the_log_and_its_replay_read_the_version_each_request_read() {
     let mut views: Vec<String> = logged.iter().flat_map(|b| (0..b.num_rows()).map(move |r| b.view(r).to_string())).collect();
     views.dedup();
     assert_eq!(views, ["driver_hourly", "driver_hourly@2"]);
-    let report =
-        crate::verify::verify_log(&repo.config, &defs, now - 3_600_000_000, now + 3_600_000_000, crate::verify::Rule::EventTime { created_cutoff: false }, &quiver_gpu_join::CpuKernel::new())
-            .await
-            .unwrap();
+    let report = crate::verify::verify_log(
+        &repo.config,
+        &defs,
+        now - 3_600_000_000,
+        now + 3_600_000_000,
+        crate::verify::Rule::EventTime { created_cutoff: false },
+        &quiver_gpu_join::CpuKernel::new(),
+    )
+    .await
+    .unwrap();
     let judged: Vec<(&str, u64, u64)> = report.features.iter().map(|f| (f.feature.as_str(), f.compared, f.matches)).collect();
     assert_eq!(judged, [("driver_hourly:avg_daily_trips", 2, 2), ("driver_hourly@2:avg_daily_trips", 2, 2)], "{:?}", report.features);
 }
@@ -262,13 +283,18 @@ async fn verify_as_arrived_judges_answers_by_what_had_arrived() {
         let f = r.features.iter().find(|f| f.feature == "driver_hourly:conv_rate").unwrap().clone();
         (f.compared, f.matches, f.examples)
     };
-    let by_event = crate::verify::verify_log(&repo.config, &defs, began, until, crate::verify::Rule::EventTime { created_cutoff: false }, &kernel)
-        .await
-        .unwrap();
+    let by_event =
+        crate::verify::verify_log(&repo.config, &defs, began, until, crate::verify::Rule::EventTime { created_cutoff: false }, &kernel)
+            .await
+            .unwrap();
     let (compared, matches, examples) = rate(&by_event);
     assert_eq!((compared, matches), (3, 1), "{examples:?}");
     let arrived = crate::verify::Rule::AsArrived { lag_us: 2_000_000 };
-    let (compared, matches, examples) = rate(&crate::verify::verify_log(&repo.config, &defs, began, until, arrived, &kernel).await.unwrap());
+    let (compared, matches, examples) =
+        rate(&crate::verify::verify_log(&repo.config, &defs, began, until, arrived, &kernel).await.unwrap());
     assert_eq!((compared, matches), (3, 2), "{examples:?}");
-    assert!(examples.len() == 1 && examples[0].contains("served PRESENT 0.2") && examples[0].contains("offline PRESENT 0.3"), "{examples:?}");
+    assert!(
+        examples.len() == 1 && examples[0].contains("served PRESENT 0.2") && examples[0].contains("offline PRESENT 0.3"),
+        "{examples:?}"
+    );
 }

@@ -126,10 +126,7 @@ impl Replay<'_> {
         }
         shifts
             .into_iter()
-            .map(|shift_us| HistoricalOptions {
-                arrival: Some(Arrival { commits: Arc::clone(commits), shift_us }),
-                ..base.clone()
-            })
+            .map(|shift_us| HistoricalOptions { arrival: Some(Arrival { commits: Arc::clone(commits), shift_us }), ..base.clone() })
             .collect()
     }
 

@@ -30,10 +30,7 @@ struct PushRequest {
 /// for a view with `online: false`, as every front end pushes). When the online store
 /// fails after the offline commit, the online write waits in [`super::pending`] and the
 /// answer is 202 with `online_pending` (docs/online.md#push-when-the-online-store-fails).
-pub(super) async fn push(
-    State(state): State<Arc<ServerState>>,
-    body: axum::body::Bytes,
-) -> Result<(StatusCode, Json<Json_>), ApiError> {
+pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body::Bytes) -> Result<(StatusCode, Json<Json_>), ApiError> {
     // A column written twice in `df` (or any repeated key) is refused, never half read.
     unique_keys(&body)?;
     let request: PushRequest = serde_json::from_slice(&body).map_err(|e| bad(format!("request body is not a valid push: {e}")))?;
