@@ -135,15 +135,10 @@ async fn quiver_push_writes_both_stores_or_nothing() {
     assert!(online(&dir, 3).await.is_none());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_push_offline_goes_through_delta() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("repo");
-    repo(&dir);
-    let repo = Repo::open(&dir).unwrap();
-    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
-    let state = Arc::new(ServerState {
-        store: store.clone(),
+/// The server's state over `repo` and `store`, its clock at `T0`, pushing to Delta.
+fn server(repo: &Repo, store: Arc<dyn OnlineStore>) -> Arc<ServerState> {
+    Arc::new(ServerState {
+        store,
         registry: RegistryCache::new(repo.config.registry_path.clone(), "pushes").unwrap(),
         project: "pushes".into(),
         auth_token: None,
@@ -154,7 +149,17 @@ async fn server_push_offline_goes_through_delta() {
         limits: quiver::online::server::Limits::default(),
         insights: None,
         pending: Default::default(),
-    });
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_push_offline_goes_through_delta() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    repo(&dir);
+    let repo = Repo::open(&dir).unwrap();
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    let state = server(&repo, store.clone());
     let push = |body: &'static str| {
         let state = state.clone();
         async move {
@@ -229,19 +234,7 @@ async fn a_push_whose_online_store_fails_is_written_online_when_it_returns() {
     let repo = Repo::open(&dir).unwrap();
     let store =
         Arc::new(Switched { inner: EmbeddedStore::open(&dir.join("online.db")).unwrap(), down: std::sync::atomic::AtomicBool::new(true) });
-    let state = Arc::new(ServerState {
-        store: store.clone(),
-        registry: RegistryCache::new(repo.config.registry_path.clone(), "pushes").unwrap(),
-        project: "pushes".into(),
-        auth_token: None,
-        metrics: Metrics::default(),
-        clock: Box::new(|| T0),
-        offline: Some(Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
-        serving_log: None,
-        limits: quiver::online::server::Limits::default(),
-        insights: None,
-        pending: Default::default(),
-    });
+    let state = server(&repo, store.clone());
     let call = |method: &'static str, uri: &'static str, body: &'static str| {
         let state = state.clone();
         async move {
