@@ -20,6 +20,9 @@ use super::{EXAMPLES, FeatureReport, LogReport};
 use crate::error::Result;
 use crate::serving_log::LogBatch;
 
+/// Per table (a view's storage name), each version's commit time (UTC microseconds).
+type CommitTimes = HashMap<String, HashMap<u64, i64>>;
+
 /// A logged row: (batch, row) in the batches read.
 type Logged = (usize, usize);
 
@@ -104,7 +107,7 @@ struct Replay<'a> {
     batches: &'a [LogBatch],
     created_cutoff: bool,
     /// Under [`Rule::AsArrived`]: each table's commit times, and the lag.
-    arrival: Option<(Arc<HashMap<String, HashMap<u64, i64>>>, i64)>,
+    arrival: Option<(Arc<CommitTimes>, i64)>,
     kernel: &'a dyn AsOfKernel,
 }
 
