@@ -103,15 +103,17 @@ async fn drain(state: Arc<ServerState>) {
     }
 }
 
+/// One try: a store write under [`STORE_TIMEOUT`]; an event log's rebuild, which reads
+/// its table first, without it.
 async fn attempt(state: &ServerState, write: &Write) -> Result<(), String> {
-    let call = async {
-        match write {
-            Write::Rows(rows) => state.store.write(rows).await.map(drop).map_err(|e| e.to_string()),
-            Write::EventLog { defs, view, entities } => {
-                let offline = state.offline.as_ref().ok_or("no offline store")?;
-                offline.refresh_event_log(defs, view, entities, state.store.as_ref()).await.map(drop)
-            }
+    match write {
+        Write::Rows(rows) => match tokio::time::timeout(STORE_TIMEOUT, state.store.write(rows)).await {
+            Ok(written) => written.map(drop).map_err(|e| e.to_string()),
+            Err(_) => Err("timed out".to_string()),
+        },
+        Write::EventLog { defs, view, entities } => {
+            let offline = state.offline.as_ref().ok_or("no offline store")?;
+            offline.refresh_event_log(defs, view, entities, state.store.as_ref()).await.map(drop)
         }
-    };
-    tokio::time::timeout(STORE_TIMEOUT, call).await.map_err(|_| "timed out".to_string())?
+    }
 }

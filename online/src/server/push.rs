@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use serde_json::{Value as Json_, json};
 
 use super::pending::{MAX_PENDING_ROWS, Write};
-use super::{ApiError, Limit, MAX_ENTITY_ROWS, STORE_TIMEOUT, ServerState, bad, unique_keys};
+use super::{ApiError, Limit, MAX_ENTITY_ROWS, ServerState, bad, unique_keys};
 
 /// A `/push` request: rows of one view, column-major.
 #[derive(Debug, serde::Deserialize)]
@@ -152,12 +152,10 @@ async fn online_write(state: &ServerState, write: &Write) -> Result<usize, ApiEr
     match write {
         Write::Rows(rows) => state.store_call(state.store.write(rows)).await,
         Write::EventLog { defs, view, entities } => {
+            // No store timeout here: the rebuild reads the table first, which may take
+            // longer than a store call (as it did before pushes could wait).
             let writer = state.offline.as_ref().expect("an event log's push went offline first");
-            match tokio::time::timeout(STORE_TIMEOUT, writer.refresh_event_log(defs, view, entities, state.store.as_ref())).await {
-                Ok(Ok(written)) => Ok(written),
-                Ok(Err(e)) => Err(state.unavailable("online store", &e)),
-                Err(_) => Err(state.unavailable("online store", &"timed out")),
-            }
+            writer.refresh_event_log(defs, view, entities, state.store.as_ref()).await.map_err(|e| state.unavailable("online store", &e))
         }
     }
 }
