@@ -5,8 +5,7 @@ services restart, checked from the data afterwards.
     <venv>/bin/python bench/soak.py --quiver target/release/quiver [--minutes 10] [--seed 1]
         [--report soak.json]
 
-(`./run soak` installs everything and runs this; `python/tests/test_soak.py` runs a short
-one in `./run test`.) Starts, on free loopback ports: Redis with persistence
+(`./run soak` installs everything and runs this with --latency-check.) Starts, on free loopback ports: Redis with persistence
 (`appendfsync always`, so a restart keeps every acknowledged write), the Kafka-protocol
 broker, two `quiver serve` processes and two `quiver stream` consumers in one group, over
 a repository with a streamed view, an event log with aggregations over the same topic, a
@@ -26,8 +25,9 @@ pushed view, an on-demand view and a service over all of them. Then, for --minut
 
 Afterwards, from the data: every valid event produced is in each view's Delta table
 exactly once and every malformed one among the dead letters; `verify --sample` over every
-entity finds 0 disagreements; `verify --since` the start replays every logged answer equal
-to offline; every logged answer of `trips` outside a fault's window is the newest row
+entity finds 0 disagreements; `verify --since ... --as-arrived` between the fault windows
+replays every logged answer equal to what offline held within 2 s of it (and counts the
+disagreements inside each window); every logged answer of `trips` outside a fault's window is the newest row
 that had arrived (an oracle here: a row counts from its Delta commit, within ARRIVAL_LAG);
 the training set exported
 mid-run reproduces byte for byte; no request hung
