@@ -1,0 +1,110 @@
+"""How a mixture reads its sources (docs/mixing.md): each source's rows in a pass's order,
+a window at a time (``SourceOrder``), and the windows an epoch reads kept while the plan
+still takes rows from them (``_WindowStore``); the plan is ``mixture_plan.py``, the
+batches ``mixture.py``."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .loader import Columns
+
+
+class SourceOrder:
+    """A source's rows in the order of a pass: its blocks (permuted), then its rows within
+    windows of ``window_rows`` (permuted), read a window at a time."""
+
+    def __init__(self, k: int, files: List[str], fmt: str, blocks: List[Tuple[int, int]], rows: List[int],
+                 columns: Columns, seed: int, epoch: int, shuffle: bool, window_rows: int):
+        self.k, self.files, self.fmt, self.blocks, self.block_rows = k, files, fmt, blocks, rows
+        self.columns, self.seed, self.epoch, self.shuffle, self.window_rows = columns, seed, epoch, shuffle, window_rows
+        self.open: "OrderedDict[int, Any]" = OrderedDict()
+        self.cache: "OrderedDict[Tuple[int, int], Dict[str, np.ndarray]]" = OrderedDict()
+        self.last: Optional[Tuple[int, pa.Table]] = None
+
+    def _blocks(self, p: int) -> Tuple[np.ndarray, np.ndarray]:
+        order = np.arange(len(self.block_rows))
+        if self.shuffle and len(order) > 1:
+            order = np.random.default_rng([self.seed, self.epoch, self.k, p]).permutation(len(order))
+        sizes = np.asarray(self.block_rows, dtype=np.int64)[order]
+        return order, np.cumsum(sizes)
+
+    def _read_block(self, b: int, first: int, end: int) -> pa.Table:
+        """Rows ``first..end`` of block ``b`` (the last block read is kept: a block that
+        straddles two windows is read once)."""
+        if self.last is not None and self.last[0] == b:
+            return self.last[1].slice(first, end - first)
+        table = self._read_whole(b)
+        self.last = (b, table)
+        return table.slice(first, end - first)
+
+    def _read_whole(self, b: int) -> pa.Table:
+        shard, group = self.blocks[b]
+        handle = self.open.get(shard)
+        if handle is None:
+            if len(self.open) >= 16:
+                self.open.popitem(last=False)
+            handle = pa.ipc.open_file(pa.memory_map(self.files[shard])) if self.fmt == "arrow" else pq.ParquetFile(self.files[shard])
+            self.open[shard] = handle
+        if self.fmt == "arrow":
+            return pa.Table.from_batches([handle.get_batch(group)]).select(self.columns.names)
+        return handle.read_row_group(group, columns=self.columns.names)
+
+    def window(self, p: int, j: int, keep: bool = True) -> Dict[str, np.ndarray]:
+        """Window ``j`` of pass ``p``: its rows in the pass's order (permuted when
+        shuffling), as C-contiguous arrays. With ``keep``, kept for the next chunks (four
+        windows); a reader that asks for each window once does not keep them."""
+        key = (p, j)
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.cache.move_to_end(key)
+            return hit
+        order, ends = self._blocks(p)
+        total = int(ends[-1]) if len(ends) else 0
+        lo, hi = j * self.window_rows, min((j + 1) * self.window_rows, total)
+        parts = []
+        first = int(np.searchsorted(ends, lo, side="right"))
+        at = lo
+        for i in range(first, len(order)):
+            if at >= hi:
+                break
+            start = int(ends[i]) - self.block_rows[int(order[i])]
+            end = min(hi, int(ends[i]))
+            parts.append(self.columns.arrays(self._read_block(int(order[i]), at - start, end - start)))
+            at = end
+        arrays = {n: np.ascontiguousarray(np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n])
+                  for n in self.columns.names} if parts else {n: np.zeros(0) for n in self.columns.names}
+        if self.shuffle and hi - lo > 1:
+            # Permuted here, a window (a few MB a column) at a time: then a chunk reads each
+            # source's rows in order, which its gather does fastest.
+            perm = np.random.default_rng([self.seed, self.epoch, self.k, p, j]).permutation(hi - lo)
+            arrays = {n: a[perm] for n, a in arrays.items()}
+        if not keep:
+            return arrays
+        self.cache[key] = arrays
+        while len(self.cache) > 2 * 2:
+            self.cache.popitem(last=False)
+        return arrays
+
+
+class _WindowStore:
+    """The windows an epoch reads, as they come (``(key, arrays)`` in the order the plan
+    first needs them), kept until the plan is past them."""
+
+    def __init__(self, windows: Any):
+        self.windows = windows
+        self.store: Dict[Tuple[int, int, int], Dict[str, np.ndarray]] = {}
+
+    def window(self, k: int, p: int, j: int) -> Dict[str, np.ndarray]:
+        key = (k, p, j)
+        while key not in self.store:
+            got, arrays = next(self.windows)
+            self.store[got] = arrays
+        # A source's windows are asked for in order: the earlier ones are done.
+        for old in [x for x in self.store if x[0] == k and x[1:] < key[1:]]:
+            del self.store[old]
+        return self.store[key]
