@@ -89,6 +89,9 @@ feature_services:
     features: [trips:fare, trips:city, trip_log:trips_1d, trip_log:fare_sum_1d, driver_stats:rating, scoring:fare_plus_tip]
   - name: training
     features: [trips:fare, trips:city]
+  - name: canary
+    features: [trips:fare]
+    tags: {soak: "0"}
 """
 
 
@@ -168,6 +171,7 @@ class Soak(Checks):
         self.requests = []      # (t, seconds, status, kind, server)
         self.valid, self.malformed = [], 0
         self.faults = []        # {"kind", "start", "back", "recovered"}
+        self.canary = 0         # the `canary` service's tag, changed by each killed apply
         self.actions = []       # (t, what, rc, seconds)
         self.materializing = threading.Lock()
         self.level_added = threading.Event()
@@ -345,6 +349,19 @@ class Soak(Checks):
                 p.kill()
                 p.wait()
             record["back"] = record["recovered"] = time.monotonic()
+        elif kind == "kill-apply":
+            # An apply (a tag of the `canary` service changed) killed at a random point of
+            # its run, then applied again: the registry is written atomically, so the next
+            # apply and every server read it whole.
+            self.canary += 1
+            self.edit(f'tags: {{soak: "{self.canary - 1}"}}', f'tags: {{soak: "{self.canary}"}}')
+            p = subprocess.Popen([self.quiver, "--repo", self.repo, "apply"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(self.rng.uniform(0.02, 0.5))
+            p.kill()
+            record["finished"] = p.wait() == 0
+            rc, out, took = self.q("apply")
+            self.actions.append((time.monotonic(), "apply after a killed apply", rc, took, out[-500:] if rc else ""))
+            record["back"] = record["recovered"] = time.monotonic()
         self.faults.append(record)
 
     # ---- the run ----------------------------------------------------------------------
@@ -364,7 +381,7 @@ class Soak(Checks):
         # The first --baseline seconds run the same load without faults: the quiet run
         # the fault phase's latencies are compared with.
         self.baseline_end = self.began + min(a.baseline, duration / 2)
-        kinds = ["kill-stream", "kill-server", "redis-restart", "redis-pause", "kill-materialize"]
+        kinds = ["kill-stream", "kill-server", "redis-restart", "redis-pause", "kill-materialize", "kill-apply"]
         order = []
         faulted = duration - (self.baseline_end - self.began)
         at = lambda share: round(self.baseline_end - self.began + faulted * share)  # noqa: E731

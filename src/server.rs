@@ -24,7 +24,7 @@ pub fn server_state(config: &Config, store: Arc<dyn OnlineStore>, log: Option<Ar
         auth_token: config.server.auth_token.clone(),
         metrics: Metrics::default(),
         clock: system_clock(),
-        offline: Some(Arc::new(quiver_streaming::write::DeltaWriter { config: config.clone() })),
+        offline: Some(Arc::new(quiver_streaming::write::DeltaWriter::new(config.clone()))),
         serving_log: log.map(|l| l as Arc<dyn quiver_online::serving_log::ServingLog>),
         limits: Limits::of(&config.server, config.max_future_skew),
         insights: Some(Arc::new(crate::insights::RepoInsights::new(config.clone()))),

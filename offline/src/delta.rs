@@ -213,6 +213,33 @@ pub async fn commit_times(location: &StoreLocation) -> Result<HashMap<u64, i64>>
         .collect())
 }
 
+/// The log entry of `version` of the table at `location`, as stored (`None`: not there,
+/// or no longer).
+///
+/// # Errors
+/// [`Error::Location`] when it cannot be read.
+pub async fn log_entry(location: &StoreLocation, version: u64) -> Result<Option<Vec<u8>>> {
+    use object_store::ObjectStoreExt;
+    let store = object_store(location)?;
+    let path = object_store::path::Path::from(format!("_delta_log/{version:020}.json"));
+    let bytes = match store.get(&path).await {
+        Ok(got) => got.bytes().await,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => Err(e),
+    };
+    let bytes =
+        bytes.map_err(|e| Error::Location { table: location.to_string(), message: format!("cannot read log entry {version}: {e}") })?;
+    Ok(Some(bytes.to_vec()))
+}
+
+/// Whether a log entry removes a file: its commit was not only appends (a rewrite, a
+/// delete, an overwrite).
+pub fn removes_files(entry: &[u8]) -> bool {
+    entry
+        .split(|&b| b == b'\n')
+        .any(|line| serde_json::from_slice::<serde_json::Value>(line).is_ok_and(|action| action.get("remove").is_some()))
+}
+
 /// Whether the table at `location` exists and holds at least one data file.
 ///
 /// # Errors

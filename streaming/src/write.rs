@@ -10,10 +10,11 @@
 //!   actions recording how far a Kafka partition has been appended.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::TimestampMicrosecondType;
-use quiver_offline::historical::EntityEvents;
+use quiver_offline::historical::{EntityEvents, EventCache};
 use quiver_offline::ingest::{AppendOptions, IngestReport, append};
 use quiver_offline::schema::{ViewLayout, key_at, rows_to_columns, table_schema, value_at};
 use quiver_online::{OnlineStore, WriteRow};
@@ -165,7 +166,8 @@ pub async fn push_batches(
     let online = async {
         Ok::<_, Error>(match (target.online(), store) {
             (true, Some(store)) if view.is_event_log() => {
-                Some(refresh_event_log(config, defs, view, &batch_entities(defs, view, &conformed), store).await?)
+                let entities = batch_entities(defs, view, &conformed);
+                Some(refresh_event_log(config, defs, view, &entities, store, &EventCache::new()).await?)
             }
             (true, Some(store)) => {
                 let mut written = 0;
@@ -210,7 +212,9 @@ pub fn event_log_rows(project: &str, view: &FeatureView, events: &EntityEvents, 
 /// Rebuilds the online records of `entities` of an event log from its Delta table, as
 /// it is now: how pushes and the stream update an event log online, after their
 /// Delta commit. A record is a function of the table, so a replay writes the same
-/// record again and no event is counted twice or lost. Returns the records written.
+/// record again and no event is counted twice or lost. The events come through
+/// `cache`, which a long-lived writer keeps: it reads only the versions committed
+/// since its last rebuild. Returns the records written.
 ///
 /// # Errors
 /// An unreadable table or an unavailable store.
@@ -220,15 +224,13 @@ pub async fn refresh_event_log(
     view: &FeatureView,
     entities: &[Vec<KeyValue>],
     store: &dyn OnlineStore,
+    cache: &EventCache,
 ) -> Result<usize> {
     if entities.is_empty() {
         return Ok(0);
     }
-    let mut unique = entities.to_vec();
-    unique.sort();
-    unique.dedup();
     let now = chrono::Utc::now().timestamp_micros();
-    let events = quiver_offline::historical::events_since(config, defs, view, Layout::of(view).earliest_tail(now), Some(&unique)).await?;
+    let events = cache.events(config, defs, view, Layout::of(view).earliest_tail(now), entities).await?;
     Ok(store.write(&event_log_rows(&config.project, view, &events, now)).await?)
 }
 
@@ -257,10 +259,17 @@ pub fn check_target(view: &FeatureView, target: Target) -> std::result::Result<(
 }
 
 /// The server's `/push` offline half: appends to the view's Delta table through
-/// [`write_offline`].
+/// [`write_offline`]; rebuilds event logs' records through one [`EventCache`].
 #[derive(Debug, Clone)]
 pub struct DeltaWriter {
     pub config: Config,
+    events: Arc<EventCache>,
+}
+
+impl DeltaWriter {
+    pub fn new(config: Config) -> DeltaWriter {
+        DeltaWriter { config, events: Arc::default() }
+    }
 }
 
 #[async_trait::async_trait]
@@ -279,6 +288,6 @@ impl quiver_online::server::OfflineWriter for DeltaWriter {
         entities: &[Vec<KeyValue>],
         store: &dyn OnlineStore,
     ) -> std::result::Result<usize, String> {
-        refresh_event_log(&self.config, defs, view, entities, store).await.map_err(|e| e.to_string())
+        refresh_event_log(&self.config, defs, view, entities, store, &self.events).await.map_err(|e| e.to_string())
     }
 }

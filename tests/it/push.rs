@@ -144,7 +144,7 @@ fn server(repo: &Repo, store: Arc<dyn OnlineStore>) -> Arc<ServerState> {
         auth_token: None,
         metrics: Metrics::default(),
         clock: Box::new(|| T0),
-        offline: Some(Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
+        offline: Some(Arc::new(quiver::streaming::write::DeltaWriter::new(repo.config.clone()))),
         serving_log: None,
         limits: quiver::online::server::Limits::default(),
         insights: None,

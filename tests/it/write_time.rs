@@ -409,7 +409,7 @@ async fn server_push_df(dir: &Path, df: serde_json::Value) -> (axum::http::Statu
         auth_token: None,
         metrics: quiver::online::server::Metrics::default(),
         clock: Box::new(|| T0 + 1000 * HOUR),
-        offline: Some(Arc::new(quiver::streaming::write::DeltaWriter { config: repo.config.clone() })),
+        offline: Some(Arc::new(quiver::streaming::write::DeltaWriter::new(repo.config.clone()))),
         serving_log: None,
         limits: quiver::online::server::Limits::default(),
         insights: None,

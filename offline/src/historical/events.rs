@@ -9,7 +9,7 @@ use quiver_runtime::encoding::KeyValue;
 use quiver_runtime::record::Event;
 use quiver_sdk::{Config, Definitions, FeatureView};
 
-use super::scan::{ScanRange, scan_view_at};
+use super::scan::{Scan, ScanRange, scan_view_at};
 use crate::error::{Error, Result};
 use crate::input::widen;
 use crate::keys::EntityIndex;
@@ -40,10 +40,15 @@ pub async fn events_since(
     let features: Vec<&str> = view.features.iter().map(|f| f.name.as_str()).collect();
     let extra = only.map(|entities| entity_filter(&defs.join_keys(view), entities));
     let range = ScanRange { lo: Some(since), hi: i64::MAX, extra, version: None };
-    let mut scan = scan_view_at(&config.view_table(view), defs, view, &features, range).await?;
+    let scan = scan_view_at(&config.view_table(view), defs, view, &features, range).await?;
     let version = scan.version;
+    Ok(EntityEvents { entities: by_entity(defs, view, scan)?, version })
+}
+
+/// The scanned rows of `view` grouped by entity, as events.
+pub(super) fn by_entity(defs: &Definitions, view: &FeatureView, mut scan: Scan) -> Result<Vec<(Vec<KeyValue>, Vec<Event>)>> {
     if scan.batches.is_empty() {
-        return Ok(EntityEvents { entities: Vec::new(), version });
+        return Ok(Vec::new());
     }
     let schema = scan.batches[0].schema();
     let all: RecordBatch = concat_batches(&schema, &std::mem::take(&mut scan.batches))?;
@@ -82,11 +87,11 @@ pub async fn events_since(
         let order = (ts.value(r), created.map_or(0, |c| c.value(r)), seq.value(r));
         events.push(Event { order, values });
     }
-    Ok(EntityEvents { entities, version })
+    Ok(entities)
 }
 
 /// `key IN (...)` for one join key, an OR of ANDs for composite keys.
-fn entity_filter(keys: &[quiver_sdk::JoinKey], entities: &[Vec<KeyValue>]) -> Expr {
+pub(super) fn entity_filter(keys: &[quiver_sdk::JoinKey], entities: &[Vec<KeyValue>]) -> Expr {
     let literal = |v: &KeyValue| match v {
         KeyValue::Int(i) => lit(*i),
         KeyValue::Str(s) => lit(s.clone()),

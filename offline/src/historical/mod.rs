@@ -12,6 +12,7 @@
 
 mod aggregate;
 pub mod distributed;
+pub mod event_cache;
 pub mod events;
 mod gather;
 mod joined;
@@ -39,6 +40,7 @@ use crate::schema::{arrow_type, key_type};
 use kernel_input::KernelColumns;
 use scan::{Scan, ScanRange, scan_view_at};
 
+pub use event_cache::EventCache;
 pub use events::{EntityEvents, events_since};
 pub use joined::HeldJoin;
 use joined::{Held, Won};

@@ -78,18 +78,31 @@ pub(crate) async fn scan_view_at(
     features: &[&str],
     range: ScanRange,
 ) -> Result<Scan> {
-    let ScanRange { lo, hi, extra, version } = range;
     let name = &location.to_string();
     let Some(mut table) = open_table(location).await? else {
         return Ok(Scan { batches: Vec::new(), rows: 0, version: None, feature_columns: vec![None; features.len()] });
     };
-    if let Some(v) = version
+    if let Some(v) = range.version
         && table.version() != Some(v)
     {
         table.load_version(v).await.map_err(|e| Error::delta(name, e))?;
     }
+    scan_table(&table, name, defs, view, features, range).await
+}
+
+/// [`scan_view_at`] of a table already open (named `name` in errors), at the version
+/// it is at (`range.version` is not read).
+pub(crate) async fn scan_table(
+    table: &deltalake::DeltaTable,
+    name: &str,
+    defs: &Definitions,
+    view: &FeatureView,
+    features: &[&str],
+    range: ScanRange,
+) -> Result<Scan> {
+    let ScanRange { lo, hi, extra, .. } = range;
     let query = |source| Error::query(name, source);
-    let df = read_table(&table, name).await?;
+    let df = read_table(table, name).await?;
     let available: Vec<String> = df.schema().fields().iter().map(|f| f.name().clone()).collect();
     let (select, feature_columns) = scan_columns(name, &available, defs, view, features)?;
     let ts = view.source.timestamp_field.clone();

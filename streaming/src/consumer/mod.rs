@@ -280,6 +280,7 @@ fn connect(
         shutdown: options.shutdown.clone(),
         floors: floors.clone(),
         tables: Mutex::default(),
+        events: Default::default(),
     };
     let mut pipeline = Pipeline {
         readers,
@@ -310,7 +311,9 @@ fn connect(
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("session.timeout.ms", "10000")
+        // The least Kafka brokers allow by default: a consumer killed without leaving the
+        // group holds its partitions this long before another member takes them.
+        .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "1000")
         // When its local queue is full, librdkafka postpones a partition's next fetch by
         // this much (1 s by default): with a backlog, each batch written then found the

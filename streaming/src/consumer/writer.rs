@@ -76,7 +76,8 @@ impl Batch {
     }
 }
 
-/// Runs `step` until it succeeds, backing off up to 5 s between tries. Gives up
+/// Runs `step` until it succeeds, backing off up to 1 s between tries (a store back
+/// from an outage is written to within a second). Gives up
 /// (`None`) only when shutdown is asked for: nothing is committed then, and the batch
 /// is read again on the next start.
 pub(super) fn retry<T>(options: &StreamOptions, what: &str, mut step: impl FnMut() -> Result<T>) -> Option<T> {
@@ -94,7 +95,7 @@ pub(super) fn retry<T>(options: &StreamOptions, what: &str, mut step: impl FnMut
                     }
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                wait = (wait * 2).min(Duration::from_secs(5));
+                wait = (wait * 2).min(Duration::from_secs(1));
             }
         }
     }
@@ -112,6 +113,8 @@ pub(super) struct Writer {
     pub(super) floors: Floors,
     /// The views' Delta tables by location, kept open between batches (see [`OpenTable`]).
     pub(super) tables: Mutex<HashMap<String, OpenTable>>,
+    /// The event logs' events read so far, for their records' rebuilds.
+    pub(super) events: quiver_offline::historical::EventCache,
 }
 
 impl Writer {
@@ -254,7 +257,7 @@ impl Writer {
         let (replayed, _) = self.shape(batch, i, replayed);
         let entities: Vec<Vec<quiver_runtime::encoding::KeyValue>> = rows.iter().chain(&replayed).map(|r| r.keys.clone()).collect();
         let (rt, store, config, defs) = (&self.rt, &self.store, &self.config, &batch.defs);
-        let refresh = || rt.block_on(crate::write::refresh_event_log(config, defs, view, &entities, store.as_ref()));
+        let refresh = || rt.block_on(crate::write::refresh_event_log(config, defs, view, &entities, store.as_ref(), &self.events));
         let Some(written) = retry(&self.options, &format!("rebuilding `{}` online", view.name), refresh) else {
             return Ok(Written::Interrupted);
         };

@@ -80,8 +80,8 @@ async fn a_paused_consumer_never_appends_over_its_successor() {
         status.contains("200") && counter(&body, "quiver_stream_consumed_total") >= 300.0
     });
     signal(&a.child, "STOP");
-    // Past the session timeout (10 s) the broker gives the partition to B.
-    std::thread::sleep(Duration::from_secs(13));
+    // Past the session timeout (6 s) the broker gives the partition to B.
+    std::thread::sleep(Duration::from_secs(9));
     let b = start(&s, "b", &[]);
     wait_for_rows(&s, expected_rows(0..300).len(), &[&a, &b]).await;
     // B has written and committed everything; A wakes up with its stale batch.

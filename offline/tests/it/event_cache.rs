@@ -1,0 +1,193 @@
+//! The event cache a stream or server rebuilds event logs' records through
+//! (`EventCache`, docs/aggregations.md#writes) against a fresh read of the table
+//! (`events_since` with the same entities) after every change: random appends from two
+//! writers, a clock that mostly advances and sometimes goes back, entities asked for
+//! that have no events or fell out of the window, a delete (a commit that removes
+//! files) and the table deleted and made again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use quiver_offline::historical::{EntityEvents, EventCache, events_since};
+use quiver_offline::ingest::{AppendOptions, OpenTable, append};
+use quiver_runtime::encoding::KeyValue;
+use quiver_sdk::yaml::parse_definitions;
+use quiver_sdk::{Config, Definitions, FeatureView};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const DEFS: &str = r#"
+entities:
+  - {name: rider, join_keys: [{name: rider_id, dtype: int64}]}
+feature_views:
+  - name: rides
+    entities: [rider]
+    source: {created_timestamp_field: created_timestamp}
+    features:
+      - {name: fare, dtype: float64}
+      - {name: city, dtype: string}
+    aggregations:
+      - {name: n_1h, function: count, column: fare, window: 1h}
+"#;
+
+const MIN: i64 = 60_000_000;
+const T0: i64 = 1_700_000_000_000_000;
+
+/// `n` random events of riders 0..12 around minute `at`.
+fn rows(rng: &mut StdRng, at: i64, n: usize) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("rider_id", DataType::Int64, false),
+        Field::new("event_timestamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), false),
+        Field::new("created_timestamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), true),
+        Field::new("fare", DataType::Float64, true),
+        Field::new("city", DataType::Utf8, true),
+    ]));
+    let ids: Vec<i64> = (0..n).map(|_| rng.random_range(0..12)).collect();
+    let ts: Vec<i64> = (0..n).map(|_| T0 + (at + rng.random_range(-90..10)) * MIN).collect();
+    let created: Vec<i64> = ts.iter().map(|t| t + rng.random_range(0..3) * MIN).collect();
+    let fares: Vec<Option<f64>> = (0..n).map(|_| rng.random_bool(0.9).then(|| f64::from(rng.random_range(0..100u32)))).collect();
+    let cities: Vec<Option<String>> = (0..n).map(|_| rng.random_bool(0.8).then(|| format!("c{}", rng.random_range(0..4)))).collect();
+    let utc = |v: Vec<i64>| Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC")) as ArrayRef;
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(ids)),
+        utc(ts),
+        utc(created),
+        Arc::new(Float64Array::from(fares)),
+        Arc::new(StringArray::from(cities)),
+    ];
+    RecordBatch::try_new(schema, columns).unwrap()
+}
+
+/// One event per `(rider, minute)`.
+fn events_at(events: &[(i64, i64)]) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("rider_id", DataType::Int64, false),
+        Field::new("event_timestamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), false),
+        Field::new("created_timestamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), true),
+        Field::new("fare", DataType::Float64, true),
+        Field::new("city", DataType::Utf8, true),
+    ]));
+    let ts: Vec<i64> = events.iter().map(|(_, m)| T0 + m * MIN).collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(events.iter().map(|(r, _)| *r).collect::<Vec<_>>())),
+        Arc::new(TimestampMicrosecondArray::from(ts.clone()).with_timezone("UTC")),
+        Arc::new(TimestampMicrosecondArray::from(ts).with_timezone("UTC")),
+        Arc::new(Float64Array::from(events.iter().map(|(_, m)| *m as f64).collect::<Vec<_>>())),
+        Arc::new(StringArray::from(vec![None::<&str>; events.len()])),
+    ];
+    RecordBatch::try_new(schema, columns).unwrap()
+}
+
+/// Per entity, its events as comparable text, in order.
+fn normal(events: &EntityEvents) -> BTreeMap<String, Vec<String>> {
+    events
+        .entities
+        .iter()
+        .map(|(keys, events)| {
+            let mut out: Vec<String> = events.iter().map(|e| format!("{:?} {:?}", e.order, e.values)).collect();
+            out.sort();
+            (format!("{keys:?}"), out)
+        })
+        .collect()
+}
+
+async fn check(
+    cache: &EventCache,
+    config: &Config,
+    defs: &Definitions,
+    view: &FeatureView,
+    since: i64,
+    asked: &[Vec<KeyValue>],
+    step: &str,
+) {
+    let cached = cache.events(config, defs, view, since, asked).await.unwrap();
+    let read = events_since(config, defs, view, since, Some(asked)).await.unwrap();
+    assert_eq!(cached.version, read.version, "{step}: version");
+    assert_eq!(normal(&cached), normal(&read), "{step}: events of {asked:?} since {since}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_cache_reads_what_the_table_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(dir.path(), &dir.path().join("quiver.yaml"), "project: t\n", Vec::new()).unwrap();
+    let defs: Definitions = parse_definitions(DEFS).unwrap();
+    let view = defs.find_view("rides").unwrap().clone();
+    let location = config.view_table(&view);
+    let noop = |_: &str, _: u64| {};
+    let mut rng = StdRng::seed_from_u64(7);
+    let cache = EventCache::new();
+    let stream = OpenTable::default();
+    let rider = |i: i64| vec![KeyValue::Int(i)];
+
+    // No table yet.
+    check(&cache, &config, &defs, &view, T0, &[rider(1)], "no table").await;
+    let mut minute = 0i64;
+    let mut clock = T0;
+    for step in 0..60 {
+        let step = format!("step {step}");
+        minute += rng.random_range(0..4);
+        // Appends by a writer keeping its table open, and by others.
+        for _ in 0..rng.random_range(0..3) {
+            let options =
+                if rng.random_bool(0.5) { AppendOptions::new(None).with_open_table(stream.clone()) } else { AppendOptions::new(None) };
+            let n = rng.random_range(1..8);
+            let batch = rows(&mut rng, minute, n);
+            append(&location, &defs, &view, "events", vec![batch], options, &noop).await.unwrap();
+        }
+        // The window's start follows the events; now and then the clock goes back.
+        let back = if rng.random_bool(0.2) { rng.random_range(1..30) } else { 0 };
+        clock = T0 + (minute - 60 - back) * MIN;
+        let asked: Vec<Vec<KeyValue>> = (0..rng.random_range(1..6)).map(|_| rider(rng.random_range(0..14))).collect();
+        check(&cache, &config, &defs, &view, clock, &asked, &step).await;
+    }
+
+    // A commit that removes files: rider 3's events deleted.
+    let table = quiver_offline::delta::open_table(&location).await.unwrap().unwrap();
+    let (table, _) = table.delete().with_predicate("rider_id = 3").await.unwrap();
+    assert!(table.version().is_some());
+    let all: Vec<Vec<KeyValue>> = (0..12).map(rider).collect();
+    check(&cache, &config, &defs, &view, clock, &all, "after the delete").await;
+    let batch = rows(&mut rng, minute, 20);
+    append(&location, &defs, &view, "events", vec![batch], AppendOptions::new(None), &noop).await.unwrap();
+    check(&cache, &config, &defs, &view, clock, &all, "an append after the delete").await;
+
+    // The table deleted and made again, to fewer versions than the cache had read.
+    let quiver_sdk::StoreLocation::Local(path) = &location else { panic!("a local table") };
+    std::fs::remove_dir_all(path).unwrap();
+    check(&cache, &config, &defs, &view, clock, &all, "the table gone").await;
+    let batch = rows(&mut rng, minute, 30);
+    append(&location, &defs, &view, "events", vec![batch], AppendOptions::new(None), &noop).await.unwrap();
+    check(&cache, &config, &defs, &view, clock, &all, "the table made again").await;
+}
+
+/// Versions read for other entities skip rows older than the window then: an entity
+/// asked for again with an earlier window start (the clock went back) is read afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_window_start_reads_what_the_cache_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(dir.path(), &dir.path().join("quiver.yaml"), "project: t\n", Vec::new()).unwrap();
+    let defs: Definitions = parse_definitions(DEFS).unwrap();
+    let view = defs.find_view("rides").unwrap().clone();
+    let location = config.view_table(&view);
+    let noop = |_: &str, _: u64| {};
+    let cache = EventCache::new();
+    let append_events = |events: &[(i64, i64)]| {
+        let batch = events_at(events);
+        let location = location.clone();
+        let (defs, view) = (defs.clone(), view.clone());
+        async move { append(&location, &defs, &view, "events", vec![batch], AppendOptions::new(None), &noop).await.unwrap() }
+    };
+    let (one, two) = (vec![KeyValue::Int(1)], vec![KeyValue::Int(2)]);
+    append_events(&[(1, 10), (2, 20)]).await;
+    check(&cache, &config, &defs, &view, T0, &[one.clone(), two.clone()], "both read").await;
+    // A late event of rider 2, and rider 1's window starting after it.
+    append_events(&[(2, 5), (2, 30), (1, 40)]).await;
+    check(&cache, &config, &defs, &view, T0 + 15 * MIN, std::slice::from_ref(&one), "rider 1 from minute 15").await;
+    // The clock back at minute 0: rider 2's late event counts again.
+    let events = cache.events(&config, &defs, &view, T0, std::slice::from_ref(&two)).await.unwrap();
+    let times: Vec<i64> =
+        events.entities[0].1.iter().map(|e| (e.order.0 - T0) / MIN).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    assert_eq!(times, vec![5, 20, 30], "rider 2's events from minute 0");
+}
