@@ -186,6 +186,18 @@ class Checks:
         faults = getattr(self, "faults", [])
         windows = [((f["start"] - 0.5 + f["wall"]) * 1e6, (f.get("recovered", f["start"]) + GRACE + f["wall"]) * 1e6)
                    for f in faults]
+        # Freshness, from the data: an event's time to its Delta commit (the stream writes
+        # online at the same time), the late events (produced two hours old) left out.
+        ages, quiet_ages = [], []
+        for rows in per.values():
+            for commit, ev in rows:
+                age = (commit - ev) / 1e6
+                if age < 3600:
+                    ages.append(age)
+                    if not any(a <= commit <= b for a, b in windows):
+                        quiet_ages.append(age)
+        pick = lambda xs, q: round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None  # noqa: E731
+        self.freshness = {"p50_s": pick(ages, 0.5), "p99_s": pick(ages, 0.99), "p99_outside_fault_windows_s": pick(quiet_ages, 0.99)}
         bad, examples, n = 0, [], 0
         # Per fault: the last answer in its window that trailed Delta (the latest fault
         # whose window holds it), as the time online took to catch up.
@@ -275,6 +287,7 @@ class Checks:
             "events_per_second": round((len(self.valid) + self.malformed) / duration, 1),
             "malformed": self.malformed, "faults": len(self.faults),
             "answers_checked_as_arrived": getattr(self, "arrival_answers", 0),
+            "freshness": getattr(self, "freshness", None),
             "pushes_answered_pending": getattr(self, "pushes_pending", 0),
             "fault_times_s": [{"kind": f["kind"], "at": round(f["start"] - self.began, 1),
                                "recovered": round(f.get("recovered", f["start"]) - self.began, 1)} for f in self.faults],
@@ -296,6 +309,9 @@ class Checks:
         for name, p in phases.items():
             print(f"{name:<18} {p['requests']:>9} {p['p50_ms'] or 0:>8} {p['p99_ms'] or 0:>8} {p['error_rate']:>8.2%}")
         print(f"lookups' p99: quiet run {base_p99} ms, outside fault windows {quiet_p99} ms ({ratio}x)")
+        fresh = report["freshness"] or {}
+        print(f"freshness (event time to Delta commit, trips): p50 {fresh.get('p50_s')} s, p99 {fresh.get('p99_s')} s, "
+              f"p99 outside fault windows {fresh.get('p99_outside_fault_windows_s')} s")
         for f in report["recovery_seconds"]:
             print(f"fault {f['kind']:<17} answering again {f['seconds']:>5} s after it came back; "
                   f"online trailed Delta until {f['online_trailed_delta_s']} s after; "
