@@ -14,7 +14,7 @@ use quiver_offline::historical::{EntityEvents, EventCache, events_since};
 use quiver_offline::ingest::{AppendOptions, OpenTable, append};
 use quiver_runtime::encoding::KeyValue;
 use quiver_sdk::yaml::parse_definitions;
-use quiver_sdk::{Config, Definitions, FeatureView};
+use quiver_sdk::{Config, Definitions, FeatureView, StoreLocation};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -93,36 +93,52 @@ fn normal(events: &EntityEvents) -> BTreeMap<String, Vec<String>> {
         .collect()
 }
 
-async fn check(
-    cache: &EventCache,
-    config: &Config,
-    defs: &Definitions,
-    view: &FeatureView,
-    since: i64,
-    asked: &[Vec<KeyValue>],
-    step: &str,
-) {
-    let cached = cache.events(config, defs, view, since, asked).await.unwrap();
-    let read = events_since(config, defs, view, since, Some(asked)).await.unwrap();
-    assert_eq!(cached.version, read.version, "{step}: version");
-    assert_eq!(normal(&cached), normal(&read), "{step}: events of {asked:?} since {since}");
+/// An empty repository with the event log `rides`, and an event cache over it.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    config: Config,
+    defs: Definitions,
+    view: FeatureView,
+    location: StoreLocation,
+    cache: EventCache,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::parse(dir.path(), &dir.path().join("quiver.yaml"), "project: t\n", Vec::new()).unwrap();
+        let defs: Definitions = parse_definitions(DEFS).unwrap();
+        let view = defs.find_view("rides").unwrap().clone();
+        let location = config.view_table(&view);
+        Fixture { _dir: dir, config, defs, view, location, cache: EventCache::new() }
+    }
+
+    async fn append(&self, batch: RecordBatch, options: AppendOptions) {
+        append(&self.location, &self.defs, &self.view, "events", vec![batch], options, &|_, _| {}).await.unwrap();
+    }
+
+    async fn cached(&self, since: i64, asked: &[Vec<KeyValue>]) -> EntityEvents {
+        self.cache.events(&self.config, &self.defs, &self.view, since, asked).await.unwrap()
+    }
+
+    /// The cache's events of `asked` against a fresh read of the table.
+    async fn check(&self, since: i64, asked: &[Vec<KeyValue>], step: &str) {
+        let cached = self.cached(since, asked).await;
+        let read = events_since(&self.config, &self.defs, &self.view, since, Some(asked)).await.unwrap();
+        assert_eq!(cached.version, read.version, "{step}: version");
+        assert_eq!(normal(&cached), normal(&read), "{step}: events of {asked:?} since {since}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_cache_reads_what_the_table_holds() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = Config::parse(dir.path(), &dir.path().join("quiver.yaml"), "project: t\n", Vec::new()).unwrap();
-    let defs: Definitions = parse_definitions(DEFS).unwrap();
-    let view = defs.find_view("rides").unwrap().clone();
-    let location = config.view_table(&view);
-    let noop = |_: &str, _: u64| {};
+    let f = Fixture::new();
     let mut rng = StdRng::seed_from_u64(7);
-    let cache = EventCache::new();
     let stream = OpenTable::default();
     let rider = |i: i64| vec![KeyValue::Int(i)];
 
     // No table yet.
-    check(&cache, &config, &defs, &view, T0, &[rider(1)], "no table").await;
+    f.check(T0, &[rider(1)], "no table").await;
     let mut minute = 0i64;
     let mut clock = T0;
     for step in 0..60 {
@@ -133,60 +149,45 @@ async fn the_event_cache_reads_what_the_table_holds() {
             let options =
                 if rng.random_bool(0.5) { AppendOptions::new(None).with_open_table(stream.clone()) } else { AppendOptions::new(None) };
             let n = rng.random_range(1..8);
-            let batch = rows(&mut rng, minute, n);
-            append(&location, &defs, &view, "events", vec![batch], options, &noop).await.unwrap();
+            f.append(rows(&mut rng, minute, n), options).await;
         }
         // The window's start follows the events; now and then the clock goes back.
         let back = if rng.random_bool(0.2) { rng.random_range(1..30) } else { 0 };
         clock = T0 + (minute - 60 - back) * MIN;
         let asked: Vec<Vec<KeyValue>> = (0..rng.random_range(1..6)).map(|_| rider(rng.random_range(0..14))).collect();
-        check(&cache, &config, &defs, &view, clock, &asked, &step).await;
+        f.check(clock, &asked, &step).await;
     }
 
     // A commit that removes files: rider 3's events deleted.
-    let table = quiver_offline::delta::open_table(&location).await.unwrap().unwrap();
+    let table = quiver_offline::delta::open_table(&f.location).await.unwrap().unwrap();
     let (table, _) = table.delete().with_predicate("rider_id = 3").await.unwrap();
     assert!(table.version().is_some());
     let all: Vec<Vec<KeyValue>> = (0..12).map(rider).collect();
-    check(&cache, &config, &defs, &view, clock, &all, "after the delete").await;
-    let batch = rows(&mut rng, minute, 20);
-    append(&location, &defs, &view, "events", vec![batch], AppendOptions::new(None), &noop).await.unwrap();
-    check(&cache, &config, &defs, &view, clock, &all, "an append after the delete").await;
+    f.check(clock, &all, "after the delete").await;
+    f.append(rows(&mut rng, minute, 20), AppendOptions::new(None)).await;
+    f.check(clock, &all, "an append after the delete").await;
 
     // The table deleted and made again, to fewer versions than the cache had read.
-    let quiver_sdk::StoreLocation::Local(path) = &location else { panic!("a local table") };
+    let StoreLocation::Local(path) = &f.location else { panic!("a local table") };
     std::fs::remove_dir_all(path).unwrap();
-    check(&cache, &config, &defs, &view, clock, &all, "the table gone").await;
-    let batch = rows(&mut rng, minute, 30);
-    append(&location, &defs, &view, "events", vec![batch], AppendOptions::new(None), &noop).await.unwrap();
-    check(&cache, &config, &defs, &view, clock, &all, "the table made again").await;
+    f.check(clock, &all, "the table gone").await;
+    f.append(rows(&mut rng, minute, 30), AppendOptions::new(None)).await;
+    f.check(clock, &all, "the table made again").await;
 }
 
 /// Versions read for other entities skip rows older than the window then: an entity
 /// asked for again with an earlier window start (the clock went back) is read afresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_window_start_reads_what_the_cache_skipped() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = Config::parse(dir.path(), &dir.path().join("quiver.yaml"), "project: t\n", Vec::new()).unwrap();
-    let defs: Definitions = parse_definitions(DEFS).unwrap();
-    let view = defs.find_view("rides").unwrap().clone();
-    let location = config.view_table(&view);
-    let noop = |_: &str, _: u64| {};
-    let cache = EventCache::new();
-    let append_events = |events: &[(i64, i64)]| {
-        let batch = events_at(events);
-        let location = location.clone();
-        let (defs, view) = (defs.clone(), view.clone());
-        async move { append(&location, &defs, &view, "events", vec![batch], AppendOptions::new(None), &noop).await.unwrap() }
-    };
+    let f = Fixture::new();
     let (one, two) = (vec![KeyValue::Int(1)], vec![KeyValue::Int(2)]);
-    append_events(&[(1, 10), (2, 20)]).await;
-    check(&cache, &config, &defs, &view, T0, &[one.clone(), two.clone()], "both read").await;
+    f.append(events_at(&[(1, 10), (2, 20)]), AppendOptions::new(None)).await;
+    f.check(T0, &[one.clone(), two.clone()], "both read").await;
     // A late event of rider 2, and rider 1's window starting after it.
-    append_events(&[(2, 5), (2, 30), (1, 40)]).await;
-    check(&cache, &config, &defs, &view, T0 + 15 * MIN, std::slice::from_ref(&one), "rider 1 from minute 15").await;
+    f.append(events_at(&[(2, 5), (2, 30), (1, 40)]), AppendOptions::new(None)).await;
+    f.check(T0 + 15 * MIN, std::slice::from_ref(&one), "rider 1 from minute 15").await;
     // The clock back at minute 0: rider 2's late event counts again.
-    let events = cache.events(&config, &defs, &view, T0, std::slice::from_ref(&two)).await.unwrap();
+    let events = f.cached(T0, std::slice::from_ref(&two)).await;
     let times: Vec<i64> =
         events.entities[0].1.iter().map(|e| (e.order.0 - T0) / MIN).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     assert_eq!(times, vec![5, 20, 30], "rider 2's events from minute 0");
