@@ -257,11 +257,13 @@ impl Writer {
         let (replayed, _) = self.shape(batch, i, replayed);
         let entities: Vec<Vec<quiver_runtime::encoding::KeyValue>> = rows.iter().chain(&replayed).map(|r| r.keys.clone()).collect();
         let (rt, store, config, defs) = (&self.rt, &self.store, &self.config, &batch.defs);
+        let committed = Instant::now();
         let refresh = || rt.block_on(crate::write::refresh_event_log(config, defs, view, &entities, store.as_ref(), &self.events));
         let Some(written) = retry(&self.options, &format!("rebuilding `{}` online", view.name), refresh) else {
             return Ok(Written::Interrupted);
         };
         Metrics::add(&self.metrics.written_online, written);
+        tracing::debug!(view = %view.name, entities = entities.len(), took = ?committed.elapsed(), "event log records rebuilt after the commit");
         self.observe_freshness(&rows);
         Ok(Written::All)
     }
