@@ -35,20 +35,16 @@ feature_views:
 const MIN: i64 = 60_000_000;
 const T0: i64 = 1_700_000_000_000_000;
 
-/// `n` random events of riders 0..12 around minute `at`.
-fn rows(rng: &mut StdRng, at: i64, n: usize) -> RecordBatch {
+/// The rows of `rides`: rider, event time, created time, fare, city.
+fn batch(ids: Vec<i64>, ts: Vec<i64>, created: Vec<i64>, fares: Vec<Option<f64>>, cities: Vec<Option<String>>) -> RecordBatch {
+    let utc_type = || DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
     let schema = Arc::new(Schema::new(vec![
         Field::new("rider_id", DataType::Int64, false),
-        Field::new("event_timestamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), false),
-        Field::new("created_timestamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), true),
+        Field::new("event_timestamp", utc_type(), false),
+        Field::new("created_timestamp", utc_type(), true),
         Field::new("fare", DataType::Float64, true),
         Field::new("city", DataType::Utf8, true),
     ]));
-    let ids: Vec<i64> = (0..n).map(|_| rng.random_range(0..12)).collect();
-    let ts: Vec<i64> = (0..n).map(|_| T0 + (at + rng.random_range(-90..10)) * MIN).collect();
-    let created: Vec<i64> = ts.iter().map(|t| t + rng.random_range(0..3) * MIN).collect();
-    let fares: Vec<Option<f64>> = (0..n).map(|_| rng.random_bool(0.9).then(|| f64::from(rng.random_range(0..100u32)))).collect();
-    let cities: Vec<Option<String>> = (0..n).map(|_| rng.random_bool(0.8).then(|| format!("c{}", rng.random_range(0..4)))).collect();
     let utc = |v: Vec<i64>| Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC")) as ArrayRef;
     let columns: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from(ids)),
@@ -60,24 +56,21 @@ fn rows(rng: &mut StdRng, at: i64, n: usize) -> RecordBatch {
     RecordBatch::try_new(schema, columns).unwrap()
 }
 
-/// One event per `(rider, minute)`.
+/// `n` random events of riders 0..12 around minute `at`.
+fn rows(rng: &mut StdRng, at: i64, n: usize) -> RecordBatch {
+    let ids: Vec<i64> = (0..n).map(|_| rng.random_range(0..12)).collect();
+    let ts: Vec<i64> = (0..n).map(|_| T0 + (at + rng.random_range(-90..10)) * MIN).collect();
+    let created: Vec<i64> = ts.iter().map(|t| t + rng.random_range(0..3) * MIN).collect();
+    let fares: Vec<Option<f64>> = (0..n).map(|_| rng.random_bool(0.9).then(|| f64::from(rng.random_range(0..100u32)))).collect();
+    let cities: Vec<Option<String>> = (0..n).map(|_| rng.random_bool(0.8).then(|| format!("c{}", rng.random_range(0..4)))).collect();
+    batch(ids, ts, created, fares, cities)
+}
+
+/// One event per `(rider, minute)`, created at its event time, its fare the minute.
 fn events_at(events: &[(i64, i64)]) -> RecordBatch {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("rider_id", DataType::Int64, false),
-        Field::new("event_timestamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), false),
-        Field::new("created_timestamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), true),
-        Field::new("fare", DataType::Float64, true),
-        Field::new("city", DataType::Utf8, true),
-    ]));
     let ts: Vec<i64> = events.iter().map(|(_, m)| T0 + m * MIN).collect();
-    let columns: Vec<ArrayRef> = vec![
-        Arc::new(Int64Array::from(events.iter().map(|(r, _)| *r).collect::<Vec<_>>())),
-        Arc::new(TimestampMicrosecondArray::from(ts.clone()).with_timezone("UTC")),
-        Arc::new(TimestampMicrosecondArray::from(ts).with_timezone("UTC")),
-        Arc::new(Float64Array::from(events.iter().map(|(_, m)| *m as f64).collect::<Vec<_>>())),
-        Arc::new(StringArray::from(vec![None::<&str>; events.len()])),
-    ];
-    RecordBatch::try_new(schema, columns).unwrap()
+    let fares = events.iter().map(|(_, m)| Some(*m as f64)).collect();
+    batch(events.iter().map(|(r, _)| *r).collect(), ts.clone(), ts, fares, vec![None; events.len()])
 }
 
 /// Per entity, its events as comparable text, in order.
