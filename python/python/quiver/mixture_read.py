@@ -76,13 +76,18 @@ class SourceOrder:
             end = min(hi, int(ends[i]))
             parts.append(self.columns.arrays(self._read_block(int(order[i]), at - start, end - start)))
             at = end
-        arrays = {n: np.ascontiguousarray(np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n])
-                  for n in self.columns.names} if parts else {n: np.zeros(0) for n in self.columns.names}
+        perm = None
         if self.shuffle and hi - lo > 1:
-            # Permuted here, a window (a few MB a column) at a time: then a chunk reads each
-            # source's rows in order, which its gather does fastest.
             perm = np.random.default_rng([self.seed, self.epoch, self.k, p, j]).permutation(hi - lo)
-            arrays = {n: a[perm] for n, a in arrays.items()}
+        # A column at a time, joined then permuted while its rows are still in the cache
+        # (joining every column first and then permuting measured twice as slow).
+        arrays = {}
+        for n in self.columns.names:
+            if not parts:
+                arrays[n] = np.zeros(0)
+                continue
+            joined = np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n]
+            arrays[n] = np.ascontiguousarray(joined if perm is None else joined[perm])
         if not keep:
             return arrays
         self.cache[key] = arrays
