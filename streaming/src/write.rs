@@ -268,7 +268,7 @@ pub struct DeltaWriter {
 
 impl DeltaWriter {
     pub fn new(config: Config) -> DeltaWriter {
-        DeltaWriter { config, events: Arc::default() }
+        DeltaWriter { config, events: Arc::new(EventCache::long_lived()) }
     }
 }
 

@@ -1,14 +1,18 @@
 //! The events an event log's online records are rebuilt from, kept between rebuilds by a
 //! writer that lives long (a stream, a server taking pushes): after an entity's events
 //! are read once, each rebuild reads only the table versions committed since, so a
-//! rebuild's cost follows the batch, not the table (docs/aggregations.md#writes).
+//! rebuild's cost follows the batch, not the table (docs/aggregations.md#writes). A
+//! long-lived writer's cache ([`EventCache::long_lived`]) reads every entity of a table
+//! in one scan on its first rebuild (and after it started over), not the table once per
+//! batch of entities it has not seen yet.
 //!
 //! What a rebuild gets is what [`events_since`](super::events_since) reads from the table
 //! at the same version: the cache holds, per entity it has read, every event of it with
 //! event time at or after the entity's `since`, complete through one table version. It is
 //! dropped, and read afresh, when the table was made again (its log entry at the cache's
 //! version is not the one read), a commit removed files (anything but appends: a
-//! compaction, a delete), or the view's definition changed.
+//! compaction, a delete), or the view's event columns or times changed (an aggregation
+//! added or changed keeps it: the events are the same).
 
 use std::collections::HashMap;
 
@@ -34,10 +38,13 @@ const MAX_EVENTS: usize = 2_000_000;
 #[derive(Debug, Default)]
 pub struct EventCache {
     tables: tokio::sync::Mutex<HashMap<String, Cached>>,
+    /// Whether a table's first rebuild reads every entity (a long-lived writer), or
+    /// the entities asked for alone (a one-off push).
+    whole: bool,
 }
 
 struct Cached {
-    /// The view and its join keys as they were when read: another definition starts afresh.
+    /// The view and its join keys (another view's or keys start afresh: [`reads_same`]).
     view: FeatureView,
     keys: Vec<JoinKey>,
     table: DeltaTable,
@@ -47,6 +54,9 @@ struct Cached {
     /// found, then the cache is not kept).
     entry: Option<Vec<u8>>,
     entities: HashMap<Vec<KeyValue>, Loaded>,
+    /// `Some(w)`: every entity was read from `w` — one not in `entities` has no event
+    /// from the later of `w` and `floor` on.
+    all: Option<i64>,
     /// The latest `since` the versions read after an entity's first read were read
     /// from: an entity is complete from the later of this and its own `since`.
     floor: i64,
@@ -67,8 +77,16 @@ struct Loaded {
 }
 
 impl EventCache {
+    /// A cache for one rebuild or a few: it reads the entities asked for alone.
     pub fn new() -> EventCache {
         EventCache::default()
+    }
+
+    /// A long-lived writer's cache (a stream, a server): a table's first rebuild reads
+    /// every entity's events in one scan (the entities asked for alone when there are
+    /// more than it holds), so later rebuilds read only what was committed since.
+    pub fn long_lived() -> EventCache {
+        EventCache { whole: true, ..EventCache::default() }
     }
 
     /// The events of `entities` (those that have any) with event time `since` or
@@ -94,7 +112,10 @@ impl EventCache {
         unique.dedup();
         let mut tables = self.tables.lock().await;
         // Out of the map while it is brought up to date: an error leaves no cache behind.
-        let kept = tables.remove(&name).filter(|c| c.view == *view && c.keys == keys);
+        let kept = tables.remove(&name).filter(|c| reads_same(&c.view, view) && c.keys == keys).map(|mut c| {
+            c.view = view.clone();
+            c
+        });
         let cached = match kept {
             Some(cached) => cached.advance(&location, defs, since).await?,
             None => None,
@@ -106,7 +127,7 @@ impl EventCache {
         let Some(mut cached) = cached else {
             return Ok(EntityEvents { entities: Vec::new(), version: None });
         };
-        cached.load(&name, defs, since, &unique).await?;
+        cached.load(&name, defs, since, &unique, self.whole).await?;
         let events = cached.take(since, &unique);
         if cached.held <= MAX_EVENTS && cached.entry.is_some() {
             tables.insert(name, cached);
@@ -115,13 +136,22 @@ impl EventCache {
     }
 }
 
+/// Whether events read for view `a` are those of `b`: the same feature columns, of the
+/// same types, and the same times (what else a view holds — its aggregations, TTL,
+/// tags — is not in the events).
+fn reads_same(a: &FeatureView, b: &FeatureView) -> bool {
+    a.features.iter().map(|f| (&f.name, f.dtype)).eq(b.features.iter().map(|f| (&f.name, f.dtype)))
+        && a.source.timestamp_field == b.source.timestamp_field
+        && a.source.created_timestamp_field == b.source.created_timestamp_field
+}
+
 impl Cached {
     /// The table at `location` as it is now, with no entity read yet (`None`: no table).
     async fn open(location: &StoreLocation, view: &FeatureView, keys: Vec<JoinKey>) -> Result<Option<Cached>> {
         let Some(table) = open_table(location).await? else { return Ok(None) };
         let Some(version) = table.version() else { return Ok(None) };
         let entry = log_entry(location, version).await?;
-        Ok(Some(Cached { view: view.clone(), keys, table, version, entry, entities: HashMap::new(), floor: i64::MIN, held: 0 }))
+        Ok(Some(Cached { view: view.clone(), keys, table, version, entry, entities: HashMap::new(), all: None, floor: i64::MIN, held: 0 }))
     }
 
     /// Brought to the table's latest version: the rows committed since added to the
@@ -150,11 +180,13 @@ impl Cached {
         let first_new = i64::try_from(self.version + 1).unwrap_or(i64::MAX >> 32) << 32;
         let range = ScanRange { lo: Some(since), hi: i64::MAX, extra: Some(ident(SEQ_COLUMN).gt_eq(lit(first_new))), version: None };
         let scan = scan_table(&self.table, &name, defs, &self.view, &self.features(), range).await?;
-        for (keys, events) in by_entity(defs, &self.view, scan)? {
-            if let Some(loaded) = self.entities.get_mut(&keys) {
-                self.held += events.len();
-                loaded.events.extend(events);
-            }
+        for (keys, mut events) in by_entity(defs, &self.view, scan)? {
+            // An entity holds its events from its own `since` (or, not read yet, from
+            // `all`'s) on: the rows read here from an earlier `since` are left out.
+            let Some(from) = self.entities.get(&keys).map(|l| l.since).or(self.all) else { continue };
+            events.retain(|e| e.order.0 >= from);
+            self.held += events.len();
+            self.entities.entry(keys).or_insert_with(|| Loaded { since: from, events: Vec::new() }).events.extend(events);
         }
         self.version = now;
         self.floor = self.floor.max(since);
@@ -162,20 +194,41 @@ impl Cached {
     }
 
     /// Reads the events of those of `entities` not loaded (or loaded from a later
-    /// `since`) at the version the cache is at.
-    async fn load(&mut self, name: &str, defs: &Definitions, since: i64, entities: &[Vec<KeyValue>]) -> Result<()> {
+    /// `since`) at the version the cache is at; with `whole`, on a cache that has read
+    /// nothing yet, every entity's.
+    async fn load(&mut self, name: &str, defs: &Definitions, since: i64, entities: &[Vec<KeyValue>], whole: bool) -> Result<()> {
         let floor = self.floor;
-        let missing: Vec<Vec<KeyValue>> =
-            entities.iter().filter(|e| self.entities.get(*e).is_none_or(|l| l.since.max(floor) > since)).cloned().collect();
+        let all = self.all;
+        let missing: Vec<Vec<KeyValue>> = entities
+            .iter()
+            .filter(|e| match self.entities.get(*e) {
+                Some(l) => l.since.max(floor) > since,
+                None => all.is_none_or(|w| w.max(floor) > since),
+            })
+            .cloned()
+            .collect();
         if missing.is_empty() {
             return Ok(());
         }
-        let range = ScanRange { lo: Some(since), hi: i64::MAX, extra: Some(entity_filter(&self.keys, &missing)), version: None };
+        let whole = whole && self.all.is_none() && self.entities.is_empty();
+        let extra = (!whole).then(|| entity_filter(&self.keys, &missing));
+        let range = ScanRange { lo: Some(since), hi: i64::MAX, extra, version: None };
         let scan = scan_table(&self.table, name, defs, &self.view, &self.features(), range).await?;
         if scan.version != Some(self.version) {
             return Err(Error::Request(format!("delta table {name}: read version {:?}, expected {}", scan.version, self.version)));
         }
-        let mut read: HashMap<Vec<KeyValue>, Vec<Event>> = by_entity(defs, &self.view, scan)?.into_iter().collect();
+        let read = by_entity(defs, &self.view, scan)?;
+        if whole && read.iter().map(|(_, events)| events.len()).sum::<usize>() <= MAX_EVENTS {
+            for (keys, events) in read {
+                self.held += events.len();
+                self.entities.insert(keys, Loaded { since, events });
+            }
+            self.all = Some(since);
+            return Ok(());
+        }
+        // The entities asked for alone (also when every entity's events are more than
+        // the cache holds).
+        let mut read: HashMap<Vec<KeyValue>, Vec<Event>> = read.into_iter().collect();
         for keys in missing {
             let events = read.remove(&keys).unwrap_or_default();
             self.held += events.len();

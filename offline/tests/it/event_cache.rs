@@ -97,13 +97,13 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn new() -> Fixture {
+    fn new(cache: EventCache) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let config = Config::parse(dir.path(), &dir.path().join("quiver.yaml"), "project: t\n", Vec::new()).unwrap();
         let defs: Definitions = parse_definitions(DEFS).unwrap();
         let view = defs.find_view("rides").unwrap().clone();
         let location = config.view_table(&view);
-        Fixture { _dir: dir, config, defs, view, location, cache: EventCache::new() }
+        Fixture { _dir: dir, config, defs, view, location, cache }
     }
 
     async fn append(&self, batch: RecordBatch, options: AppendOptions) {
@@ -116,8 +116,13 @@ impl Fixture {
 
     /// The cache's events of `asked` against a fresh read of the table.
     async fn check(&self, since: i64, asked: &[Vec<KeyValue>], step: &str) {
-        let cached = self.cached(since, asked).await;
-        let read = events_since(&self.config, &self.defs, &self.view, since, Some(asked)).await.unwrap();
+        self.check_as(&self.defs, &self.view, since, asked, step).await;
+    }
+
+    /// [`Fixture::check`] with the view as `defs` define it now.
+    async fn check_as(&self, defs: &Definitions, view: &FeatureView, since: i64, asked: &[Vec<KeyValue>], step: &str) {
+        let cached = self.cache.events(&self.config, defs, view, since, asked).await.unwrap();
+        let read = events_since(&self.config, defs, view, since, Some(asked)).await.unwrap();
         assert_eq!(cached.version, read.version, "{step}: version");
         assert_eq!(normal(&cached), normal(&read), "{step}: events of {asked:?} since {since}");
     }
@@ -125,7 +130,18 @@ impl Fixture {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_cache_reads_what_the_table_holds() {
-    let f = Fixture::new();
+    reads_what_the_table_holds(EventCache::new()).await;
+}
+
+/// A long-lived writer's cache, which reads every entity on its first rebuild (and
+/// after starting over): an entity it holds nothing for has no events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_lived_event_cache_reads_what_the_table_holds() {
+    reads_what_the_table_holds(EventCache::long_lived()).await;
+}
+
+async fn reads_what_the_table_holds(cache: EventCache) {
+    let f = Fixture::new(cache);
     let mut rng = StdRng::seed_from_u64(7);
     let stream = OpenTable::default();
     let rider = |i: i64| vec![KeyValue::Int(i)];
@@ -172,7 +188,7 @@ async fn the_event_cache_reads_what_the_table_holds() {
 /// asked for again with an earlier window start (the clock went back) is read afresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_window_start_reads_what_the_cache_skipped() {
-    let f = Fixture::new();
+    let f = Fixture::new(EventCache::new());
     let (one, two) = (vec![KeyValue::Int(1)], vec![KeyValue::Int(2)]);
     f.append(events_at(&[(1, 10), (2, 20)]), AppendOptions::new(None)).await;
     f.check(T0, &[one.clone(), two.clone()], "both read").await;
@@ -184,4 +200,40 @@ async fn an_earlier_window_start_reads_what_the_cache_skipped() {
     let times: Vec<i64> =
         events.entities[0].1.iter().map(|e| (e.order.0 - T0) / MIN).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     assert_eq!(times, vec![5, 20, 30], "rider 2's events from minute 0");
+}
+
+/// Versions read for other entities from an earlier window start (the clock went back)
+/// add nothing older than an entity's own start to it: asked again from there, it gets
+/// the events from there alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_read_from_an_earlier_start_are_not_held_for_a_later_one() {
+    for cache in [EventCache::new(), EventCache::long_lived()] {
+        let f = Fixture::new(cache);
+        let (one, two) = (vec![KeyValue::Int(1)], vec![KeyValue::Int(2)]);
+        f.append(events_at(&[(1, 30)]), AppendOptions::new(None)).await;
+        f.check(T0 + 20 * MIN, std::slice::from_ref(&one), "rider 1 from minute 20").await;
+        // A late event of rider 1 (minute 10), read while rider 2 is asked for from minute 0.
+        f.append(events_at(&[(1, 10), (1, 40), (2, 5)]), AppendOptions::new(None)).await;
+        f.check(T0, std::slice::from_ref(&two), "rider 2 from minute 0").await;
+        f.check(T0 + 20 * MIN, std::slice::from_ref(&one), "rider 1 from minute 20 again").await;
+    }
+}
+
+/// A view redefined under the cache: with another aggregation its events are the same
+/// (the cache goes on); without a feature column they are not (it starts afresh).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_redefined_is_read_as_defined_now() {
+    for cache in [EventCache::new(), EventCache::long_lived()] {
+        let f = Fixture::new(cache);
+        let riders: Vec<Vec<KeyValue>> = (1..=3).map(|i| vec![KeyValue::Int(i)]).collect();
+        f.append(events_at(&[(1, 10), (2, 20), (3, 30)]), AppendOptions::new(None)).await;
+        f.check(T0, &riders, "as defined first").await;
+        let more = DEFS.replace("window: 1h}", "window: 1h}\n      - {name: top_1h, function: max, column: fare, window: 1h}");
+        let defs: Definitions = parse_definitions(&more).unwrap();
+        f.append(events_at(&[(1, 40)]), AppendOptions::new(None)).await;
+        f.check_as(&defs, defs.find_view("rides").unwrap(), T0, &riders, "another aggregation").await;
+        let fewer = DEFS.replace("      - {name: city, dtype: string}\n", "");
+        let defs: Definitions = parse_definitions(&fewer).unwrap();
+        f.check_as(&defs, defs.find_view("rides").unwrap(), T0, &riders, "without `city`").await;
+    }
 }

@@ -280,7 +280,7 @@ fn connect(
         shutdown: options.shutdown.clone(),
         floors: floors.clone(),
         tables: Mutex::default(),
-        events: Default::default(),
+        events: quiver_offline::historical::EventCache::long_lived(),
     };
     let mut pipeline = Pipeline {
         readers,
