@@ -240,6 +240,21 @@ pub fn removes_files(entry: &[u8]) -> bool {
         .any(|line| serde_json::from_slice::<serde_json::Value>(line).is_ok_and(|action| action.get("remove").is_some()))
 }
 
+/// The data files a log entry adds (paths relative to the table, as the log writes
+/// them); `None` when one carries a deletion vector (its rows are not the file's).
+pub fn added_files(entry: &[u8]) -> Option<Vec<String>> {
+    let mut files = Vec::new();
+    for line in entry.split(|&b| b == b'\n') {
+        let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else { continue };
+        let Some(add) = action.get("add") else { continue };
+        if add.get("deletionVector").is_some_and(|dv| !dv.is_null()) {
+            return None;
+        }
+        files.push(add.get("path")?.as_str()?.to_string());
+    }
+    Some(files)
+}
+
 /// Whether the table at `location` exists and holds at least one data file.
 ///
 /// # Errors

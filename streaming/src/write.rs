@@ -230,8 +230,14 @@ pub async fn refresh_event_log(
         return Ok(0);
     }
     let now = chrono::Utc::now().timestamp_micros();
+    let began = std::time::Instant::now();
     let events = cache.events(config, defs, view, Layout::of(view).earliest_tail(now), entities).await?;
-    Ok(store.write(&event_log_rows(&config.project, view, &events, now)).await?)
+    let read = began.elapsed();
+    let rows = event_log_rows(&config.project, view, &events, now);
+    let built = began.elapsed() - read;
+    let written = store.write(&rows).await?;
+    tracing::debug!(view = %view.name, entities = rows.len(), ?read, ?built, written = ?began.elapsed() - read - built, "event log records rebuilt");
+    Ok(written)
 }
 
 /// The join-key values of each row of batches laid out as the view's table columns.

@@ -24,8 +24,8 @@ use quiver_sdk::config::StoreLocation;
 use quiver_sdk::{Config, Definitions, FeatureView, JoinKey};
 
 use super::events::{EntityEvents, by_entity, entity_filter};
-use super::scan::{ScanRange, scan_table};
-use crate::delta::{log_entry, open_table, removes_files};
+use super::scan::{ScanRange, scan_files, scan_table};
+use crate::delta::{added_files, log_entry, open_table, removes_files};
 use crate::error::{Error, Result};
 use crate::schema::SEQ_COLUMN;
 
@@ -169,17 +169,43 @@ impl Cached {
         if now == self.version {
             return Ok(Some(self));
         }
+        let mut added = Some(Vec::new());
         for version in self.version + 1..=now {
             match log_entry(location, version).await? {
-                Some(entry) if !removes_files(&entry) => self.entry = Some(entry),
+                Some(entry) if !removes_files(&entry) => {
+                    added = added.zip(added_files(&entry)).map(|(mut all, files)| {
+                        all.extend(files);
+                        all
+                    });
+                    self.entry = Some(entry);
+                }
                 _ => return Ok(None),
             }
         }
-        // Rows of versions after ours: `_quiver_seq`'s high half is the version
+        // The files those versions added, read alone; or, when they cannot be, the rows
+        // of versions after ours from the table: `_quiver_seq`'s high half is the version
         // (docs/offline.md), and the files' statistics leave the older files unread.
-        let first_new = i64::try_from(self.version + 1).unwrap_or(i64::MAX >> 32) << 32;
-        let range = ScanRange { lo: Some(since), hi: i64::MAX, extra: Some(ident(SEQ_COLUMN).gt_eq(lit(first_new))), version: None };
-        let scan = scan_table(&self.table, &name, defs, &self.view, &self.features(), range).await?;
+        let features = self.features();
+        let read = match &added {
+            Some(files) => scan_files(location, &self.table, defs, &self.view, &features, files, since).await?,
+            None => None,
+        };
+        let scan = match read {
+            Some(scan) => scan,
+            None => {
+                let first_new = i64::try_from(self.version + 1).unwrap_or(i64::MAX >> 32) << 32;
+                let extra = Some(ident(SEQ_COLUMN).gt_eq(lit(first_new)));
+                scan_table(
+                    &self.table,
+                    &name,
+                    defs,
+                    &self.view,
+                    &features,
+                    ScanRange { lo: Some(since), hi: i64::MAX, extra, version: None },
+                )
+                .await?
+            }
+        };
         for (keys, mut events) in by_entity(defs, &self.view, scan)? {
             // An entity holds its events from its own `since` (or, not read yet, from
             // `all`'s) on: the rows read here from an earlier `since` are left out.
