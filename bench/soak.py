@@ -20,8 +20,11 @@ pushed view, an on-demand view and a service over all of them. Then, for --minut
   aggregation, at half an `export` of a training set;
 - faults on a seeded schedule, one every --fault-every seconds, cycling in a seeded order
   through: kill -9 of a stream consumer (restarted after 3 s), of a server (restarted
-  after 2 s), of a `materialize-incremental` mid-write; Redis killed and restarted; Redis
-  paused (SIGSTOP) for 3 s, past the server's 2 s store timeout.
+  after 2 s), of a `materialize-incremental` mid-write, of an `apply` mid-write; Redis
+  killed and restarted; Redis paused (SIGSTOP) for 3 s, past the server's 2 s store
+  timeout; the disk of the Delta folder full for 3 s (the folder is a 256 MiB tmpfs,
+  filled to the last byte and emptied again; when a tmpfs cannot be mounted — not root,
+  no permission — the run says so and leaves this fault out).
 
 Afterwards, from the data: every valid event produced is in each view's Delta table
 exactly once and every malformed one among the dead letters; `verify --sample` over every
@@ -34,10 +37,11 @@ mid-run reproduces byte for byte; no request hung
 past its timeout; every failed request falls in a fault's window (from the fault until 10
 s after its part came back). Writes the report (per phase: requests, p50/p99, error rate;
 events/s; each fault's recovery) as JSON and prints it as a table; exits 1 when a check
-fails. (Not yet among the faults: restarting the broker — its memory storage would lose
-the topic — a slow or full disk, an interrupted registry write.)
+fails. (Not among the faults: restarting the broker — its memory storage would lose the
+topic, and its S3 storage lost acknowledged messages when killed — and a slow disk.)
 """
 import argparse
+import errno
 import json
 import os
 import random
@@ -131,6 +135,23 @@ class Proc:
             self.p.send_signal(sig)
 
 
+def mount_tmpfs(path, mib=256):
+    """A tmpfs of ``mib`` MiB at ``path`` (the Delta folder, for the disk-full fault): ""
+    when mounted, else why not."""
+    if os.geteuid() != 0:
+        return "not root (a tmpfs needs mount)"
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", path], capture_output=True, text=True)
+    return "" if res.returncode == 0 else f"mount -t tmpfs failed: {(res.stderr or res.stdout).strip()[:200]}"
+
+
+def delta_version(log):
+    """The latest version in a Delta log folder (-1: none yet)."""
+    try:
+        return max((int(n[:-5]) for n in os.listdir(log) if n.endswith(".json") and n[:-5].isdigit()), default=-1)
+    except FileNotFoundError:
+        return -1
+
+
 def http(method, url, body=None, timeout=TIMEOUT):
     """(status, parsed body or text); status 0 for no answer (the reason as body)."""
     data = json.dumps(body).encode() if body is not None else None
@@ -175,6 +196,8 @@ class Soak(Checks):
         self.actions = []       # (t, what, rc, seconds)
         self.materializing = threading.Lock()
         self.level_added = threading.Event()
+        self.data = os.path.join(self.repo, "data")
+        self.tmpfs = None       # why the disk-full fault is left out, when it is
 
     # ---- setup ----------------------------------------------------------------------
 
@@ -200,7 +223,10 @@ class Soak(Checks):
         wait_port(self.rport, "redis")
         wait_port(self.kport, "the broker")
         self.brokers = f"127.0.0.1:{self.kport}"
-        os.makedirs(self.repo)
+        os.makedirs(self.data)
+        self.tmpfs = mount_tmpfs(self.data)
+        if self.tmpfs:
+            print(f"soak: the disk-full fault is left out: {self.tmpfs}", flush=True)
         with open(os.path.join(self.repo, "quiver.yaml"), "w") as fh:
             fh.write(f"project: soak\nregistry: registry.json\noffline_store:\n  path: data\n"
                      f"online_store:\n  type: redis\n  url: redis://127.0.0.1:{self.rport}/0\n"
@@ -349,6 +375,29 @@ class Soak(Checks):
                 p.kill()
                 p.wait()
             record["back"] = record["recovered"] = time.monotonic()
+        elif kind == "disk-full":
+            # The Delta folder's disk full to the last byte for 3 s, then emptied: writers
+            # fail (the stream retries, a push answers 5xx) and nothing is half-committed.
+            trips = os.path.join(self.data, "trips", "_delta_log")
+            filler = os.path.join(self.data, ".soak-filler")
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            try:
+                for size in (1 << 20, 4096, 1):
+                    try:
+                        while True:
+                            os.write(fd, b"\0" * size)
+                    except OSError as e:
+                        if e.errno != errno.ENOSPC:
+                            raise
+                record["free_bytes"] = shutil.disk_usage(self.data).free
+                time.sleep(3)
+            finally:
+                os.close(fd)
+                os.remove(filler)
+            before = delta_version(trips)
+            record["back"] = time.monotonic()
+            # Back when the stream commits again.
+            record["recovered"] = wait_until("a commit after the disk filled", lambda: delta_version(trips) > before)
         elif kind == "kill-apply":
             # An apply (a tag of the `canary` service changed) killed at a random point of
             # its run, then applied again: the registry is written atomically, so the next
@@ -382,6 +431,8 @@ class Soak(Checks):
         # the fault phase's latencies are compared with.
         self.baseline_end = self.began + min(a.baseline, duration / 2)
         kinds = ["kill-stream", "kill-server", "redis-restart", "redis-pause", "kill-materialize", "kill-apply"]
+        if not self.tmpfs:
+            kinds.append("disk-full")
         order = []
         faulted = duration - (self.baseline_end - self.began)
         at = lambda share: round(self.baseline_end - self.began + faulted * share)  # noqa: E731
@@ -444,6 +495,8 @@ class Soak(Checks):
             if p:
                 p.signal(signal.SIGCONT)
                 p.kill9()
+        if self.tmpfs == "":
+            subprocess.run(["umount", "-l", self.data], capture_output=True)
         if not self.args.keep:
             shutil.rmtree(self.work, ignore_errors=True)
 

@@ -286,6 +286,7 @@ class Checks:
             "seed": self.args.seed, "minutes": self.args.minutes, "events": len(self.valid) + self.malformed,
             "events_per_second": round((len(self.valid) + self.malformed) / duration, 1),
             "malformed": self.malformed, "faults": len(self.faults),
+            "faults_left_out": {"disk-full": self.tmpfs} if getattr(self, "tmpfs", "") else {},
             "answers_checked_as_arrived": getattr(self, "arrival_answers", 0),
             "freshness": getattr(self, "freshness", None),
             "pushes_answered_pending": getattr(self, "pushes_pending", 0),
