@@ -134,6 +134,31 @@ impl EventCache {
         }
         Ok(events)
     }
+
+    /// Reads every entity's events of `view` with event time `since` or later, as a
+    /// long-lived cache's first rebuild would: a stream does this before its first batch
+    /// (after a restart, say), so that batch's rebuild reads only what was committed
+    /// since. Nothing for a cache that reads entities alone, one that holds the view
+    /// already, or a view without a table; more events than the cache holds are not kept.
+    ///
+    /// # Errors
+    /// An unreadable table.
+    pub async fn warm(&self, config: &Config, defs: &Definitions, view: &FeatureView, since: i64) -> Result<()> {
+        if !self.whole {
+            return Ok(());
+        }
+        let location = config.view_table(view);
+        let name = location.to_string();
+        let mut tables = self.tables.lock().await;
+        if tables.contains_key(&name) {
+            return Ok(());
+        }
+        let Some(mut cached) = Cached::open(&location, view, defs.join_keys(view)).await? else { return Ok(()) };
+        if cached.read_all(&name, defs, since).await?.is_none() {
+            tables.insert(name, cached);
+        }
+        Ok(())
+    }
 }
 
 /// Whether events read for view `a` are those of `b`: the same feature columns, of the
@@ -236,24 +261,16 @@ impl Cached {
         if missing.is_empty() {
             return Ok(());
         }
-        let whole = whole && self.all.is_none() && self.entities.is_empty();
-        let extra = (!whole).then(|| entity_filter(&self.keys, &missing));
-        let range = ScanRange { lo: Some(since), hi: i64::MAX, extra, version: None };
-        let scan = scan_table(&self.table, name, defs, &self.view, &self.features(), range).await?;
-        if scan.version != Some(self.version) {
-            return Err(Error::Request(format!("delta table {name}: read version {:?}, expected {}", scan.version, self.version)));
-        }
-        let read = by_entity(defs, &self.view, scan)?;
-        if whole && read.iter().map(|(_, events)| events.len()).sum::<usize>() <= MAX_EVENTS {
-            for (keys, events) in read {
-                self.held += events.len();
-                self.entities.insert(keys, Loaded { since, events });
+        let read = if whole && self.all.is_none() && self.entities.is_empty() {
+            match self.read_all(name, defs, since).await? {
+                None => return Ok(()),
+                // More than the cache holds: the entities asked for alone, of those read.
+                Some(read) => read,
             }
-            self.all = Some(since);
-            return Ok(());
-        }
-        // The entities asked for alone (also when every entity's events are more than
-        // the cache holds).
+        } else {
+            let range = ScanRange { lo: Some(since), hi: i64::MAX, extra: Some(entity_filter(&self.keys, &missing)), version: None };
+            self.read(name, defs, range).await?
+        };
         let mut read: HashMap<Vec<KeyValue>, Vec<Event>> = read.into_iter().collect();
         for keys in missing {
             let events = read.remove(&keys).unwrap_or_default();
@@ -263,6 +280,32 @@ impl Cached {
             }
         }
         Ok(())
+    }
+
+    /// Every entity's events from `since`, at the version the cache is at, held (`None`)
+    /// or, when they are more than the cache holds, returned and not held.
+    async fn read_all(&mut self, name: &str, defs: &Definitions, since: i64) -> Result<Option<Vec<(Vec<KeyValue>, Vec<Event>)>>> {
+        let read = self.read(name, defs, ScanRange { lo: Some(since), hi: i64::MAX, extra: None, version: None }).await?;
+        if read.iter().map(|(_, events)| events.len()).sum::<usize>() > MAX_EVENTS {
+            return Ok(Some(read));
+        }
+        for (keys, events) in read {
+            self.held += events.len();
+            if let Some(old) = self.entities.insert(keys, Loaded { since, events }) {
+                self.held -= old.events.len();
+            }
+        }
+        self.all = Some(since);
+        Ok(None)
+    }
+
+    /// The rows of `range` at the version the cache is at, by entity.
+    async fn read(&self, name: &str, defs: &Definitions, range: ScanRange) -> Result<Vec<(Vec<KeyValue>, Vec<Event>)>> {
+        let scan = scan_table(&self.table, name, defs, &self.view, &self.features(), range).await?;
+        if scan.version != Some(self.version) {
+            return Err(Error::Request(format!("delta table {name}: read version {:?}, expected {}", scan.version, self.version)));
+        }
+        by_entity(defs, &self.view, scan)
     }
 
     /// The events of `entities` (distinct; those with none left out) from `since`,

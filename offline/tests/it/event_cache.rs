@@ -237,3 +237,17 @@ async fn a_view_redefined_is_read_as_defined_now() {
         f.check_as(&defs, defs.find_view("rides").unwrap(), T0, &riders, "without `city`").await;
     }
 }
+
+/// A stream's cache read ahead of its first batch (`warm`): what it then gives is what
+/// the table holds, for entities read ahead, ones with no events in the window, ones
+/// that appear later, and a window that starts earlier than the one read ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_read_ahead_reads_what_the_table_holds() {
+    let f = Fixture::new(EventCache::long_lived());
+    let riders: Vec<Vec<KeyValue>> = (1..=4).map(|i| vec![KeyValue::Int(i)]).collect();
+    f.append(events_at(&[(1, 10), (2, 20), (2, 30), (3, 5)]), AppendOptions::new(None)).await;
+    f.cache.warm(&f.config, &f.defs, &f.view, T0 + 15 * MIN).await.unwrap();
+    f.append(events_at(&[(4, 40), (1, 12), (2, 50)]), AppendOptions::new(None)).await;
+    f.check(T0 + 15 * MIN, &riders, "from minute 15").await;
+    f.check(T0, &riders, "from minute 0").await;
+}

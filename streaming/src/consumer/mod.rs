@@ -282,6 +282,19 @@ fn connect(
         tables: Mutex::default(),
         events: quiver_offline::historical::EventCache::long_lived(),
     };
+    // The event logs' events read before the first batch: its rebuild (a restarted
+    // consumer's, with every entity of the messages replayed) then reads only what was
+    // committed since. A failure here costs that rebuild its time, nothing else.
+    let now = chrono::Utc::now().timestamp_micros();
+    for &vi in &chosen {
+        let view = &defs.feature_views[vi];
+        if view.is_event_log() && view.takes_online_writes() {
+            let since = quiver_runtime::record::Layout::of(view).earliest_tail(now);
+            if let Err(e) = rt.block_on(writer.events.warm(config, &defs, view, since)) {
+                options.hooks.warn(format!("reading `{}`'s events ahead failed ({e}); the first batch reads them", view.name));
+            }
+        }
+    }
     let mut pipeline = Pipeline {
         readers,
         transforms,
