@@ -29,18 +29,27 @@ use crate::delta::{added_files, log_entry, open_table, removes_files};
 use crate::error::{Error, Result};
 use crate::schema::SEQ_COLUMN;
 
-/// Beyond this many events held for one view the cache starts over: a rebuild then
-/// reads its entities from the table again, as it would without a cache.
+/// Beyond this many events held for one view (once those older than the window are
+/// dropped) the cache starts over: a rebuild then reads its entities from the table
+/// again, as it would without a cache.
 const MAX_EVENTS: usize = 2_000_000;
 
 /// Per view table: the events read so far (see the module docs). Shared by the tasks
 /// of one writer; rebuilds of one cache take turns.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EventCache {
     tables: tokio::sync::Mutex<HashMap<String, Cached>>,
     /// Whether a table's first rebuild reads every entity (a long-lived writer), or
     /// the entities asked for alone (a one-off push).
     whole: bool,
+    /// The events it holds of one view at the most.
+    limit: usize,
+}
+
+impl Default for EventCache {
+    fn default() -> EventCache {
+        EventCache { tables: tokio::sync::Mutex::default(), whole: false, limit: MAX_EVENTS }
+    }
 }
 
 struct Cached {
@@ -61,6 +70,8 @@ struct Cached {
     /// from: an entity is complete from the later of this and its own `since`.
     floor: i64,
     held: usize,
+    /// [`EventCache`]'s `limit`.
+    limit: usize,
 }
 
 impl std::fmt::Debug for Cached {
@@ -87,6 +98,11 @@ impl EventCache {
     /// more than it holds), so later rebuilds read only what was committed since.
     pub fn long_lived() -> EventCache {
         EventCache { whole: true, ..EventCache::default() }
+    }
+
+    /// The same cache holding at most `limit` events of one view (2,000,000 unless set).
+    pub fn with_limit(self, limit: usize) -> EventCache {
+        EventCache { limit, ..self }
     }
 
     /// The events of `entities` (those that have any) with event time `since` or
@@ -122,14 +138,17 @@ impl EventCache {
         };
         let cached = match cached {
             Some(cached) => Some(cached),
-            None => Cached::open(&location, view, keys).await?,
+            None => Cached::open(&location, view, keys, self.limit).await?,
         };
         let Some(mut cached) = cached else {
             return Ok(EntityEvents { entities: Vec::new(), version: None });
         };
         cached.load(&name, defs, since, &unique, self.whole).await?;
         let events = cached.take(since, &unique);
-        if cached.held <= MAX_EVENTS && cached.entry.is_some() {
+        if cached.held > self.limit {
+            cached.drop_before(since);
+        }
+        if cached.held <= self.limit && cached.entry.is_some() {
             tables.insert(name, cached);
         }
         Ok(events)
@@ -153,7 +172,7 @@ impl EventCache {
         if tables.contains_key(&name) {
             return Ok(());
         }
-        let Some(mut cached) = Cached::open(&location, view, defs.join_keys(view)).await? else { return Ok(()) };
+        let Some(mut cached) = Cached::open(&location, view, defs.join_keys(view), self.limit).await? else { return Ok(()) };
         if cached.read_all(&name, defs, since).await?.is_none() {
             tables.insert(name, cached);
         }
@@ -172,11 +191,22 @@ fn reads_same(a: &FeatureView, b: &FeatureView) -> bool {
 
 impl Cached {
     /// The table at `location` as it is now, with no entity read yet (`None`: no table).
-    async fn open(location: &StoreLocation, view: &FeatureView, keys: Vec<JoinKey>) -> Result<Option<Cached>> {
+    async fn open(location: &StoreLocation, view: &FeatureView, keys: Vec<JoinKey>, limit: usize) -> Result<Option<Cached>> {
         let Some(table) = open_table(location).await? else { return Ok(None) };
         let Some(version) = table.version() else { return Ok(None) };
         let entry = log_entry(location, version).await?;
-        Ok(Some(Cached { view: view.clone(), keys, table, version, entry, entities: HashMap::new(), all: None, floor: i64::MIN, held: 0 }))
+        Ok(Some(Cached {
+            view: view.clone(),
+            keys,
+            table,
+            version,
+            entry,
+            entities: HashMap::new(),
+            all: None,
+            floor: i64::MIN,
+            held: 0,
+            limit,
+        }))
     }
 
     /// Brought to the table's latest version: the rows committed since added to the
@@ -286,7 +316,7 @@ impl Cached {
     /// or, when they are more than the cache holds, returned and not held.
     async fn read_all(&mut self, name: &str, defs: &Definitions, since: i64) -> Result<Option<Vec<(Vec<KeyValue>, Vec<Event>)>>> {
         let read = self.read(name, defs, ScanRange { lo: Some(since), hi: i64::MAX, extra: None, version: None }).await?;
-        if read.iter().map(|(_, events)| events.len()).sum::<usize>() > MAX_EVENTS {
+        if read.iter().map(|(_, events)| events.len()).sum::<usize>() > self.limit {
             return Ok(Some(read));
         }
         for (keys, events) in read {
@@ -325,6 +355,19 @@ impl Cached {
             }
         }
         EntityEvents { entities: out, version: Some(self.version) }
+    }
+
+    /// Every entity's events older than `since` dropped (an entity keeps its place, so
+    /// the cache still knows it read it).
+    fn drop_before(&mut self, since: i64) {
+        for loaded in self.entities.values_mut() {
+            if loaded.since < since {
+                let before = loaded.events.len();
+                loaded.events.retain(|e| e.order.0 >= since);
+                loaded.since = since;
+                self.held -= before - loaded.events.len();
+            }
+        }
     }
 
     fn features(&self) -> Vec<&str> {

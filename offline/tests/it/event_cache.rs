@@ -140,6 +140,14 @@ async fn a_long_lived_event_cache_reads_what_the_table_holds() {
     reads_what_the_table_holds(EventCache::long_lived()).await;
 }
 
+/// A long-lived cache holding 40 events at the most: it drops the events older than the
+/// window, starts over, and reads the entities asked for alone when every entity's are
+/// more than it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_event_cache_reads_what_the_table_holds() {
+    reads_what_the_table_holds(EventCache::long_lived().with_limit(40)).await;
+}
+
 async fn reads_what_the_table_holds(cache: EventCache) {
     let f = Fixture::new(cache);
     let mut rng = StdRng::seed_from_u64(7);
