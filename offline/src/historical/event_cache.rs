@@ -87,6 +87,19 @@ struct Loaded {
     events: Vec<Event>,
 }
 
+impl Loaded {
+    /// Its events older than `since` dropped (when it holds any from before); how many.
+    fn drop_before(&mut self, since: i64) -> usize {
+        if self.since >= since {
+            return 0;
+        }
+        let before = self.events.len();
+        self.events.retain(|e| e.order.0 >= since);
+        self.since = since;
+        before - self.events.len()
+    }
+}
+
 impl EventCache {
     /// A cache for one rebuild or a few: it reads the entities asked for alone.
     pub fn new() -> EventCache {
@@ -344,12 +357,7 @@ impl Cached {
         let mut out = Vec::new();
         for keys in entities {
             let Some(loaded) = self.entities.get_mut(keys) else { continue };
-            if loaded.since < since {
-                let before = loaded.events.len();
-                loaded.events.retain(|e| e.order.0 >= since);
-                loaded.since = since;
-                self.held -= before - loaded.events.len();
-            }
+            self.held -= loaded.drop_before(since);
             if !loaded.events.is_empty() {
                 out.push((keys.clone(), loaded.events.clone()));
             }
@@ -361,12 +369,7 @@ impl Cached {
     /// the cache still knows it read it).
     fn drop_before(&mut self, since: i64) {
         for loaded in self.entities.values_mut() {
-            if loaded.since < since {
-                let before = loaded.events.len();
-                loaded.events.retain(|e| e.order.0 >= since);
-                loaded.since = since;
-                self.held -= before - loaded.events.len();
-            }
+            self.held -= loaded.drop_before(since);
         }
     }
 
