@@ -98,6 +98,77 @@ def test_every_global_batch_holds_the_largest_remainder_counts(tmp_path, batch_s
     assert len(got) == mixture.steps
 
 
+def test_each_batch_is_the_sources_next_rows_spread_evenly_and_cut_by_rank(tmp_path):
+    """Row for row against an oracle written here: a source's order is what a mixture
+    reading it alone yields (the others weighted 0, so its place and seeds are the same);
+    a step takes each source's next rows (the oracle's counts), lays them out by
+    ``(i + 0.5) / c_k`` (ties to the first source) and cuts them into ``world_size``
+    parts. Small windows and repeated passes, so a source's rows of a step cross both."""
+    _torch()
+    sets = {"a": make_set(tmp_path / "a", 3000, 0, group=100), "b": make_set(tmp_path / "b", 1100, 10 ** 6, group=100),
+            "c": make_set(tmp_path / "c", 700, 2 * 10 ** 6, group=100)}
+    names, batch, world, steps = ["a", "b", "c"], 37, 3, 60
+    first = {"a": 0, "b": 10 ** 6, "c": 2 * 10 ** 6}
+    rows = {"a": 3000, "b": 1100, "c": 700}
+    w = [Fraction(5, 10), Fraction(3, 10), Fraction(2, 10)]
+    read = dict(shuffle=True, seed=4, window_rows=256)
+    order = {}
+    for k, name in enumerate(names):
+        alone = qv.Mixture(sets, weights={n: (1 if n == name else 0) for n in names}, on_exhausted="repeat", steps=60)
+        order[name] = [i for b in alone.to_torch(batch_size=100, **read) for i in b["id"].tolist()]
+        n = rows[name]
+        assert sorted(order[name][:n]) == sorted(order[name][n:2 * n]) == list(range(first[name], first[name] + n))
+    mixture = qv.Mixture(sets, weights=dict(zip(names, w)), on_exhausted="repeat", steps=steps)
+    got = [[(b["id"].tolist(), b["source"].tolist()) for b in mixture.to_torch(batch_size=batch, rank=r, world_size=world, **read)]
+           for r in range(world)]
+    carry, at = [Fraction(0)] * 3, [0, 0, 0]
+    for s in range(steps):
+        counts = oracle(batch * world, w, carry)
+        laid = sorted((Fraction(2 * i + 1, 2 * counts[k]), k, order[names[k]][at[k] + i])
+                      for k in range(3) for i in range(counts[k]))
+        for k in range(3):
+            at[k] += counts[k]
+        g = len(laid)
+        for r in range(world):
+            part = laid[r * g // world:(r + 1) * g // world]
+            assert got[r][s] == ([i for _, _, i in part], [k for _, k, _ in part]), f"step {s}, rank {r}"
+    assert at[0] > 3000 and at[2] > 700, "sources a and c went into further passes"
+
+
+def test_the_quick_plan_of_a_steady_phase_is_the_step_by_step_plan():
+    """`Planner.advance` (remembered counts inside a phase no source finishes) against
+    `Planner.next` (every step worked out), over random mixtures, schedules, ramps and
+    policies: the same counts, starts and states."""
+    from quiver.mixture_plan import Planner, Schedule
+    rng = random.Random(5)
+    for trial in range(150):
+        n = rng.randint(1, 4)
+        names = [f"s{i}" for i in range(n)]
+        rows = [rng.randint(1, 3000) for _ in range(n)]
+        points, step = [], 0
+        for i in range(rng.randint(1, 3)):
+            ws = {nm: rng.choice([0, 1, 2, 0.3, 0.7, 5]) for nm in names}
+            ws[names[0]] = ws[names[0]] or (1 if not any(ws.values()) else 0)
+            points.append((step, ws) if i == 0 or rng.random() < 0.5 else (step, ws, "linear"))
+            step += rng.randint(1, 30)
+        policies = [rng.choice(["repeat", "stop", "drop"]) for _ in range(n)]
+        limit, total = rng.choice([50, 200, 3000]), rng.choice([1, 7, 64, 100])
+        slow, quick = (Planner(rows, Schedule(names, None, points), policies, limit) for _ in range(2))
+        while True:
+            takes, got = slow.next(total), quick.advance(total)
+            if takes is None:
+                assert got is None, trial
+                break
+            counts, starts = [0] * n, [0] * n
+            for k, p, a, b in takes:
+                starts[k] = starts[k] if counts[k] else p * rows[k] + a
+                counts[k] += b - a
+            assert got[0] == tuple(counts) and all(got[1][k] == starts[k] for k in range(n) if counts[k]), (trial, slow.step)
+            if rng.random() < 0.05:  # a state taken mid-epoch, and planning on after it
+                assert quick.state() == slow.state(), (trial, slow.step)
+        assert quick.state() == slow.state(), trial
+
+
 def test_a_schedule_changes_the_mix_at_the_step_it_names_and_ramps_linearly(tmp_path):
     _torch()
     sets = {"a": make_set(tmp_path / "a", 5000, 0), "b": make_set(tmp_path / "b", 5000, 10 ** 6)}
@@ -306,16 +377,24 @@ def test_torchrun_ranks_read_disjoint_rows_in_equal_batch_counts(abc, tmp_path):
     assert len(union) == seen[0]["planned"] and set(range(20_000, 20_100)) <= union
 
 
-def test_the_gather_checks_every_index_before_writing():
-    from quiver._quiver import gather_rows
+def test_the_interleave_checks_every_run_before_writing():
+    from quiver._quiver import interleave_rows
     a, b = np.arange(5, dtype=np.float64), np.arange(10, 13, dtype=np.float64)
-    out = np.zeros(4)
-    which, at = np.array([1, 0, 1, 0], dtype=np.int64), np.array([2, 4, 0, 1], dtype=np.int64)
-    gather_rows([out.view(np.uint8)], [[a.view(np.uint8)], [b.view(np.uint8)]], which, at, [8])
-    assert out.tolist() == [12.0, 4.0, 10.0, 1.0]
+    c = np.arange(20, 24, dtype=np.float64)
+    out = np.zeros(6)
+    slots = [[a.view(np.uint8)], [b.view(np.uint8)], [c.view(np.uint8)]]
+    # Source 0 reads a[3..5], then c[0..2] in two runs (an empty one between); source 1 b[1..3].
+    source = np.array([1, 0, 0, 1, 0, 0], dtype=np.int64)
+    runs = np.array([[0, 0, 3, 2], [1, 1, 1, 2], [0, 2, 0, 1], [0, 1, 0, 0], [0, 2, 1, 1]], dtype=np.int64)
+    interleave_rows([out.view(np.uint8)], slots, source, runs, [8])
+    assert out.tolist() == [11.0, 3.0, 4.0, 12.0, 20.0, 21.0]
     out[:] = -1
-    with pytest.raises(ValueError, match="row 3 reads row 5 of source 0, which has 5"):
-        gather_rows([out.view(np.uint8)], [[a.view(np.uint8)], [b.view(np.uint8)]], which, np.array([2, 4, 0, 5]), [8])
-    with pytest.raises(ValueError, match="row 0 names source 2 of 2"):
-        gather_rows([out.view(np.uint8)], [[a.view(np.uint8)], [b.view(np.uint8)]], np.array([2, 0, 0, 0]), at, [8])
-    assert out.tolist() == [-1.0] * 4, "nothing written before the indexes are checked"
+    with pytest.raises(ValueError, match=r"run 0 reads rows 3..6 of window 0, which has 5"):
+        interleave_rows([out.view(np.uint8)], slots, source, np.array([[0, 0, 3, 3], [1, 1, 1, 2]]), [8])
+    with pytest.raises(ValueError, match="source 0's runs hold 2 rows, the rows ask for 4"):
+        interleave_rows([out.view(np.uint8)], slots, source, runs[:2], [8])
+    with pytest.raises(ValueError, match="row 0 is of source 3, which has no runs"):
+        interleave_rows([out.view(np.uint8)], slots, np.array([3, 0, 0, 1, 0, 0]), runs, [8])
+    with pytest.raises(ValueError, match="run 1 reads window 7 of 3"):
+        interleave_rows([out.view(np.uint8)], slots, source, np.array([[0, 0, 3, 2], [1, 7, 0, 2]]), [8])
+    assert out.tolist() == [-1.0] * 6, "nothing written before the runs are checked"

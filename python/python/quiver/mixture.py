@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._quiver import ValidationError, gather_rows
+from ._quiver import ValidationError, interleave_rows
 from .loader import WINDOW_ROWS, Columns, check_loader_options, counted_loader, default_rank, window_tensors
 from .mixture_plan import POLICIES, Planner, Schedule, step_counts  # noqa: F401  (step_counts: re-exported)
 from .mixture_read import SourceOrder, _WindowStore
@@ -214,13 +214,14 @@ def _fingerprint(data: Any) -> Dict[str, Any]:
             "columns": list(data.columns[0].names), "vocabularies": data.vocabularies}
 
 
-def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray]:
-    """This rank's rows of a step that takes ``counts`` rows from the sources: each as
-    (source, offset among that source's rows of the step), in batch order. The step's
-    rows are laid out with every source spread evenly (source ``k``'s ``i``-th row at
-    ``(i + 0.5) / counts[k]``, ties to the first source) and cut into ``world_size``
-    contiguous parts, rank ``r`` taking part ``r``: every rank's batch holds about each
-    source's share, and a source's rows on one rank are consecutive rows of its order."""
+def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, List[int], List[int]]:
+    """This rank's part of a step that takes ``counts`` rows from the sources: the source
+    of each of its rows, in batch order, and per source the first of the step's rows of
+    that source it takes (its place among them) and how many. The step's rows are laid
+    out with every source spread evenly (source ``k``'s ``i``-th row at ``(i + 0.5) /
+    counts[k]``, ties to the first source) and cut into ``world_size`` contiguous parts,
+    rank ``r`` taking part ``r``: every rank's batch holds about each source's share, and
+    a source's rows on one rank are consecutive rows of its order."""
     hit = data._splits.get(counts)
     if hit is not None:
         return hit
@@ -232,7 +233,10 @@ def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray]:
     order = np.lexsort((ks, keys))
     lo, hi = data.rank * g // data.world_size, (data.rank + 1) * g // data.world_size
     mine = order[lo:hi]
-    data._splits[counts] = (ks[mine], offs[mine])
+    first = np.full(len(c), g, dtype=np.int64)
+    np.minimum.at(first, ks[mine], offs[mine])
+    many = np.bincount(ks[mine], minlength=len(c))
+    data._splits[counts] = (np.ascontiguousarray(ks[mine]), first.tolist(), many.tolist())
     return data._splits[counts]
 
 
@@ -242,56 +246,45 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
     steps planned)``, the steps of another worker planned but not read. ``None`` at the
     epoch's end. ``window(k, pass, j)`` gives source ``k``'s window ``j`` of a pass."""
     total = data.batch_size * data.world_size
-    rows = planner.rows
-    n_src = len(rows)
     kept: List[Tuple[Tuple[int, ...], List[int]]] = []
     planned = 0
     while planned < limit:
-        takes = planner.next(total)
-        if takes is None:
+        got = planner.advance(total)
+        if got is None:
             break
         if (first_step + planned) % workers == worker:
-            counts = [0] * n_src
-            starts = [-1] * n_src
-            for k, p, a, b in takes:  # a source's takes in a step are consecutive in its order
-                if starts[k] < 0:
-                    starts[k] = p * rows[k] + a
-                counts[k] += b - a
-            kept.append((tuple(counts), starts))
+            kept.append(got)
         planned += 1
     if not planned:
         return None
     if not kept:
         return {}, [], planned
-    # Each kept step: this rank's rows as (source, sequence position), in batch order.
-    srcs, poss, sizes = [], [], []
-    for counts, starts in kept:
-        rk, ro = _split(data, counts)
-        srcs.append(rk)
-        poss.append(np.asarray(starts, dtype=np.int64)[rk] + ro)
-        sizes.append(len(rk))
-    src = np.concatenate(srcs)
-    pos = np.concatenate(poss)
-    n = len(src)
-    # Where each row comes from: a window (`slots`) and its place there as read.
+    # Each kept step: this rank's rows' sources in batch order, and each source's rows
+    # as runs of consecutive rows of its windows (`slots`), in the order it gives them.
+    rows, w = planner.rows, data.window_rows
+    patterns, sizes = [], []
+    runs: List[Tuple[int, int, int, int]] = []
     slots: List[Dict[str, np.ndarray]] = []
-    which = np.empty(n, dtype=np.int64)
-    at = np.empty(n, dtype=np.int64)
-    w = data.window_rows
-    for k in range(n_src):
-        dest = np.flatnonzero(src == k)
-        if not len(dest):
-            continue
-        per = rows[k] // w + 1
-        passes, inpass = np.divmod(pos[dest], rows[k])
-        group = passes * per + inpass // w
-        first, last = int(group[0]), int(group[-1])
-        for key in ([first] if first == last else np.unique(group).tolist()):
-            sel = slice(None) if first == last else (group == key)
-            p, j = divmod(key, per)
-            which[dest[sel]] = len(slots)
-            at[dest[sel]] = inpass[sel] - j * w
-            slots.append(window(k, p, j))
+    slot_of: Dict[Tuple[int, int, int], int] = {}
+    for counts, starts in kept:
+        pattern, first, many = _split(data, counts)
+        patterns.append(pattern)
+        sizes.append(len(pattern))
+        for k, m in enumerate(many):
+            seq = starts[k] + first[k]
+            while m:
+                p, inpass = divmod(seq, rows[k])
+                j, off = divmod(inpass, w)
+                take = min(m, w - off, rows[k] - inpass)
+                key = (k, p, j)
+                slot = slot_of.get(key)
+                if slot is None:
+                    slot = slot_of[key] = len(slots)
+                    slots.append(window(k, p, j))
+                runs.append((k, slot, off, take))
+                seq += take
+                m -= take
+    src = np.concatenate(patterns)
     out: Dict[str, np.ndarray] = {}
     for c in data.names:
         parts = [slot[c] for slot in slots]
@@ -300,11 +293,12 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
             raise ValidationError(f"column `{c}`: the sets give it different shapes or types "
                                   f"({sorted({(str(q.dtype), q.shape[1:]) for q in parts})}): lists must be of one length "
                                   f"in every set (pad them before the export)")
-        out[c] = np.empty((n,) + shape, dtype=dtype)
+        out[c] = np.empty((len(src),) + shape, dtype=dtype)
     names = list(data.names)
-    gather_rows([out[c].reshape(-1).view(np.uint8) for c in names],
-                [[slot[c].reshape(-1).view(np.uint8) for c in names] for slot in slots], which, at,
-                [out[c].itemsize * int(np.prod(out[c].shape[1:], dtype=np.int64)) for c in names])
+    interleave_rows([out[c].reshape(-1).view(np.uint8) for c in names],
+                    [[slot[c].reshape(-1).view(np.uint8) for c in names] for slot in slots], src,
+                    np.asarray(runs, dtype=np.int64).reshape(-1, 4),
+                    [out[c].itemsize * int(np.prod(out[c].shape[1:], dtype=np.int64)) for c in names])
     out["source"] = src
     return out, sizes, planned
 
@@ -342,7 +336,7 @@ def _torch_class() -> Any:
             self._orders()
 
         def _orders(self) -> None:
-            self._splits: Dict[Tuple[int, ...], Tuple[np.ndarray, np.ndarray]] = {}
+            self._splits: Dict[Tuple[int, ...], Tuple[np.ndarray, List[int], List[int]]] = {}
             self.orders = [SourceOrder(k, ts.files, ts.format, lay[0], lay[1], cols, self.seed, self.epoch, self.shuffle,
                                        self.window_rows)
                            for k, (ts, lay, cols) in enumerate(zip(self.mixture.sets, self.layouts, self.columns))]
@@ -367,7 +361,7 @@ def _torch_class() -> Any:
             p = self._planner(self.start)
             total = self.batch_size * self.world_size
             for _ in range(steps):
-                if p.next(total) is None:
+                if p.advance(total) is None:
                     break
             return p
 
@@ -376,7 +370,7 @@ def _torch_class() -> Any:
             p = self._planner(self.start)
             total = self.batch_size * self.world_size
             n = 0
-            while p.next(total) is not None:
+            while p.advance(total) is not None:
                 n += 1
             return n
 
@@ -483,14 +477,20 @@ def _torch_class() -> Any:
             seen: set = set()
             out: List[Tuple[int, int, int]] = []
             while True:
-                takes = p.next(total)
-                if takes is None:
+                got = p.advance(total)
+                if got is None:
                     return out
-                for k, ps, a, b in takes:
-                    for j in range(a // w, (b - 1) // w + 1):
+                for k, (c, a) in enumerate(zip(*got)):
+                    n = p.rows[k]
+                    # The step's rows of source `k` are sequence positions a .. a + c.
+                    at = a
+                    while at < a + c:
+                        ps, inpass = divmod(at, n)
+                        j = inpass // w
                         if (k, ps, j) not in seen:
                             seen.add((k, ps, j))
                             out.append((k, ps, j))
+                        at += min(w * (j + 1), n) - inpass
 
         def loader(self, num_workers: int = 0, **kwargs: Any):
             """An iterable of this rank's batches that counts them for ``state_dict()``.

@@ -141,6 +141,10 @@ class Planner:
         self._units: List[int] = []
         self._sig: Any = None
         self._weights: List[Fraction] = []
+        self._memo: Dict[Tuple[int, ...], Tuple[Tuple[int, ...], List[int]]] = {}
+        # `advance`'s quick path: the global batch and the step before which the weights
+        # stay those entered (a phase without a ramp), or None.
+        self._steady: Optional[Tuple[int, int]] = None
 
     def _enter(self, total: int, weights: List[Fraction]) -> None:
         """Keeps the carry in whole numbers over one denominator while ``weights`` hold."""
@@ -154,13 +158,24 @@ class Planner:
         unit = math.lcm(whole, *[c.denominator for c in self.carry])
         self._key, self._ints = key, (a, whole, unit)
         self._units = [int(c * unit) for c in self.carry]
+        self._memo = {}
 
     def _step(self, total: int) -> List[int]:
         """`step_counts(total, weights, self.carry)` for the weights entered, in whole
         numbers."""
+        counts, self._units = self._counts(total, self._units)
+        return list(counts)
+
+    def _counts(self, total: int, units: List[int]) -> Tuple[Tuple[int, ...], List[int]]:
+        """A step's counts from the carry ``units`` and the carry after it (``units``
+        untouched); remembered by carry while the weights hold, so the steps of a phase
+        repeat a few of them."""
+        key = tuple(units)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
         a, whole, unit = self._ints
         scale = unit // whole
-        units = self._units
         floors = [total * x // whole for x in a]
         rems = [total * x % whole for x in a]
         extra = total - sum(floors)
@@ -170,16 +185,19 @@ class Planner:
         counts = list(floors)
         for k in eligible[:extra]:
             counts[k] += 1
-        for k in range(len(a)):
-            units[k] = deficit[k] - (counts[k] - floors[k]) * unit
-        return counts
+        after = [deficit[k] - (counts[k] - floors[k]) * unit for k in range(len(a))]
+        if len(self._memo) < 4096:
+            self._memo[key] = (tuple(counts), after)
+        return tuple(counts), after
 
     def _sync(self) -> None:
-        """The carry back from whole numbers to fractions."""
+        """The carry back from whole numbers to fractions (the next step enters the
+        weights again)."""
+        self._steady = None
         if self._key is not None:
             unit = self._ints[2]
             self.carry = [Fraction(u, unit) for u in self._units]
-            self._key = None
+            self._key = self._sig = None
 
     def state(self) -> Dict[str, Any]:
         self._sync()
@@ -188,7 +206,7 @@ class Planner:
                 "read_by_phase": {str(p): list(v) for p, v in self.read_by_phase.items()}, "ended": self.ended}
 
     def load(self, state: Mapping[str, Any]) -> None:
-        self._key = self._sig = None
+        self._key = self._sig = self._steady = None
         self.step = int(state["step"])
         self.passes, self.position = [int(x) for x in state["passes"]], [int(x) for x in state["position"]]
         self.carry = [Fraction(c) for c in state["carry"]]
@@ -217,6 +235,7 @@ class Planner:
                 return None
             self._enter(total, active)
             self._sig, self._weights = sig, weights
+        self._steady = None
         counts = self._step(total)
         takes: List[Tuple[int, int, int, int]] = []
         final = False
@@ -255,7 +274,42 @@ class Planner:
         self.step += 1
         if final or all(self.dropped):
             self.ended = True
+        elif not ramp and sig == self._sig and tuple(self.dropped) == sig[2]:
+            nxt = [at for at, _, _ in self.schedule.points if at > self.step - 1]
+            self._steady = (total, nxt[0] if nxt else -1)
         return takes
+
+    def advance(self, total: int) -> Optional[Tuple[Tuple[int, ...], List[int]]]:
+        """The next step as ``(counts, starts)``: the rows it takes from each source and
+        where in the source's sequence of passes they start (``pass * rows + position``;
+        a source's rows of a step are consecutive there), or ``None`` when the epoch is
+        over. The same plan as :meth:`next`; a step inside a phase that no source
+        finishes is planned from the remembered counts."""
+        steady = self._steady
+        if (steady is not None and steady[0] == total and (steady[1] < 0 or self.step < steady[1])
+                and (self.limit is None or self.step < self.limit)):
+            counts, after = self._counts(total, self._units)
+            rows, position = self.rows, self.position
+            if all(c == 0 or c < rows[k] - position[k] for k, c in enumerate(counts)):
+                starts = [p * r + q for p, r, q in zip(self.passes, rows, position)]
+                by_phase = self.read_by_phase[self._sig[0]]
+                for k, c in enumerate(counts):
+                    position[k] += c
+                    self.read[k] += c
+                    by_phase[k] += c
+                self._units = after
+                self.step += 1
+                return counts, starts
+        takes = self.next(total)
+        if takes is None:
+            return None
+        counts_l = [0] * len(self.rows)
+        starts_l = [0] * len(self.rows)
+        for k, p, a, b in takes:
+            if counts_l[k] == 0:
+                starts_l[k] = p * self.rows[k] + a
+            counts_l[k] += b - a
+        return tuple(counts_l), starts_l
 
     def _take(self, k: int, want: int, takes: List[Tuple[int, int, int, int]]) -> int:
         """Up to ``want`` rows of source ``k`` from its position (a `repeat` source goes
