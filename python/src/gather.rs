@@ -1,36 +1,36 @@
-//! The mixture's assembly of batches (docs/mixing.md): a chunk's columns written row by
-//! row from its sources' windows, each source read straight on through runs of
-//! consecutive rows — one pass per column, reading sequentially, where a gather by row
-//! index would read an index per element and numpy would take two passes (a gather per
-//! source, then a scatter into place).
+//! The mixture's assembly of batches (docs/mixing.md): a chunk's columns written from
+//! runs of consecutive rows of its sources' windows, each run's rows put at the places a
+//! step's layout gives them — one pass per column, reading each run straight on and
+//! writing within one batch, where a gather by row index would read an index per element
+//! and numpy would take two passes (a gather per source, then a scatter into place).
 
 use pyo3::buffer::{PyBuffer, ReadOnlyCell};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-/// Fills `outs` (one C-contiguous byte buffer per column, `itemsizes[c]` bytes a row):
-/// row `i` is the next unread row of source `source[i]`. A source's rows are read in the
-/// order of its `runs`, rows `(k, slot, start, len)` of an int64 `(m, 4)` array: `len`
-/// rows of window `slots[slot]` (its columns as C-contiguous byte buffers) from row
-/// `start`, for source `k`. Everything is checked before anything is written: a run
-/// outside its window, or a source with more or fewer rows in its runs than `source`
-/// asks of it, is a `ValueError` naming it.
+/// Fills `outs` (one C-contiguous byte buffer per column, `itemsizes[c]` bytes a row,
+/// `rows` rows) from `runs`, rows `(slot, start, len, base, at)` of an int64 `(m, 5)`
+/// array: rows `start .. start + len` of window `slots[slot]` (its columns as
+/// C-contiguous byte buffers) go to output rows `base + places[at + i]`, `places` an
+/// int64 array. Every run and place is checked before anything is written: one outside
+/// its window or the output is a `ValueError` naming the run.
 #[pyfunction]
-pub fn interleave_rows(
+pub fn place_runs(
     outs: Vec<Bound<'_, PyAny>>,
+    rows: usize,
     slots: Vec<Vec<Bound<'_, PyAny>>>,
-    source: &Bound<'_, PyAny>,
     runs: &Bound<'_, PyAny>,
+    places: &Bound<'_, PyAny>,
     itemsizes: Vec<usize>,
 ) -> PyResult<()> {
-    let py = source.py();
-    let bad = |m: String| PyValueError::new_err(format!("interleave_rows: {m}"));
-    let source = PyBuffer::<i64>::get(source)?;
-    let source = source.as_slice(py).ok_or_else(|| bad("`source` is not C-contiguous".into()))?;
+    let py = runs.py();
+    let bad = |m: String| PyValueError::new_err(format!("place_runs: {m}"));
     let runs = PyBuffer::<i64>::get(runs)?;
     let runs = runs.as_slice(py).ok_or_else(|| bad("`runs` is not C-contiguous".into()))?;
-    if runs.len() % 4 != 0 || outs.len() != itemsizes.len() || itemsizes.contains(&0) {
-        return Err(bad(format!("{} run fields (4 a run), {} columns out, item sizes {itemsizes:?}", runs.len(), outs.len())));
+    let places = PyBuffer::<i64>::get(places)?;
+    let places = places.as_slice(py).ok_or_else(|| bad("`places` is not C-contiguous".into()))?;
+    if runs.len() % 5 != 0 || outs.len() != itemsizes.len() || itemsizes.contains(&0) {
+        return Err(bad(format!("{} run fields (5 a run), {} columns out, item sizes {itemsizes:?}", runs.len(), outs.len())));
     }
     let outs: Vec<PyBuffer<u8>> = outs.iter().map(PyBuffer::<u8>::get).collect::<PyResult<_>>()?;
     let slots: Vec<Vec<PyBuffer<u8>>> =
@@ -47,125 +47,80 @@ pub fn interleave_rows(
         }
         held.push(counts.first().copied().unwrap_or(0));
     }
-    // The runs, checked, as each source's queue.
-    let mut queues: Vec<Vec<Run>> = Vec::new();
-    for (r, run) in runs.chunks_exact(4).enumerate() {
-        let [k, slot, start, len] = [run[0].get(), run[1].get(), run[2].get(), run[3].get()];
-        let (Ok(k), Ok(slot), Ok(start), Ok(len)) =
-            (usize::try_from(k), usize::try_from(slot), usize::try_from(start), usize::try_from(len))
-        else {
-            return Err(bad(format!("run {r} has a negative field: {:?}", [k, slot, start, len])));
+    let mut checked = Vec::with_capacity(runs.len() / 5);
+    for (r, run) in runs.chunks_exact(5).enumerate() {
+        let fields: [i64; 5] = std::array::from_fn(|i| run[i].get());
+        let [Ok(slot), Ok(start), Ok(len), Ok(base), Ok(at)] = fields.map(usize::try_from) else {
+            return Err(bad(format!("run {r} has a negative field: {fields:?}")));
         };
-        let Some(&rows) = held.get(slot) else {
+        let Some(&held) = held.get(slot) else {
             return Err(bad(format!("run {r} reads window {slot} of {}", held.len())));
         };
-        if start.checked_add(len).is_none_or(|end| end > rows) {
-            return Err(bad(format!("run {r} reads rows {start}..{} of window {slot}, which has {rows}", start.saturating_add(len))));
+        if start.checked_add(len).is_none_or(|end| end > held) {
+            return Err(bad(format!("run {r} reads rows {start}..{} of window {slot}, which has {held}", start.saturating_add(len))));
         }
-        if len == 0 {
-            continue;
+        let Some(to) = at.checked_add(len).and_then(|end| places.get(at..end)) else {
+            return Err(bad(format!("run {r} takes places {at}..{} of {}", at.saturating_add(len), places.len())));
+        };
+        if let Some(p) =
+            to.iter().map(|p| p.get()).find(|&p| !usize::try_from(p).is_ok_and(|p| base.checked_add(p).is_some_and(|i| i < rows)))
+        {
+            return Err(bad(format!("run {r} puts a row at {base} + {p}, outside the {rows} rows out")));
         }
-        if queues.len() <= k {
-            queues.resize_with(k + 1, Vec::new);
-        }
-        queues[k].push(Run { slot, start, len });
+        checked.push(Run { slot, start, base, to });
     }
-    let mut asked = vec![0usize; queues.len()];
-    for (i, k) in source.iter().enumerate() {
-        let k = k.get();
-        match usize::try_from(k).ok().filter(|&k| k < asked.len()) {
-            Some(k) => asked[k] += 1,
-            None => return Err(bad(format!("row {i} is of source {k}, which has no runs"))),
-        }
-    }
-    for (k, (queue, &asked)) in queues.iter().zip(&asked).enumerate() {
-        let given: usize = queue.iter().map(|r| r.len).sum();
-        if given != asked {
-            return Err(bad(format!("source {k}'s runs hold {given} rows, the rows ask for {asked}")));
-        }
-    }
-    let n = source.len();
     for (c, (out, &size)) in outs.iter().zip(&itemsizes).enumerate() {
         let dst = out.as_mut_slice(py).ok_or_else(|| bad(format!("column {c} out is not a writable C-contiguous buffer")))?;
-        if dst.len() != n * size {
-            return Err(bad(format!("column {c} out holds {} bytes, not {}", dst.len(), n * size)));
+        if dst.len() != rows * size {
+            return Err(bad(format!("column {c} out holds {} bytes, not {}", dst.len(), rows * size)));
         }
         let bases: Vec<*const u8> = slots
             .iter()
             .map(|cols| cols[c].as_slice(py).map(|s| s.as_ptr().cast::<u8>()))
             .collect::<Option<_>>()
             .ok_or_else(|| bad(format!("a window's column {c} is not C-contiguous")))?;
-        let column = Column { source, queues: &queues, bases: &bases, to: dst.as_ptr().cast::<u8>().cast_mut() };
-        match size {
-            8 => column.fill::<8>(),
-            4 => column.fill::<4>(),
-            2 => column.fill::<2>(),
-            1 => column.fill::<1>(),
-            size => column.fill_sized(size),
+        let to = dst.as_ptr().cast::<u8>().cast_mut();
+        for run in &checked {
+            let from = bases[run.slot];
+            match size {
+                8 => run.place::<8>(from, to),
+                4 => run.place::<4>(from, to),
+                2 => run.place::<2>(from, to),
+                1 => run.place::<1>(from, to),
+                size => run.place_sized(size, from, to),
+            }
         }
     }
     Ok(())
 }
 
-/// `len` consecutive rows of a window from row `start`.
-struct Run {
+/// A run, checked: its rows lie inside window `slot` from row `start`, and `base + p` is
+/// an output row for each of its places `p`.
+struct Run<'a> {
     slot: usize,
     start: usize,
-    len: usize,
+    base: usize,
+    to: &'a [ReadOnlyCell<i64>],
 }
 
-/// One column's writing: every row's source checked to have exactly as many rows in its
-/// runs as the rows ask of it, every run inside its window.
-struct Column<'a> {
-    source: &'a [ReadOnlyCell<i64>],
-    queues: &'a [Vec<Run>],
-    bases: &'a [*const u8],
-    to: *mut u8,
-}
-
-/// Where a source is in its runs.
-#[derive(Clone, Copy)]
-struct Cursor {
-    next: usize,
-    from: *const u8,
-    left: usize,
-}
-
-impl Column<'_> {
-    fn fill<const N: usize>(&self) {
-        self.fill_by(N, |from, to| {
-            // SAFETY: `from` is inside a window's column and `to` inside the output (see
-            // `fill_by`); `N` bytes each, and the output is an array of its own.
-            unsafe { std::ptr::copy_nonoverlapping(from, to, N) }
-        });
-    }
-
-    fn fill_sized(&self, size: usize) {
-        self.fill_by(size, |from, to| {
-            // SAFETY: as in `fill`, with rows of `size` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(from, to, size) }
-        });
-    }
-
-    #[inline(always)]
-    fn fill_by(&self, size: usize, copy: impl Fn(*const u8, *mut u8)) {
-        let mut at = vec![Cursor { next: 0, from: std::ptr::null(), left: 0 }; self.queues.len()];
-        for (i, k) in self.source.iter().enumerate() {
-            let cur = &mut at[k.get() as usize];
-            while cur.left == 0 {
-                // `interleave_rows` checked that source `k`'s runs hold exactly the rows
-                // asked of it, so a row asked finds its run.
-                let run = &self.queues[k.get() as usize][cur.next];
-                cur.next += 1;
-                // SAFETY: the run lies inside its window (checked), each row `size` bytes.
-                cur.from = unsafe { self.bases[run.slot].add(run.start * size) };
-                cur.left = run.len;
+impl Run<'_> {
+    fn place<const N: usize>(&self, from: *const u8, to: *mut u8) {
+        for (i, p) in self.to.iter().enumerate() {
+            // SAFETY: `place_runs` checked that rows `start .. start + len` lie inside the
+            // window's column and that `base + p` is below the output's rows, rows `N`
+            // bytes each; the output is an array of its own, so nothing overlaps.
+            unsafe {
+                std::ptr::copy_nonoverlapping(from.add((self.start + i) * N), to.add((self.base + p.get() as usize) * N), N);
             }
-            // SAFETY: `cur.from` is a row inside the current run; `to` holds `source.len()`
-            // rows of `size` bytes (checked).
-            copy(cur.from, unsafe { self.to.add(i * size) });
-            cur.from = cur.from.wrapping_add(size);
-            cur.left -= 1;
+        }
+    }
+
+    fn place_sized(&self, size: usize, from: *const u8, to: *mut u8) {
+        for (i, p) in self.to.iter().enumerate() {
+            // SAFETY: as in `place`, with rows of `size` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(from.add((self.start + i) * size), to.add((self.base + p.get() as usize) * size), size);
+            }
         }
     }
 }

@@ -377,24 +377,26 @@ def test_torchrun_ranks_read_disjoint_rows_in_equal_batch_counts(abc, tmp_path):
     assert len(union) == seen[0]["planned"] and set(range(20_000, 20_100)) <= union
 
 
-def test_the_interleave_checks_every_run_before_writing():
-    from quiver._quiver import interleave_rows
+def test_placing_runs_checks_every_run_before_writing():
+    from quiver._quiver import place_runs
     a, b = np.arange(5, dtype=np.float64), np.arange(10, 13, dtype=np.float64)
-    c = np.arange(20, 24, dtype=np.float64)
-    out = np.zeros(6)
-    slots = [[a.view(np.uint8)], [b.view(np.uint8)], [c.view(np.uint8)]]
-    # Source 0 reads a[3..5], then c[0..2] in two runs (an empty one between); source 1 b[1..3].
-    source = np.array([1, 0, 0, 1, 0, 0], dtype=np.int64)
-    runs = np.array([[0, 0, 3, 2], [1, 1, 1, 2], [0, 2, 0, 1], [0, 1, 0, 0], [0, 2, 1, 1]], dtype=np.int64)
-    interleave_rows([out.view(np.uint8)], slots, source, runs, [8])
-    assert out.tolist() == [11.0, 3.0, 4.0, 12.0, 20.0, 21.0]
+    out = np.zeros(5)
+    slots = [[a.view(np.uint8)], [b.view(np.uint8)]]
+    # a[3..5] to rows 1 and 0 of the first batch (rows 0-1), b[0..3] (in two runs) to
+    # rows 2, 0, 1 of the second (rows 2-4: base 2).
+    places = np.array([1, 0, 2, 0, 1], dtype=np.int64)
+    runs = np.array([[0, 3, 2, 0, 0], [1, 0, 1, 2, 2], [1, 1, 2, 2, 3]], dtype=np.int64)
+    place_runs([out.view(np.uint8)], 5, slots, runs, places, [8])
+    assert out.tolist() == [4.0, 3.0, 11.0, 12.0, 10.0]
     out[:] = -1
-    with pytest.raises(ValueError, match=r"run 0 reads rows 3..6 of window 0, which has 5"):
-        interleave_rows([out.view(np.uint8)], slots, source, np.array([[0, 0, 3, 3], [1, 1, 1, 2]]), [8])
-    with pytest.raises(ValueError, match="source 0's runs hold 2 rows, the rows ask for 4"):
-        interleave_rows([out.view(np.uint8)], slots, source, runs[:2], [8])
-    with pytest.raises(ValueError, match="row 0 is of source 3, which has no runs"):
-        interleave_rows([out.view(np.uint8)], slots, np.array([3, 0, 0, 1, 0, 0]), runs, [8])
-    with pytest.raises(ValueError, match="run 1 reads window 7 of 3"):
-        interleave_rows([out.view(np.uint8)], slots, source, np.array([[0, 0, 3, 2], [1, 7, 0, 2]]), [8])
-    assert out.tolist() == [-1.0] * 6, "nothing written before the runs are checked"
+    with pytest.raises(ValueError, match=r"run 1 reads rows 1..4 of window 1, which has 3"):
+        place_runs([out.view(np.uint8)], 5, slots, np.array([[0, 3, 2, 0, 0], [1, 1, 3, 2, 0]]), places, [8])
+    with pytest.raises(ValueError, match="run 0 reads window 2 of 2"):
+        place_runs([out.view(np.uint8)], 5, slots, np.array([[2, 0, 1, 0, 0]]), places, [8])
+    with pytest.raises(ValueError, match=r"run 0 takes places 4..6 of 5"):
+        place_runs([out.view(np.uint8)], 5, slots, np.array([[0, 0, 2, 0, 4]]), places, [8])
+    with pytest.raises(ValueError, match=r"run 0 puts a row at 4 \+ 1, outside the 5 rows out"):
+        place_runs([out.view(np.uint8)], 5, slots, np.array([[0, 0, 2, 4, 0]]), places, [8])
+    with pytest.raises(ValueError, match="run 0 has a negative field"):
+        place_runs([out.view(np.uint8)], 5, slots, np.array([[0, -1, 2, 0, 0]]), places, [8])
+    assert out.tolist() == [-1.0] * 5, "nothing written before the runs are checked"

@@ -18,11 +18,11 @@ __all__ = [
     "get_historical_features",
     "get_online_features",
     "ingest",
-    "interleave_rows",
     "materialize",
     "materialize_incremental",
     "monitor",
     "parse_time",
+    "place_runs",
     "plan",
     "push",
     "registry_json",
@@ -78,5 +78,5 @@ def verify_sample(repo: str, n: int) -> List[Tuple[str, int, int, int, int, List
 def monitor(repo: str, reference: str, current: str, features: List[str] = ..., service: Optional[str] = None) -> str: ...
 def parse_time(what: str, text: str) -> str: ...
 def flush_lineage() -> None: ...
-def interleave_rows(outs: List[Any], slots: List[List[Any]], source: Any, runs: Any, itemsizes: List[int]) -> None: ...
+def place_runs(outs: List[Any], rows: int, slots: List[List[Any]], runs: Any, places: Any, itemsizes: List[int]) -> None: ...
 def _sleep(seconds: float) -> None: ...

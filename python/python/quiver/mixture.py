@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._quiver import ValidationError, interleave_rows
+from ._quiver import ValidationError, place_runs
 from .loader import WINDOW_ROWS, Columns, check_loader_options, counted_loader, default_rank, window_tensors
 from .mixture_plan import POLICIES, Planner, Schedule, step_counts  # noqa: F401  (step_counts: re-exported)
 from .mixture_read import SourceOrder, _WindowStore
@@ -214,10 +214,11 @@ def _fingerprint(data: Any) -> Dict[str, Any]:
             "columns": list(data.columns[0].names), "vocabularies": data.vocabularies}
 
 
-def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, List[int], List[int]]:
+def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, List[int], List[int], np.ndarray, List[int]]:
     """This rank's part of a step that takes ``counts`` rows from the sources: the source
-    of each of its rows, in batch order, and per source the first of the step's rows of
-    that source it takes (its place among them) and how many. The step's rows are laid
+    of each of its rows, in batch order; per source the first of the step's rows of that
+    source it takes (its place among them) and how many; and where in the batch each
+    source's rows go (``places``, source ``k``'s from ``places_at[k]``). The step's rows are laid
     out with every source spread evenly (source ``k``'s ``i``-th row at ``(i + 0.5) /
     counts[k]``, ties to the first source) and cut into ``world_size`` contiguous parts,
     rank ``r`` taking part ``r``: every rank's batch holds about each source's share, and
@@ -233,10 +234,14 @@ def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, List[int], L
     order = np.lexsort((ks, keys))
     lo, hi = data.rank * g // data.world_size, (data.rank + 1) * g // data.world_size
     mine = order[lo:hi]
+    pattern = np.ascontiguousarray(ks[mine])
     first = np.full(len(c), g, dtype=np.int64)
-    np.minimum.at(first, ks[mine], offs[mine])
-    many = np.bincount(ks[mine], minlength=len(c))
-    data._splits[counts] = (np.ascontiguousarray(ks[mine]), first.tolist(), many.tolist())
+    np.minimum.at(first, pattern, offs[mine])
+    many = np.bincount(pattern, minlength=len(c))
+    # A source's rows on this rank, in its order, go where it stands in the pattern.
+    places = np.argsort(pattern, kind="stable").astype(np.int64)
+    places_at = (np.cumsum(many) - many).tolist()
+    data._splits[counts] = (pattern, first.tolist(), many.tolist(), places, places_at)
     return data._splits[counts]
 
 
@@ -260,18 +265,27 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
     if not kept:
         return {}, [], planned
     # Each kept step: this rank's rows' sources in batch order, and each source's rows
-    # as runs of consecutive rows of its windows (`slots`), in the order it gives them.
+    # as runs of consecutive rows of its windows (`slots`), each row put at its place in
+    # the step's batch (`places`, one copy per layout in the chunk).
     rows, w = planner.rows, data.window_rows
     patterns, sizes = [], []
-    runs: List[Tuple[int, int, int, int]] = []
+    runs: List[Tuple[int, int, int, int, int]] = []
     slots: List[Dict[str, np.ndarray]] = []
     slot_of: Dict[Tuple[int, int, int], int] = {}
+    layouts: List[np.ndarray] = []
+    layout_at: Dict[Tuple[int, ...], int] = {}
+    placed = out_row = 0
     for counts, starts in kept:
-        pattern, first, many = _split(data, counts)
+        pattern, first, many, places, places_at = _split(data, counts)
+        base = layout_at.get(counts)
+        if base is None:
+            base = layout_at[counts] = placed
+            layouts.append(places)
+            placed += len(places)
         patterns.append(pattern)
         sizes.append(len(pattern))
         for k, m in enumerate(many):
-            seq = starts[k] + first[k]
+            seq, at = starts[k] + first[k], base + places_at[k]
             while m:
                 p, inpass = divmod(seq, rows[k])
                 j, off = divmod(inpass, w)
@@ -281,9 +295,11 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
                 if slot is None:
                     slot = slot_of[key] = len(slots)
                     slots.append(window(k, p, j))
-                runs.append((k, slot, off, take))
+                runs.append((slot, off, take, out_row, at))
                 seq += take
+                at += take
                 m -= take
+        out_row += len(pattern)
     src = np.concatenate(patterns)
     out: Dict[str, np.ndarray] = {}
     for c in data.names:
@@ -295,10 +311,10 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
                                   f"in every set (pad them before the export)")
         out[c] = np.empty((len(src),) + shape, dtype=dtype)
     names = list(data.names)
-    interleave_rows([out[c].reshape(-1).view(np.uint8) for c in names],
-                    [[slot[c].reshape(-1).view(np.uint8) for c in names] for slot in slots], src,
-                    np.asarray(runs, dtype=np.int64).reshape(-1, 4),
-                    [out[c].itemsize * int(np.prod(out[c].shape[1:], dtype=np.int64)) for c in names])
+    place_runs([out[c].reshape(-1).view(np.uint8) for c in names], len(src),
+               [[slot[c].reshape(-1).view(np.uint8) for c in names] for slot in slots],
+               np.asarray(runs, dtype=np.int64).reshape(-1, 5), np.concatenate(layouts),
+               [out[c].itemsize * int(np.prod(out[c].shape[1:], dtype=np.int64)) for c in names])
     out["source"] = src
     return out, sizes, planned
 
@@ -336,7 +352,7 @@ def _torch_class() -> Any:
             self._orders()
 
         def _orders(self) -> None:
-            self._splits: Dict[Tuple[int, ...], Tuple[np.ndarray, List[int], List[int]]] = {}
+            self._splits: Dict[Tuple[int, ...], Any] = {}
             self.orders = [SourceOrder(k, ts.files, ts.format, lay[0], lay[1], cols, self.seed, self.epoch, self.shuffle,
                                        self.window_rows)
                            for k, (ts, lay, cols) in enumerate(zip(self.mixture.sets, self.layouts, self.columns))]
