@@ -259,6 +259,10 @@ def test_every_way_of_reading_gives_the_same_batches(abc):
     plain = [(b["id"].tolist(), b["source"].tolist()) for b in DataLoader(make(), batch_size=None, num_workers=2)]
     assert len(here) == len(make()) > 20
     assert here == fed == plain
+    # Batches held while iterating on (a chunk's arrays are reused once no batch of them
+    # is alive): still the same rows.
+    held = list(make())
+    assert [(b["id"].tolist(), b["source"].tolist()) for b in held] == here
     # Every id of the stopping set once, the others' ids from their own ranges.
     ids = [i for batch, _ in here for i in batch]
     assert sorted(i for i in ids if i < 10_000) == list(range(700))

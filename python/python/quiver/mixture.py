@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -309,7 +310,7 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
             raise ValidationError(f"column `{c}`: the sets give it different shapes or types "
                                   f"({sorted({(str(q.dtype), q.shape[1:]) for q in parts})}): lists must be of one length "
                                   f"in every set (pad them before the export)")
-        out[c] = np.empty((len(src),) + shape, dtype=dtype)
+        out[c] = _buffer(data, c, (len(src),) + shape, dtype)
     names = list(data.names)
     place_runs([out[c].reshape(-1).view(np.uint8) for c in names], len(src),
                [[slot[c].reshape(-1).view(np.uint8) for c in names] for slot in slots],
@@ -317,6 +318,21 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
                [out[c].itemsize * int(np.prod(out[c].shape[1:], dtype=np.int64)) for c in names])
     out["source"] = src
     return out, sizes, planned
+
+
+def _buffer(data: Any, name: str, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An array for a chunk's column: an earlier chunk's, once nothing but this pool holds
+    it (no batch cut from it is alive), or a new one. A new array's pages, touched for
+    the first time, cost about as much as the copy into them."""
+    pool = data._buffers.setdefault(name, [])
+    for arr in pool:
+        # Held by the pool, this loop and getrefcount's argument: nobody else.
+        if arr.shape == shape and arr.dtype == dtype and sys.getrefcount(arr) <= 3:
+            return arr
+    arr = np.empty(shape, dtype=dtype)
+    if len(pool) < 4:
+        pool.append(arr)
+    return arr
 
 
 _CLASS: Any = None
@@ -353,6 +369,7 @@ def _torch_class() -> Any:
 
         def _orders(self) -> None:
             self._splits: Dict[Tuple[int, ...], Any] = {}
+            self._buffers: Dict[str, List[np.ndarray]] = {}
             self.orders = [SourceOrder(k, ts.files, ts.format, lay[0], lay[1], cols, self.seed, self.epoch, self.shuffle,
                                        self.window_rows)
                            for k, (ts, lay, cols) in enumerate(zip(self.mixture.sets, self.layouts, self.columns))]
@@ -360,6 +377,7 @@ def _torch_class() -> Any:
         def __getstate__(self):
             state = dict(self.__dict__)
             state.pop("orders", None)
+            state.pop("_buffers", None)
             return state
 
         def __setstate__(self, state):
