@@ -219,11 +219,11 @@ def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, List[int], L
     """This rank's part of a step that takes ``counts`` rows from the sources: the source
     of each of its rows, in batch order; per source the first of the step's rows of that
     source it takes (its place among them) and how many; and where in the batch each
-    source's rows go (``places``, source ``k``'s from ``places_at[k]``). The step's rows are laid
-    out with every source spread evenly (source ``k``'s ``i``-th row at ``(i + 0.5) /
-    counts[k]``, ties to the first source) and cut into ``world_size`` contiguous parts,
-    rank ``r`` taking part ``r``: every rank's batch holds about each source's share, and
-    a source's rows on one rank are consecutive rows of its order."""
+    source's rows go (``places``, source ``k``'s from ``places_at[k]``). The step's rows
+    are laid out with every source spread evenly (source ``k``'s ``i``-th row at ``(i +
+    0.5) / counts[k]``, ties to the first source) and cut into ``world_size`` contiguous
+    parts, rank ``r`` taking part ``r``: every rank's batch holds about each source's
+    share, and a source's rows on one rank are consecutive rows of its order."""
     hit = data._splits.get(counts)
     if hit is not None:
         return hit
