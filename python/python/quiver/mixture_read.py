@@ -4,6 +4,7 @@ still takes rows from them (``_WindowStore``); the plan is ``mixture_plan.py``, 
 batches ``mixture.py``."""
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -25,6 +26,8 @@ class SourceOrder:
         self.open: "OrderedDict[int, Any]" = OrderedDict()
         self.cache: "OrderedDict[Tuple[int, int], Dict[str, np.ndarray]]" = OrderedDict()
         self.last: Optional[Tuple[int, pa.Table]] = None
+        # Each column's arrays of windows made before, reused once nothing holds them.
+        self.spares: Dict[str, List[np.ndarray]] = {}
 
     def _blocks(self, p: int) -> Tuple[np.ndarray, np.ndarray]:
         order = np.arange(len(self.block_rows))
@@ -54,10 +57,25 @@ class SourceOrder:
             return pa.Table.from_batches([handle.get_batch(group)]).select(self.columns.names)
         return handle.read_row_group(group, columns=self.columns.names)
 
+    def _array(self, name: str, like: np.ndarray) -> np.ndarray:
+        """An array shaped as ``like`` for a window's column: one of an earlier window's,
+        once nothing but this pool holds it, or a new one (whose pages, touched for the
+        first time, cost about as much as the permuting into them)."""
+        pool = self.spares.setdefault(name, [])
+        for arr in pool:
+            # Held by the pool, this loop and getrefcount's argument: nobody else.
+            if arr.shape == like.shape and arr.dtype == like.dtype and sys.getrefcount(arr) <= 3:
+                return arr
+        arr = np.empty_like(like)
+        if len(pool) < 3:
+            pool.append(arr)
+        return arr
+
     def window(self, p: int, j: int, keep: bool = True) -> Dict[str, np.ndarray]:
         """Window ``j`` of pass ``p``: its rows in the pass's order (permuted when
-        shuffling), as C-contiguous arrays. With ``keep``, kept for the next chunks (four
-        windows); a reader that asks for each window once does not keep them."""
+        shuffling), as C-contiguous arrays. With ``keep``, kept for the next chunks (two
+        windows: a source's windows are asked for in order); a reader that asks for each
+        window once does not keep them."""
         key = (p, j)
         hit = self.cache.get(key)
         if hit is not None:
@@ -87,11 +105,16 @@ class SourceOrder:
                 arrays[n] = np.zeros(0)
                 continue
             joined = np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n]
-            arrays[n] = np.ascontiguousarray(joined if perm is None else joined[perm])
+            if perm is None:
+                arrays[n] = np.ascontiguousarray(joined)
+            else:
+                # mode="clip": with `out`, the default mode copies through a buffer (every index
+                # of a permutation is in range).
+                arrays[n] = np.take(joined, perm, axis=0, out=self._array(n, joined), mode="clip")
         if not keep:
             return arrays
         self.cache[key] = arrays
-        while len(self.cache) > 2 * 2:
+        while len(self.cache) > 2:
             self.cache.popitem(last=False)
         return arrays
 
