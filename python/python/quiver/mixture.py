@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +43,7 @@ import pyarrow.parquet as pq
 from ._quiver import ValidationError, place_runs
 from .loader import WINDOW_ROWS, Columns, check_loader_options, counted_loader, default_rank, window_tensors
 from .mixture_plan import POLICIES, Planner, Schedule, step_counts  # noqa: F401  (step_counts: re-exported)
-from .mixture_read import SourceOrder, _WindowStore
+from .mixture_read import SourceOrder, _WindowStore, reused
 
 class Mixture:
     """Several training sets blended by weights (docs/mixing.md).
@@ -246,6 +245,19 @@ def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, List[int], L
     return data._splits[counts]
 
 
+def _pieces(seq: int, m: int, rows: int, w: int) -> Iterator[Tuple[int, int, int, int]]:
+    """Rows ``seq .. seq + m`` of a source's sequence of passes (``rows`` rows a pass,
+    windows of ``w``) as ``(pass, window, first row in it, rows)``, cut where a window or
+    a pass ends."""
+    while m:
+        p, inpass = divmod(seq, rows)
+        j, off = divmod(inpass, w)
+        take = min(m, w - off, rows - inpass)
+        yield p, j, off, take
+        seq += take
+        m -= take
+
+
 def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: int, limit: int, window: Any):
     """Up to ``limit`` of the next steps of the plan (steps ``first_step``, ... relative
     to where iterating began) as this (rank, worker)'s rows: ``(arrays, batch sizes,
@@ -286,20 +298,15 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
         patterns.append(pattern)
         sizes.append(len(pattern))
         for k, m in enumerate(many):
-            seq, at = starts[k] + first[k], base + places_at[k]
-            while m:
-                p, inpass = divmod(seq, rows[k])
-                j, off = divmod(inpass, w)
-                take = min(m, w - off, rows[k] - inpass)
+            at = base + places_at[k]
+            for p, j, off, take in _pieces(starts[k] + first[k], m, rows[k], w):
                 key = (k, p, j)
                 slot = slot_of.get(key)
                 if slot is None:
                     slot = slot_of[key] = len(slots)
                     slots.append(window(k, p, j))
                 runs.append((slot, off, take, out_row, at))
-                seq += take
                 at += take
-                m -= take
         out_row += len(pattern)
     src = np.concatenate(patterns)
     out: Dict[str, np.ndarray] = {}
@@ -310,7 +317,7 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
             raise ValidationError(f"column `{c}`: the sets give it different shapes or types "
                                   f"({sorted({(str(q.dtype), q.shape[1:]) for q in parts})}): lists must be of one length "
                                   f"in every set (pad them before the export)")
-        out[c] = _buffer(data, c, (len(src),) + shape, dtype)
+        out[c] = reused(data._buffers.setdefault(c, []), (len(src),) + shape, dtype, 4)
     names = list(data.names)
     place_runs([out[c].reshape(-1).view(np.uint8) for c in names], len(src),
                [[slot[c].reshape(-1).view(np.uint8) for c in names] for slot in slots],
@@ -318,21 +325,6 @@ def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: i
                [out[c].itemsize * int(np.prod(out[c].shape[1:], dtype=np.int64)) for c in names])
     out["source"] = src
     return out, sizes, planned
-
-
-def _buffer(data: Any, name: str, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An array for a chunk's column: an earlier chunk's, once nothing but this pool holds
-    it (no batch cut from it is alive), or a new one. A new array's pages, touched for
-    the first time, cost about as much as the copy into them."""
-    pool = data._buffers.setdefault(name, [])
-    for arr in pool:
-        # Held by the pool, this loop and getrefcount's argument: nobody else.
-        if arr.shape == shape and arr.dtype == dtype and sys.getrefcount(arr) <= 3:
-            return arr
-    arr = np.empty(shape, dtype=dtype)
-    if len(pool) < 4:
-        pool.append(arr)
-    return arr
 
 
 _CLASS: Any = None
@@ -515,16 +507,10 @@ def _torch_class() -> Any:
                 if got is None:
                     return out
                 for k, (c, a) in enumerate(zip(*got)):
-                    n = p.rows[k]
-                    # The step's rows of source `k` are sequence positions a .. a + c.
-                    at = a
-                    while at < a + c:
-                        ps, inpass = divmod(at, n)
-                        j = inpass // w
+                    for ps, j, _, _ in _pieces(a, c, p.rows[k], w):
                         if (k, ps, j) not in seen:
                             seen.add((k, ps, j))
                             out.append((k, ps, j))
-                        at += min(w * (j + 1), n) - inpass
 
         def loader(self, num_workers: int = 0, **kwargs: Any):
             """An iterable of this rank's batches that counts them for ``state_dict()``.

@@ -15,6 +15,21 @@ import pyarrow.parquet as pq
 from .loader import Columns
 
 
+def reused(pool: List[np.ndarray], shape: Tuple[int, ...], dtype: Any, keep: int) -> np.ndarray:
+    """An array of ``shape`` and ``dtype``: one of ``pool``'s once nothing but the pool
+    holds it (no batch or window of it is alive), or a new one, kept in the pool while it
+    holds fewer than ``keep``. A new array's pages, touched for the first time, cost about
+    as much as the copy into them."""
+    for arr in pool:
+        # Held by the pool, this loop and getrefcount's argument: nobody else.
+        if arr.shape == shape and arr.dtype == dtype and sys.getrefcount(arr) <= 3:
+            return arr
+    arr = np.empty(shape, dtype=dtype)
+    if len(pool) < keep:
+        pool.append(arr)
+    return arr
+
+
 class SourceOrder:
     """A source's rows in the order of a pass: its blocks (permuted), then its rows within
     windows of ``window_rows`` (permuted), read a window at a time."""
@@ -57,20 +72,6 @@ class SourceOrder:
             return pa.Table.from_batches([handle.get_batch(group)]).select(self.columns.names)
         return handle.read_row_group(group, columns=self.columns.names)
 
-    def _array(self, name: str, like: np.ndarray) -> np.ndarray:
-        """An array shaped as ``like`` for a window's column: one of an earlier window's,
-        once nothing but this pool holds it, or a new one (whose pages, touched for the
-        first time, cost about as much as the permuting into them)."""
-        pool = self.spares.setdefault(name, [])
-        for arr in pool:
-            # Held by the pool, this loop and getrefcount's argument: nobody else.
-            if arr.shape == like.shape and arr.dtype == like.dtype and sys.getrefcount(arr) <= 3:
-                return arr
-        arr = np.empty_like(like)
-        if len(pool) < 3:
-            pool.append(arr)
-        return arr
-
     def window(self, p: int, j: int, keep: bool = True) -> Dict[str, np.ndarray]:
         """Window ``j`` of pass ``p``: its rows in the pass's order (permuted when
         shuffling), as C-contiguous arrays. With ``keep``, kept for the next chunks (two
@@ -110,7 +111,8 @@ class SourceOrder:
             else:
                 # mode="clip": with `out`, the default mode copies through a buffer (every index
                 # of a permutation is in range).
-                arrays[n] = np.take(joined, perm, axis=0, out=self._array(n, joined), mode="clip")
+                arrays[n] = np.take(joined, perm, axis=0, out=reused(self.spares.setdefault(n, []), joined.shape, joined.dtype, 3),
+                                    mode="clip")
         if not keep:
             return arrays
         self.cache[key] = arrays
