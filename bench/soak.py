@@ -198,6 +198,7 @@ class Soak(Checks):
         self.level_added = threading.Event()
         self.data = os.path.join(self.repo, "data")
         self.tmpfs = None       # why the disk-full fault is left out, when it is
+        self.cpu = []           # {"t", part: CPU seconds in the 5 s before t, "machine": all}
 
     # ---- setup ----------------------------------------------------------------------
 
@@ -325,6 +326,42 @@ class Soak(Checks):
             i += 1
             time.sleep(0.5)
 
+    def sample_cpu(self):
+        """Every 5 s, the CPU seconds each part used since the last sample (from /proc:
+        the soak's processes, the load driver itself, and the rest of the machine — the
+        materializations, applies and exports the soak runs as children among it)."""
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def used(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, IndexError, ValueError):
+                return None
+
+        def busy():
+            with open("/proc/stat") as fh:
+                cpu = [int(x) for x in fh.readline().split()[1:]]
+            return (sum(cpu) - cpu[3] - cpu[4]) / tick
+
+        last, last_busy = {}, busy()
+        while not self.stop_load.wait(5):
+            parts = {"driver": (os.getpid(),)}
+            for proc in [self.redis, self.broker, *self.servers, *self.streams]:
+                if proc.p and proc.p.poll() is None:
+                    parts[proc.name] = (proc.p.pid,)
+            row, total = {"t": time.monotonic()}, busy()
+            for name, (pid,) in parts.items():
+                now = used(pid)
+                if now is not None:
+                    before = last.get(pid, 0.0)
+                    row[name] = round(max(0.0, now - before), 2)
+                    last[pid] = now
+            row["machine"] = round(total - last_busy, 2)
+            last_busy = total
+            self.cpu.append(row)
+
     def materialize_loop(self):
         while not self.stop_load.wait(self.args.materialize_every):
             with self.materializing:
@@ -419,10 +456,11 @@ class Soak(Checks):
         a = self.args
         self.setup()
         self.began = time.monotonic()
+        self.wall_offset = time.time() - self.began
         self.began_wall = now_text(timedelta(seconds=-1))
         threads = [threading.Thread(target=self.produce), threading.Thread(target=self.lookups, args=(0,)),
                    threading.Thread(target=self.lookups, args=(1,)), threading.Thread(target=self.pushes),
-                   threading.Thread(target=self.materialize_loop)]
+                   threading.Thread(target=self.materialize_loop), threading.Thread(target=self.sample_cpu)]
         for t in threads:
             t.daemon = True
             t.start()

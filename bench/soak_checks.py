@@ -188,7 +188,8 @@ class Checks:
                    for f in faults]
         # Freshness, from the data: an event's time to its Delta commit (the stream writes
         # online at the same time), the late events (produced two hours old) left out.
-        ages, quiet_ages = [], []
+        ages, quiet_ages, by_minute = [], [], {}
+        start_us = (self.began + self.wall_offset) * 1e6
         for rows in per.values():
             for commit, ev in rows:
                 age = (commit - ev) / 1e6
@@ -196,8 +197,10 @@ class Checks:
                     ages.append(age)
                     if not any(a <= commit <= b for a, b in windows):
                         quiet_ages.append(age)
+                        by_minute.setdefault(int((commit - start_us) // 60e6), []).append(age)
         pick = lambda xs, q: round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None  # noqa: E731
         self.freshness = {"p50_s": pick(ages, 0.5), "p99_s": pick(ages, 0.99), "p99_outside_fault_windows_s": pick(quiet_ages, 0.99)}
+        self.freshness_by_minute = {m: pick(xs, 0.99) for m, xs in by_minute.items()}
         bad, examples, n = 0, [], 0
         # Per fault: the last answer in its window that trailed Delta (the latest fault
         # whose window holds it), as the time online took to catch up.
@@ -282,6 +285,22 @@ class Checks:
         if self.args.latency_check:
             checks["lookups' p99 outside fault windows within 1.3x the quiet run's"] = \
                 "ok" if ratio is not None and ratio <= 1.3 else f"{quiet_p99} ms against {base_p99} ms ({ratio}x)"
+        # Minute by minute, outside fault windows: lookups' p99, freshness p99 of `trips`, and
+        # the CPU seconds per second each part used (where the later minutes' time goes).
+        by_minute = []
+        for m in range(int(duration // 60 + 0.999)):
+            lo, hi = self.began + 60 * m, self.began + 60 * (m + 1)
+            rows = [r for r in quiet + baseline if lo <= r[0] < hi]
+            cpu: dict = {}
+            for row in getattr(self, "cpu", []):
+                if lo < row["t"] <= hi:
+                    for k, v in row.items():
+                        if k != "t":
+                            cpu[k] = cpu.get(k, 0.0) + v
+            span = min(hi, self.load_end) - lo
+            by_minute.append({"minute": m + 1, "lookups": lookups(rows)["requests"], "lookup_p99_ms": lookups(rows)["p99_ms"],
+                              "freshness_p99_s": getattr(self, "freshness_by_minute", {}).get(m),
+                              "cpu_per_s": {k: round(v / span, 2) for k, v in sorted(cpu.items())} if span > 0 else {}})
         report = {
             "seed": self.args.seed, "minutes": self.args.minutes, "events": len(self.valid) + self.malformed,
             "events_per_second": round((len(self.valid) + self.malformed) / duration, 1),
@@ -298,6 +317,7 @@ class Checks:
                                   "replay_disagree": f.get("replay_disagree")} for f in self.faults],
             "values_replayed_outside_fault_windows": getattr(self, "replayed_outside", 0),
             "phases": phases, "lookup_p99_ms": {"baseline": base_p99, "outside_fault_windows": quiet_p99, "ratio": ratio},
+            "by_minute": by_minute,
             "checks": checks,
             "passed": all(v == "ok" for v in checks.values()),
         }
@@ -310,6 +330,10 @@ class Checks:
         for name, p in phases.items():
             print(f"{name:<18} {p['requests']:>9} {p['p50_ms'] or 0:>8} {p['p99_ms'] or 0:>8} {p['error_rate']:>8.2%}")
         print(f"lookups' p99: quiet run {base_p99} ms, outside fault windows {quiet_p99} ms ({ratio}x)")
+        for row in by_minute:
+            cpu = " ".join(f"{k} {v}" for k, v in row["cpu_per_s"].items())
+            print(f"minute {row['minute']:>3}: lookups {row['lookups']:>5} p99 {row['lookup_p99_ms']} ms, "
+                  f"freshness p99 {row['freshness_p99_s']} s; CPU s/s: {cpu}")
         fresh = report["freshness"] or {}
         print(f"freshness (event time to Delta commit, trips): p50 {fresh.get('p50_s')} s, p99 {fresh.get('p99_s')} s, "
               f"p99 outside fault windows {fresh.get('p99_outside_fault_windows_s')} s")
