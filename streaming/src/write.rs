@@ -15,7 +15,7 @@ use std::sync::Arc;
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::TimestampMicrosecondType;
 use quiver_offline::historical::{EntityEvents, EventCache};
-use quiver_offline::ingest::{AppendOptions, IngestReport, OpenTable, append};
+use quiver_offline::ingest::{AppendOptions, IngestReport, append};
 use quiver_offline::schema::{ViewLayout, key_at, rows_to_columns, table_schema, value_at};
 use quiver_online::{OnlineStore, WriteRow};
 use quiver_runtime::encoding::{KeyValue, OnlineRow, expire_at_ms, store_key};
@@ -265,27 +265,25 @@ pub fn check_target(view: &FeatureView, target: Target) -> std::result::Result<(
 }
 
 /// The server's `/push` offline half: appends to the view's Delta table through
-/// [`write_offline`], each view's table kept open between pushes (brought up to date
-/// with the log entries since, instead of read from the last checkpoint on); rebuilds
-/// event logs' records through one [`EventCache`].
+/// [`write_offline`], the table read afresh each time (kept open between pushes, three
+/// clients pushing at once to one view got 503s: a push lost every one of its tries to
+/// the others); rebuilds event logs' records through one [`EventCache`].
 #[derive(Debug, Clone)]
 pub struct DeltaWriter {
     pub config: Config,
     events: Arc<EventCache>,
-    tables: Arc<std::sync::Mutex<std::collections::HashMap<String, OpenTable>>>,
 }
 
 impl DeltaWriter {
     pub fn new(config: Config) -> DeltaWriter {
-        DeltaWriter { config, events: Arc::new(EventCache::long_lived()), tables: Arc::default() }
+        DeltaWriter { config, events: Arc::new(EventCache::long_lived()) }
     }
 }
 
 #[async_trait::async_trait]
 impl quiver_online::server::OfflineWriter for DeltaWriter {
     async fn append(&self, defs: &Definitions, view: &FeatureView, rows: &[ViewRow]) -> std::result::Result<u64, String> {
-        let table = self.tables.lock().expect("open tables lock").entry(view.name.clone()).or_default().clone();
-        write_offline(&self.config, defs, view, "/push request", rows, AppendOptions::new(None).with_open_table(table))
+        write_offline(&self.config, defs, view, "/push request", rows, AppendOptions::new(None))
             .await
             .map(|r| r.version.expect("an append of rows commits a version"))
             .map_err(|e| e.to_string())
