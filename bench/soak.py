@@ -352,12 +352,12 @@ class Soak(Checks):
 
         last, last_busy = {}, busy()
         while not self.stop_load.wait(5):
-            parts = {"driver": (os.getpid(),)}
+            parts = {"driver": os.getpid()}
             for proc in [self.redis, self.broker, *self.servers, *self.streams]:
                 if proc.p and proc.p.poll() is None:
-                    parts[proc.name] = (proc.p.pid,)
+                    parts[proc.name] = proc.p.pid
             row, total = {"t": time.monotonic()}, busy()
-            for name, (pid,) in parts.items():
+            for name, pid in parts.items():
                 now = used(pid)
                 if now is not None:
                     before = last.get(pid, 0.0)
