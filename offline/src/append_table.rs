@@ -99,11 +99,8 @@ impl AppendTable {
     /// Through deltalake's write, which merges a batch's new columns into the table's schema.
     async fn append_merging(&mut self, batch: RecordBatch) -> Result<u64> {
         let location = &self.location;
-        ensure_table(location, &self.schema, self.name).await?;
-        let table = open_table(location)
+        let table = open_for_append(location, &self.schema, self.name)
             .await?
-            .ok_or_else(|| Error::Request(format!("{} {location} vanished while writing", self.name.replace('_', " "))))?;
-        let table = table
             .write(vec![batch])
             .with_save_mode(SaveMode::Append)
             .with_schema_mode(SchemaMode::Merge)
@@ -113,13 +110,16 @@ impl AppendTable {
     }
 }
 
-/// The table at `location` opened for appends (created first when missing). Free of
-/// `AppendTable`: its writer is not `Sync`, and an append's future must be `Send`.
-async fn reopen(location: &StoreLocation, schema: &SchemaRef, name: &str) -> Result<Open> {
+/// The table at `location`, created first when missing.
+async fn open_for_append(location: &StoreLocation, schema: &SchemaRef, name: &str) -> Result<deltalake::DeltaTable> {
     ensure_table(location, schema, name).await?;
-    let table = open_table(location)
-        .await?
-        .ok_or_else(|| Error::Request(format!("{} {location} vanished while writing", name.replace('_', " "))))?;
+    open_table(location).await?.ok_or_else(|| Error::Request(format!("{} {location} vanished while writing", name.replace('_', " "))))
+}
+
+/// The table at `location` opened for blind appends. Free of `AppendTable`: its writer
+/// is not `Sync`, and an append's future must be `Send`.
+async fn reopen(location: &StoreLocation, schema: &SchemaRef, name: &str) -> Result<Open> {
+    let table = open_for_append(location, schema, name).await?;
     let writer = RecordBatchWriter::for_table(&table).map_err(|e| Error::delta(location, e))?;
     let snapshot = table.snapshot().map_err(|e| Error::delta(location, e))?;
     let columns = snapshot.schema().fields().map(|f| f.name().to_string()).collect();
