@@ -266,8 +266,8 @@ pub fn check_target(view: &FeatureView, target: Target) -> std::result::Result<(
 
 /// The server's `/push` offline half: appends to the view's Delta table through
 /// [`write_offline`], the table read afresh each time (kept open between pushes, three
-/// clients pushing at once to one view got 503s: a push lost every one of its tries to
-/// the others); rebuilds event logs' records through one [`EventCache`].
+/// clients pushing at once to one view got 503s in the abuse test's short soak);
+/// rebuilds event logs' records through one [`EventCache`].
 #[derive(Debug, Clone)]
 pub struct DeltaWriter {
     pub config: Config,
