@@ -3,7 +3,7 @@
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::TimestampMicrosecondType as Micros;
 use quiver_gpu_join::AsOfKernel;
-use quiver_offline::historical::{Arrival, HistoricalOptions, SpineRows, historical, resolve};
+use quiver_offline::historical::{Arrival, HistoricalOptions, ScanCache, SpineRows, historical, resolve};
 use quiver_offline::schema::value_at;
 use quiver_online::lookup::wire::value_json;
 use quiver_online::lookup::{Row, Status};
@@ -117,7 +117,7 @@ impl Replay<'_> {
     }
 
     /// The joins to run: `base` once, or under [`Rule::AsArrived`] once per moment
-    /// checked (the request time first).
+    /// checked (the request time first), all reading one scan of each table.
     fn joins(&self, base: HistoricalOptions) -> Vec<HistoricalOptions> {
         let Some((commits, lag)) = &self.arrival else { return vec![base] };
         let step = (lag / 8).max(1);
@@ -127,9 +127,13 @@ impl Replay<'_> {
             shifts.extend([-at, at]);
             at += step;
         }
+        let scans = ScanCache::default();
         shifts
             .into_iter()
-            .map(|shift_us| HistoricalOptions { arrival: Some(Arrival { commits: Arc::clone(commits), shift_us }), ..base.clone() })
+            .map(|shift_us| {
+                let arrival = Arrival { commits: Arc::clone(commits), shift_us, scans: scans.clone() };
+                HistoricalOptions { arrival: Some(arrival), ..base.clone() }
+            })
             .collect()
     }
 

@@ -41,6 +41,7 @@ use kernel_input::KernelColumns;
 use scan::{Scan, ScanRange, scan_view_at};
 
 pub use event_cache::EventCache;
+pub use scan::ScanCache;
 pub use events::{EntityEvents, events_since};
 pub use joined::HeldJoin;
 use joined::{Held, Won};
@@ -281,6 +282,8 @@ pub struct Arrival {
     /// microseconds); a version not listed (its log entry cleaned up) arrived before any.
     pub commits: Arc<HashMap<String, HashMap<u64, i64>>>,
     pub shift_us: i64,
+    /// Shared by the joins of one spine at its moments, so each table is scanned once.
+    pub scans: ScanCache,
 }
 
 impl HistoricalOptions {
@@ -506,7 +509,11 @@ impl Join<'_> {
         let need = self.need(request)?;
         let index = EntityIndex::build(&self.spine_keys(view)?)?;
         let phase = std::time::Instant::now();
-        let scan = scan_view_at(&config.view_table(view), self.defs, view, &need.columns, need.range).await?;
+        let location = config.view_table(view);
+        let scan = match &self.options.arrival {
+            Some(arrival) => arrival.scans.scan(&location, self.defs, view, &need.columns, need.range).await?,
+            None => scan_view_at(&location, self.defs, view, &need.columns, need.range).await?,
+        };
         (self.progress)(&format!("scanned {}", view.name), scan.rows as u64);
         tracing::debug!(view = %view.name, rows = scan.rows, secs = phase.elapsed().as_secs_f64(), "scanned");
         if view.is_event_log() {

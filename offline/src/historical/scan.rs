@@ -14,6 +14,7 @@ use crate::schema::SEQ_COLUMN;
 
 /// The scanned rows of one view: keys, event time, created time (if any), seq, then
 /// the requested features that the table has.
+#[derive(Clone)]
 pub(crate) struct Scan {
     pub(crate) batches: Vec<RecordBatch>,
     pub(crate) rows: usize,
@@ -45,6 +46,41 @@ impl Scan {
                 })
                 .collect(),
         })
+    }
+}
+
+/// Scans kept for joins that read the same rows of the same tables again: `verify
+/// --as-arrived` joins one spine at up to 17 moments (docs/consistency.md#as-arrived),
+/// and scanning each table once instead of once per moment is most of its time. Keyed
+/// by table, columns and range; every join given one cache reads the tables as they
+/// were at the first scan.
+#[derive(Clone, Default)]
+pub struct ScanCache(std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Scan>>>);
+
+impl std::fmt::Debug for ScanCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self.0.lock().map_or(0, |m| m.len());
+        f.debug_struct("ScanCache").field("scans", &held).finish()
+    }
+}
+
+impl ScanCache {
+    /// [`scan_view_at`], or its rows as the first call with the same arguments read them.
+    pub(crate) async fn scan(
+        &self,
+        location: &quiver_sdk::StoreLocation,
+        defs: &Definitions,
+        view: &FeatureView,
+        features: &[&str],
+        range: ScanRange,
+    ) -> Result<Scan> {
+        let key = format!("{location}\u{1f}{features:?}\u{1f}{range:?}");
+        if let Some(held) = self.0.lock().expect("scan cache lock").get(&key) {
+            return Ok(held.clone());
+        }
+        let scan = scan_view_at(location, defs, view, features, range).await?;
+        self.0.lock().expect("scan cache lock").entry(key).or_insert(scan.clone());
+        Ok(scan)
     }
 }
 
