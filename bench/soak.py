@@ -22,9 +22,11 @@ pushed view, an on-demand view and a service over all of them. Then, for --minut
   through: kill -9 of a stream consumer (restarted after 3 s), of a server (restarted
   after 2 s), of a `materialize-incremental` mid-write, of an `apply` mid-write; Redis
   killed and restarted; Redis paused (SIGSTOP) for 3 s, past the server's 2 s store
-  timeout; the disk of the Delta folder full for 3 s (the folder is a 256 MiB tmpfs,
-  filled to the last byte and emptied again; when a tmpfs cannot be mounted — not root,
-  no permission — the run says so and leaves this fault out).
+  timeout; the disk of the Delta folder full for 3 s (the folder is a tmpfs of 256 MiB
+  and 64 MiB per minute of the run — a 10-minute run writes about 260 MiB there, most of
+  it the serving log — filled to the last byte and emptied again; when a tmpfs cannot be
+  mounted — not root, no permission — the run says so and leaves this fault out; with
+  --keep its files are copied out before it is unmounted).
 
 Afterwards, from the data: every valid event produced is in each view's Delta table
 exactly once and every malformed one among the dead letters; `verify --sample` over every
@@ -43,6 +45,7 @@ topic, and its S3 storage lost acknowledged messages when killed — and a slow 
 import argparse
 import errno
 import json
+import math
 import os
 import random
 import shutil
@@ -135,7 +138,7 @@ class Proc:
             self.p.send_signal(sig)
 
 
-def mount_tmpfs(path, mib=256):
+def mount_tmpfs(path, mib):
     """A tmpfs of ``mib`` MiB at ``path`` (the Delta folder, for the disk-full fault): ""
     when mounted, else why not."""
     if os.geteuid() != 0:
@@ -230,7 +233,7 @@ class Soak(Checks):
         wait_port(self.kport, "the broker")
         self.brokers = f"127.0.0.1:{self.kport}"
         os.makedirs(self.data)
-        self.tmpfs = mount_tmpfs(self.data)
+        self.tmpfs = mount_tmpfs(self.data, 256 + 64 * math.ceil(self.args.minutes))
         if self.tmpfs:
             print(f"soak: the disk-full fault is left out: {self.tmpfs}", flush=True)
         with open(os.path.join(self.repo, "quiver.yaml"), "w") as fh:
@@ -539,7 +542,12 @@ class Soak(Checks):
                 p.signal(signal.SIGCONT)
                 p.kill9()
         if self.tmpfs == "":
+            if self.args.keep:
+                shutil.copytree(self.data, self.data + ".kept", symlinks=True, dirs_exist_ok=True)
             subprocess.run(["umount", "-l", self.data], capture_output=True)
+            if self.args.keep:
+                shutil.rmtree(self.data, ignore_errors=True)
+                os.replace(self.data + ".kept", self.data)
         if not self.args.keep:
             shutil.rmtree(self.work, ignore_errors=True)
 

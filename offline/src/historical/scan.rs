@@ -464,4 +464,29 @@ feature_views:
         };
         assert_eq!(events(alone), events(scanned));
     }
+
+    /// The joins sharing a cache read the table as the first scan found it, and a scan
+    /// of other columns or another range is a scan of its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scan_cache_answers_the_same_scan_with_the_first_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::parse(dir.path(), &dir.path().join("quiver.yaml"), "project: t\n", Vec::new()).unwrap();
+        let defs = quiver_sdk::yaml::parse_definitions(DEFS).unwrap();
+        let view = defs.find_view("rides").unwrap().clone();
+        let location = config.view_table(&view);
+        let write = |batch| append(&location, &defs, &view, "rides", vec![batch], AppendOptions::new(None), &|_, _| {});
+        write(rides(vec![1, 2, 3], vec![10, 20, 30])).await.unwrap();
+        let cache = ScanCache::default();
+        let from = |minute: i64| ScanRange { lo: Some(minute * 60_000_000), hi: i64::MAX, extra: None, version: None };
+        let first = cache.scan(&location, &defs, &view, &["fare"], from(0)).await.unwrap();
+        assert_eq!(first.rows, 3);
+        write(rides(vec![4, 5], vec![40, 50])).await.unwrap();
+        let again = cache.clone().scan(&location, &defs, &view, &["fare"], from(0)).await.unwrap();
+        assert_eq!((again.rows, again.version), (3, first.version), "the same scan: the first one's rows");
+        let columns = cache.scan(&location, &defs, &view, &["fare", "city"], from(0)).await.unwrap();
+        assert_eq!(columns.rows, 5, "other columns: scanned afresh");
+        let range = cache.scan(&location, &defs, &view, &["fare"], from(15)).await.unwrap();
+        assert_eq!(range.rows, 4, "another range: scanned afresh");
+        assert_eq!(scan_view_at(&location, &defs, &view, &["fare"], from(0)).await.unwrap().rows, 5);
+    }
 }
