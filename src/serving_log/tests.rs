@@ -298,3 +298,56 @@ async fn verify_as_arrived_judges_answers_by_what_had_arrived() {
         "{examples:?}"
     );
 }
+
+/// `verify --as-arrived` checks the moments within the lag a step apart (an eighth of
+/// it), and then, for an answer none of them agrees with, every state the offline store
+/// passed through within the lag: a state shorter than a step is one none of the
+/// moments may land in. Driver 7777: a row arrives online and offline, a newer one
+/// offline only right after, and the answer then (the first row, the store's state
+/// between the two commits) is right; with a lag of 60 s the moments are 7.5 s apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_as_arrived_finds_a_state_shorter_than_its_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let repo = demo(&dir, false).await;
+    let defs = repo.applied().unwrap().definitions;
+    let log = DeltaServingLog::start(&repo.config.serving_log, None);
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    let state = Arc::new(crate::server::server_state(&repo.config, store, Some(log.clone())).unwrap());
+    let call = |uri: &'static str, body: String| {
+        let state = state.clone();
+        async move {
+            let req = axum::http::Request::builder().method("POST").uri(uri).header("content-type", "application/json");
+            let resp = router(state).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+            let status = resp.status();
+            let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap())
+        }
+    };
+    let now = || chrono::Utc::now().timestamp_micros();
+    let push = |event: i64, rate: f64, to: &'static str| {
+        let at = quiver_sdk::types::format_instant(event);
+        let body = serde_json::json!({"feature_view": "driver_hourly", "to": to, "df": {"driver_id": [7777],
+            "event_timestamp": [at], "created_timestamp": [at], "conv_rate": [rate], "acc_rate": [0.5], "avg_daily_trips": [3]}});
+        let pushed = call("/push", body.to_string());
+        async move {
+            let (status, answer) = pushed.await;
+            assert_eq!(status, 200, "{answer}");
+        }
+    };
+    let began = now();
+    push(began - 2_000_000, 0.1, "online_and_offline").await;
+    push(began - 1_000_000, 0.2, "offline").await;
+    let body = r#"{"entities": {"driver_id": [7777]}, "features": ["driver_hourly:conv_rate"]}"#;
+    let (status, answer) = call("/get-online-features", body.to_string()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["results"][1]["values"][0].as_f64(), Some(0.1));
+    let asked = now();
+    assert!(asked - began < 7_000_000, "the pushes and the lookup took {} s: past a step of the grid", (asked - began) / 1_000_000);
+    log.flush().await.unwrap();
+    let kernel = quiver_gpu_join::CpuKernel::new();
+    let arrived = crate::verify::Rule::AsArrived { lag_us: 60_000_000 };
+    let report = crate::verify::verify_log(&repo.config, &defs, began, now() + 1, arrived, &kernel).await.unwrap();
+    let f = report.features.iter().find(|f| f.feature == "driver_hourly:conv_rate").unwrap();
+    assert_eq!((f.compared, f.matches), (1, 1), "{:?} {:?}", f.examples, report.skipped);
+}

@@ -3,7 +3,7 @@
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::TimestampMicrosecondType as Micros;
 use quiver_gpu_join::AsOfKernel;
-use quiver_offline::historical::{Arrival, HistoricalOptions, ScanCache, SpineRows, historical, resolve};
+use quiver_offline::historical::{Arrival, HistoricalOptions, Resolved, ScanCache, SpineRows, historical, resolve};
 use quiver_offline::schema::value_at;
 use quiver_online::lookup::wire::value_json;
 use quiver_online::lookup::{Row, Status};
@@ -116,10 +116,23 @@ impl Replay<'_> {
         (&self.batches[bi], r)
     }
 
-    /// The joins to run: `base` once, or under [`Rule::AsArrived`] once per moment
-    /// checked (the request time first), all reading one scan of each table.
-    fn joins(&self, base: HistoricalOptions) -> Vec<HistoricalOptions> {
-        let Some((commits, lag)) = &self.arrival else { return vec![base] };
+    /// The joins to run: `base` once, or under [`Rule::AsArrived`] once per shift of
+    /// `shifts`, all reading one scan of each table (`scans`).
+    fn joins(&self, base: HistoricalOptions, shifts: &[i64], scans: &ScanCache) -> Vec<HistoricalOptions> {
+        let Some((commits, _)) = &self.arrival else { return vec![base] };
+        shifts
+            .iter()
+            .map(|&shift_us| {
+                let arrival = Arrival { commits: Arc::clone(commits), shift_us, scans: scans.clone() };
+                HistoricalOptions { arrival: Some(arrival), ..base.clone() }
+            })
+            .collect()
+    }
+
+    /// The moments every row is checked at under [`Rule::AsArrived`], as shifts from
+    /// its request time: 0, then every eighth of the lag either side.
+    fn grid(&self) -> Vec<i64> {
+        let Some((_, lag)) = &self.arrival else { return vec![0] };
         let step = (lag / 8).max(1);
         let mut shifts = vec![0];
         let mut at = step;
@@ -127,14 +140,50 @@ impl Replay<'_> {
             shifts.extend([-at, at]);
             at += step;
         }
-        let scans = ScanCache::default();
         shifts
-            .into_iter()
-            .map(|shift_us| {
-                let arrival = Arrival { commits: Arc::clone(commits), shift_us, scans: scans.clone() };
-                HistoricalOptions { arrival: Some(arrival), ..base.clone() }
-            })
-            .collect()
+    }
+
+    /// Shifts that reach every state the offline store passed through within the lag
+    /// of each of `times`: a row none of [`Replay::grid`]'s moments agrees with may
+    /// have been served a state that lasted less than a step (two commits 200 ms
+    /// apart, with moments 250 ms apart: seen in the soak). The states change at the
+    /// commits of `tables`; each state from a commit on is reached by shifting the
+    /// request time to that commit. One shift serves every row whose state it reaches,
+    /// so the fewest shifts are chosen that reach each state of each row (the greedy
+    /// stabbing of intervals); `None` when that would take more than
+    /// [`MAX_REFINING_JOINS`] joins.
+    fn refining(&self, tables: &[&str], times: &[i64]) -> Option<Vec<i64>> {
+        let (commits, lag) = self.arrival.as_ref()?;
+        let lag = *lag;
+        let mut at: Vec<i64> =
+            tables.iter().filter_map(|t| commits.get(*t)).flat_map(|c| c.values().copied()).collect();
+        at.sort_unstable();
+        at.dedup();
+        // Each state, as the shifts that reach it: (lo, hi], hi reached by shifting to
+        // the commit that began it.
+        let mut states: Vec<(i64, i64)> = Vec::new();
+        for &t in times {
+            let from = at.partition_point(|&c| c <= t - lag);
+            let to = at.partition_point(|&c| c <= t + lag);
+            for i in from..to {
+                let lo = if i + 1 < to { t - at[i + 1] } else { -lag - 1 };
+                states.push((lo, t - at[i]));
+            }
+        }
+        states.sort_unstable_by_key(|&(_, hi)| hi);
+        let mut shifts = Vec::new();
+        let mut last: Option<i64> = None;
+        for (lo, hi) in states {
+            if last.is_some_and(|p| lo < p && p <= hi) {
+                continue;
+            }
+            shifts.push(hi);
+            last = Some(hi);
+            if shifts.len() > MAX_REFINING_JOINS {
+                return None;
+            }
+        }
+        Some(shifts)
     }
 
     /// Replays one view's logged rows into `report`.
@@ -163,24 +212,36 @@ impl Replay<'_> {
         }
         let spine = super::spine_batch(&keys, &parsed, kept.iter().map(|&at| self.row(at).0.request_time(at.1)))?;
         drop(parsed);
-        let joins = self.offline_join(view, &spine).await?;
+        let scans = ScanCache::default();
+        let joins = self.offline_join(view, &spine, &self.grid(), &scans).await?;
         let served = view.served_features();
+        let first = spine.num_columns();
+        // An event log's join has no event-time column: its aggregations are judged
+        // by status and value (docs/aggregations.md: the status follows from the value).
+        let grid = Replayed::all(&joins, first, view, &served);
+        let at_grid = |j: usize| -> Vec<(&Replayed<'_>, usize)> { grid.iter().map(|r| (r, j)).collect() };
+        // Rows no moment of the grid agrees with, checked again at every state within
+        // the lag (as arrived only).
+        let bad: Vec<usize> = match self.arrival {
+            Some(_) => (0..kept.len()).filter(|&j| !self.compare_row(&at_grid(j), kept[j], None)).collect(),
+            None => Vec::new(),
+        };
+        let table = view.storage_name();
+        let (refined_joins, refined_at) = match self.refine(Some(&*table), &spine, &kept, &bad, name, report)? {
+            Some((sub, shifts, at)) => (self.offline_join(view, &sub, &shifts, &scans).await?, at),
+            None => (Vec::new(), HashMap::new()),
+        };
+        let refined = Replayed::all(&refined_joins, first, view, &served);
         let mut reports: Vec<FeatureReport> =
             served.iter().map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() }).collect();
         let mut unreadable = vec![0u64; served.len()];
         let mut gone: BTreeSet<String> = BTreeSet::new();
-        let first = spine.num_columns();
-        // An event log's join has no event-time column: its aggregations are judged
-        // by status and value (docs/aggregations.md: the status follows from the value).
-        let replayed: Vec<Replayed<'_>> = joins
-            .iter()
-            .map(|joined| {
-                let offline_ts = (!view.is_event_log()).then(|| joined.column(first + served.len()).as_primitive::<Micros>());
-                Replayed { batch: joined, first, view, served: &served, offline_ts }
-            })
-            .collect();
         for (j, &at) in kept.iter().enumerate() {
-            self.compare_row(&replayed, j, at, &mut reports, &mut unreadable, &mut gone);
+            let mut candidates = at_grid(j);
+            if let Some(&p) = refined_at.get(&j) {
+                candidates.extend(refined.iter().map(|r| (r, p)));
+            }
+            self.compare_row(&candidates, at, Some((&mut reports, &mut unreadable, &mut gone)));
         }
         for gone in gone {
             report.skipped.push(format!("feature `{name}:{gone}` is logged but no longer defined"));
@@ -194,9 +255,9 @@ impl Replay<'_> {
     }
 
     /// The view's features at each spine row, with their event times (one join per
-    /// moment checked). Unbounded TTL in the join, so a stale row is still found: the
-    /// status is decided here, as the online lookup decides it.
-    async fn offline_join(&self, view: &FeatureView, spine: &RecordBatch) -> Result<Vec<RecordBatch>> {
+    /// shift of the request times). Unbounded TTL in the join, so a stale row is still
+    /// found: the status is decided here, as the online lookup decides it.
+    async fn offline_join(&self, view: &FeatureView, spine: &RecordBatch, shifts: &[i64], scans: &ScanCache) -> Result<Vec<RecordBatch>> {
         let refs: Vec<FeatureRef> =
             view.served_features().iter().map(|f| super::versioned_ref(&view.name, view.version, &f.name)).collect();
         // The version logged in place of the latest, as the request that read it did.
@@ -208,24 +269,57 @@ impl Replay<'_> {
         let options = HistoricalOptions { event_times: !view.is_event_log(), created_cutoff: self.created_cutoff, ..Default::default() };
         let rows = SpineRows { source: "serving log", rows: spine };
         let mut joins = Vec::new();
-        for options in self.joins(options) {
+        for options in self.joins(options, shifts, scans) {
             joins.push(historical(self.config, &unbounded, rows, &resolved, options, self.kernel, &|_, _| {}).await?);
         }
         Ok(joins)
     }
 
-    /// Logged row `at` (spine row `j`) against the offline join, feature by feature.
-    fn compare_row(
+    /// What checks spine rows `bad` (of `kept`'s rows) at every state within the lag:
+    /// a spine of those rows alone, the shifts to join it at ([`Replay::refining`],
+    /// the commits of `table`, or of every table for `None`), and each bad row's row
+    /// in it. `None` when there is nothing to check, or it would take too many joins
+    /// (then `report` says so).
+    fn refine(
         &self,
-        replayed: &[Replayed<'_>],
-        j: usize,
-        at: Logged,
-        reports: &mut [FeatureReport],
-        unreadable: &mut [u64],
-        gone: &mut BTreeSet<String>,
-    ) {
+        table: Option<&str>,
+        spine: &RecordBatch,
+        kept: &[Logged],
+        bad: &[usize],
+        name: &str,
+        report: &mut LogReport,
+    ) -> Result<Option<(RecordBatch, Vec<i64>, HashMap<usize, usize>)>> {
+        let Some((commits, _)) = &self.arrival else { return Ok(None) };
+        if bad.is_empty() {
+            return Ok(None);
+        }
+        let tables: Vec<&str> = match table {
+            Some(t) => vec![t],
+            None => commits.keys().map(String::as_str).collect(),
+        };
+        let times: Vec<i64> = bad.iter().map(|&j| self.row(kept[j]).0.request_time(kept[j].1)).collect();
+        let Some(shifts) = self.refining(&tables, &times) else {
+            report.skipped.push(format!(
+                "{} of `{name}` judged at the grid's moments only: every state within the lag would take over {MAX_REFINING_JOINS} joins",
+                count(bad.len(), "row")
+            ));
+            return Ok(None);
+        };
+        if shifts.is_empty() {
+            return Ok(None);
+        }
+        let indices = arrow::array::UInt32Array::from_iter_values(bad.iter().map(|&j| j as u32));
+        let sub = arrow::compute::take_record_batch(spine, &indices)?;
+        Ok(Some((sub, shifts, bad.iter().enumerate().map(|(p, &j)| (j, p)).collect())))
+    }
+
+    /// Logged row `at` against the offline answers (`candidates`: a join and the row
+    /// in it, one per moment checked), feature by feature: whether every feature agrees
+    /// with one of them, counted into `out` (reports, unreadable statuses, features no
+    /// longer defined) when given.
+    fn compare_row(&self, candidates: &[(&Replayed<'_>, usize)], at: Logged, mut out: Option<Judged<'_>>) -> bool {
         let (b, r) = self.row(at);
-        let first = &replayed[0];
+        let first = candidates[0].0;
         let view = first.view;
         // Each row's JSON parsed once, for all of its features.
         let object = |text: &str| match serde_json::from_str::<serde_json::Value>(text) {
@@ -235,16 +329,21 @@ impl Replay<'_> {
         let (values, statuses) = (object(b.values(r)), object(b.statuses(r)));
         // An event log's aggregations each have their own time.
         let times = b.event_timestamps(r).map(object);
-        for logged in statuses.keys().filter(|f| view.served_feature(f).is_none()) {
-            gone.insert(logged.clone());
+        if let Some((_, _, gone)) = out.as_mut() {
+            for logged in statuses.keys().filter(|f| view.served_feature(f).is_none()) {
+                gone.insert(logged.clone());
+            }
         }
         let request_time = b.request_time(r);
+        let mut all = true;
         for (k, feature) in first.served.iter().enumerate() {
             let Some(status) = statuses.get(&feature.name) else {
                 continue; // not asked for in this request
             };
             let Some(served_status) = status.as_str().and_then(Status::parse) else {
-                unreadable[k] += 1;
+                if let Some((_, unreadable, _)) = out.as_mut() {
+                    unreadable[k] += 1;
+                }
                 continue;
             };
             let served_value = values.get(&feature.name).map_or_else(|| "null".to_string(), ToString::to_string);
@@ -253,11 +352,22 @@ impl Replay<'_> {
                 None => b.event_ts(r),
             };
             let served = (served_status, served_value, served_ts);
-            let expected = closest(&served, replayed.iter().map(|joined| joined.expected(j, k, request_time, served.2)), false);
-            judge(&mut reports[k], &served, &expected, request_time, b.entity(r), false);
+            let expected = closest(&served, candidates.iter().map(|(joined, j)| joined.expected(*j, k, request_time, served.2)), false);
+            all &= agrees(&served, &expected, false);
+            if let Some((reports, _, _)) = out.as_mut() {
+                judge(&mut reports[k], &served, &expected, request_time, b.entity(r), false);
+            }
         }
+        all
     }
 }
+
+/// Where [`Replay::compare_row`] counts: the reports per feature, the values with an
+/// unknown status per feature, the features logged but no longer defined.
+type Judged<'a> = (&'a mut [FeatureReport], &'a mut [u64], &'a mut BTreeSet<String>);
+
+/// The most joins [`Replay::refining`] runs for one view's replay.
+const MAX_REFINING_JOINS: usize = 4096;
 
 impl Replay<'_> {
     /// Replays one on-demand view's logged rows into `report`: each row's join keys and
@@ -329,28 +439,27 @@ impl Replay<'_> {
         let defs = crate::ops::pinned(self.defs, &refs)?;
         let resolved = resolve(&defs, &refs)?;
         let options = HistoricalOptions { created_cutoff: self.created_cutoff, ..Default::default() };
-        let rows = SpineRows { source: "serving log", rows: &spine };
-        let mut joins = Vec::new();
-        for options in self.joins(options) {
-            match historical(self.config, &defs, rows, &resolved, options, self.kernel, &|_, _| {}).await {
-                Ok(joined) => joins.push(joined),
-                Err(e) => {
-                    report.skipped.push(format!("{} of `{name}` cannot be replayed: {e}", count(kept.len(), "row")));
-                    return Ok(());
-                }
+        let scans = ScanCache::default();
+        let joins = match self.on_demand_joins(&defs, &resolved, &spine, &options, &self.grid(), &scans).await {
+            Ok(joins) => joins,
+            Err(e) => {
+                report.skipped.push(format!("{} of `{name}` cannot be replayed: {e}", count(kept.len(), "row")));
+                return Ok(());
             }
-        }
+        };
         let first = spine.num_columns();
         // Bit for bit, unless the view reads an aggregation, whose float sums are added
         // in another order online (docs/aggregations.md: within 1e-9 relative).
         let exact = !super::reads_aggregations(self.defs, view);
-        let mut reports: Vec<FeatureReport> =
-            asked.iter().map(|f| FeatureReport { feature: format!("{name}:{f}"), ..FeatureReport::default() }).collect();
-        for (j, &at) in kept.iter().enumerate() {
+        // Logged row `at` against the offline answers (a join and the row in it, one per
+        // moment checked), feature by feature: whether every feature agrees with one,
+        // counted into `reports` when given.
+        let compare = |candidates: &[(&RecordBatch, usize)], at: Logged, mut reports: Option<&mut [FeatureReport]>| -> bool {
             let (b, r) = self.row(at);
             let (values, statuses) = (object(b.values(r)), object(b.statuses(r)));
             let times = b.event_timestamps(r).map(object).unwrap_or_default();
             let request_time = b.request_time(r);
+            let mut all = true;
             for (k, feature) in asked.iter().enumerate() {
                 let Some(status) = statuses.get(*feature).and_then(|s| s.as_str()).and_then(Status::parse) else { continue };
                 let served_value = values.get(*feature).map_or_else(|| "null".to_string(), ToString::to_string);
@@ -359,19 +468,61 @@ impl Replay<'_> {
                 let served = (status, served_value, served_ts);
                 let expected = closest(
                     &served,
-                    joins.iter().map(|joined| {
-                        let v = value_at(joined.column(first + k).as_ref(), j, dtype);
+                    candidates.iter().map(|(joined, j)| {
+                        let v = value_at(joined.column(first + k).as_ref(), *j, dtype);
                         let expected_status = if v == Value::Null { Status::NullValue } else { Status::Present };
                         (expected_status, value_json(&v), served_ts)
                     }),
                     exact,
                 );
-                let (status, served_value, served_ts) = served;
-                judge(&mut reports[k], &(status, served_value, served_ts), &expected, request_time, b.entity(r), exact);
+                all &= agrees(&served, &expected, exact);
+                if let Some(reports) = reports.as_mut() {
+                    judge(&mut reports[k], &served, &expected, request_time, b.entity(r), exact);
+                }
             }
+            all
+        };
+        let at_grid = |j: usize| -> Vec<(&RecordBatch, usize)> { joins.iter().map(|joined| (joined, j)).collect() };
+        let bad: Vec<usize> = match self.arrival {
+            Some(_) => (0..kept.len()).filter(|&j| !compare(&at_grid(j), kept[j], None)).collect(),
+            None => Vec::new(),
+        };
+        // Its inputs' tables: every view's, for simplicity (more states, not fewer).
+        let (refined, refined_at) = match self.refine(None, &spine, &kept, &bad, name, report)? {
+            Some((sub, shifts, at)) => (self.on_demand_joins(&defs, &resolved, &sub, &options, &shifts, &scans).await?, at),
+            None => (Vec::new(), HashMap::new()),
+        };
+        let mut reports: Vec<FeatureReport> =
+            asked.iter().map(|f| FeatureReport { feature: format!("{name}:{f}"), ..FeatureReport::default() }).collect();
+        for (j, &at) in kept.iter().enumerate() {
+            let mut candidates = at_grid(j);
+            if let Some(&p) = refined_at.get(&j) {
+                candidates.extend(refined.iter().map(|joined| (joined, p)));
+            }
+            compare(&candidates, at, Some(&mut reports));
         }
         report.features.extend(reports.into_iter().filter(|f| f.compared > 0));
         Ok(())
+    }
+}
+
+impl Replay<'_> {
+    /// An on-demand view's joins of `spine`, one per shift.
+    async fn on_demand_joins(
+        &self,
+        defs: &Definitions,
+        resolved: &Resolved<'_>,
+        spine: &RecordBatch,
+        options: &HistoricalOptions,
+        shifts: &[i64],
+        scans: &ScanCache,
+    ) -> Result<Vec<RecordBatch>> {
+        let rows = SpineRows { source: "serving log", rows: spine };
+        let mut joins = Vec::new();
+        for options in self.joins(options.clone(), shifts, scans) {
+            joins.push(historical(self.config, defs, rows, resolved, options, self.kernel, &|_, _| {}).await?);
+        }
+        Ok(joins)
     }
 }
 
@@ -401,7 +552,18 @@ struct Replayed<'a> {
     offline_ts: Option<&'a arrow::array::PrimitiveArray<Micros>>,
 }
 
-impl Replayed<'_> {
+impl<'a> Replayed<'a> {
+    /// Each of `joins` of `view`'s spine (its columns before `first`).
+    fn all(joins: &'a [RecordBatch], first: usize, view: &'a FeatureView, served: &'a [quiver_sdk::Feature]) -> Vec<Replayed<'a>> {
+        joins
+            .iter()
+            .map(|joined| {
+                let offline_ts = (!view.is_event_log()).then(|| joined.column(first + served.len()).as_primitive::<Micros>());
+                Replayed { batch: joined, first, view, served, offline_ts }
+            })
+            .collect()
+    }
+
     /// What should have been served for feature `k` at spine row `j`, requested at
     /// `request_time`. An aggregation's event time is not judged: the served one is
     /// taken as it is.
@@ -437,7 +599,7 @@ fn floats_agree(served: &Answer, expected: &Answer) -> bool {
 fn closest(served: &Answer, expected: impl IntoIterator<Item = Answer>, exact: bool) -> Answer {
     let mut first = None;
     for e in expected {
-        if *served == e || (!exact && floats_agree(served, &e)) {
+        if agrees(served, &e, exact) {
             return e;
         }
         first.get_or_insert(e);
@@ -445,10 +607,15 @@ fn closest(served: &Answer, expected: impl IntoIterator<Item = Answer>, exact: b
     first.expect("one join at least")
 }
 
+/// Whether `served` is `expected`: the same, or (not `exact`) floats that agree.
+fn agrees(served: &Answer, expected: &Answer, exact: bool) -> bool {
+    served == expected || (!exact && floats_agree(served, expected))
+}
+
 /// Counts one served answer against the expected one, keeping a few examples.
 fn judge(report: &mut FeatureReport, served: &Answer, expected: &Answer, request_time: i64, entity: &str, exact: bool) {
     report.compared += 1;
-    let kind = if served == expected || (!exact && floats_agree(served, expected)) {
+    let kind = if agrees(served, expected, exact) {
         report.matches += 1;
         return;
     } else if served.2.is_some_and(|t| t > request_time) {
