@@ -47,6 +47,7 @@ async fn load_view(
     if view.is_event_log() {
         let end = match window {
             EventRange::Range { end, .. } | EventRange::Since { end, .. } => end,
+            EventRange::Versions(_) => i64::MAX,
         };
         // Records are built as of END, but never as of a time still to come: `materialize
         // 2000-01-01 2100-01-01` must count the windows of today, not of 2100 (events
@@ -177,6 +178,43 @@ pub async fn materialize(
         reports.push(report);
     }
     Ok(reports)
+}
+
+/// How far back a starting server looks for pushes' rows owed to the online store.
+pub const OWED_WINDOW_US: i64 = 15 * 60 * 1_000_000;
+
+/// Writes online the rows of the pushes committed in the last `window_us` (UTC
+/// microseconds) that owed them to the online store ([`quiver_offline::delta::OWES_ONLINE`]):
+/// a server killed between a push's commit and its online write leaves them offline
+/// only, and a starting server writes them (docs/online.md#push-when-the-online-store-fails).
+/// The latest such row per entity goes through the guarded write, so a newer row
+/// online stays, and a push that was written already is written again unchanged.
+/// Event logs are left to their next write or materialization. Returns the rows the
+/// store took.
+///
+/// # Errors
+/// An unreadable table or an unavailable store.
+pub async fn write_owed(config: &Config, defs: &Definitions, store: &dyn OnlineStore, window_us: i64) -> Result<usize> {
+    let since = quiver_sdk::Timestamp::now().0.saturating_sub(window_us);
+    let mut written = 0;
+    for view in defs.feature_views.iter().filter(|v| v.takes_online_writes() && !v.is_event_log()) {
+        let location = config.view_table(view);
+        let mut recent: Vec<u64> =
+            quiver_offline::delta::commit_times(&location).await?.into_iter().filter(|&(_, t)| t >= since).map(|(v, _)| v).collect();
+        recent.sort_unstable();
+        let mut owed = Vec::new();
+        for v in recent {
+            if quiver_offline::delta::log_entry(&location, v).await?.is_some_and(|entry| quiver_offline::delta::owes_online(&entry)) {
+                owed.push(v);
+            }
+        }
+        if owed.is_empty() {
+            continue;
+        }
+        let (report, _) = load_view(config, defs, view, EventRange::Versions(owed), store, &|_, _| {}).await?;
+        written += report.written;
+    }
+    Ok(written)
 }
 
 /// Where incremental materialization records its progress: per online store, per view,

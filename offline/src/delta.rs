@@ -232,6 +232,20 @@ pub async fn log_entry(location: &StoreLocation, version: u64) -> Result<Option<
     Ok(Some(bytes.to_vec()))
 }
 
+/// The `txn` application id of a push's commit whose rows the pushing server writes
+/// online next: a server killed in between leaves them owed, and the next server to
+/// start writes them (docs/online.md#push-when-the-online-store-fails).
+pub const OWES_ONLINE: &str = "quiver-push-owes-online";
+
+/// Whether a log entry is a push's commit whose rows were owed to the online store
+/// ([`OWES_ONLINE`]).
+pub fn owes_online(entry: &[u8]) -> bool {
+    entry.split(|&b| b == b'\n').any(|line| {
+        serde_json::from_slice::<serde_json::Value>(line)
+            .is_ok_and(|action| action.get("txn").and_then(|t| t.get("appId")).and_then(|a| a.as_str()) == Some(OWES_ONLINE))
+    })
+}
+
 /// Whether a log entry removes a file: its commit was not only appends (a rewrite, a
 /// delete, an overwrite).
 pub fn removes_files(entry: &[u8]) -> bool {

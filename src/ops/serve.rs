@@ -68,6 +68,17 @@ impl Serve<'_> {
             ));
         }
         let log = logging.then(|| DeltaServingLog::start(&self.repo.config.serving_log, live.map(|l| l as Arc<dyn Observer>)));
+        // Rows of pushes a server killed before writing them online owed the store.
+        if let Ok(applied) = self.repo.applied() {
+            let (config, store) = (self.repo.config.clone(), store.clone());
+            tokio::spawn(async move {
+                let window = crate::materialize::OWED_WINDOW_US;
+                match crate::materialize::write_owed(&config, &applied.definitions, store.as_ref(), window).await {
+                    Ok(rows) => tracing::info!(rows, "rows owed to the online store by pushes written"),
+                    Err(e) => eprintln!("warning: writing the rows pushes owed to the online store: {e}"),
+                }
+            });
+        }
         let mut state = crate::server::server_state(&self.repo.config, store, log.clone())?;
         let listener =
             tokio::net::TcpListener::bind(self.addr).await.map_err(|e| Error::Serving(format!("serving on {}: {e}", self.addr)))?;
@@ -219,8 +230,9 @@ impl quiver_online::server::OfflineWriter for PushLineage {
         defs: &quiver_sdk::Definitions,
         view: &FeatureView,
         rows: &[quiver_runtime::rows::ViewRow],
+        owes_online: bool,
     ) -> std::result::Result<u64, String> {
-        self.inner.append(defs, view, rows).await
+        self.inner.append(defs, view, rows, owes_online).await
     }
 
     async fn refresh_event_log(

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::TimestampMicrosecondType;
 use quiver_offline::historical::{EntityEvents, EventCache};
+use quiver_offline::delta::OWES_ONLINE;
 use quiver_offline::ingest::{AppendOptions, IngestReport, append};
 use quiver_offline::schema::{ViewLayout, key_at, rows_to_columns, table_schema, value_at};
 use quiver_online::{OnlineStore, WriteRow};
@@ -282,8 +283,13 @@ impl DeltaWriter {
 
 #[async_trait::async_trait]
 impl quiver_online::server::OfflineWriter for DeltaWriter {
-    async fn append(&self, defs: &Definitions, view: &FeatureView, rows: &[ViewRow]) -> std::result::Result<u64, String> {
-        write_offline(&self.config, defs, view, "/push request", rows, AppendOptions::new(None))
+    async fn append(&self, defs: &Definitions, view: &FeatureView, rows: &[ViewRow], owes_online: bool) -> std::result::Result<u64, String> {
+        let mut options = AppendOptions::new(None);
+        if owes_online {
+            // The marker's version is the time: only its presence in the entry is read.
+            options = options.with_txns(vec![(OWES_ONLINE.to_string(), chrono::Utc::now().timestamp_millis())]);
+        }
+        write_offline(&self.config, defs, view, "/push request", rows, options)
             .await
             .map(|r| r.version.expect("an append of rows commits a version"))
             .map_err(|e| e.to_string())

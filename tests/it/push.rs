@@ -189,6 +189,16 @@ async fn server_push_offline_goes_through_delta() {
     assert_eq!(delta(&dir).await.len(), 3);
     let got = store.read(&[store_key("pushes", "trips", &[KeyValue::Int(7)])]).await.unwrap();
     assert!(got[0].is_none(), "offline-only push must not reach the online store");
+    // The push to both stores recorded that it owed the online store its rows (for a
+    // server killed before writing them); the offline one did not.
+    let location = repo.config.view_table(&repo.applied().unwrap().definitions.feature_views[0]);
+    let owed = |v: u64| {
+        let location = location.clone();
+        async move { quiver::offline::delta::owes_online(&quiver::offline::delta::log_entry(&location, v).await.unwrap().unwrap()) }
+    };
+    let versions = quiver::offline::delta::commit_times(&location).await.unwrap();
+    let last = versions.keys().max().copied().unwrap();
+    assert_eq!((owed(last - 1).await, owed(last).await), (true, false));
     // A bad row refuses the whole push: nothing appended.
     let (status, answer) = push(
         r#"{"feature_view": "trips", "to": "offline", "df": {"driver_id": [8, 9], "event_timestamp": ["2025-01-01T00:00:00Z", "yesterday"], "fare": [1.0, 1.0], "seq": [1, 2]}}"#,
@@ -284,4 +294,62 @@ async fn a_push_whose_online_store_fails_is_written_online_when_it_returns() {
     let (_, metrics) = call("GET", "/metrics", "").await;
     assert!(metrics.contains("quiver_push_online_pending_rows 0"), "{metrics}");
     assert_eq!(delta(&dir).await.len(), 2, "nothing appended twice");
+}
+
+/// A server killed between a push's Delta commit and its online write leaves the rows
+/// owed to the online store (the commit records it); the next server to start writes
+/// them. Rows pushed offline alone owe nothing and stay offline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_server_writes_the_rows_a_killed_push_owed() {
+    use arrow::array::{Float64Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
+    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    use quiver::offline::ingest::{AppendOptions, append};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    repo(&dir);
+    let repo = Repo::open(&dir).unwrap();
+    let defs = repo.applied().unwrap().definitions;
+    let view = &defs.feature_views[0];
+    let at = chrono::Utc::now().timestamp_micros() - 60_000_000;
+    let batch = |driver: i64, fare: f64| {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("driver_id", DataType::Int64, false),
+            Field::new("event_timestamp", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), false),
+            Field::new("fare", DataType::Float64, true),
+            Field::new("seq", DataType::Int64, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![driver])),
+                Arc::new(TimestampMicrosecondArray::from(vec![at]).with_timezone("UTC")),
+                Arc::new(Float64Array::from(vec![fare])),
+                Arc::new(Int64Array::from(vec![1])),
+            ],
+        )
+        .unwrap()
+    };
+    let location = repo.config.view_table(view);
+    // The commit a push to both stores makes, its online write never made ...
+    let owed = AppendOptions::new(None).with_txns(vec![(quiver::offline::delta::OWES_ONLINE.to_string(), 1)]);
+    append(&location, &defs, view, "/push request", vec![batch(7, 1.5)], owed, &|_, _| {}).await.unwrap();
+    // ... and one of a push to the offline store alone.
+    append(&location, &defs, view, "/push request", vec![batch(8, 2.5)], AppendOptions::new(None), &|_, _| {}).await.unwrap();
+    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+    let read = |driver: i64| {
+        let store = store.clone();
+        async move {
+            let got = store.read(&[store_key("pushes", "trips", &[KeyValue::Int(driver)])]).await.unwrap();
+            got[0].as_ref().map(|b| OnlineRow::decode(b).unwrap().values[0].clone())
+        }
+    };
+    assert_eq!(read(7).await, None);
+    let server = repo.serve("127.0.0.1:0".parse().unwrap()).with_store(store.clone()).start().await.unwrap();
+    let began = std::time::Instant::now();
+    while read(7).await.is_none() && began.elapsed() < std::time::Duration::from_secs(10) {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(read(7).await, Some(Value::Float64(1.5)), "the owed row, written by the starting server");
+    assert_eq!(read(8).await, None, "a row pushed offline alone stays offline");
+    server.stop().await.unwrap();
 }

@@ -15,7 +15,7 @@ use crate::keys::EntityIndex;
 use crate::schema::{SEQ_COLUMN, ViewLayout, arrow_type, key_type, timestamp_type};
 
 /// Which rows [`latest_per_entity`] considers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventRange {
     /// Rows with event time in `[start, end]` (UTC microseconds).
     Range { start: i64, end: i64 },
@@ -24,6 +24,8 @@ pub enum EventRange {
     /// version (whatever their event time: late data), or with event time after
     /// `prev_end`.
     Since { version: u64, prev_end: i64, end: i64 },
+    /// Every row the table versions `0` committed (whatever their event time).
+    Versions(Vec<u64>),
 }
 
 /// The latest rows of a view, and the table version they were read from (`None`
@@ -52,6 +54,15 @@ pub async fn latest_per_entity(config: &Config, defs: &Definitions, view: &Featu
             let ts = ident(&view.source.timestamp_field);
             let extra = ident(SEQ_COLUMN).gt_eq(lit(first_new)).or(ts.gt(ts_literal(prev_end)));
             (None, end, Some(extra))
+        }
+        EventRange::Versions(versions) => {
+            let of = |v: u64| i64::try_from(v).unwrap_or(i64::MAX >> 32) << 32;
+            let extra = versions
+                .iter()
+                .map(|&v| ident(SEQ_COLUMN).gt_eq(lit(of(v))).and(ident(SEQ_COLUMN).lt(lit(of(v + 1)))))
+                .reduce(datafusion::prelude::Expr::or);
+            let Some(extra) = extra else { return Ok(Latest { batch: None, version: None }) };
+            (None, i64::MAX, Some(extra))
         }
     };
     let mut scan = scan_view_at(&location, defs, view, &features, ScanRange { lo, hi, extra, version: None }).await?;

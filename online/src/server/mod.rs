@@ -435,7 +435,10 @@ async fn registry(State(state): State<Arc<ServerState>>) -> Json<Json_> {
 #[async_trait::async_trait]
 pub trait OfflineWriter: Send + Sync {
     /// Appends `rows` of `view` in one commit; returns the table version committed.
-    async fn append(&self, defs: &Definitions, view: &quiver_sdk::FeatureView, rows: &[ViewRow]) -> Result<u64, String>;
+    /// `owes_online`: the push writes them online next, and the commit records that it
+    /// does, so that a server killed in between has them written by the next one to
+    /// start (docs/online.md#push-when-the-online-store-fails).
+    async fn append(&self, defs: &Definitions, view: &quiver_sdk::FeatureView, rows: &[ViewRow], owes_online: bool) -> Result<u64, String>;
 
     /// Rebuilds the online records of an event log's `entities` from its table (after
     /// their events were appended); returns the records written.
