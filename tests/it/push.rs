@@ -298,7 +298,8 @@ async fn a_push_whose_online_store_fails_is_written_online_when_it_returns() {
 
 /// A server killed between a push's Delta commit and its online write leaves the rows
 /// owed to the online store (the commit records it); the next server to start writes
-/// them. Rows pushed offline alone owe nothing and stay offline.
+/// them. Rows pushed offline alone owe nothing and stay offline, also between two owed
+/// commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_starting_server_writes_the_rows_a_killed_push_owed() {
     use arrow::array::{Float64Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
@@ -333,8 +334,10 @@ async fn a_starting_server_writes_the_rows_a_killed_push_owed() {
     // The commit a push to both stores makes, its online write never made ...
     let owed = AppendOptions::new(None).with_txns(vec![(quiver::offline::delta::OWES_ONLINE.to_string(), 1)]);
     append(&location, &defs, view, "/push request", vec![batch(7, 1.5)], owed, &|_, _| {}).await.unwrap();
-    // ... and one of a push to the offline store alone.
+    // ... one of a push to the offline store alone, and another owed after it.
     append(&location, &defs, view, "/push request", vec![batch(8, 2.5)], AppendOptions::new(None), &|_, _| {}).await.unwrap();
+    let owed = AppendOptions::new(None).with_txns(vec![(quiver::offline::delta::OWES_ONLINE.to_string(), 2)]);
+    append(&location, &defs, view, "/push request", vec![batch(9, 3.5)], owed, &|_, _| {}).await.unwrap();
     let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
     let read = |driver: i64| {
         let store = store.clone();
@@ -346,10 +349,11 @@ async fn a_starting_server_writes_the_rows_a_killed_push_owed() {
     assert_eq!(read(7).await, None);
     let server = repo.serve("127.0.0.1:0".parse().unwrap()).with_store(store.clone()).start().await.unwrap();
     let began = std::time::Instant::now();
-    while read(7).await.is_none() && began.elapsed() < std::time::Duration::from_secs(10) {
+    while (read(7).await.is_none() || read(9).await.is_none()) && began.elapsed() < std::time::Duration::from_secs(10) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(read(7).await, Some(Value::Float64(1.5)), "the owed row, written by the starting server");
+    assert_eq!(read(9).await, Some(Value::Float64(3.5)));
     assert_eq!(read(8).await, None, "a row pushed offline alone stays offline");
     server.stop().await.unwrap();
 }
