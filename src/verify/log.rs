@@ -155,8 +155,7 @@ impl Replay<'_> {
     fn refining(&self, tables: &[&str], times: &[i64]) -> Option<Vec<i64>> {
         let (commits, lag) = self.arrival.as_ref()?;
         let lag = *lag;
-        let mut at: Vec<i64> =
-            tables.iter().filter_map(|t| commits.get(*t)).flat_map(|c| c.values().copied()).collect();
+        let mut at: Vec<i64> = tables.iter().filter_map(|t| commits.get(*t)).flat_map(|c| c.values().copied()).collect();
         at.sort_unstable();
         at.dedup();
         // Each state, as the shifts that reach it: (lo, hi], hi reached by shifting to
@@ -288,7 +287,7 @@ impl Replay<'_> {
         bad: &[usize],
         name: &str,
         report: &mut LogReport,
-    ) -> Result<Option<(RecordBatch, Vec<i64>, HashMap<usize, usize>)>> {
+    ) -> Result<Option<Refining>> {
         let Some((commits, _)) = &self.arrival else { return Ok(None) };
         if bad.is_empty() {
             return Ok(None);
@@ -361,6 +360,10 @@ impl Replay<'_> {
         all
     }
 }
+
+/// What [`Replay::refine`] checks again: a spine of the rows no moment agreed with, the
+/// shifts to join it at, and each such row's row (of the view's spine) in it.
+type Refining = (RecordBatch, Vec<i64>, HashMap<usize, usize>);
 
 /// Where [`Replay::compare_row`] counts: the reports per feature, the values with an
 /// unknown status per feature, the features logged but no longer defined.

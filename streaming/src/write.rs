@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::TimestampMicrosecondType;
-use quiver_offline::historical::{EntityEvents, EventCache};
 use quiver_offline::delta::OWES_ONLINE;
+use quiver_offline::historical::{EntityEvents, EventCache};
 use quiver_offline::ingest::{AppendOptions, IngestReport, append};
 use quiver_offline::schema::{ViewLayout, key_at, rows_to_columns, table_schema, value_at};
 use quiver_online::{OnlineStore, WriteRow};
@@ -283,7 +283,13 @@ impl DeltaWriter {
 
 #[async_trait::async_trait]
 impl quiver_online::server::OfflineWriter for DeltaWriter {
-    async fn append(&self, defs: &Definitions, view: &FeatureView, rows: &[ViewRow], owes_online: bool) -> std::result::Result<u64, String> {
+    async fn append(
+        &self,
+        defs: &Definitions,
+        view: &FeatureView,
+        rows: &[ViewRow],
+        owes_online: bool,
+    ) -> std::result::Result<u64, String> {
         let mut options = AppendOptions::new(None);
         if owes_online {
             // The marker's version is the time: only its presence in the entry is read.

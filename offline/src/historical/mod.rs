@@ -41,13 +41,13 @@ use kernel_input::KernelColumns;
 use scan::{Scan, ScanRange, scan_view_at};
 
 pub use event_cache::EventCache;
-pub use scan::ScanCache;
 pub use events::{EntityEvents, events_since};
 pub use joined::HeldJoin;
 use joined::{Held, Won};
 pub use latest::{EventRange, Latest, latest_per_entity};
 pub use made::{MadeSpine, RowsOf};
 pub use output::write_parquet;
+pub use scan::ScanCache;
 pub use scan::{TableSummary, read_view, table_summary, table_versions, window_streams};
 pub use spine::{SPINE_TIMESTAMP, read_spine};
 

@@ -105,7 +105,8 @@ pub(super) async fn push(State(state): State<Arc<ServerState>>, body: axum::body
         let Some(writer) = &state.offline else {
             return Err(ApiError(StatusCode::NOT_IMPLEMENTED, "this server has no offline store to push to".into()));
         };
-        let version = writer.append(&defs, view, &rows, online && !view.is_event_log()).await.map_err(|e| state.unavailable("offline store", &e))?;
+        let version =
+            writer.append(&defs, view, &rows, online && !view.is_event_log()).await.map_err(|e| state.unavailable("offline store", &e))?;
         answer.insert("offline_version".into(), json!(version));
         offline_version = Some(version);
     }
