@@ -222,6 +222,44 @@ async fn the_log_and_its_replay_read_the_version_each_request_read() {
     assert_eq!(judged, [("driver_hourly:avg_daily_trips", 2, 2), ("driver_hourly@2:avg_daily_trips", 2, 2)], "{:?}", report.features);
 }
 
+/// The demo repository served in-process with its serving log on, for the replays of
+/// driver 7777's answers.
+struct Served {
+    repo: Repo,
+    defs: quiver_sdk::Definitions,
+    log: Arc<DeltaServingLog>,
+    state: Arc<crate::online::server::ServerState>,
+}
+
+impl Served {
+    async fn start(dir: &Path) -> Served {
+        let repo = demo(dir, false).await;
+        let defs = repo.applied().unwrap().definitions;
+        let log = DeltaServingLog::start(&repo.config.serving_log, None);
+        let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
+        let state = Arc::new(crate::server::server_state(&repo.config, store, Some(log.clone())).unwrap());
+        Served { repo, defs, log, state }
+    }
+
+    async fn call(&self, uri: &'static str, body: String) -> (axum::http::StatusCode, serde_json::Value) {
+        let req = axum::http::Request::builder().method("POST").uri(uri).header("content-type", "application/json");
+        let resp = router(self.state.clone()).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+        let status = resp.status();
+        let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+        (status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap())
+    }
+
+    /// Pushes one row of driver 7777 with event (and created) time `event`, `to` a
+    /// store or both.
+    async fn push_7777(&self, event: i64, rate: f64, to: &'static str) {
+        let at = quiver_sdk::types::format_instant(event);
+        let body = serde_json::json!({"feature_view": "driver_hourly", "to": to, "df": {"driver_id": [7777],
+            "event_timestamp": [at], "created_timestamp": [at], "conv_rate": [rate], "acc_rate": [0.5], "avg_daily_trips": [3]}});
+        let (status, answer) = self.call("/push", body.to_string()).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+}
+
 /// `verify --since --as-arrived` judges an answer by the rows that had arrived offline
 /// around its request time. Driver 7777's answers, at real times: (1) its first row,
 /// served; then a row from *before* that request arrives 3 s after it — the event time
@@ -231,33 +269,11 @@ async fn the_log_and_its_replay_read_the_version_each_request_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_as_arrived_judges_answers_by_what_had_arrived() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("demo");
-    let repo = demo(&dir, false).await;
-    let defs = repo.applied().unwrap().definitions;
-    let log = DeltaServingLog::start(&repo.config.serving_log, None);
-    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
-    let state = Arc::new(crate::server::server_state(&repo.config, store, Some(log.clone())).unwrap());
-    let call = |uri: &'static str, body: String| {
-        let state = state.clone();
-        async move {
-            let req = axum::http::Request::builder().method("POST").uri(uri).header("content-type", "application/json");
-            let resp = router(state).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
-            let status = resp.status();
-            let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
-            (status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap())
-        }
-    };
+    let served = Served::start(&tmp.path().join("demo")).await;
+    let (repo, defs, log) = (&served.repo, &served.defs, &served.log);
+    let call = |uri: &'static str, body: String| served.call(uri, body);
     let now = || chrono::Utc::now().timestamp_micros();
-    let push = |event: i64, rate: f64, to: &'static str| {
-        let at = quiver_sdk::types::format_instant(event);
-        let body = serde_json::json!({"feature_view": "driver_hourly", "to": to, "df": {"driver_id": [7777],
-            "event_timestamp": [at], "created_timestamp": [at], "conv_rate": [rate], "acc_rate": [0.5], "avg_daily_trips": [3]}});
-        let pushed = call("/push", body.to_string());
-        async move {
-            let (status, answer) = pushed.await;
-            assert_eq!(status, 200, "{answer}");
-        }
-    };
+    let push = |event: i64, rate: f64, to: &'static str| served.push_7777(event, rate, to);
     let ask = || async {
         let body = r#"{"entities": {"driver_id": [7777]}, "features": ["driver_hourly:conv_rate"]}"#;
         let (status, answer) = call("/get-online-features", body.to_string()).await;
@@ -308,33 +324,11 @@ async fn verify_as_arrived_judges_answers_by_what_had_arrived() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_as_arrived_finds_a_state_shorter_than_its_step() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("demo");
-    let repo = demo(&dir, false).await;
-    let defs = repo.applied().unwrap().definitions;
-    let log = DeltaServingLog::start(&repo.config.serving_log, None);
-    let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
-    let state = Arc::new(crate::server::server_state(&repo.config, store, Some(log.clone())).unwrap());
-    let call = |uri: &'static str, body: String| {
-        let state = state.clone();
-        async move {
-            let req = axum::http::Request::builder().method("POST").uri(uri).header("content-type", "application/json");
-            let resp = router(state).oneshot(req.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
-            let status = resp.status();
-            let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
-            (status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap())
-        }
-    };
+    let served = Served::start(&tmp.path().join("demo")).await;
+    let (repo, defs, log) = (&served.repo, &served.defs, &served.log);
+    let call = |uri: &'static str, body: String| served.call(uri, body);
     let now = || chrono::Utc::now().timestamp_micros();
-    let push = |event: i64, rate: f64, to: &'static str| {
-        let at = quiver_sdk::types::format_instant(event);
-        let body = serde_json::json!({"feature_view": "driver_hourly", "to": to, "df": {"driver_id": [7777],
-            "event_timestamp": [at], "created_timestamp": [at], "conv_rate": [rate], "acc_rate": [0.5], "avg_daily_trips": [3]}});
-        let pushed = call("/push", body.to_string());
-        async move {
-            let (status, answer) = pushed.await;
-            assert_eq!(status, 200, "{answer}");
-        }
-    };
+    let push = |event: i64, rate: f64, to: &'static str| served.push_7777(event, rate, to);
     let began = now();
     push(began - 2_000_000, 0.1, "online_and_offline").await;
     push(began - 1_000_000, 0.2, "offline").await;

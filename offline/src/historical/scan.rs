@@ -424,15 +424,21 @@ feature_views:
         RecordBatch::try_new(schema, columns).unwrap()
     }
 
+    /// The definitions, `rides` and the location of its table in a repository at `dir`.
+    fn rides_table(dir: &std::path::Path) -> (Definitions, FeatureView, quiver_sdk::StoreLocation) {
+        let config = Config::parse(dir, &dir.join("quiver.yaml"), "project: t\n", Vec::new()).unwrap();
+        let defs = quiver_sdk::yaml::parse_definitions(DEFS).unwrap();
+        let view = defs.find_view("rides").unwrap().clone();
+        let location = config.view_table(&view);
+        (defs, view, location)
+    }
+
     /// A rebuild's read of the files a version added (the event cache's): the rows the
     /// table's scan finds of that version, from the event-time bound on.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_files_a_version_added_read_alone_are_its_rows() {
         let dir = tempfile::tempdir().unwrap();
-        let config = Config::parse(dir.path(), &dir.path().join("quiver.yaml"), "project: t\n", Vec::new()).unwrap();
-        let defs = quiver_sdk::yaml::parse_definitions(DEFS).unwrap();
-        let view = defs.find_view("rides").unwrap().clone();
-        let location = config.view_table(&view);
+        let (defs, view, location) = rides_table(dir.path());
         let write = |batch| append(&location, &defs, &view, "rides", vec![batch], AppendOptions::new(None), &|_, _| {});
         write(rides(vec![1, 2, 3], vec![10, 20, 30])).await.unwrap();
         write(rides(vec![1, 2, 3, 4, 1, 5], vec![5, 12, 18, 25, 40, 7])).await.unwrap();
@@ -470,10 +476,7 @@ feature_views:
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_scan_cache_answers_the_same_scan_with_the_first_rows() {
         let dir = tempfile::tempdir().unwrap();
-        let config = Config::parse(dir.path(), &dir.path().join("quiver.yaml"), "project: t\n", Vec::new()).unwrap();
-        let defs = quiver_sdk::yaml::parse_definitions(DEFS).unwrap();
-        let view = defs.find_view("rides").unwrap().clone();
-        let location = config.view_table(&view);
+        let (defs, view, location) = rides_table(dir.path());
         let write = |batch| append(&location, &defs, &view, "rides", vec![batch], AppendOptions::new(None), &|_, _| {});
         write(rides(vec![1, 2, 3], vec![10, 20, 30])).await.unwrap();
         let cache = ScanCache::default();
