@@ -300,14 +300,13 @@ async fn verify_as_arrived_judges_answers_by_what_had_arrived() {
         (f.compared, f.matches, f.examples)
     };
     let by_event =
-        crate::verify::verify_log(&repo.config, &defs, began, until, crate::verify::Rule::EventTime { created_cutoff: false }, &kernel)
+        crate::verify::verify_log(&repo.config, defs, began, until, crate::verify::Rule::EventTime { created_cutoff: false }, &kernel)
             .await
             .unwrap();
     let (compared, matches, examples) = rate(&by_event);
     assert_eq!((compared, matches), (3, 1), "{examples:?}");
     let arrived = crate::verify::Rule::AsArrived { lag_us: 2_000_000 };
-    let (compared, matches, examples) =
-        rate(&crate::verify::verify_log(&repo.config, &defs, began, until, arrived, &kernel).await.unwrap());
+    let (compared, matches, examples) = rate(&crate::verify::verify_log(&repo.config, defs, began, until, arrived, &kernel).await.unwrap());
     assert_eq!((compared, matches), (3, 2), "{examples:?}");
     assert!(
         examples.len() == 1 && examples[0].contains("served PRESENT 0.2") && examples[0].contains("offline PRESENT 0.3"),
@@ -325,23 +324,20 @@ async fn verify_as_arrived_judges_answers_by_what_had_arrived() {
 async fn verify_as_arrived_finds_a_state_shorter_than_its_step() {
     let tmp = tempfile::tempdir().unwrap();
     let served = Served::start(&tmp.path().join("demo")).await;
-    let (repo, defs, log) = (&served.repo, &served.defs, &served.log);
-    let call = |uri: &'static str, body: String| served.call(uri, body);
     let now = || chrono::Utc::now().timestamp_micros();
-    let push = |event: i64, rate: f64, to: &'static str| served.push_7777(event, rate, to);
     let began = now();
-    push(began - 2_000_000, 0.1, "online_and_offline").await;
-    push(began - 1_000_000, 0.2, "offline").await;
+    served.push_7777(began - 2_000_000, 0.1, "online_and_offline").await;
+    served.push_7777(began - 1_000_000, 0.2, "offline").await;
     let body = r#"{"entities": {"driver_id": [7777]}, "features": ["driver_hourly:conv_rate"]}"#;
-    let (status, answer) = call("/get-online-features", body.to_string()).await;
+    let (status, answer) = served.call("/get-online-features", body.to_string()).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["results"][1]["values"][0].as_f64(), Some(0.1));
     let asked = now();
     assert!(asked - began < 7_000_000, "the pushes and the lookup took {} s: past a step of the grid", (asked - began) / 1_000_000);
-    log.flush().await.unwrap();
+    served.log.flush().await.unwrap();
     let kernel = quiver_gpu_join::CpuKernel::new();
     let arrived = crate::verify::Rule::AsArrived { lag_us: 60_000_000 };
-    let report = crate::verify::verify_log(&repo.config, &defs, began, now() + 1, arrived, &kernel).await.unwrap();
+    let report = crate::verify::verify_log(&served.repo.config, &served.defs, began, now() + 1, arrived, &kernel).await.unwrap();
     let f = report.features.iter().find(|f| f.feature == "driver_hourly:conv_rate").unwrap();
     assert_eq!((f.compared, f.matches), (1, 1), "{:?} {:?}", f.examples, report.skipped);
 }
