@@ -267,7 +267,11 @@ class Soak(Checks):
 
     def produce(self):
         from confluent_kafka import Producer
-        producer = Producer({"bootstrap.servers": self.brokers, "linger.ms": 5, "message.timeout.ms": 300000})
+        # Idempotent: a broker that stalls past a produce timeout must not get an event twice
+        # (the producer's retry would otherwise append a second copy the check counts as a
+        # duplicate that no consumer made).
+        producer = Producer({"bootstrap.servers": self.brokers, "linger.ms": 5, "message.timeout.ms": 300000,
+                             "enable.idempotence": True})
         rng = random.Random(self.args.seed + 1)
         seq, began = 0, time.monotonic()
         while not self.stop_load.is_set():
