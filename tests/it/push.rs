@@ -3,7 +3,7 @@
 //! online store the latest per entity; bad input is refused with the file or row named
 //! and nothing written anywhere.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -40,6 +40,16 @@ fn repo(dir: &Path) {
     .unwrap();
     std::fs::write(dir.join("features.yaml"), FEATURES).unwrap();
     quiver(dir, &["apply"]);
+}
+
+/// A repository applied in a temporary folder (kept while the first value lives), its
+/// folder, and the repository opened.
+fn applied_repo() -> (tempfile::TempDir, PathBuf, Repo) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("repo");
+    repo(&dir);
+    let opened = Repo::open(&dir).unwrap();
+    (tmp, dir, opened)
 }
 
 fn quiver(dir: &Path, args: &[&str]) -> std::process::Output {
@@ -154,10 +164,7 @@ fn server(repo: &Repo, store: Arc<dyn OnlineStore>) -> Arc<ServerState> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_push_offline_goes_through_delta() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("repo");
-    repo(&dir);
-    let repo = Repo::open(&dir).unwrap();
+    let (_tmp, dir, repo) = applied_repo();
     let store: Arc<dyn OnlineStore> = Arc::new(EmbeddedStore::open(&dir.join("online.db")).unwrap());
     let state = server(&repo, store.clone());
     let push = |body: &'static str| {
@@ -238,10 +245,7 @@ impl OnlineStore for Switched {
 /// online only is refused whole (503), nothing appended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_whose_online_store_fails_is_written_online_when_it_returns() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("repo");
-    repo(&dir);
-    let repo = Repo::open(&dir).unwrap();
+    let (_tmp, dir, repo) = applied_repo();
     let store =
         Arc::new(Switched { inner: EmbeddedStore::open(&dir.join("online.db")).unwrap(), down: std::sync::atomic::AtomicBool::new(true) });
     let state = server(&repo, store.clone());
@@ -305,10 +309,7 @@ async fn a_starting_server_writes_the_rows_a_killed_push_owed() {
     use arrow::array::{Float64Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
     use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
     use quiver::offline::ingest::{AppendOptions, append};
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("repo");
-    repo(&dir);
-    let repo = Repo::open(&dir).unwrap();
+    let (_tmp, dir, repo) = applied_repo();
     let defs = repo.applied().unwrap().definitions;
     let view = &defs.feature_views[0];
     let at = chrono::Utc::now().timestamp_micros() - 60_000_000;
