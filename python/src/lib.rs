@@ -499,7 +499,7 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(monitor, m)?)?;
     m.add_function(wrap_pyfunction!(parse_time, m)?)?;
     m.add_function(wrap_pyfunction!(flush_lineage, m)?)?;
-    m.add_function(wrap_pyfunction!(gather::place_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(gather::place_rows, m)?)?;
     m.add_function(wrap_pyfunction!(_sleep, m)?)?;
     Ok(())
 }

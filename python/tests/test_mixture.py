@@ -98,13 +98,35 @@ def test_every_global_batch_holds_the_largest_remainder_counts(tmp_path, batch_s
     assert len(got) == mixture.steps
 
 
-def test_each_batch_is_the_sources_next_rows_spread_evenly_and_cut_by_rank(tmp_path):
-    """Row for row against an oracle written here: a source's order is what a mixture
-    reading it alone yields (the others weighted 0, so its place and seeds are the same);
-    a step takes each source's next rows (the oracle's counts), lays them out by
+def source_order(first, n, group, shards, seed, k, p, window, epoch=0):
+    """Pass ``p`` of source ``k`` (ids ``first ..``, as `make_set` writes them), shuffled."""
+    per = -(-n // shards)
+    blocks = [list(range(first + g, first + min(g + group, (s + 1) * per, n)))
+              for s in range(shards) for g in range(s * per, min(n, (s + 1) * per), group)]
+    read = [i for b in np.random.default_rng([seed, epoch, k, p]).permutation(len(blocks)) for i in blocks[b]]
+    out = []
+    for j in range(0, n, window):
+        rows = read[j:j + window]
+        out += [rows[i] for i in np.random.default_rng([seed, epoch, k, p, j // window]).permutation(len(rows))]
+    return out
+
+
+@pytest.mark.parametrize("ahead", [None, 0])
+def test_each_batch_is_the_sources_next_rows_spread_evenly_and_cut_by_rank(tmp_path, monkeypatch, ahead):
+    """Row for row against an oracle written here: a source's order is its row groups
+    permuted by ``default_rng([seed, epoch, k, pass])``, then its windows' rows by
+    ``default_rng([seed, epoch, k, pass, window])`` (docs/mixing.md); a step takes each source's next rows (the oracle's counts), lays them out by
     ``(i + 0.5) / c_k`` (ties to the first source) and cuts them into ``world_size``
-    parts. Small windows and repeated passes, so a source's rows of a step cross both."""
+    parts. Small windows and repeated passes, so a source's rows of a step cross both.
+    With the plan run ahead as shipped, windows are written in one go; with it not run
+    ahead (``AHEAD = 0``), they are kept and written a chunk at a time."""
     _torch()
+    import quiver.mixture_batches as batches
+    kept = []
+    in_order = batches._in_order
+    monkeypatch.setattr(batches, "_in_order", lambda *a: kept.append(1) or in_order(*a))
+    if ahead is not None:
+        monkeypatch.setattr(batches, "AHEAD", ahead)
     sets = {"a": make_set(tmp_path / "a", 3000, 0, group=100), "b": make_set(tmp_path / "b", 1100, 10 ** 6, group=100),
             "c": make_set(tmp_path / "c", 700, 2 * 10 ** 6, group=100)}
     names, batch, world, steps = ["a", "b", "c"], 37, 3, 60
@@ -112,10 +134,9 @@ def test_each_batch_is_the_sources_next_rows_spread_evenly_and_cut_by_rank(tmp_p
     rows = {"a": 3000, "b": 1100, "c": 700}
     w = [Fraction(5, 10), Fraction(3, 10), Fraction(2, 10)]
     read = dict(shuffle=True, seed=4, window_rows=256)
-    order = {}
-    for k, name in enumerate(names):
-        alone = qv.Mixture(sets, weights={n: (1 if n == name else 0) for n in names}, on_exhausted="repeat", steps=60)
-        order[name] = [i for b in alone.to_torch(batch_size=100, **read) for i in b["id"].tolist()]
+    order = {name: [i for p in range(3) for i in source_order(first[name], rows[name], 100, 3, 4, k, p, 256)]
+             for k, name in enumerate(names)}
+    for name in names:
         n = rows[name]
         assert sorted(order[name][:n]) == sorted(order[name][n:2 * n]) == list(range(first[name], first[name] + n))
     mixture = qv.Mixture(sets, weights=dict(zip(names, w)), on_exhausted="repeat", steps=steps)
@@ -133,6 +154,7 @@ def test_each_batch_is_the_sources_next_rows_spread_evenly_and_cut_by_rank(tmp_p
             part = laid[r * g // world:(r + 1) * g // world]
             assert got[r][s] == ([i for _, _, i in part], [k for _, k, _ in part]), f"step {s}, rank {r}"
     assert at[0] > 3000 and at[2] > 700, "sources a and c went into further passes"
+    assert bool(kept) == (ahead == 0), f"{len(kept)} windows kept"
 
 
 def test_the_quick_plan_of_a_steady_phase_is_the_step_by_step_plan():
@@ -381,26 +403,32 @@ def test_torchrun_ranks_read_disjoint_rows_in_equal_batch_counts(abc, tmp_path):
     assert len(union) == seen[0]["planned"] and set(range(20_000, 20_100)) <= union
 
 
-def test_placing_runs_checks_every_run_before_writing():
-    from quiver._quiver import place_runs
-    a, b = np.arange(5, dtype=np.float64), np.arange(10, 13, dtype=np.float64)
-    out = np.zeros(5)
-    slots = [[a.view(np.uint8)], [b.view(np.uint8)]]
-    # a[3..5] to rows 1 and 0 of the first batch (rows 0-1), b[0..3] (in two runs) to
-    # rows 2, 0, 1 of the second (rows 2-4: base 2).
+def test_placing_rows_checks_every_run_before_writing():
+    """`place_rows` against the rows worked out here: a window of two parts read through
+    its order into two chunks, each run's rows to the places a layout gives them."""
+    from quiver._quiver import place_rows
+    parts = [[np.arange(3, dtype=np.float64).view(np.uint8)], [np.arange(3, 5, dtype=np.float64).view(np.uint8)]]
+    perm = np.array([4, 0, 3, 1, 2], dtype=np.int64)  # in order: 4, 0, 3, 1, 2
+    one, two = np.zeros(3), np.zeros(4)
+    outs = [[one.view(np.uint8)], [two.view(np.uint8)]]
     places = np.array([1, 0, 2, 0, 1], dtype=np.int64)
-    runs = np.array([[0, 3, 2, 0, 0], [1, 0, 1, 2, 2], [1, 1, 2, 2, 3]], dtype=np.int64)
-    place_runs([out.view(np.uint8)], 5, slots, runs, places, [8])
-    assert out.tolist() == [4.0, 3.0, 11.0, 12.0, 10.0]
-    out[:] = -1
-    with pytest.raises(ValueError, match=r"run 1 reads rows 1..4 of window 1, which has 3"):
-        place_runs([out.view(np.uint8)], 5, slots, np.array([[0, 3, 2, 0, 0], [1, 1, 3, 2, 0]]), places, [8])
-    with pytest.raises(ValueError, match="run 0 reads window 2 of 2"):
-        place_runs([out.view(np.uint8)], 5, slots, np.array([[2, 0, 1, 0, 0]]), places, [8])
-    with pytest.raises(ValueError, match=r"run 0 takes places 4..6 of 5"):
-        place_runs([out.view(np.uint8)], 5, slots, np.array([[0, 0, 2, 0, 4]]), places, [8])
-    with pytest.raises(ValueError, match=r"run 0 puts a row at 4 \+ 1, outside the 5 rows out"):
-        place_runs([out.view(np.uint8)], 5, slots, np.array([[0, 0, 2, 4, 0]]), places, [8])
-    with pytest.raises(ValueError, match="run 0 has a negative field"):
-        place_runs([out.view(np.uint8)], 5, slots, np.array([[0, -1, 2, 0, 0]]), places, [8])
-    assert out.tolist() == [-1.0] * 5, "nothing written before the runs are checked"
+    # Rows 0-1 (4, 0) to chunk one's rows 1, 0; rows 2-4 (3, 1, 2) to chunk two's rows 1 + 2, 1 + 0, 1 + 1.
+    runs = np.array([[0, 0, 2, 0, 0], [1, 2, 3, 1, 2]], dtype=np.int64)
+    place_rows(outs, [3, 4], parts, perm, runs, places, [8])
+    assert one.tolist() == [0.0, 4.0, 0.0] and two.tolist() == [0.0, 1.0, 2.0, 3.0]
+    place_rows(outs, [3, 4], parts, None, np.array([[0, 3, 2, 0, 0]], dtype=np.int64), places, [8])
+    assert one.tolist() == [4.0, 3.0, 0.0], "without an order, the rows as read"
+    one[:], two[:] = -1, -1
+    bad = [
+        (perm, [[0, 0, 2, 0, 0], [1, 2, 4, 0, 0]], r"run 1 reads rows 2..6 of the window's 5"),
+        (perm, [[2, 0, 1, 0, 0]], "run 0 writes chunk 2 of 2"),
+        (perm, [[0, 0, 2, 0, 4]], r"run 0 takes places 4..6 of 5"),
+        (perm, [[0, 0, 2, 2, 0]], r"run 0 puts a row at 2 \+ 1, outside chunk 0's 3 rows"),
+        (perm, [[0, -1, 2, 0, 0]], "run 0 has a negative field"),
+        (np.array([0, 1, 2, 3, 5], dtype=np.int64), [[0, 0, 1, 0, 0]], r"`perm\[4\]` is 5, not a row of the window's 5"),
+        (np.array([0, 1], dtype=np.int64), [[0, 0, 1, 0, 0]], "`perm` orders 2 rows; the window has 5"),
+    ]
+    for order, table, message in bad:
+        with pytest.raises(ValueError, match=message):
+            place_rows(outs, [3, 4], parts, order, np.array(table, dtype=np.int64), places, [8])
+    assert one.tolist() == [-1.0] * 3 and two.tolist() == [-1.0] * 4, "nothing written before the runs are checked"

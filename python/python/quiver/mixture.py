@@ -34,16 +34,17 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._quiver import ValidationError, place_runs
+from ._quiver import ValidationError
 from .loader import WINDOW_ROWS, Columns, check_loader_options, counted_loader, default_rank, window_tensors
 from .mixture_plan import POLICIES, Planner, Schedule, step_counts  # noqa: F401  (step_counts: re-exported)
-from .mixture_read import SourceOrder, _WindowStore, reused
+from .mixture_batches import Assembler, _pieces
+from .mixture_read import SourceOrder, _WindowStore
 
 class Mixture:
     """Several training sets blended by weights (docs/mixing.md).
@@ -94,6 +95,17 @@ class Mixture:
                                   "(global steps per epoch) or make a source `stop`")
         for name, ts in zip(self.names, self.sets):
             _check_files(name, ts)
+        # The arrays of chunks its datasets hand out, reused by the next chunk or dataset
+        # in this process (by column; None: the rows' sources): an epoch's first chunks
+        # then write to pages already touched.
+        self._buffers: Dict[Optional[str], List[np.ndarray]] = {}
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_buffers"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._buffers = {}
 
     def describe(self) -> Dict[str, Any]:
         """What the mixture is made of: each set's id, folder and what its manifest says
@@ -214,119 +226,6 @@ def _fingerprint(data: Any) -> Dict[str, Any]:
             "columns": list(data.columns[0].names), "vocabularies": data.vocabularies}
 
 
-def _split(data: Any, counts: Tuple[int, ...]) -> Tuple[np.ndarray, List[int], List[int], np.ndarray, List[int]]:
-    """This rank's part of a step that takes ``counts`` rows from the sources: the source
-    of each of its rows, in batch order; per source the first of the step's rows of that
-    source it takes (its place among them) and how many; and where in the batch each
-    source's rows go (``places``, source ``k``'s from ``places_at[k]``). The step's rows
-    are laid out with every source spread evenly (source ``k``'s ``i``-th row at ``(i +
-    0.5) / counts[k]``, ties to the first source) and cut into ``world_size`` contiguous
-    parts, rank ``r`` taking part ``r``: every rank's batch holds about each source's
-    share, and a source's rows on one rank are consecutive rows of its order."""
-    hit = data._splits.get(counts)
-    if hit is not None:
-        return hit
-    c = np.asarray(counts, dtype=np.int64)
-    g = int(c.sum())
-    ks = np.repeat(np.arange(len(c), dtype=np.int64), c)
-    offs = np.arange(g, dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
-    keys = (2 * offs + 1) / (2.0 * np.repeat(np.maximum(c, 1), c))
-    order = np.lexsort((ks, keys))
-    lo, hi = data.rank * g // data.world_size, (data.rank + 1) * g // data.world_size
-    mine = order[lo:hi]
-    pattern = np.ascontiguousarray(ks[mine])
-    first = np.full(len(c), g, dtype=np.int64)
-    np.minimum.at(first, pattern, offs[mine])
-    many = np.bincount(pattern, minlength=len(c))
-    # A source's rows on this rank, in its order, go where it stands in the pattern.
-    places = np.argsort(pattern, kind="stable").astype(np.int64)
-    places_at = (np.cumsum(many) - many).tolist()
-    data._splits[counts] = (pattern, first.tolist(), many.tolist(), places, places_at)
-    return data._splits[counts]
-
-
-def _pieces(seq: int, m: int, rows: int, w: int) -> Iterator[Tuple[int, int, int, int]]:
-    """Rows ``seq .. seq + m`` of a source's sequence of passes (``rows`` rows a pass,
-    windows of ``w``) as ``(pass, window, first row in it, rows)``, cut where a window or
-    a pass ends."""
-    while m:
-        p, inpass = divmod(seq, rows)
-        j, off = divmod(inpass, w)
-        take = min(m, w - off, rows - inpass)
-        yield p, j, off, take
-        seq += take
-        m -= take
-
-
-def _chunk(data: Any, planner: Planner, worker: int, workers: int, first_step: int, limit: int, window: Any):
-    """Up to ``limit`` of the next steps of the plan (steps ``first_step``, ... relative
-    to where iterating began) as this (rank, worker)'s rows: ``(arrays, batch sizes,
-    steps planned)``, the steps of another worker planned but not read. ``None`` at the
-    epoch's end. ``window(k, pass, j)`` gives source ``k``'s window ``j`` of a pass."""
-    total = data.batch_size * data.world_size
-    kept: List[Tuple[Tuple[int, ...], List[int]]] = []
-    planned = 0
-    while planned < limit:
-        got = planner.advance(total)
-        if got is None:
-            break
-        if (first_step + planned) % workers == worker:
-            kept.append(got)
-        planned += 1
-    if not planned:
-        return None
-    if not kept:
-        return {}, [], planned
-    # Each kept step: this rank's rows' sources in batch order, and each source's rows
-    # as runs of consecutive rows of its windows (`slots`), each row put at its place in
-    # the step's batch (`places`, one copy per layout in the chunk).
-    rows, w = planner.rows, data.window_rows
-    patterns, sizes = [], []
-    runs: List[Tuple[int, int, int, int, int]] = []
-    slots: List[Dict[str, np.ndarray]] = []
-    slot_of: Dict[Tuple[int, int, int], int] = {}
-    layouts: List[np.ndarray] = []
-    layout_at: Dict[Tuple[int, ...], int] = {}
-    placed = out_row = 0
-    for counts, starts in kept:
-        pattern, first, many, places, places_at = _split(data, counts)
-        base = layout_at.get(counts)
-        if base is None:
-            base = layout_at[counts] = placed
-            layouts.append(places)
-            placed += len(places)
-        patterns.append(pattern)
-        sizes.append(len(pattern))
-        for k, m in enumerate(many):
-            at = base + places_at[k]
-            for p, j, off, take in _pieces(starts[k] + first[k], m, rows[k], w):
-                key = (k, p, j)
-                slot = slot_of.get(key)
-                if slot is None:
-                    slot = slot_of[key] = len(slots)
-                    slots.append(window(k, p, j))
-                runs.append((slot, off, take, out_row, at))
-                at += take
-        out_row += len(pattern)
-    src = np.concatenate(patterns)
-    out: Dict[str, np.ndarray] = {}
-    for c in data.names:
-        parts = [slot[c] for slot in slots]
-        shape, dtype = parts[0].shape[1:], parts[0].dtype
-        if any(q.shape[1:] != shape or q.dtype != dtype for q in parts):
-            raise ValidationError(f"column `{c}`: the sets give it different shapes or types "
-                                  f"({sorted({(str(q.dtype), q.shape[1:]) for q in parts})}): lists must be of one length "
-                                  f"in every set (pad them before the export)")
-        out[c] = reused(data._buffers.setdefault(c, []), (len(src),) + shape, dtype, 4)
-    names = list(data.names)
-    place_runs([out[c].reshape(-1).view(np.uint8) for c in names], len(src),
-               [[slot[c].reshape(-1).view(np.uint8) for c in names] for slot in slots],
-               np.asarray(runs, dtype=np.int64).reshape(-1, 5), np.concatenate(layouts),
-               [out[c].itemsize * int(np.prod(out[c].shape[1:], dtype=np.int64)) for c in names])
-    out["source"] = src
-    return out, sizes, planned
-
-
 _CLASS: Any = None
 
 
@@ -361,7 +260,6 @@ def _torch_class() -> Any:
 
         def _orders(self) -> None:
             self._splits: Dict[Tuple[int, ...], Any] = {}
-            self._buffers: Dict[str, List[np.ndarray]] = {}
             self.orders = [SourceOrder(k, ts.files, ts.format, lay[0], lay[1], cols, self.seed, self.epoch, self.shuffle,
                                        self.window_rows)
                            for k, (ts, lay, cols) in enumerate(zip(self.mixture.sets, self.layouts, self.columns))]
@@ -369,7 +267,6 @@ def _torch_class() -> Any:
         def __getstate__(self):
             state = dict(self.__dict__)
             state.pop("orders", None)
-            state.pop("_buffers", None)
             return state
 
         def __setstate__(self, state):
@@ -463,31 +360,29 @@ def _torch_class() -> Any:
 
         def __iter__(self):
             info = get_worker_info()
+            source = (lambda k, p, j: self.orders[k].parts(p, j))  # noqa: E731
             if info is None:
-                yield from self._iterate(lambda k, p, j: self.orders[k].window(p, j))
+                yield from self._iterate(source)
                 return
             # A worker of a plain DataLoader: steps w, w + n, ... (each worker reads every
             # window; `loader()` shares the reading out instead).
-            yield from self._steps(info.id, info.num_workers, lambda k, p, j: self.orders[k].window(p, j), False)
+            yield from self._steps(info.id, info.num_workers, source, False)
 
-        def _iterate(self, window):
+        def _iterate(self, source):
             """This rank's batches, here (not in a worker), counted for ``state_dict()``;
-            ``window(k, pass, j)`` gives a source's window."""
+            ``source(k, pass, j)`` gives a source's window (``Assembler``)."""
             self.consumed, self.loaded = 0, False
-            for batch in self._steps(0, 1, window, True):
+            for batch in self._steps(0, 1, source, True):
                 self.consumed += 1
                 yield batch
 
-        def _steps(self, worker, workers, window, main):
-            planner = self._planner(self.start)
-            chunk_steps = max(workers, (max(1, self.window_rows // (self.batch_size * self.world_size)) // workers) * workers)
-            step = 0
+        def _steps(self, worker, workers, source, main):
+            assembler = Assembler(self, self._planner(self.start), worker, workers, source)
             while True:
-                got = _chunk(self, planner, worker, workers, step, chunk_steps, window)
+                got = assembler.next()
                 if got is None:
                     return
-                arrays, sizes, planned = got
-                step += planned
+                arrays, sizes = got
                 tensors = window_tensors(arrays, torch, packed=not main)
                 offset = 0
                 for size in sizes:
@@ -535,7 +430,7 @@ def _torch_class() -> Any:
             worker, workers = (info.id, info.num_workers) if info else (0, 1)
             for i in range(worker, len(self.needed), workers):
                 k, p, j = self.needed[i]
-                yield (k, p, j), window_tensors(self.data.orders[k].window(p, j, keep=False), torch, packed=info is not None)
+                yield (k, p, j), window_tensors(self.data.orders[k].window(p, j), torch, packed=info is not None)
 
     class _Fed:
         """``MixtureData.loader(num_workers=n)``: windows from n workers, batches here."""
@@ -551,7 +446,8 @@ def _torch_class() -> Any:
             feed = WindowFeed(self.data, self.data.windows())
             it = iter(DataLoader(feed, batch_size=None, num_workers=self.num_workers, **self.kwargs))
             windows = ((tuple(int(x) for x in key), {n: t.numpy() for n, t in tensors.items()}) for key, tensors in it)
-            yield from self.data._iterate(_WindowStore(windows).window)
+            store = _WindowStore(windows)
+            yield from self.data._iterate(lambda k, p, j: ([store.window(k, p, j)], None))
 
     for cls in (MixtureData, WindowFeed):
         cls.__module__ = __name__

@@ -1,10 +1,11 @@
 """How a mixture reads its sources (docs/mixing.md): each source's rows in a pass's order,
-a window at a time (``SourceOrder``), and the windows an epoch reads kept while the plan
-still takes rows from them (``_WindowStore``); the plan is ``mixture_plan.py``, the
-batches ``mixture.py``."""
+a window at a time (``SourceOrder``), and the windows data-loader workers read, kept
+until the batches are past them (``_WindowStore``); the plan is ``mixture_plan.py``, the
+batches ``mixture_batches.py``."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -15,19 +16,24 @@ import pyarrow.parquet as pq
 from .loader import Columns
 
 
+# Pools may be shared (a mixture's, by each dataset made from it): one taker at a time.
+_POOLS = threading.Lock()
+
+
 def reused(pool: List[np.ndarray], shape: Tuple[int, ...], dtype: Any, keep: int) -> np.ndarray:
     """An array of ``shape`` and ``dtype``: one of ``pool``'s once nothing but the pool
     holds it (no batch or window of it is alive), or a new one, kept in the pool while it
     holds fewer than ``keep``. A new array's pages, touched for the first time, cost about
     as much as the copy into them."""
-    for arr in pool:
-        # Held by the pool, this loop and getrefcount's argument: nobody else.
-        if arr.shape == shape and arr.dtype == dtype and sys.getrefcount(arr) <= 3:
-            return arr
-    arr = np.empty(shape, dtype=dtype)
-    if len(pool) < keep:
-        pool.append(arr)
-    return arr
+    with _POOLS:
+        for arr in pool:
+            # Held by the pool, this loop and getrefcount's argument: nobody else.
+            if arr.shape == shape and arr.dtype == dtype and sys.getrefcount(arr) <= 3:
+                return arr
+        arr = np.empty(shape, dtype=dtype)
+        if len(pool) < keep:
+            pool.append(arr)
+        return arr
 
 
 class SourceOrder:
@@ -39,7 +45,6 @@ class SourceOrder:
         self.k, self.files, self.fmt, self.blocks, self.block_rows = k, files, fmt, blocks, rows
         self.columns, self.seed, self.epoch, self.shuffle, self.window_rows = columns, seed, epoch, shuffle, window_rows
         self.open: "OrderedDict[int, Any]" = OrderedDict()
-        self.cache: "OrderedDict[Tuple[int, int], Dict[str, np.ndarray]]" = OrderedDict()
         self.last: Optional[Tuple[int, pa.Table]] = None
         # Each column's arrays of windows made before, reused once nothing holds them.
         self.spares: Dict[str, List[np.ndarray]] = {}
@@ -72,16 +77,10 @@ class SourceOrder:
             return pa.Table.from_batches([handle.get_batch(group)]).select(self.columns.names)
         return handle.read_row_group(group, columns=self.columns.names)
 
-    def window(self, p: int, j: int, keep: bool = True) -> Dict[str, np.ndarray]:
-        """Window ``j`` of pass ``p``: its rows in the pass's order (permuted when
-        shuffling), as C-contiguous arrays. With ``keep``, kept for the next chunks (two
-        windows: a source's windows are asked for in order); a reader that asks for each
-        window once does not keep them."""
-        key = (p, j)
-        hit = self.cache.get(key)
-        if hit is not None:
-            self.cache.move_to_end(key)
-            return hit
+    def parts(self, p: int, j: int) -> Tuple[List[Dict[str, np.ndarray]], Optional[np.ndarray]]:
+        """Window ``j`` of pass ``p``: its pieces in read order (blocks' rows as column
+        arrays) and its order (row ``i`` is read row ``perm[i]``; ``None`` when not
+        shuffling)."""
         order, ends = self._blocks(p)
         total = int(ends[-1]) if len(ends) else 0
         lo, hi = j * self.window_rows, min((j + 1) * self.window_rows, total)
@@ -98,6 +97,12 @@ class SourceOrder:
         perm = None
         if self.shuffle and hi - lo > 1:
             perm = np.random.default_rng([self.seed, self.epoch, self.k, p, j]).permutation(hi - lo)
+        return parts, perm
+
+    def window(self, p: int, j: int) -> Dict[str, np.ndarray]:
+        """Window ``j`` of pass ``p``: its rows in the pass's order, as C-contiguous arrays
+        (for a data-loader worker, which hands the window to the training process)."""
+        parts, perm = self.parts(p, j)
         # A column at a time, joined then permuted while its rows are still in the cache
         # (joining every column first and then permuting measured twice as slow).
         arrays = {}
@@ -113,11 +118,6 @@ class SourceOrder:
                 # of a permutation is in range).
                 arrays[n] = np.take(joined, perm, axis=0, out=reused(self.spares.setdefault(n, []), joined.shape, joined.dtype, 3),
                                     mode="clip")
-        if not keep:
-            return arrays
-        self.cache[key] = arrays
-        while len(self.cache) > 2:
-            self.cache.popitem(last=False)
         return arrays
 
 
