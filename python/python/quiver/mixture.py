@@ -15,7 +15,7 @@ rows a step), computed the same on every rank and data-loader worker:
    extra rows going to the sources furthest behind their exact running total, so the
    totals stay within about a row of exact over the epoch (:func:`step_counts`);
 3. a step's rows are laid out with each source spread evenly and cut into ``world_size``
-   contiguous parts (:func:`_split`): rank ``r`` yields part ``r`` as its batch for that
+   contiguous parts (``mixture_batches._split``): rank ``r`` yields part ``r`` as its batch for that
    step, about each source's share;
 4. a source that runs out: ``repeat`` starts its next pass (its own order), ``stop`` ends
    the epoch with that step (the step holds what the source had left: the epoch's last
