@@ -249,7 +249,8 @@ def _bytes(a: np.ndarray) -> np.ndarray:
 
 
 def _in_order(parts: List[Dict[str, np.ndarray]], perm: Optional[np.ndarray], names: List[str]) -> Dict[str, np.ndarray]:
-    """A window's columns in its order, as arrays of their own."""
+    """A window's columns in its order, kept while the plan reaches its rows (copies where
+    joined or permuted; a window of one part as read is its part's arrays)."""
     out = {}
     for n in names:
         joined = np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n]
