@@ -68,6 +68,9 @@ pub fn place_rows(
         if let Some(c) = cols.iter().position(|b| !b.is_c_contiguous()) {
             return Err(bad(format!("part {i}'s column {c} is not C-contiguous")));
         }
+        if let Some(c) = cols.iter().zip(&itemsizes).position(|(b, size)| b.len_bytes() % size != 0) {
+            return Err(bad(format!("part {i}'s column {c} is not whole rows of {} bytes", itemsizes[c])));
+        }
         let counts: Vec<usize> = cols.iter().zip(&itemsizes).map(|(b, size)| b.len_bytes() / size).collect();
         if counts.windows(2).any(|w| w[0] != w[1]) {
             return Err(bad(format!("part {i}'s columns hold different numbers of rows: {counts:?}")));
@@ -87,7 +90,7 @@ pub fn place_rows(
             return Err(bad(format!("chunk {s} has {} columns, not {columns}", cols.len())));
         }
         for (c, (out, size)) in cols.iter().zip(&itemsizes).enumerate() {
-            if out.readonly() || !out.is_c_contiguous() || out.len_bytes() != rows[s] * size {
+            if out.readonly() || !out.is_c_contiguous() || rows[s].checked_mul(*size) != Some(out.len_bytes()) {
                 return Err(bad(format!("chunk {s}'s column {c} is not a writable C-contiguous buffer of {} rows", rows[s])));
             }
         }

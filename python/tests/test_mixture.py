@@ -431,4 +431,8 @@ def test_placing_rows_checks_every_run_before_writing():
     for order, table, message in bad:
         with pytest.raises(ValueError, match=message):
             place_rows(outs, [3, 4], parts, order, np.array(table, dtype=np.int64), places, [8])
+    with pytest.raises(ValueError, match="part 1's column 0 is not whole rows of 8 bytes"):
+        place_rows(outs, [3, 4], [parts[0], [np.zeros(12, dtype=np.uint8)]], None, np.zeros((0, 5), dtype=np.int64), places, [8])
+    with pytest.raises(ValueError, match="chunk 1's column 0 is not a writable C-contiguous buffer of 5 rows"):
+        place_rows(outs, [3, 5], parts, None, np.zeros((0, 5), dtype=np.int64), places, [8])
     assert one.tolist() == [-1.0] * 3 and two.tolist() == [-1.0] * 4, "nothing written before the runs are checked"
