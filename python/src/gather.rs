@@ -22,8 +22,9 @@ thread_local! {
 /// row `perm[i]`. `runs` is an int64 `(m, 5)` array of `(slot, first, len, base, at)`:
 /// the window's rows `first .. first + len` go to rows `base + places[at + i]` of chunk
 /// `outs[slot]` (one byte buffer per column, `rows[slot]` rows). Everything is checked
-/// before anything is written: a run outside the window or a chunk, or a `perm` that is
-/// not a list of the window's rows, is a `ValueError` naming it.
+/// before anything is written: a run outside the window or a chunk, a `perm` that is not
+/// a list of the window's rows, or a chunk sharing memory with what is read, is a
+/// `ValueError` naming it.
 #[pyfunction]
 #[pyo3(signature = (outs, rows, parts, perm, runs, places, itemsizes))]
 pub fn place_rows(
@@ -39,10 +40,10 @@ pub fn place_rows(
     let bad = |m: String| PyValueError::new_err(format!("place_rows: {m}"));
     let runs = PyBuffer::<i64>::get(runs)?;
     let runs = runs.as_slice(py).ok_or_else(|| bad("`runs` is not C-contiguous".into()))?;
-    let places = PyBuffer::<i64>::get(places)?;
-    let places = places.as_slice(py).ok_or_else(|| bad("`places` is not C-contiguous".into()))?;
-    let perm = perm.map(|p| PyBuffer::<i64>::get(&p)).transpose()?;
-    let perm = match &perm {
+    let places_buf = PyBuffer::<i64>::get(places)?;
+    let places = places_buf.as_slice(py).ok_or_else(|| bad("`places` is not C-contiguous".into()))?;
+    let perm_buf = perm.map(|p| PyBuffer::<i64>::get(&p)).transpose()?;
+    let perm = match &perm_buf {
         Some(p) => Some(p.as_slice(py).ok_or_else(|| bad("`perm` is not C-contiguous".into()))?),
         None => None,
     };
@@ -92,6 +93,21 @@ pub fn place_rows(
         for (c, (out, size)) in cols.iter().zip(&itemsizes).enumerate() {
             if out.readonly() || !out.is_c_contiguous() || rows[s].checked_mul(*size) != Some(out.len_bytes()) {
                 return Err(bad(format!("chunk {s}'s column {c} is not a writable C-contiguous buffer of {} rows", rows[s])));
+            }
+        }
+    }
+    // What is read while the chunks are written must not be written: refuse a chunk's
+    // column that shares memory with a part, `perm` or `places`.
+    let mut read: Vec<(String, std::ops::Range<usize>)> = vec![("`places`".into(), span(&places_buf))];
+    read.extend(perm_buf.as_ref().map(|b| ("`perm`".to_string(), span(b))));
+    for (i, cols) in parts.iter().enumerate() {
+        read.extend(cols.iter().enumerate().map(|(c, b)| (format!("part {i}'s column {c}"), span(b))));
+    }
+    for (s, cols) in outs.iter().enumerate() {
+        for (c, out) in cols.iter().enumerate() {
+            let out = span(out);
+            if let Some((what, _)) = read.iter().find(|(_, r)| r.start < out.end && out.start < r.end) {
+                return Err(bad(format!("chunk {s}'s column {c} shares memory with {what}")));
             }
         }
     }
@@ -158,6 +174,12 @@ pub fn place_rows(
     Ok(())
 }
 
+/// The bytes a buffer spans.
+fn span<T: pyo3::buffer::Element>(b: &PyBuffer<T>) -> std::ops::Range<usize> {
+    let at = b.buf_ptr() as usize;
+    at..at + b.len_bytes()
+}
+
 /// A run, checked: the window's rows `first .. first + to.len()` exist, and `base + p` is
 /// a row of chunk `slot` for each of its places `p`.
 struct Run<'a> {
@@ -176,8 +198,8 @@ impl Run<'_> {
         for i in 0..self.to.len() {
             // SAFETY: `place_rows` checked that the window's rows `first .. first + len`
             // exist, that `perm` maps each to a row of the window's `N`-byte rows, and
-            // that `base + p` is a row of the chunk for each of the run's `len` places;
-            // the chunk's columns are arrays of their own, apart from the window's.
+            // that `base + p` is a row of the chunk for each of the run's `len` places,
+            // and that no chunk's column shares memory with a part, `perm` or `places`.
             unsafe {
                 let p = *places.add(i) as usize;
                 std::ptr::copy_nonoverlapping(from.add(row(self.first + i) * N), to.add((self.base + p) * N), N);

@@ -160,7 +160,8 @@ def test_each_batch_is_the_sources_next_rows_spread_evenly_and_cut_by_rank(tmp_p
 def test_the_quick_plan_of_a_steady_phase_is_the_step_by_step_plan():
     """`Planner.advance` (remembered counts inside a phase no source finishes) against
     `Planner.next` (every step worked out), over random mixtures, schedules, ramps and
-    policies: the same counts, starts and states."""
+    policies: the same counts, starts (also of the sources a step takes nothing from) and
+    states."""
     from quiver.mixture_plan import Planner, Schedule
     rng = random.Random(5)
     for trial in range(150):
@@ -185,7 +186,9 @@ def test_the_quick_plan_of_a_steady_phase_is_the_step_by_step_plan():
             for k, p, a, b in takes:
                 starts[k] = starts[k] if counts[k] else p * rows[k] + a
                 counts[k] += b - a
-            assert got[0] == tuple(counts) and all(got[1][k] == starts[k] for k in range(n) if counts[k]), (trial, slow.step)
+            # A source the step takes nothing from: where it stands in its passes.
+            starts = [starts[k] if counts[k] else slow.passes[k] * rows[k] + slow.position[k] for k in range(n)]
+            assert got == (tuple(counts), starts), (trial, slow.step)
             if rng.random() < 0.05:  # a state taken mid-epoch, and planning on after it
                 assert quick.state() == slow.state(), (trial, slow.step)
         assert quick.state() == slow.state(), trial
@@ -431,6 +434,13 @@ def test_placing_rows_checks_every_run_before_writing():
     for order, table, message in bad:
         with pytest.raises(ValueError, match=message):
             place_rows(outs, [3, 4], parts, order, np.array(table, dtype=np.int64), places, [8])
+    # A chunk that is also what is read (`places`, a part): refused, not written through.
+    shared = np.array([1, 0], dtype=np.int64)
+    with pytest.raises(ValueError, match="chunk 0's column 0 shares memory with `places`"):
+        place_rows([[shared.view(np.uint8)]], [2], [[np.array([2.0 ** 40, 7.0]).view(np.uint8)]], None,
+                   np.array([[0, 0, 2, 0, 0]], dtype=np.int64), shared, [8])
+    with pytest.raises(ValueError, match="chunk 1's column 0 shares memory with part 0's column 0"):
+        place_rows([outs[0], [parts[0][0][8:]]], [3, 2], parts, None, np.zeros((0, 5), dtype=np.int64), places, [8])
     with pytest.raises(ValueError, match="part 1's column 0 is not whole rows of 8 bytes"):
         place_rows(outs, [3, 4], [parts[0], [np.zeros(12, dtype=np.uint8)]], None, np.zeros((0, 5), dtype=np.int64), places, [8])
     with pytest.raises(ValueError, match="chunk 1's column 0 is not a writable C-contiguous buffer of 5 rows"):

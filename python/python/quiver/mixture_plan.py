@@ -282,7 +282,8 @@ class Planner:
     def advance(self, total: int) -> Optional[Tuple[Tuple[int, ...], List[int]]]:
         """The next step as ``(counts, starts)``: the rows it takes from each source and
         where in the source's sequence of passes they start (``pass * rows + position``;
-        a source's rows of a step are consecutive there), or ``None`` when the epoch is
+        a source's rows of a step are consecutive there; a source it takes none from, where
+        that source stands), or ``None`` when the epoch is
         over. The same plan as :meth:`next`; a step inside a phase that no source
         finishes is planned from the remembered counts."""
         steady = self._steady
@@ -304,7 +305,8 @@ class Planner:
         if takes is None:
             return None
         counts_l = [0] * len(self.rows)
-        starts_l = [0] * len(self.rows)
+        # A source the step takes nothing from stays where it was.
+        starts_l = [p * r + q for p, r, q in zip(self.passes, self.rows, self.position)]
         for k, p, a, b in takes:
             if counts_l[k] == 0:
                 starts_l[k] = p * self.rows[k] + a
