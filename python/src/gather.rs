@@ -106,7 +106,8 @@ pub fn place_rows(
     for (s, cols) in outs.iter().enumerate() {
         for (c, out) in cols.iter().enumerate() {
             let out = span(out);
-            if let Some((what, _)) = read.iter().find(|(_, r)| r.start < out.end && out.start < r.end) {
+            // (Empty ranges share nothing, wherever they point.)
+            if let Some((what, _)) = read.iter().find(|(_, r)| !r.is_empty() && !out.is_empty() && r.start < out.end && out.start < r.end) {
                 return Err(bad(format!("chunk {s}'s column {c} shares memory with {what}")));
             }
         }
