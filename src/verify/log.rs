@@ -173,13 +173,12 @@ impl Replay<'_> {
         // the grid agrees with: kept, parsed, to be judged after it is checked again at
         // every state within the lag.
         let mut held: Vec<(usize, LoggedRow)> = Vec::new();
+        let hold = self.arrival.is_some();
         for (j, &at) in kept.iter().enumerate() {
             let row = self.logged_row(at);
-            if self.arrival.is_some() && !self.compare_row(&at_grid(j), at, &row, None) {
+            if !self.compare_row(&at_grid(j), at, &row, Some((&mut reports, &mut unreadable, &mut gone)), hold) && hold {
                 held.push((j, row));
-                continue;
             }
-            self.compare_row(&at_grid(j), at, &row, Some((&mut reports, &mut unreadable, &mut gone)));
         }
         let bad: Vec<usize> = held.iter().map(|(j, _)| *j).collect();
         let table = view.storage_name();
@@ -193,7 +192,7 @@ impl Replay<'_> {
             if let Some(&p) = refined_at.get(&j) {
                 candidates.extend(refined.iter().map(|r| (r, p)));
             }
-            self.compare_row(&candidates, kept[j], &row, Some((&mut reports, &mut unreadable, &mut gone)));
+            self.compare_row(&candidates, kept[j], &row, Some((&mut reports, &mut unreadable, &mut gone)), false);
         }
         for gone in gone {
             report.skipped.push(format!("feature `{name}:{gone}` is logged but no longer defined"));
@@ -241,27 +240,29 @@ impl Replay<'_> {
     /// Logged row `at` (parsed: `row`) against the offline answers (`candidates`: a
     /// join and the row in it, one per moment checked), feature by feature: whether
     /// every feature agrees with one of them, counted into `out` (reports, unreadable
-    /// statuses, features no longer defined) when given.
-    fn compare_row(&self, candidates: &[(&Replayed<'_>, usize)], at: Logged, row: &LoggedRow, mut out: Option<Judged<'_>>) -> bool {
+    /// statuses, features no longer defined) when given — with `only_agreeing`, only
+    /// when every feature agrees (a row held to be judged again is counted then).
+    fn compare_row(
+        &self,
+        candidates: &[(&Replayed<'_>, usize)],
+        at: Logged,
+        row: &LoggedRow,
+        out: Option<Judged<'_>>,
+        only_agreeing: bool,
+    ) -> bool {
         let (b, r) = self.row(at);
         let first = candidates[0].0;
         let view = first.view;
         let LoggedRow { values, statuses, times } = row;
-        if let Some((_, _, gone)) = out.as_mut() {
-            for logged in statuses.keys().filter(|f| view.served_feature(f).is_none()) {
-                gone.insert(logged.clone());
-            }
-        }
         let request_time = b.request_time(r);
-        let mut all = true;
+        // Each feature asked for: its answers, or `None` for a status that does not parse.
+        let mut judged: Vec<(usize, Option<(Answer, Answer)>)> = Vec::with_capacity(first.served.len());
         for (k, feature) in first.served.iter().enumerate() {
             let Some(status) = statuses.get(&feature.name) else {
                 continue; // not asked for in this request
             };
             let Some(served_status) = status.as_str().and_then(Status::parse) else {
-                if let Some((_, unreadable, _)) = out.as_mut() {
-                    unreadable[k] += 1;
-                }
+                judged.push((k, None));
                 continue;
             };
             let served_value = values.get(&feature.name).map_or_else(|| "null".to_string(), ToString::to_string);
@@ -271,9 +272,18 @@ impl Replay<'_> {
             };
             let served = (served_status, served_value, served_ts);
             let expected = closest(&served, candidates.iter().map(|(joined, j)| joined.expected(*j, k, request_time, served.2)), false);
-            all &= agrees(&served, &expected, false);
-            if let Some((reports, _, _)) = out.as_mut() {
-                judge(&mut reports[k], &served, &expected, request_time, b.entity(r), false);
+            judged.push((k, Some((served, expected))));
+        }
+        let all = judged.iter().all(|(_, a)| a.as_ref().is_none_or(|(served, expected)| agrees(served, expected, false)));
+        if let Some((reports, unreadable, gone)) = out.filter(|_| all || !only_agreeing) {
+            for logged in statuses.keys().filter(|f| view.served_feature(f).is_none()) {
+                gone.insert(logged.clone());
+            }
+            for (k, answers) in &judged {
+                match answers {
+                    Some((served, expected)) => judge(&mut reports[*k], served, expected, request_time, b.entity(r), false),
+                    None => unreadable[*k] += 1,
+                }
             }
         }
         all
