@@ -123,8 +123,8 @@ def test_each_batch_is_the_sources_next_rows_spread_evenly_and_cut_by_rank(tmp_p
     _torch()
     import quiver.mixture_batches as batches
     kept = []
-    in_order = batches._in_order
-    monkeypatch.setattr(batches, "_in_order", lambda *a: kept.append(1) or in_order(*a))
+    in_order = batches.in_order
+    monkeypatch.setattr(batches, "in_order", lambda *a: kept.append(1) or in_order(*a))
     if ahead is not None:
         monkeypatch.setattr(batches, "AHEAD", ahead)
     sets = {"a": make_set(tmp_path / "a", 3000, 0, group=100), "b": make_set(tmp_path / "b", 1100, 10 ** 6, group=100),

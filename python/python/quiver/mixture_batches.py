@@ -10,7 +10,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ._quiver import ValidationError, place_rows
-from .mixture_read import reused
+from .mixture_read import in_order, reused
 
 # How far the plan runs ahead of the chunk of batches being handed out, in windows'
 # worth of steps (``window_rows // batch_size``): a source's window is written into the
@@ -132,8 +132,7 @@ class Assembler:
 
     def _plan(self) -> None:
         """The plan's next step: this (rank, worker)'s rows of it, if the step is its,
-        added to the last chunk as runs of the windows they come from (``_pieces``,
-        written out: this runs once a step)."""
+        added to the last chunk as runs of the windows they come from."""
         got = self.planner.advance(self.total)
         if got is None:
             self.ended = True
@@ -156,20 +155,15 @@ class Assembler:
         chunk.last = index
         rows, w, windows, needs = self.planner.rows, self.data.window_rows, self.windows, chunk.needs
         for k, m in enumerate(many):
-            seq, at, n = starts[k] + first[k], places_at[k], rows[k]
-            while m:
-                p, inpass = divmod(seq, n)
-                j, off = divmod(inpass, w)
-                take = min(m, w - off, n - inpass)
+            at = places_at[k]
+            for p, j, off, take in _pieces(starts[k] + first[k], m, rows[k], w):
                 key = (k, p, j)
                 win = windows.get(key)
                 if win is None:
-                    win = windows[key] = _Window(p * n + min((j + 1) * w, n))
+                    win = windows[key] = _Window(p * rows[k] + min((j + 1) * w, rows[k]))
                 win.runs.append((chunk, off, take, row, counts, at))
                 needs[key] = None
-                seq += take
                 at += take
-                m -= take
 
     def _place(self, key: Key) -> None:
         """Writes the runs of window ``key`` planned so far. A window the plan is past is
@@ -189,7 +183,7 @@ class Assembler:
                     self._write(win.runs, parts, perm)
                     del self.windows[key]
                     return
-                win.kept = _in_order(parts, perm, self.names)
+                win.kept = in_order(parts, perm, self.names)
             self._write(win.runs, [win.kept], None)
             win.runs = []
         if done:
@@ -246,13 +240,3 @@ class Assembler:
 
 def _bytes(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-
-
-def _in_order(parts: List[Dict[str, np.ndarray]], perm: Optional[np.ndarray], names: List[str]) -> Dict[str, np.ndarray]:
-    """A window's columns in its order, kept while the plan reaches its rows (copies where
-    joined or permuted; a window of one part as read is its part's arrays)."""
-    out = {}
-    for n in names:
-        joined = np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n]
-        out[n] = joined[perm] if perm is not None else joined
-    return out

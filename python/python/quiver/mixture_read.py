@@ -103,22 +103,30 @@ class SourceOrder:
         """Window ``j`` of pass ``p``: its rows in the pass's order, as C-contiguous arrays
         (for a data-loader worker, which hands the window to the training process)."""
         parts, perm = self.parts(p, j)
-        # A column at a time, joined then permuted while its rows are still in the cache
-        # (joining every column first and then permuting measured twice as slow).
-        arrays = {}
-        for n in self.columns.names:
-            if not parts:
-                arrays[n] = np.zeros(0)
-                continue
-            joined = np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n]
-            if perm is None:
-                arrays[n] = np.ascontiguousarray(joined)
-            else:
-                # mode="clip": with `out`, the default mode copies through a buffer (every index
-                # of a permutation is in range).
-                arrays[n] = np.take(joined, perm, axis=0, out=reused(self.spares.setdefault(n, []), joined.shape, joined.dtype, 3),
-                                    mode="clip")
-        return arrays
+        return in_order(parts, perm, self.columns.names, self.spares)
+
+
+def in_order(parts: List[Dict[str, np.ndarray]], perm: Optional[np.ndarray], names: List[str],
+             spares: Optional[Dict[str, List[np.ndarray]]] = None) -> Dict[str, np.ndarray]:
+    """A window's columns (``parts`` in read order, ``perm`` its order) in its order, as
+    C-contiguous arrays: copies where joined or permuted (into ``spares``' arrays, by
+    column, once nothing holds them), a window of one part as read its part's arrays."""
+    # A column at a time, joined then permuted while its rows are still in the cache
+    # (joining every column first and then permuting measured twice as slow).
+    arrays = {}
+    for n in names:
+        if not parts:
+            arrays[n] = np.zeros(0)
+            continue
+        joined = np.concatenate([q[n] for q in parts]) if len(parts) != 1 else parts[0][n]
+        if perm is None:
+            arrays[n] = np.ascontiguousarray(joined)
+            continue
+        out = reused(spares.setdefault(n, []), joined.shape, joined.dtype, 3) if spares is not None else None
+        # mode="clip": with `out`, the default mode copies through a buffer (every index
+        # of a permutation is in range).
+        arrays[n] = np.take(joined, perm, axis=0, out=out, mode="clip")
+    return arrays
 
 
 class _WindowStore:
